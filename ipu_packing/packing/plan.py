@@ -105,6 +105,18 @@ class PackingPlan:
                 out[length - 1] += count
         return out
 
+    def validate(self) -> None:
+        """Raises ValueError unless the plan holds exactly its histogram within its limits."""
+        size = self.max_sequence_length
+        limit = self.max_sequences_per_pack or size
+        if len(self.strategies) != len(self.repeats):
+            raise ValueError("strategies and repeats differ in length")
+        for strategy, count in zip(self.strategies, self.repeats):
+            if count < 1 or not 1 <= len(strategy) <= limit or sum(strategy) > size or min(strategy) < 1:
+                raise ValueError("invalid strategy %r x %d" % (strategy, count))
+        if not np.array_equal(self.placed_histogram(), self.histogram):
+            raise ValueError("the strategies do not hold exactly the histogram's sequences")
+
     def to_dict(self, top_strategies: int = 0) -> dict:
         """JSON-ready summary (the CLI's --json keys)."""
         out = {
