@@ -27,6 +27,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--max-sequences-per-pack", type=parse_limit, default=None, help="K >= 1, or 'max' (default)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated subset")
     parser.add_argument("--json", action="store_true", help="one JSON object per algorithm, one per line")
+    parser.add_argument("--assign", action="store_true",
+                        help="also time assign_sequences for the optimal plan on synthetic lengths with these counts")
     try:
         args = parser.parse_args(argv)
         counts, file_length = load_histogram(args.histogram)
@@ -46,12 +48,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write("error: %s\n" % (str(exc).splitlines()[0] if str(exc) else "bad input"))
         return 2
     bound = plans["optimal"].lower_bound_integer
+    assignment = _time_assignment(plans["optimal"]) if args.assign else None
     k = "max" if args.max_sequences_per_pack is None else str(args.max_sequences_per_pack)
     if args.json:
         for name in names:
             row = plans[name].to_dict()
             row["packs_above_lp_bound"] = plans[name].num_packs - bound
             print(json.dumps(row))
+        if assignment is not None:
+            print(json.dumps(assignment))
         return 0
     print("histogram %s, max length %d, max sequences per pack %s" % (args.histogram, length, k))
     print("%s sequences; LP lower bound %s packs (best possible efficiency %.4f%%)" % (
@@ -65,7 +70,40 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("| %s | %.4f%% | %.5f | %s | %s | %.2f |" % (
             name, 100 * plan.efficiency, plan.packing_factor, "{:,}".format(plan.num_packs),
             "{:,}".format(plan.num_packs - bound), plan.seconds))
+    if assignment is not None:
+        print()
+        print("assign_sequences (optimal plan): %s sequences into %s packs in %.2f s, peak %.0f MiB traced"
+              " (the (N,) lengths input itself: %.0f MiB)" % (
+                  "{:,}".format(assignment["num_sequences"]), "{:,}".format(assignment["num_packs"]),
+                  assignment["seconds"], assignment["peak_mib"], assignment["input_mib"]))
     return 0
+
+
+def _time_assignment(plan) -> dict:
+    """Times assign_sequences on shuffled lengths with the plan's histogram; peak memory by tracemalloc."""
+    import time
+    import tracemalloc
+
+    import numpy as np
+
+    from .assign import assign_sequences
+
+    lengths = np.repeat(np.arange(1, plan.max_sequence_length + 1, dtype=np.int64), plan.histogram)  # (N,)
+    np.random.default_rng(0).shuffle(lengths)
+    tracemalloc.start()
+    start = time.perf_counter()
+    packs = assign_sequences(plan, lengths, seed=0)
+    seconds = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {
+        "assign": True,
+        "num_sequences": int(len(lengths)),
+        "num_packs": len(packs),
+        "seconds": seconds,
+        "peak_mib": peak / 2.0**20,
+        "input_mib": lengths.nbytes / 2.0**20,
+    }
 
 
 if __name__ == "__main__":
