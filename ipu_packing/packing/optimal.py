@@ -10,12 +10,14 @@ is then the integer program
 whose columns A[:, j] range over all feasible patterns (far too many to list).
 
 1. Column generation solves the LP relaxation. A restricted master over a pool of patterns
-   is solved with HiGHS (scipy.optimize.linprog); its duals y price new patterns by the
-   bounded knapsack ``max y.a`` over feasible a, solved exactly by dynamic programming over
-   (items used, capacity): O(K S n), or O(S n) when K cannot bind. Every item whose dual
-   is matched by a shorter item is dropped from pricing first (it can be swapped for the
-   shorter one), which keeps n small. Patterns with reduced cost < 0 join the pool, the
-   best one per leading item, until none is left.
+   (singletons plus the SPFHP/LPFHP strategies) is solved with HiGHS, warm-started after
+   each batch of new columns (scipy's bundled HiGHS object; scipy.optimize.linprog as the
+   fallback). Its duals y price new patterns by the knapsack ``max y.a`` over feasible a,
+   solved exactly by dynamic programming over (items used, capacity): O(K S n), or O(S n)
+   when K cannot bind. Items whose dual is matched by a shorter item are dropped from
+   pricing first (swapping in the shorter one never hurts), which keeps n small. Each round
+   adds the best completion of the best leading pairs and of every leading item. Pricing
+   uses Wentges dual smoothing from the token-proportional duals l_i / S (see optimal()).
 2. Certificate. For any dual y >= 0 and v = max_a y.a, y / max(v, 1) is dual-feasible for
    the full LP, so ``b.y / max(v, 1)`` (Farley's bound) is a valid lower bound on the
    number of packs of *any* packing, even when column generation is stopped early; its
