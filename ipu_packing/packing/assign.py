@@ -97,7 +97,7 @@ def assign_sequences(plan: PackingPlan, lengths, seed: int) -> PackAssignment:
     rng = np.random.default_rng(seed)
 
     # 1. sequences grouped by length (stable radix sort), then shuffled within each length
-    queue = np.argsort(lengths.astype(_key_dtype(size)), kind="stable").astype(index)  # (N,)
+    queue = np.argsort(lengths.astype(_key_dtype(size)), kind="stable")  # (N,) int64
     starts = np.concatenate([[0], np.cumsum(hist)])  # (S + 1,) queue[starts[l-1]:starts[l]] has length l
     for length in np.flatnonzero(hist > 1) + 1:
         rng.shuffle(queue[starts[length - 1] : starts[length]])
@@ -107,7 +107,7 @@ def assign_sequences(plan: PackingPlan, lengths, seed: int) -> PackAssignment:
     repeats = np.asarray(plan.repeats, dtype=np.int64)  # (J,)
     strategy_size = np.array([len(s) for s in plan.strategies], dtype=np.int64)  # (J,)
     block_start = np.concatenate([[0], np.cumsum(repeats * strategy_size)])  # (J + 1,)
-    grouped = np.empty(n, dtype=index)  # (N,) packs in strategy order
+    grouped = np.empty(n, dtype=np.int64)  # (N,) packs in strategy order
     taken = starts[:-1].copy()  # (S,) next unused queue position per length
     for j, strategy in enumerate(plan.strategies):
         block = grouped[block_start[j] : block_start[j + 1]].reshape(int(repeats[j]), len(strategy))
@@ -132,5 +132,5 @@ def assign_sequences(plan: PackingPlan, lengths, seed: int) -> PackAssignment:
     source = np.repeat(shift, sizes)  # (N,)
     del shift, sizes
     source += np.arange(n, dtype=index)
-    indices = grouped[source].astype(np.int64)  # (N,)
+    indices = grouped[source]  # (N,) int64
     return PackAssignment(indices=indices, offsets=offsets)
