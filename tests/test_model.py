@@ -267,3 +267,22 @@ def test_torch_compile_fullgraph_matches_eager():
     out.loss.backward()
     for name, param in model.named_parameters():
         assert (param.grad - eager_grads[name]).abs().max().item() <= 1e-5, name
+
+
+def test_ddp_passes_the_output_through_and_every_parameter_gets_a_gradient(tmp_path):
+    """DDP (gloo, one process) returns the NamedTuple; two steps without find_unused_parameters would fail
+    if any parameter (pooler, NSP head, ...) went unused."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed unavailable")
+    dist.init_process_group("gloo", init_method="file://%s" % (tmp_path / "store"), rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(model_for(num_hidden_layers=1).train())
+        for seed in (0, 1):
+            out = model(**tiny_batch(seed))
+            assert isinstance(out, PackedBertOutput)
+            out.loss.backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
