@@ -159,6 +159,7 @@ def test_dense_mask_is_block_diagonal_with_padding_apart():
     assert set(dense_mask(sequence_ids).unique().tolist()) == {0.0, MASK_VALUE}
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_attention_paths_agree():
     batch = tiny_batch()
     dense = model_for("dense")

@@ -134,6 +134,7 @@ def test_packed_equals_unpacked_transformers(name, attention):
     assert all(ours[n].grad.abs().sum() > 0 for n in ("bert.embeddings.position_embeddings.weight", "cls.predictions.bias"))
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_packed_equals_unpacked_flex():
     """FlexAttention path, forward only: torch has no FlexAttention backward on CPU (CUDA has one)."""
     pytest.importorskip("torch.nn.attention.flex_attention")
