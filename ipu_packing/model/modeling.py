@@ -7,6 +7,7 @@ H hidden size, N attention heads, D = H / N head size, I intermediate size, V vo
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import torch
@@ -47,8 +48,8 @@ def _activation(name: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         return name
     table = {
         "gelu": F.gelu,
-        "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-        "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "gelu_new": functools.partial(F.gelu, approximate="tanh"),
+        "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
         "relu": F.relu,
         "silu": F.silu,
         "swish": F.silu,
