@@ -30,9 +30,9 @@ class PackedBertOutput(NamedTuple):
     nsp_loss: torch.Tensor
     """() mean cross-entropy over the batch's valid sequences (0 when there are none)."""
     mlm_logits: torch.Tensor
-    """(B, M, V) vocabulary logits at each MLM slot (unused slots hold logits of token 0; ignore them)."""
+    """(B, M, V) vocabulary logits at each MLM slot (unused slots hold those of position 0: ignore them)."""
     nsp_logits: torch.Tensor
-    """(B, K, 2) is-random-next logits per sequence slot (unused slots: ignore)."""
+    """(B, K, 2) NSP logits per sequence slot, label 0 = is next, 1 = random (unused slots: ignore)."""
     mlm_accuracy: torch.Tensor
     """() fraction of valid MLM slots whose argmax equals the label."""
     nsp_accuracy: torch.Tensor
