@@ -14,7 +14,8 @@ row instead of 1, which is where the speed-up comes from (the throughput columns
 
 Steps alternate between the two workloads (in ABBA order) so that load from other processes hits both
 alike. Reported: median and minimum wall time, and median CPU time of this process (with ``--threads 1``
-on a shared machine the steadiest measure: time spent descheduled by other processes does not count). Not a test: it prints numbers.
+on a shared machine the steadiest measure: time spent descheduled by other processes does not count).
+Not a test: it prints numbers.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             parser.error("--%s must be >= 0, got %d" % (name, getattr(args, name)))
     if args.seq_len < 2 * args.sequences_per_pack:
         parser.error("--seq-len %d cannot hold %d sequences of length >= 2" % (args.seq_len, args.sequences_per_pack))
+    if args.device.split(":")[0] not in ("cpu", "cuda"):
+        parser.error("--device must be cpu or cuda[:N], got %r" % args.device)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device %s: CUDA is not available" % args.device)
     return args
@@ -85,8 +88,9 @@ def make_batch(
     }
     real = seq_len if sequences > 1 else (3 * seq_len) // 4
     for row in range(batch):
-        # split `real` tokens into `sequences` lengths >= 2
-        cuts = torch.randperm(real - 2 * sequences + 1, generator=generator)[: sequences - 1].sort().values
+        # split `real` tokens into `sequences` lengths >= 2; the rest of the row is padding
+        fields["input_ids"][row, real:] = 0
+        cuts = torch.randint(0, real - 2 * sequences + 1, (sequences - 1,), generator=generator).sort().values
         bounds = [0] + [int(c) + 2 * (i + 1) for i, c in enumerate(cuts)] + [real]
         slot = 0
         for k in range(sequences):
@@ -99,7 +103,8 @@ def make_batch(
             masked = min(masked, end - start - 1, max_predictions - slot)
             chosen = torch.randperm(end - start - 1, generator=generator)[:masked] + start + 1
             fields["mlm_positions"][row, slot : slot + masked] = chosen
-            fields["mlm_labels"][row, slot : slot + masked] = torch.randint(0, vocab_size, (masked,), generator=generator)
+            labels = torch.randint(0, vocab_size, (masked,), generator=generator)
+            fields["mlm_labels"][row, slot : slot + masked] = labels
             slot += masked
     return fields
 
