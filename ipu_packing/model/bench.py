@@ -14,7 +14,8 @@ row instead of 1, which is where the speed-up comes from (the throughput columns
 
 Steps alternate between the two workloads (in ABBA order) so that load from other processes hits both
 alike. Reported: median and minimum wall time, and median CPU time of this process (with ``--threads 1``
-on a shared machine the steadiest measure: time spent descheduled by other processes does not count).
+on a shared machine the steadier measure: time spent descheduled by other processes does not count), and
+the matmul FLOPs of one step of each (torch's FlopCounterMode, torch >= 2.1), which no noise affects.
 Not a test: it prints numbers.
 """
 
@@ -24,7 +25,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -109,6 +110,18 @@ def make_batch(
     return fields
 
 
+def count_flops(step: Callable[[Dict[str, torch.Tensor]], Any], fields: Dict[str, torch.Tensor]) -> float:
+    """Matmul FLOPs of one step, from torch's FlopCounterMode (torch >= 2.1; 0 when unavailable)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return 0.0
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step(fields)
+    return float(counter.get_total_flops())
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     import transformers
@@ -150,6 +163,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - start, time.process_time() - start_cpu
 
+    flops = {name: count_flops(step, fields) for name, fields in workloads.items()}
     times: Dict[str, List[float]] = {name: [] for name in workloads}
     cpu_times: Dict[str, List[float]] = {name: [] for name in workloads}
     names = list(workloads)
@@ -192,6 +206,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         "packing overhead per pack (packed vs padded, same shape): %+.2f%% median wall, %+.2f%% min wall, "
         "%+.2f%% median CPU time" % (overhead(median), overhead(fastest), overhead(cpu_median))
     )
+    if flops["packed"] and flops["padded"]:
+        print(
+            "matmul FLOPs per step (forward + backward, noise-free): packed %.4g, padded %.4g, overhead %+.2f%%"
+            % (flops["packed"], flops["padded"], overhead(flops))
+        )
 
 
 if __name__ == "__main__":
