@@ -9,6 +9,7 @@ recording stand-in (tests/test_execution_poptorch.py), never on IPU hardware.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List
 
 import torch
@@ -49,6 +50,11 @@ def build_options(config: ExecutionConfig, poptorch) -> Any:
     opts.outputMode(poptorch.OutputMode.All)
     if config.num_stages > 1:
         opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    opts.TensorLocations.setOptimizerLocation(
+        poptorch.TensorLocationSettings()
+        .useOnChipStorage(not config.optimizer_state_offchip)
+        .useReplicatedTensorSharding(config.replicated_tensor_sharding)
+    )
     if config.available_memory_proportion:
         opts.setAvailableMemoryProportion(
             {"IPU%d" % ipu: config.memory_proportion_for(ipu) for ipu in range(config.ipus_per_replica)}
@@ -183,11 +189,15 @@ class PoptorchRunner:
             raise RuntimeError("execution.compile_only: call runner.compile(batch), nothing can run on an offline target")
         outputs = self.executor(*self._args(batch))
         # OutputMode.All: one value per micro batch (x device iterations x replicas); average them.
-        means = [float(torch.as_tensor(t).float().mean()) for t in outputs]
+        means = [float(torch.as_tensor(t).detach().float().mean()) for t in outputs]
         steps = self.config.device_iterations
         if self.scheduler is not None:
-            for _ in range(steps):
-                self.scheduler.step()
+            with warnings.catch_warnings():
+                # The torch optimizer never steps here (poptorch.optim does, on the IPU): torch's
+                # "scheduler.step() before optimizer.step()" warning does not apply.
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+                for _ in range(steps):
+                    self.scheduler.step()
             lrs = self._current_lrs()
             if lrs != self._lrs:
                 for group, lr in zip(self.ipu_optimizer.param_groups, lrs):

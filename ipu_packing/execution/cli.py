@@ -1,0 +1,65 @@
+"""Command line for the execution package: ``dry-run`` prints placement, memory and batch sizes for a
+config file (sections ``model:`` = transformers.BertConfig fields, ``execution:`` = ExecutionConfig fields;
+other sections are ignored here). Bad input: one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from .config import ExecutionConfig
+from .dry_run import OPTIMIZER_STATES, dry_run_report
+
+
+class UsageError(Exception):
+    pass
+
+
+def load_sections(path: str):
+    """(transformers.BertConfig, ExecutionConfig) from a YAML file's model: and execution: sections."""
+    import transformers
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except OSError as exc:
+        raise UsageError("cannot read config %s: %s" % (path, exc.strerror))
+    except yaml.YAMLError as exc:
+        raise UsageError("config %s is not valid YAML: %s" % (path, str(exc).splitlines()[0]))
+    if not isinstance(doc, dict):
+        raise UsageError("config %s must be a mapping with model: and execution: sections" % path)
+    model = doc.get("model") or {}
+    execution = doc.get("execution") or {}
+    if not isinstance(model, dict) or not isinstance(execution, dict):
+        raise UsageError("config %s: model: and execution: must be mappings" % path)
+    known = set(ExecutionConfig.__dataclass_fields__)
+    unknown = sorted(set(execution) - known)
+    if unknown:
+        raise UsageError("config %s: unknown execution key(s): %s" % (path, ", ".join(unknown)))
+    defaults = transformers.BertConfig().to_dict()
+    unknown = sorted(k for k in model if k not in defaults)
+    if unknown:
+        raise UsageError("config %s: unknown model key(s): %s" % (path, ", ".join(unknown)))
+    try:
+        return transformers.BertConfig(**model), ExecutionConfig(**execution)
+    except (TypeError, ValueError) as exc:
+        raise UsageError("config %s: %s" % (path, exc))
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ipu_packing.execution")
+    sub = parser.add_subparsers(dest="command", required=True)
+    dry = sub.add_parser("dry-run", help="placement, memory per IPU and batch sizes of a config (no poptorch needed)")
+    dry.add_argument("--config", required=True, help="YAML file with model: and execution: sections")
+    dry.add_argument("--sequences-per-pack", type=float, default=1.0, help="the dataset's packing factor")
+    dry.add_argument("--optimizer", default="lamb", choices=sorted(OPTIMIZER_STATES))
+    args = parser.parse_args(argv)
+    try:
+        model_config, execution = load_sections(args.config)
+        report = dry_run_report(model_config, execution, args.sequences_per_pack, args.optimizer)
+    except (UsageError, ValueError) as exc:
+        print("error: %s" % exc, file=sys.stderr)
+        sys.exit(2)
+    sys.stdout.write(report)
