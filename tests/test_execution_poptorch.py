@@ -16,9 +16,8 @@ import types
 
 import pytest
 import torch
-import yaml
-
 from ipu_packing.execution import ExecutionConfig, make_runner
+from ipu_packing.execution.cli import read_sections
 from ipu_packing.execution.poptorch_backend import SDK_MESSAGE, BackendUnavailable
 from ipu_packing.execution.synthetic import PackDataset
 
@@ -185,8 +184,7 @@ def shipped_ipu_configs():
     """configs/*.yaml with an execution: section for the poptorch backend: (layers, execution kwargs)."""
     found = {}
     for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))):
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
+        doc = read_sections(path)
         execution = doc.get("execution") or {}
         if execution.get("backend") == "poptorch":
             layers = (doc.get("model") or {}).get("num_hidden_layers", 12)

@@ -5,6 +5,7 @@ other sections are ignored here). Bad input: one line on stderr, exit code 2."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -16,20 +17,42 @@ class UsageError(Exception):
     pass
 
 
-def load_sections(path: str):
-    """(transformers.BertConfig, ExecutionConfig) from a YAML file's model: and execution: sections."""
-    import transformers
+def read_sections(path: str, seen=()) -> dict:
+    """A config file's sections, with ``base: NAME`` resolved the way the application's loader does it
+    (NAME.yaml beside the file; the file's sections update the base's, key by key)."""
     import yaml
 
+    real = os.path.realpath(path)
+    if real in seen:
+        raise UsageError("config %s extends itself (base cycle)" % path)
     try:
         with open(path) as f:
             doc = yaml.safe_load(f)
     except OSError as exc:
         raise UsageError("cannot read config %s: %s" % (path, exc.strerror))
     except yaml.YAMLError as exc:
-        raise UsageError("config %s is not valid YAML: %s" % (path, str(exc).splitlines()[0]))
+        raise UsageError("config %s is not valid YAML: %s" % (path, " ".join(str(exc).split())))
+    if doc is None:
+        doc = {}
     if not isinstance(doc, dict):
         raise UsageError("config %s must be a mapping with model: and execution: sections" % path)
+    base = doc.pop("base", None)
+    if base is None:
+        return doc
+    name = str(base) if str(base).endswith((".yaml", ".yml")) else str(base) + ".yaml"
+    merged = read_sections(os.path.join(os.path.dirname(path), name), seen + (real,))
+    for key, value in doc.items():
+        section = dict(merged.get(key) or {})
+        section.update(value or {})
+        merged[key] = section
+    return merged
+
+
+def load_sections(path: str):
+    """(transformers.BertConfig, ExecutionConfig) from a YAML file's model: and execution: sections."""
+    import transformers
+
+    doc = read_sections(path)
     model = doc.get("model") or {}
     execution = doc.get("execution") or {}
     if not isinstance(model, dict) or not isinstance(execution, dict):
