@@ -78,9 +78,18 @@ def main(argv: Optional[List[str]] = None) -> None:
     dry.add_argument("--config", required=True, help="YAML file with model: and execution: sections")
     dry.add_argument("--sequences-per-pack", type=float, default=1.0, help="the dataset's packing factor")
     dry.add_argument("--optimizer", default="lamb", choices=sorted(OPTIMIZER_STATES))
+    dry.add_argument(
+        "--gradient-accumulation",
+        type=int,
+        default=None,
+        help="micro batches per replica step, as run (the application derives it from the global batch; "
+        "run_pretraining.py --dry-run does that for you)",
+    )
     args = parser.parse_args(argv)
     try:
         model_config, execution = load_sections(args.config)
+        if args.gradient_accumulation is not None:
+            execution = ExecutionConfig(**dict(vars(execution), gradient_accumulation=args.gradient_accumulation))
         report = dry_run_report(model_config, execution, args.sequences_per_pack, args.optimizer)
     except (UsageError, ValueError) as exc:
         print("error: %s" % exc, file=sys.stderr)
