@@ -156,8 +156,9 @@ def fake_poptorch(monkeypatch):
 class LAMB(torch.optim.Optimizer):
     """Stands for the application's torch LAMB (same class name and hyperparameters)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, bias_correction=False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_weight_norm=None))
+        self.bias_correction = bias_correction  # optimizer-wide, as the application's LAMB keeps it
 
 
 # ---- configs: the shipped ones, plus BERT-Base/Large POD16/POD64 shapes from the published IPU app --------
@@ -264,6 +265,8 @@ def test_precision_optimizer_and_loss_scaling(fake_poptorch, case):
     assert ex.optimizer.kwargs["loss_scaling"] == config.loss_scaling
     assert ex.optimizer.kwargs["lr"] == 1e-3 and ex.optimizer.kwargs["betas"] == (0.9, 0.99)
     assert ex.optimizer.kwargs["weight_decay"] == 0.01 and ex.optimizer.kwargs["eps"] == 1e-6
+    assert ex.optimizer.kwargs["bias_correction"] is False and "max_weight_norm" not in ex.optimizer.kwargs
+    assert all("bias_correction" not in g for g in ex.optimizer.param_groups)  # not a per-group variable
     assert sum(len(g["params"]) for g in ex.optimizer.param_groups) == len(list(model.parameters()))
     want = torch.float16 if config.precision == "fp16" else torch.float32
     assert {p.dtype for p in model.parameters()} == {want}

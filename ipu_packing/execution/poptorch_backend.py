@@ -98,31 +98,39 @@ class _RecomputeCheckpoint:
         return tuple(self.poptorch.recomputationCheckpoint(t) for t in output)
 
 
-# torch optimizer class name -> (poptorch.optim class name, hyperparameters copied from param_groups)
+# torch optimizer class name -> (poptorch.optim class, per-group hyperparameters, optimizer-wide attributes)
 _OPTIMIZERS = {
-    "LAMB": ("LAMB", ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_weight_norm")),
-    "AdamW": ("AdamW", ("lr", "betas", "eps", "weight_decay", "bias_correction")),
-    "Adam": ("Adam", ("lr", "betas", "eps", "weight_decay")),
-    "SGD": ("SGD", ("lr", "momentum", "dampening", "weight_decay", "nesterov")),
+    "LAMB": ("LAMB", ("lr", "betas", "eps", "weight_decay", "max_weight_norm"), ("bias_correction",)),
+    "AdamW": ("AdamW", ("lr", "betas", "eps", "weight_decay"), ("bias_correction",)),
+    "Adam": ("Adam", ("lr", "betas", "eps", "weight_decay"), ()),
+    "SGD": ("SGD", ("lr", "momentum", "dampening", "weight_decay", "nesterov"), ()),
 }
 
 
 def translate_optimizer(optimizer: torch.optim.Optimizer, config: ExecutionConfig, poptorch):
     """The poptorch.optim equivalent of a torch optimizer: same class name, same param groups and
-    per-group hyperparameters, plus the static loss scale (poptorch applies it inside the optimizer)."""
+    per-group hyperparameters, optimizer-wide flags kept as attributes of the torch optimizer (the
+    application's LAMB keeps ``bias_correction`` there), plus the static loss scale (poptorch applies it
+    inside the optimizer)."""
     name = type(optimizer).__name__
     if name not in _OPTIMIZERS:
         raise ValueError("no poptorch.optim equivalent for optimizer %r (supported: %s)" % (name, sorted(_OPTIMIZERS)))
-    target, keys = _OPTIMIZERS[name]
+    target, keys, attributes = _OPTIMIZERS[name]
     groups = []
     for group in optimizer.param_groups:
         g = {"params": group["params"]}  # type: Dict[str, Any]
         for k in keys:
-            if k in group and group[k] is not None:
+            if group.get(k) is not None:
                 g[k] = tuple(group[k]) if k == "betas" else group[k]
         groups.append(g)
-    defaults = {k: v for k, v in groups[0].items() if k != "params"}
-    return getattr(poptorch.optim, target)(groups, loss_scaling=float(config.loss_scaling), **defaults)
+    kwargs = {k: v for k, v in groups[0].items() if k != "params"}
+    for attr in attributes:
+        value = getattr(optimizer, attr, None)
+        if value is None:
+            value = optimizer.defaults.get(attr)
+        if value is not None:
+            kwargs[attr] = value
+    return getattr(poptorch.optim, target)(groups, loss_scaling=float(config.loss_scaling), **kwargs)
 
 
 class _TrainingWrapper(torch.nn.Module):
