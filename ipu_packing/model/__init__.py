@@ -1,17 +1,70 @@
 """Packed BERT for pretraining (single device; placement is applied from outside).
 
-CONTRACT (the model work fills this in; other packages rely on exactly these names):
+Mathematically equivalent to running each sequence of a pack on its own (checked against transformers'
+BertForPreTraining in tests/test_model_equivalence.py): no token attends across sequences, positions restart
+in each sequence, MLM only at the masked slots, NSP once per sequence from its own [CLS].
+
+CONTRACT (other packages rely on exactly these names):
 
     from ipu_packing.model import PackedBertForPreTraining, PackedBertOutput
-    model = PackedBertForPreTraining(transformers.BertConfig(...))
-    out = model(input_ids=..., token_type_ids=..., position_ids=..., sequence_ids=...,
-                mlm_positions=..., mlm_labels=..., cls_positions=..., nsp_labels=...)
-    out.loss, out.mlm_loss, out.nsp_loss          # scalars
+    model = PackedBertForPreTraining(transformers.BertConfig(...), attention=None)  # "dense" | "sdpa" | "flex"
+    out = model(input_ids=..., token_type_ids=..., position_ids=..., sequence_ids=...,   # each (B, S)
+                mlm_positions=..., mlm_labels=...,                                      # each (B, M)
+                cls_positions=..., nsp_labels=...)                                      # each (B, K)
+    out.loss, out.mlm_loss, out.nsp_loss          # () float32: total = mlm_loss + nsp_loss
     out.mlm_logits  # (B, M, V)    out.nsp_logits  # (B, K, 2)
-    out.mlm_accuracy, out.nsp_accuracy            # scalars
-    out.mlm_count, out.nsp_count                  # scalars: valid slots / sequences in the batch
+    out.mlm_accuracy, out.nsp_accuracy            # () float32
+    out.mlm_count, out.nsp_count                  # () float32: valid MLM slots / valid sequences in the batch
 
-Submodules follow transformers' BertForPreTraining names: model.bert.embeddings,
-model.bert.encoder.layer (nn.ModuleList), model.bert.pooler, model.cls.predictions,
-model.cls.seq_relationship.
+Batch fields (int32 or int64, both accepted): position_ids restart at 0 at each [CLS]; sequence_ids is 0 for
+padding and k for the k-th sequence (1-based); cls_positions[k-1] is the index of sequence k's [CLS];
+mlm_labels / nsp_labels hold -100 in unused slots, whose positions may hold anything (they are never read).
+A padded batch is a batch of packs with K = 1: there is one code path.
+
+Losses: mlm_loss is the mean cross-entropy over the batch's valid MLM slots, nsp_loss the mean over its valid
+sequences (each 0, not NaN, when there are none). To combine micro batches exactly, weight by the counts.
+
+Output: ``PackedBertOutput`` is a typing.NamedTuple of tensors (attribute access; a plain tuple to
+torch.compile, DDP, torch.distributed.pipelining and PopTorch).
+
+Composition (forward is exactly this; split it for pipelining):
+
+    h = model.bert.embeddings(input_ids, token_type_ids, position_ids)   # (B, S, H)
+    mask = model.bert.get_attention_mask(sequence_ids)                   # form depends on attention
+    for layer in model.bert.encoder.layer:                               # nn.ModuleList
+        h = layer(h, mask)                                               # (B, S, H) tensor
+    out = model.pretraining_heads(h, mlm_positions, mlm_labels, cls_positions, nsp_labels)
+
+``pretraining_heads`` uses model.bert.pooler (at each cls position), model.cls.seq_relationship, and
+model.cls.predictions (MLM gather first, then transform + decoder tied to the word embeddings: a stage that
+runs the heads needs the word-embedding weight too).
+
+Attention (constructor argument ``attention``, else ``config.packed_attention``, else "dense"):
+  "dense"  matmul + additive float32 mask (B, 1, S, S), 0 or -10000; the default, for IPUs / static graphs.
+  "sdpa"   torch scaled_dot_product_attention with a bool mask (B, 1, S, S), True = attend.
+  "flex"   FlexAttention with a BlockMask (torch >= 2.5, imported lazily; no attention dropout in training;
+           the BlockMask is not a tensor, so not for pipelined stages).
+The rule: q attends to k iff sequence_ids[q] == sequence_ids[k]. Real tokens see only their own sequence;
+padding sees only padding, so no query row is ever fully masked and no path can produce NaN.
+
+Submodules and parameters follow transformers' BertForPreTraining names and shapes: bert.embeddings.*,
+bert.encoder.layer.N.*, bert.pooler.*, cls.predictions.* (decoder tied to word embeddings),
+cls.seq_relationship.*. ``PackedBertForPreTraining.from_pretrained(dir)`` reads a transformers-saved
+directory (safetensors or pytorch_model.bin); ``model.save_pretrained(dir)`` writes one that
+``transformers.BertForPreTraining.from_pretrained`` loads.
+
+Precision: fp32, or bf16/fp16 under torch.autocast (losses are computed in fp32). Works under
+torch.compile(fullgraph=True, dynamic=False). Runs on Python 3.8 / torch 2.0.1 / transformers 4.x
+(the "flex" path excepted).
 """
+
+from .attention import ATTENTION_IMPLEMENTATIONS
+from .modeling import IGNORE_INDEX, PackedBertForPreTraining, PackedBertModel, PackedBertOutput
+
+__all__ = [
+    "ATTENTION_IMPLEMENTATIONS",
+    "IGNORE_INDEX",
+    "PackedBertForPreTraining",
+    "PackedBertModel",
+    "PackedBertOutput",
+]

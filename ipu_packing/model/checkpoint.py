@@ -1,0 +1,137 @@
+"""transformers-format checkpoints: read what BertForPreTraining saves, write what it loads.
+
+A directory holds ``config.json`` (a ``transformers.BertConfig``) and the weights in one of
+``model.safetensors``, ``model.safetensors.index.json`` (shards), ``pytorch_model.bin`` or
+``pytorch_model.bin.index.json``, looked for in that order. Nothing is ever downloaded.
+
+Reading accepts the key spellings found in the wild: a ``module.`` prefix (DDP), TF-era ``gamma``/``beta``
+LayerNorm names, and a bare ``BertModel`` checkpoint (no ``bert.`` prefix; with ``strict=False`` only,
+since the heads are then missing). Tied aliases (``cls.predictions.decoder.weight`` and
+``cls.predictions.decoder.bias``) are dropped: the tie supplies them. Writing drops them the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any, Dict, List
+
+import torch
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
+BIN_NAME = "pytorch_model.bin"
+BIN_INDEX_NAME = "pytorch_model.bin.index.json"
+
+# Buffers old transformers versions saved; they carry nothing this model needs.
+_IGNORED_KEYS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
+_DECODER_WEIGHT = "cls.predictions.decoder.weight"
+_DECODER_BIAS = "cls.predictions.decoder.bias"
+_BIAS = "cls.predictions.bias"
+
+
+def _read_weight_file(path: str) -> Dict[str, torch.Tensor]:
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_state_dict(directory: str) -> Dict[str, torch.Tensor]:
+    """The raw state dict stored in a transformers-format directory."""
+    for single, index in ((SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME), (BIN_NAME, BIN_INDEX_NAME)):
+        path = os.path.join(directory, single)
+        if os.path.isfile(path):
+            return _read_weight_file(path)
+        path = os.path.join(directory, index)
+        if os.path.isfile(path):
+            with open(path, "r", encoding="utf-8") as handle:
+                weight_map = json.load(handle)["weight_map"]
+            state: Dict[str, torch.Tensor] = {}
+            for shard in sorted(set(weight_map.values())):
+                state.update(_read_weight_file(os.path.join(directory, shard)))
+            return state
+    raise FileNotFoundError(
+        "no weights in %s: expected one of %s"
+        % (directory, ", ".join((SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME, BIN_NAME, BIN_INDEX_NAME)))
+    )
+
+
+def normalize_keys(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Map the key spellings transformers-era checkpoints use onto this model's names."""
+    out: Dict[str, torch.Tensor] = {}
+    bare = not any(key.startswith(("bert.", "cls.", "module.")) for key in state)
+    for key, value in state.items():
+        if key.startswith("module."):
+            key = key[len("module.") :]
+        if bare:
+            key = "bert." + key
+        if key.endswith(".gamma"):
+            key = key[: -len(".gamma")] + ".weight"
+        elif key.endswith(".beta"):
+            key = key[: -len(".beta")] + ".bias"
+        if key in _IGNORED_KEYS:
+            continue
+        out[key] = value
+    if _BIAS not in out and _DECODER_BIAS in out:
+        out[_BIAS] = out[_DECODER_BIAS]
+    out.pop(_DECODER_BIAS, None)
+    return out
+
+
+def _aliases(model: Any) -> List[str]:
+    """State-dict keys that are another key's tensor under a second name."""
+    names = [_DECODER_BIAS]
+    if model.tied:
+        names.append(_DECODER_WEIGHT)
+    return names
+
+
+def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: bool = True) -> Any:
+    from transformers import BertConfig
+
+    config_path = os.path.join(directory, CONFIG_NAME)
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError("no %s in %s (a transformers BERT directory is expected)" % (CONFIG_NAME, directory))
+    config = BertConfig.from_json_file(config_path)
+    model = cls(config, attention=attention)
+    state = normalize_keys(read_state_dict(directory))
+    aliases = _aliases(model)
+    for name in aliases:
+        state.pop(name, None)
+    result = model.load_state_dict(state, strict=False)
+    missing = [key for key in result.missing_keys if key not in aliases]
+    unexpected = list(result.unexpected_keys)
+    if strict and (missing or unexpected):
+        raise ValueError(
+            "checkpoint %s does not match PackedBertForPreTraining: missing %s, unexpected %s"
+            % (directory, missing or "none", unexpected or "none")
+        )
+    model.tie_weights()
+    return model
+
+
+def export_state_dict(model: Any) -> Dict[str, torch.Tensor]:
+    aliases = _aliases(model)
+    return {
+        key: value.detach().cpu().contiguous()
+        for key, value in model.state_dict().items()
+        if key not in aliases
+    }
+
+
+def save_pretrained(model: Any, directory: str, safe_serialization: bool = True) -> None:
+    os.makedirs(directory, exist_ok=True)
+    config = copy.deepcopy(model.config)
+    config.architectures = ["BertForPreTraining"]
+    config.to_json_file(os.path.join(directory, CONFIG_NAME))
+    state = export_state_dict(model)
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file(state, os.path.join(directory, SAFETENSORS_NAME), metadata={"format": "pt"})
+    else:
+        torch.save(state, os.path.join(directory, BIN_NAME))

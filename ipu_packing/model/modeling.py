@@ -1,0 +1,387 @@
+"""Packed BERT for pretraining: modules named and shaped as transformers' ``BertForPreTraining``.
+
+Shape legend: B packs in the batch, S tokens per pack, K sequence slots per pack, M MLM slots per pack,
+H hidden size, N attention heads, D = H / N head size, I intermediate size, V vocabulary size.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Dict, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import CONFIG_ATTRIBUTE, attend, build_mask, resolve_attention
+
+IGNORE_INDEX = -100
+"""Label of an unused MLM or NSP slot (and ignore_index of the losses)."""
+
+
+class PackedBertOutput(NamedTuple):
+    """Everything one forward pass returns; a NamedTuple of tensors (compile-, DDP-, pipeline-, PopTorch-safe)."""
+
+    loss: torch.Tensor
+    """() mlm_loss + nsp_loss."""
+    mlm_loss: torch.Tensor
+    """() mean cross-entropy over the batch's valid MLM slots (0 when there are none)."""
+    nsp_loss: torch.Tensor
+    """() mean cross-entropy over the batch's valid sequences (0 when there are none)."""
+    mlm_logits: torch.Tensor
+    """(B, M, V) vocabulary logits at each MLM slot (unused slots hold logits of token 0; ignore them)."""
+    nsp_logits: torch.Tensor
+    """(B, K, 2) is-random-next logits per sequence slot (unused slots: ignore)."""
+    mlm_accuracy: torch.Tensor
+    """() fraction of valid MLM slots whose argmax equals the label."""
+    nsp_accuracy: torch.Tensor
+    """() fraction of valid sequences whose NSP argmax equals the label."""
+    mlm_count: torch.Tensor
+    """() float32 number of valid MLM slots in the batch (weight for exact means across micro batches)."""
+    nsp_count: torch.Tensor
+    """() float32 number of valid sequences in the batch."""
+
+
+def _activation(name: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    if callable(name):
+        return name
+    table = {
+        "gelu": F.gelu,
+        "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+        "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "relu": F.relu,
+        "silu": F.silu,
+        "swish": F.silu,
+        "tanh": torch.tanh,
+    }
+    if name not in table:
+        raise ValueError("hidden_act must be one of %s, got %r" % (sorted(table), name))
+    return table[name]
+
+
+class BertEmbeddings(nn.Module):
+    """Word + token type + position embeddings (positions looked up from ``position_ids``), LayerNorm, dropout."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, S) ids, int32 or int64 -> (B, S, H)."""
+        h = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        h = h + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(h))  # (B, S, H)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: Any, implementation: str) -> None:
+        super().__init__()
+        if config.hidden_size % config.num_attention_heads != 0:
+            raise ValueError(
+                "hidden_size (%d) must be a multiple of num_attention_heads (%d)"
+                % (config.hidden_size, config.num_attention_heads)
+            )
+        self.num_attention_heads = config.num_attention_heads
+        self.attention_head_size = config.hidden_size // config.num_attention_heads
+        self.implementation = implementation
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_attention_heads, self.attention_head_size).transpose(1, 2)
+
+    def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
+        """(B, S, H) -> (B, S, H): context vectors, each token attending only within its own sequence."""
+        batch, length, hidden = h.shape
+        q = self._heads(self.query(h))  # (B, N, S, D)
+        k = self._heads(self.key(h))
+        v = self._heads(self.value(h))
+        context = attend(self.implementation, q, k, v, mask, self.dropout)  # (B, N, S, D)
+        return context.transpose(1, 2).reshape(batch, length, hidden)  # (B, S, H)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, context: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(context)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: Any, implementation: str) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config, implementation)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
+        return self.output(self.self(h, mask), h)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = _activation(config.hidden_act)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(h))  # (B, S, I)
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, intermediate: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(intermediate)) + residual)
+
+
+class BertLayer(nn.Module):
+    """One encoder layer: ``layer(h, mask) -> h``, (B, S, H) -> (B, S, H) (a tensor, not a tuple)."""
+
+    def __init__(self, config: Any, implementation: str) -> None:
+        super().__init__()
+        self.attention = BertAttention(config, implementation)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
+        attended = self.attention(h, mask)
+        return self.output(self.intermediate(attended), attended)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: Any, implementation: str) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(config, implementation) for _ in range(config.num_hidden_layers)])
+
+    def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
+        for layer in self.layer:
+            h = layer(h, mask)
+        return h
+
+
+class BertPooler(nn.Module):
+    """Dense + tanh over the hidden state of each sequence's [CLS] (gathered by the caller)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, cls_hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(cls_hidden))  # (B, K, H)
+
+
+class PackedBertModel(nn.Module):
+    """Embeddings, the packed attention mask and the encoder; the pooler is applied by the pretraining heads."""
+
+    def __init__(self, config: Any, implementation: str) -> None:
+        super().__init__()
+        self.attention_implementation = implementation
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config, implementation)
+        self.pooler = BertPooler(config)
+
+    def get_attention_mask(self, sequence_ids: torch.Tensor) -> Any:
+        """Mask from (B, S) ``sequence_ids`` in the form this model's layers take (see ``attention.py``):
+        dense: float32 (B, 1, S, S) additive; sdpa: bool (B, 1, S, S); flex: a ``BlockMask``."""
+        return build_mask(self.attention_implementation, sequence_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        sequence_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """(B, S) fields -> final hidden states (B, S, H)."""
+        h = self.embeddings(input_ids, token_type_ids, position_ids)
+        mask = self.get_attention_mask(sequence_ids)
+        return self.encoder(h, mask)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = _activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(h)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Transform, then a decoder whose weight is tied to the word embeddings and whose bias is ``self.bias``."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder.bias = self.bias  # one parameter, two names, as in transformers
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(h))  # (B, M, V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def _gather(h: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """h (B, S, H) at positions (B, P) -> (B, P, H); invalid slots read position 0 (never out of range)."""
+    index = torch.where(valid, positions.long(), torch.zeros_like(positions, dtype=torch.long))
+    return torch.gather(h, 1, index.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+
+
+def _mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
+    """Mean cross-entropy and accuracy over valid slots (0 when none) and their count, all float32 scalars."""
+    count = valid.sum().to(torch.float32)
+    denominator = count.clamp(min=1.0)
+    loss_sum = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    correct = (logits.argmax(dim=-1) == labels) & valid
+    return loss_sum / denominator, correct.sum().to(torch.float32) / denominator, count
+
+
+class PackedBertForPreTraining(nn.Module):
+    """BERT for pretraining on packs; see the package docstring for the batch contract and composition."""
+
+    def __init__(self, config: Any, attention: Optional[str] = None) -> None:
+        super().__init__()
+        if getattr(config, "position_embedding_type", "absolute") != "absolute":
+            raise ValueError("only position_embedding_type='absolute' is supported")
+        implementation = resolve_attention(config, attention)
+        self.config = copy.deepcopy(config)
+        setattr(self.config, CONFIG_ATTRIBUTE, implementation)
+        self.bert = PackedBertModel(self.config, implementation)
+        self.cls = BertPreTrainingHeads(self.config)
+        self.apply(self._init_weights)
+        self.tie_weights()
+
+    @property
+    def attention_implementation(self) -> str:
+        return self.bert.attention_implementation
+
+    @property
+    def tied(self) -> bool:
+        return bool(getattr(self.config, "tie_word_embeddings", True))
+
+    def tie_weights(self) -> None:
+        """Decoder weight is the word-embedding matrix (unless ``config.tie_word_embeddings`` is False)."""
+        if self.tied:
+            self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        self.cls.predictions.decoder.bias = self.cls.predictions.bias
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """transformers' BERT initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            module.weight.data.normal_(mean=0.0, std=std)
+            if module.bias is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.data.normal_(mean=0.0, std=std)
+            if module.padding_idx is not None:
+                module.weight.data[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            module.weight.data.fill_(1.0)
+            module.bias.data.zero_()
+        elif isinstance(module, BertLMPredictionHead):
+            module.bias.data.zero_()
+
+    def pretraining_heads(
+        self,
+        h: torch.Tensor,
+        mlm_positions: torch.Tensor,
+        mlm_labels: torch.Tensor,
+        cls_positions: torch.Tensor,
+        nsp_labels: torch.Tensor,
+    ) -> PackedBertOutput:
+        """Final hidden states (B, S, H) and the label fields -> ``PackedBertOutput``.
+
+        Pooler + NSP head at each sequence's [CLS] (``cls_positions``, (B, K)); MLM transform + tied decoder
+        only at ``mlm_positions`` (B, M), never over all S tokens; losses and accuracies over valid slots.
+        """
+        mlm_labels = mlm_labels.long()
+        nsp_labels = nsp_labels.long()
+        mlm_valid = mlm_labels != IGNORE_INDEX  # (B, M)
+        nsp_valid = nsp_labels != IGNORE_INDEX  # (B, K)
+
+        mlm_logits = self.cls.predictions(_gather(h, mlm_positions, mlm_valid))  # (B, M, V)
+        pooled = self.bert.pooler(_gather(h, cls_positions, nsp_valid))  # (B, K, H)
+        nsp_logits = self.cls.seq_relationship(pooled)  # (B, K, 2)
+
+        mlm_loss, mlm_accuracy, mlm_count = _mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid)
+        nsp_loss, nsp_accuracy, nsp_count = _mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid)
+        return PackedBertOutput(
+            loss=mlm_loss + nsp_loss,
+            mlm_loss=mlm_loss,
+            nsp_loss=nsp_loss,
+            mlm_logits=mlm_logits,
+            nsp_logits=nsp_logits,
+            mlm_accuracy=mlm_accuracy,
+            nsp_accuracy=nsp_accuracy,
+            mlm_count=mlm_count,
+            nsp_count=nsp_count,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        sequence_ids: torch.Tensor,
+        mlm_positions: torch.Tensor,
+        mlm_labels: torch.Tensor,
+        cls_positions: torch.Tensor,
+        nsp_labels: torch.Tensor,
+    ) -> PackedBertOutput:
+        h = self.bert(input_ids, token_type_ids, position_ids, sequence_ids)  # (B, S, H)
+        return self.pretraining_heads(h, mlm_positions, mlm_labels, cls_positions, nsp_labels)
+
+    # -- transformers-format checkpoints (see checkpoint.py) --------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str, attention: Optional[str] = None, strict: bool = True
+    ) -> "PackedBertForPreTraining":
+        """Read a directory written by transformers (config.json + safetensors or pytorch_model.bin)."""
+        from .checkpoint import load_pretrained
+
+        return load_pretrained(cls, directory, attention=attention, strict=strict)
+
+    def save_pretrained(self, directory: str, safe_serialization: bool = True) -> None:
+        """Write config.json + model.safetensors (or pytorch_model.bin) that BertForPreTraining loads back."""
+        from .checkpoint import save_pretrained
+
+        save_pretrained(self, directory, safe_serialization=safe_serialization)
+
+    def hf_state_dict(self) -> Dict[str, torch.Tensor]:
+        """State dict without tied aliases, as transformers saves it."""
+        from .checkpoint import export_state_dict
+
+        return export_state_dict(self)
+
+
+__all__ = ["PackedBertForPreTraining", "PackedBertOutput", "PackedBertModel", "IGNORE_INDEX"]

@@ -1,0 +1,176 @@
+"""Packed BERT equals transformers' BertForPreTraining run on each sequence alone (the paper's claim, proven).
+
+Reference: transformers' own BertForPreTraining (eager attention), identical random weights, fp32, eval mode,
+run on the same sequences unpacked: one sequence per row, right-padded, with attention_mask. Its loss is
+mean MLM cross-entropy over all masked tokens of the batch + mean NSP cross-entropy over its sequences: the
+same means the packed model computes over a batch of packs. One backward on each, then every gradient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from ipu_packing.model import PackedBertForPreTraining
+from test_model_packs import build_packs, padded_hf_inputs, random_packs, to_torch
+
+SEQ_LEN = 32
+MAX_SEQUENCES = 8
+MLM_SLOTS = 24
+# Packs of 1, 2, 3 and 8 sequences; the first three end in padding, the last is full (8 lengths sum to 32).
+PACK_LENGTHS = [[20], [10, 14], [5, 9, 11], [3, 5, 2, 6, 4, 4, 5, 3]]
+
+CONFIGS = {
+    "L2-H2-d32-V97": dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=32, vocab_size=97),
+    "L3-H4-d64-V211": dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=64, vocab_size=211),
+    "L1-H1-d24-V1000-gelu_new": dict(
+        num_hidden_layers=1, num_attention_heads=1, hidden_size=24, vocab_size=1000, hidden_act="gelu_new"
+    ),
+}
+
+LOGIT_ATOL = 1e-5
+LOSS_RTOL = 1e-6
+GRAD_ATOL = 1e-5
+
+
+def make_config(**fields) -> transformers.BertConfig:
+    fields.setdefault("intermediate_size", 2 * fields["hidden_size"])
+    return transformers.BertConfig(
+        max_position_embeddings=64, type_vocab_size=2, attn_implementation="eager", **fields
+    )
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Weights far from the default init (std 0.02 makes every logit ~0 and hides mistakes)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if "LayerNorm.weight" in name:
+                param.copy_(1.0 + 0.1 * noise)
+            else:
+                param.copy_(0.15 * noise)
+
+
+def twin_models(config: transformers.BertConfig, attention: str, seed: int = 0):
+    """transformers' reference and the packed model, holding identical weights."""
+    reference = transformers.BertForPreTraining(config)
+    assert type(reference.bert.encoder.layer[0].attention.self).__name__ == "BertSelfAttention"  # eager
+    randomize_(reference, seed)
+    packed = PackedBertForPreTraining(config, attention=attention)
+    packed.load_state_dict(reference.state_dict())
+    return reference.eval(), packed.eval()
+
+
+def run_both(config_fields, attention, lengths=PACK_LENGTHS, seed=0):
+    config = make_config(**config_fields)
+    reference, packed = twin_models(config, attention, seed)
+    rng = np.random.default_rng(seed)
+    groups = random_packs(rng, lengths, config.vocab_size)
+    batch = to_torch(build_packs(groups, SEQ_LEN, MAX_SEQUENCES, MLM_SLOTS, rng))
+    sequences = [seq for group in groups for seq in group]
+    hf_inputs = padded_hf_inputs(sequences)
+    return reference, packed, groups, batch, hf_inputs
+
+
+def gather_reference(groups, batch, hf_out, hf_inputs):
+    """Map the reference's per-sequence outputs onto the packed slots: (B, M, V) and (B, K, 2) targets."""
+    mlm_ref = torch.zeros(batch["mlm_labels"].shape + (hf_out.prediction_logits.shape[-1],))
+    nsp_ref = torch.zeros(batch["nsp_labels"].shape + (2,))
+    row_of = 0
+    for b, group in enumerate(groups):
+        slot = 0
+        for k, seq in enumerate(group):
+            nsp_ref[b, k] = hf_out.seq_relationship_logits[row_of]
+            for position in seq.mlm_positions:
+                mlm_ref[b, slot] = hf_out.prediction_logits[row_of, int(position)]
+                slot += 1
+            row_of += 1
+    return mlm_ref, nsp_ref
+
+
+@pytest.mark.parametrize("attention", ["dense", "sdpa"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_packed_equals_unpacked_transformers(name, attention):
+    reference, packed, groups, batch, hf_inputs = run_both(CONFIGS[name], attention)
+    hf_out = reference(**hf_inputs)
+    out = packed(**batch)
+
+    mlm_valid = batch["mlm_labels"] != -100
+    nsp_valid = batch["nsp_labels"] != -100
+    mlm_ref, nsp_ref = gather_reference(groups, batch, hf_out, hf_inputs)
+    assert int(mlm_valid.sum()) == int((hf_inputs["labels"] != -100).sum()) == int(out.mlm_count)
+    assert int(nsp_valid.sum()) == len(hf_inputs["next_sentence_label"]) == int(out.nsp_count)
+
+    # logits at the masked positions and per sequence
+    mlm_diff = (out.mlm_logits[mlm_valid] - mlm_ref[mlm_valid]).abs().max().item()
+    nsp_diff = (out.nsp_logits[nsp_valid] - nsp_ref[nsp_valid]).abs().max().item()
+    assert mlm_diff <= LOGIT_ATOL, mlm_diff
+    assert nsp_diff <= LOGIT_ATOL, nsp_diff
+
+    # the same means: transformers' loss, and each half recomputed from its logits
+    hf_labels = hf_inputs["labels"]
+    ref_mlm_loss = F.cross_entropy(hf_out.prediction_logits[hf_labels != -100], hf_labels[hf_labels != -100])
+    ref_nsp_loss = F.cross_entropy(hf_out.seq_relationship_logits, hf_inputs["next_sentence_label"])
+    for ours, theirs in ((out.mlm_loss, ref_mlm_loss), (out.nsp_loss, ref_nsp_loss), (out.loss, hf_out.loss)):
+        assert abs(ours.item() - theirs.item()) <= LOSS_RTOL * abs(theirs.item()), (ours.item(), theirs.item())
+    assert out.mlm_loss.item() > 0.5 and out.nsp_loss.item() > 0.05  # non-trivial values
+
+    # one backward each: every parameter's gradient
+    hf_out.loss.backward()
+    out.loss.backward()
+    theirs = dict(reference.named_parameters())
+    ours = dict(packed.named_parameters())
+    assert sorted(ours) == sorted(theirs)
+    worst = 0.0
+    for param_name, param in ours.items():
+        assert param.grad is not None, param_name
+        diff = (param.grad - theirs[param_name].grad).abs().max().item()
+        worst = max(worst, diff)
+        assert diff <= GRAD_ATOL, (param_name, diff)
+    assert all(ours[n].grad.abs().sum() > 0 for n in ("bert.embeddings.position_embeddings.weight", "cls.predictions.bias"))
+
+
+def test_packed_equals_unpacked_flex():
+    """FlexAttention path, forward only: torch has no FlexAttention backward on CPU (CUDA has one)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    reference, packed, groups, batch, hf_inputs = run_both(CONFIGS["L2-H2-d32-V97"], "flex")
+    with torch.no_grad():
+        hf_out = reference(**hf_inputs)
+        out = packed(**batch)
+    mlm_ref, nsp_ref = gather_reference(groups, batch, hf_out, hf_inputs)
+    mlm_valid = batch["mlm_labels"] != -100
+    nsp_valid = batch["nsp_labels"] != -100
+    assert (out.mlm_logits[mlm_valid] - mlm_ref[mlm_valid]).abs().max().item() <= LOGIT_ATOL
+    assert (out.nsp_logits[nsp_valid] - nsp_ref[nsp_valid]).abs().max().item() <= LOGIT_ATOL
+    assert abs(out.loss.item() - hf_out.loss.item()) <= LOSS_RTOL * abs(hf_out.loss.item())
+
+
+@pytest.mark.parametrize("variant", ["one block per pack", "positions not restarting"])
+def test_plain_concatenation_differs(variant):
+    """What the mask (and restarting positions) prevent: without them, multi-sequence packs see each other."""
+    reference, packed, groups, batch, hf_inputs = run_both(CONFIGS["L2-H2-d32-V97"], "dense")
+    with torch.no_grad():
+        hf_out = reference(**hf_inputs)
+        mlm_ref, nsp_ref = gather_reference(groups, batch, hf_out, hf_inputs)
+        contaminated = dict(batch)
+        if variant == "one block per pack":
+            contaminated["sequence_ids"] = (batch["sequence_ids"] > 0).long()
+        else:
+            contaminated["position_ids"] = torch.arange(SEQ_LEN).expand_as(batch["position_ids"]).clone()
+        right = packed(**batch)
+        wrong = packed(**contaminated)
+    multi = torch.tensor([len(group) > 1 for group in groups])  # packs holding more than one sequence
+    mlm_valid = batch["mlm_labels"] != -100
+    nsp_valid = batch["nsp_labels"] != -100
+    ok_mlm = (right.mlm_logits - mlm_ref).abs()[mlm_valid].max().item()
+    bad_mlm = (wrong.mlm_logits - mlm_ref).abs()[mlm_valid & multi[:, None]].max().item()
+    bad_nsp = (wrong.nsp_logits - nsp_ref).abs()[nsp_valid & multi[:, None]].max().item()
+    assert ok_mlm <= LOGIT_ATOL
+    assert bad_mlm > 0.1 and bad_nsp > 0.01, (bad_mlm, bad_nsp)
+    # the single-sequence pack is unaffected either way: the difference comes from the other sequences
+    single = mlm_valid & ~multi[:, None]
+    assert (wrong.mlm_logits - mlm_ref).abs()[single].max().item() <= LOGIT_ATOL
