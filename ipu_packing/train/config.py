@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import math
 import os
 import typing
@@ -469,12 +468,32 @@ def _apply_override(raw: Dict[str, Any], item: str) -> None:
     raw[section] = target
 
 
-def _parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
-    import transformers
+# transformers.BertConfig's own constructor arguments and their defaults (transformers 4.x; kept
+# here so that parsing a config does not import transformers; tests/test_configs.py checks the list
+# against the installed transformers).
+BERT_CONFIG_FIELDS = (
+    ("vocab_size", 30522),
+    ("hidden_size", 768),
+    ("num_hidden_layers", 12),
+    ("num_attention_heads", 12),
+    ("intermediate_size", 3072),
+    ("hidden_act", "gelu"),
+    ("hidden_dropout_prob", 0.1),
+    ("attention_probs_dropout_prob", 0.1),
+    ("max_position_embeddings", 512),
+    ("type_vocab_size", 2),
+    ("initializer_range", 0.02),
+    ("layer_norm_eps", 1e-12),
+    ("pad_token_id", 0),
+    ("position_embedding_type", "absolute"),
+    ("use_cache", True),
+    ("classifier_dropout", None),
+)
 
-    params = inspect.signature(transformers.BertConfig.__init__).parameters
-    allowed = [p for p in params if p not in ("self", "kwargs")]
-    defaults = {p: params[p].default for p in allowed}
+
+def _parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
+    defaults = dict(BERT_CONFIG_FIELDS)
+    allowed = [name for name, _ in BERT_CONFIG_FIELDS]
     out = {}
     for key, value in raw.items():
         if key not in defaults:

@@ -74,48 +74,59 @@ class TrainingData:
         }
 
 
-def open_training_data(path: str, open_dataset=None) -> TrainingData:
-    """Open DIR (a dataset dir with manifest.json) through ipu_packing.data.open_dataset."""
+def read_training_data(path: str) -> TrainingData:
+    """Read DIR/manifest.json (cheap; no shard is touched). `open_shards` then opens the data."""
     manifest_path = os.path.join(path, "manifest.json")
     if not os.path.isdir(path) or not os.path.isfile(manifest_path):
         raise UserError("dataset not found: %s has no manifest.json (prepare it with: %s)" % (path, PREPARE_HINT))
-    if open_dataset is None:
-        from ipu_packing.data import open_dataset
     try:
-        dataset = open_dataset(path)
-    except UserError:
-        raise
-    except Exception as exc:  # DataError and anything a corrupt file raises while loading
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        if path not in message:
-            message = "%s: %s" % (path, message)
-        raise UserError("dataset is unusable: %s" % (message,))
-    manifest = getattr(dataset, "manifest", None)
-    if manifest is None:
-        try:
-            with open(manifest_path, "r", encoding="utf-8") as f:
-                manifest = json.load(f)
-        except ValueError as exc:
-            raise UserError("dataset is unusable: %s is not valid JSON (%s)" % (manifest_path, exc))
+        with open(manifest_path, "r", encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError("dataset is corrupt: %s is not valid JSON (%s)" % (manifest_path, " ".join(str(exc).split())))
+    if not isinstance(manifest, dict):
+        raise UserError("dataset is corrupt: %s is not a JSON object" % (manifest_path,))
     fields = {}
     for key in ("max_seq_length", "max_sequences_per_pack", "num_packs", "num_sequences", "num_tokens", "vocab_size"):
-        value = manifest_value(manifest, key)
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-            raise UserError("dataset is unusable: %s field %s is missing or not an integer" % (manifest_path, key))
-        fields[key] = int(value)
-    if fields["num_packs"] < 1 or len(dataset) != fields["num_packs"]:
-        raise UserError(
-            "dataset is unusable: %s has %d packs, its manifest says num_packs=%d" % (path, len(dataset), fields["num_packs"])
-        )
+        value = manifest.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UserError("dataset is corrupt: %s field %s is missing or not an integer" % (manifest_path, key))
+        fields[key] = value
+    if fields["num_packs"] < 1 or fields["num_sequences"] < fields["num_packs"]:
+        raise UserError("dataset is corrupt: %s says num_packs=%d, num_sequences=%d" % (manifest_path, fields["num_packs"], fields["num_sequences"]))
     vocab_path = os.path.join(path, "vocab.txt")
     vocab_path = vocab_path if os.path.isfile(vocab_path) else None
     return TrainingData(
-        dataset=dataset,
+        dataset=None,
         path=path,
         vocab_path=vocab_path,
         vocab_sha256=file_sha256(vocab_path) if vocab_path else None,
         **fields
     )
+
+
+def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
+    """Open the dataset through ipu_packing.data.open_dataset, which validates shards and checksums."""
+    if open_dataset is None:
+        try:
+            from ipu_packing.data import open_dataset
+        except ImportError:
+            raise UserError("cannot read %s: ipu_packing.data.open_dataset is not available" % (data.path,))
+    try:
+        dataset = open_dataset(data.path)
+    except UserError:
+        raise
+    except Exception as exc:  # DataError, and anything a corrupt file raises while loading
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if data.path not in message:
+            message = "%s: %s" % (data.path, message)
+        raise UserError("dataset is corrupt: %s" % (message,))
+    if len(dataset) != data.num_packs:
+        raise UserError(
+            "dataset is corrupt: %s has %d packs, its manifest says num_packs=%d" % (data.path, len(dataset), data.num_packs)
+        )
+    data.dataset = dataset
+    return data
 
 
 def check_data_matches(config, data: TrainingData) -> None:

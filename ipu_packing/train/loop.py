@@ -21,7 +21,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .config import BatchAccounting, PretrainingConfig
-from .data import TrainingData, batch_rows, check_data_matches, check_vocab_file, open_training_data
+from .data import TrainingData, batch_rows, check_data_matches, check_vocab_file, open_shards, read_training_data
 from .errors import TrainingError, UserError
 from .metrics import MetricsLogger, StepRecord
 from .optim import build_optimizer, build_scheduler
@@ -62,7 +62,7 @@ def _model_class():
 
 def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None) -> RunPlan:
     """Check inputs and build model, optimizer and schedule. Writes nothing."""
-    data = open_training_data(config.data.path, open_dataset=open_dataset)
+    data = read_training_data(config.data.path)
     check_data_matches(config, data)
     accounting = config.batch_accounting(data.packing_factor)
     per_step = accounting.global_batch_packs
@@ -86,6 +86,13 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
     if resume_state is not None:
         _check_resume_matches(config, data, resume_state, resume_path)
 
+    init_from = config.checkpoint.init_from
+    if init_from and resume_state is None:
+        if not os.path.exists(init_from):
+            raise UserError("checkpoint.init_from %s does not exist" % (init_from,))
+        if ckpt.is_hf_dir(init_from) and os.path.isfile(os.path.join(init_from, "vocab.txt")):
+            check_vocab_file(data, os.path.join(init_from, "vocab.txt"), init_from)
+    open_shards(data, open_dataset)
     _seed_everything(config.training.seed)
     model_cls = _model_class()
     model = model_cls(config.bert_config())
