@@ -45,7 +45,7 @@ Document = List[str]
 
 FORMATS = ("auto", "bert", "text")
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(\[])")
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[A-Z0-9\"'(\[])")
 _TERMINAL = (".", "!", "?", '"', "'", ")")
 
 
