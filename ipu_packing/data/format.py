@@ -181,7 +181,8 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except Exception as error:  # numpy raises ValueError/OSError/EOFError... for a broken header
-            raise DataError("shard %s: not a readable .npy file (%s)" % (path, str(error).splitlines()[0] if str(error) else type(error).__name__))
+            reason = (str(error).splitlines() or [type(error).__name__])[0]
+            raise DataError("shard %s: not a readable .npy file (%s)" % (path, reason[:80]))
         if array.dtype != expected:
             names = array.dtype.names or ()
             for name in FIELDS:
