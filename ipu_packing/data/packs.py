@@ -1,0 +1,189 @@
+"""Instances -> fixed-shape packs, written shard by shard.
+
+The per-shard instance files (written by the workers) are memory-mapped; the only corpus-sized
+arrays held in memory are a few integers per sequence (length, counts, where it lives). Each output
+shard is built in memory (bounded by `shard_bytes`), filled with vectorised scatters, saved with
+`numpy.save` and hashed.
+
+MLM slots per pack (M). A pack holds at most K sequences whose lengths add up to at most S, and a
+sequence of length l gets at most f(l) = min(max_predictions, max(1, round(masked_lm_prob * l)), l - 3)
+predictions (see RecipeConfig.num_to_predict). M is the exact maximum of f(l_1) + ... + f(l_k) over
+k <= K and l_1 + ... + l_k <= S, computed by a small dynamic programme over lengths (K * S^2 steps).
+It is never larger than the paper's max_predictions + K - 1 bound for the recipe's usual settings and
+often smaller (at S=128, K=3, 20 predictions: 21 instead of 22), so no slot is wasted that no pack can
+ever use. The writer still checks every pack against M and raises on overflow: a pack is never
+silently truncated.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from .errors import DataError
+from .format import empty_packs, pack_dtype, sha256_file
+from .instances import MIN_SEQ_LENGTH, RecipeConfig, _ranges
+
+INSTANCE_FILES = ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions", "mlm_labels")
+
+
+def mlm_slots(recipe: RecipeConfig, max_sequences_per_pack: int) -> int:
+    """M: the most predictions any pack of K sequences within S tokens can hold (see module notes)."""
+    s = recipe.max_seq_length
+    lengths = np.arange(MIN_SEQ_LENGTH, s + 1)
+    gains = recipe.num_to_predict(lengths)
+    best = np.full(s + 1, -1, dtype=np.int64)  # best[t]: most predictions with exactly t tokens so far
+    best[0] = 0
+    overall = 0
+    for _ in range(max_sequences_per_pack):
+        new = np.full(s + 1, -1, dtype=np.int64)
+        for length, gain in zip(lengths.tolist(), gains.tolist()):
+            prev = best[: s + 1 - length]
+            cand = np.where(prev >= 0, prev + gain, -1)
+            np.maximum(new[length:], cand, out=new[length:])
+        best = new
+        overall = max(overall, int(best.max()))
+    return max(1, overall)
+
+
+def save_instances(directory: str, instances) -> None:
+    os.makedirs(directory)
+    for name in INSTANCE_FILES:
+        np.save(os.path.join(directory, name + ".npy"), getattr(instances, name))
+
+
+class InstanceStore:
+    """Every instance of every shard, addressed by a global index (shard order, then instance order)."""
+
+    def __init__(self, directories: List[str]) -> None:
+        self.directories = directories
+        per = {name: [] for name in ("lengths", "a_lengths", "nsp_labels", "mlm_counts")}
+        shard_of, tok_start, mlm_start = [], [], []
+        for j, directory in enumerate(directories):
+            arrays = {name: np.load(os.path.join(directory, name + ".npy")) for name in per}
+            for name in per:
+                per[name].append(arrays[name])
+            n = len(arrays["lengths"])
+            shard_of.append(np.full(n, j, dtype=np.int32))
+            tok_start.append(np.cumsum(arrays["lengths"], dtype=np.int64) - arrays["lengths"])
+            mlm_start.append(np.cumsum(arrays["mlm_counts"], dtype=np.int64) - arrays["mlm_counts"])
+        cat = lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+        self.lengths = cat(per["lengths"], np.int64)  # (N,)
+        self.a_lengths = cat(per["a_lengths"], np.int64)
+        self.nsp_labels = cat(per["nsp_labels"], np.int32)
+        self.mlm_counts = cat(per["mlm_counts"], np.int64)
+        self.shard_of = cat(shard_of, np.int64)
+        self.token_start = cat(tok_start, np.int64)  # within the shard's token file
+        self.mlm_start = cat(mlm_start, np.int64)
+        self._maps: Dict[int, Dict[str, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def arrays(self, shard: int) -> Dict[str, np.ndarray]:
+        if shard not in self._maps:
+            directory = self.directories[shard]
+            self._maps[shard] = {name: np.load(os.path.join(directory, name + ".npy"), mmap_mode="r")
+                                 for name in ("tokens", "mlm_positions", "mlm_labels")}
+        return self._maps[shard]
+
+
+@dataclass
+class PackLayout:
+    max_seq_length: int  # S
+    max_sequences_per_pack: int  # K
+    mlm_slots: int  # M
+
+    @property
+    def record_bytes(self) -> int:
+        return pack_dtype(self.max_seq_length, self.mlm_slots, self.max_sequences_per_pack).itemsize
+
+
+def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.ndarray, layout: PackLayout,
+                first_pack: int = 0) -> np.ndarray:
+    """(P,) pack records; pack p holds the sequences members[member_offsets[p]:member_offsets[p+1]].
+
+    Raises DataError if a pack has more than K sequences, more than S tokens or more than M
+    predictions (`first_pack` only numbers packs in that message).
+    """
+    s, k_max, m_max = layout.max_seq_length, layout.max_sequences_per_pack, layout.mlm_slots
+    n_packs = len(member_offsets) - 1
+    packs = empty_packs(n_packs, s, m_max, k_max)
+    counts = np.diff(member_offsets)  # (P,) sequences per pack
+    row = np.repeat(np.arange(n_packs), counts)  # (n,) pack of each member
+    slot = np.arange(len(members)) - np.repeat(member_offsets[:-1] - member_offsets[0], counts)  # 0-based
+    lengths = store.lengths[members]
+    n_mlm = store.mlm_counts[members]
+
+    def exclusive_cumsum_in_pack(values):
+        total = np.cumsum(values)
+        before_pack = np.repeat(np.concatenate([[0], total])[member_offsets[:-1] - member_offsets[0]], counts)
+        return total - values - before_pack
+
+    offset = exclusive_cumsum_in_pack(lengths)  # (n,) first position of each sequence in its pack
+    mlm_offset = exclusive_cumsum_in_pack(n_mlm)
+    for name, used, limit in (("sequences", counts, k_max),
+                              ("tokens", np.bincount(row, lengths, minlength=n_packs), s),
+                              ("MLM predictions", np.bincount(row, n_mlm, minlength=n_packs), m_max)):
+        over = np.flatnonzero(used > limit)
+        if len(over):
+            raise DataError("pack %d would hold %d %s, more than the %d it has room for (refusing to truncate)"
+                            % (first_pack + over[0], int(used[over[0]]), name, limit))
+    packs["cls_positions"][row, slot] = offset
+    packs["nsp_labels"][row, slot] = store.nsp_labels[members]
+
+    # Fill token and MLM slots shard by shard (members sorted by shard, so each reads one file's pages).
+    order = np.argsort(store.shard_of[members], kind="stable")
+    shard_sorted = store.shard_of[members][order]
+    bounds = np.searchsorted(shard_sorted, np.arange(len(store.directories) + 1))
+    input_ids, token_types = packs["input_ids"], packs["token_type_ids"]
+    position_ids, sequence_ids = packs["position_ids"], packs["sequence_ids"]
+    mlm_positions, mlm_labels = packs["mlm_positions"], packs["mlm_labels"]
+    for j in range(len(store.directories)):
+        sel = order[bounds[j]:bounds[j + 1]]
+        if len(sel) == 0:
+            continue
+        arrays = store.arrays(j)
+        seq = members[sel]
+        seq_len = lengths[sel]
+        tok_row = np.repeat(row[sel], seq_len)  # (t,)
+        within = _ranges(np.zeros(len(sel), dtype=np.int64), seq_len)  # position in its sequence
+        tok_col = np.repeat(offset[sel], seq_len) + within
+        input_ids[tok_row, tok_col] = arrays["tokens"][_ranges(store.token_start[seq], seq_len)]
+        token_types[tok_row, tok_col] = within >= np.repeat(store.a_lengths[seq], seq_len)
+        position_ids[tok_row, tok_col] = within
+        sequence_ids[tok_row, tok_col] = np.repeat(slot[sel] + 1, seq_len)
+        q = n_mlm[sel]
+        q_row = np.repeat(row[sel], q)
+        q_col = _ranges(mlm_offset[sel], q)
+        source = _ranges(store.mlm_start[seq], q)
+        mlm_positions[q_row, q_col] = arrays["mlm_positions"][source] + np.repeat(offset[sel], q)
+        mlm_labels[q_row, q_col] = arrays["mlm_labels"][source]
+    return packs
+
+
+def write_pack_shards(store: InstanceStore, members: np.ndarray, member_offsets: np.ndarray, pack_order: np.ndarray,
+                      layout: PackLayout, directory: str, shard_bytes: int,
+                      progress: Optional[Callable[[int], None]] = None) -> List[dict]:
+    """Write packs in `pack_order` into shard-XXXXX.npy files of about `shard_bytes` each.
+
+    Returns the manifest's shard entries [{file, num_packs, sha256}].
+    """
+    per_shard = max(1, shard_bytes // layout.record_bytes)
+    entries = []
+    for index, p0 in enumerate(range(0, len(pack_order), per_shard)):
+        chosen = pack_order[p0:p0 + per_shard]
+        starts, ends = member_offsets[chosen], member_offsets[chosen + 1]
+        shard_members = members[_ranges(starts, ends - starts)]
+        shard_offsets = np.concatenate([[0], np.cumsum(ends - starts)])
+        packs = build_packs(store, shard_members, shard_offsets, layout, first_pack=p0)
+        name = "shard-%05d.npy" % index
+        path = os.path.join(directory, name)
+        np.save(path, packs)
+        entries.append({"file": name, "num_packs": int(len(packs)), "sha256": sha256_file(path)})
+        if progress is not None:
+            progress(len(packs))
+    return entries

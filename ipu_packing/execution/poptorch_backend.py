@@ -1,0 +1,251 @@
+"""PopTorch adapter: a thin translation of ExecutionConfig into the documented PopTorch API.
+
+Written against graphcore/poptorch ``python/options.py`` (Options, Training, Precision, PipelinedExecution),
+``python/ops.py`` (BeginBlock, recomputationCheckpoint, identity_loss), ``python/optim.py`` (LAMB, AdamW)
+and the user guide (batching: the DataLoader's combined batch). poptorch ships only with Graphcore's Poplar
+SDK, so it is imported lazily, when the poptorch backend is chosen; CI exercises this file only against a
+recording stand-in (tests/test_execution_poptorch.py), never on IPU hardware.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+
+from .config import ExecutionConfig
+from .placement import Placement, plan_placement
+from .runner_common import BATCH_FIELDS, StepMetrics, count_batch
+
+SDK_MESSAGE = (
+    "execution.backend 'poptorch' needs poptorch, which ships only with Graphcore's Poplar SDK "
+    "(not on PyPI): enable the SDK and install its poptorch wheel, or use backend 'torch'"
+)
+
+
+class BackendUnavailable(RuntimeError):
+    """The chosen backend cannot be imported here."""
+
+
+def import_poptorch():
+    try:
+        import poptorch  # noqa: F401  (Poplar SDK only)
+    except ImportError as exc:
+        raise BackendUnavailable(SDK_MESSAGE) from exc
+    return poptorch
+
+
+def build_options(config: ExecutionConfig, poptorch) -> Any:
+    """poptorch.Options for ``config`` (training)."""
+    opts = poptorch.Options()
+    opts.autoRoundNumIPUs(True)
+    opts.randomSeed(config.seed)
+    opts.replicationFactor(config.replication_factor)
+    opts.deviceIterations(config.device_iterations)
+    opts.Training.gradientAccumulation(config.gradient_accumulation)
+    # Mean over micro batches and replicas, so the update does not depend on how the global batch is split.
+    opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Mean)
+    # One result per micro batch: the runner averages losses/accuracies over them on the host.
+    opts.outputMode(poptorch.OutputMode.All)
+    if config.num_stages > 1:
+        opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    if config.available_memory_proportion:
+        opts.setAvailableMemoryProportion(
+            {"IPU%d" % ipu: config.memory_proportion_for(ipu) for ipu in range(config.ipus_per_replica)}
+        )
+    if config.executable_cache_dir:
+        opts.enableExecutableCaching(config.executable_cache_dir)
+    if config.use_ipu_model:
+        opts.useIpuModel(True)
+    if config.compile_only:
+        opts.useOfflineIpuTarget()
+    if config.precision == "fp16" and not config.use_ipu_model:
+        # Recommended for fp16 training on hardware (the IPU Model does not model stochastic rounding).
+        opts.Precision.enableStochasticRounding(True)
+    return opts
+
+
+def _module(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    return root.get_submodule(path)
+
+
+def apply_placement(model: torch.nn.Module, config: ExecutionConfig, poptorch) -> List[Placement]:
+    """BeginBlock every placed module on its IPU and add the per-layer recomputation checkpoints."""
+    plan = plan_placement(len(model.bert.encoder.layer), config)
+    for p in plan:
+        module = _module(model, p.module)
+        poptorch.BeginBlock(module, p.block, ipu_id=p.ipu)
+        if p.recompute:
+            module.register_forward_hook(_RecomputeCheckpoint(poptorch))
+    return plan
+
+
+class _RecomputeCheckpoint:
+    """Forward hook: mark a layer's output(s) as recomputation checkpoints."""
+
+    def __init__(self, poptorch) -> None:
+        self.poptorch = poptorch
+
+    def __call__(self, module, inputs, output):
+        if isinstance(output, torch.Tensor):
+            return self.poptorch.recomputationCheckpoint(output)
+        return tuple(self.poptorch.recomputationCheckpoint(t) for t in output)
+
+
+# torch optimizer class name -> (poptorch.optim class name, hyperparameters copied from param_groups)
+_OPTIMIZERS = {
+    "LAMB": ("LAMB", ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_weight_norm")),
+    "AdamW": ("AdamW", ("lr", "betas", "eps", "weight_decay", "bias_correction")),
+    "Adam": ("Adam", ("lr", "betas", "eps", "weight_decay")),
+    "SGD": ("SGD", ("lr", "momentum", "dampening", "weight_decay", "nesterov")),
+}
+
+
+def translate_optimizer(optimizer: torch.optim.Optimizer, config: ExecutionConfig, poptorch):
+    """The poptorch.optim equivalent of a torch optimizer: same class name, same param groups and
+    per-group hyperparameters, plus the static loss scale (poptorch applies it inside the optimizer)."""
+    name = type(optimizer).__name__
+    if name not in _OPTIMIZERS:
+        raise ValueError("no poptorch.optim equivalent for optimizer %r (supported: %s)" % (name, sorted(_OPTIMIZERS)))
+    target, keys = _OPTIMIZERS[name]
+    groups = []
+    for group in optimizer.param_groups:
+        g = {"params": group["params"]}  # type: Dict[str, Any]
+        for k in keys:
+            if k in group and group[k] is not None:
+                g[k] = tuple(group[k]) if k == "betas" else group[k]
+        groups.append(g)
+    defaults = {k: v for k, v in groups[0].items() if k != "params"}
+    return getattr(poptorch.optim, target)(groups, loss_scaling=float(config.loss_scaling), **defaults)
+
+
+class _TrainingWrapper(torch.nn.Module):
+    """Marks the model's loss for poptorch and returns tensors only, in a fixed order."""
+
+    OUTPUTS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+
+    def __init__(self, model: torch.nn.Module, poptorch) -> None:
+        super().__init__()
+        self.model = model
+        self._identity_loss = poptorch.identity_loss
+
+    def forward(self, *fields):
+        out = self.model(**dict(zip(BATCH_FIELDS, fields)))
+        loss = self._identity_loss(out.loss, reduction="none")
+        return (loss,) + tuple(getattr(out, k) for k in self.OUTPUTS[1:])
+
+
+class PoptorchRunner:
+    """One ``train_step`` = one host call = ``device_iterations`` optimizer steps on every replica."""
+
+    def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None) -> None:
+        self.poptorch = poptorch or import_poptorch()
+        self.config = config
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.options = build_options(config, self.poptorch)
+        self.placement = apply_placement(model, config, self.poptorch)
+        if config.precision == "fp16":
+            model.half()
+        elif config.precision == "bf16":
+            raise ValueError("execution.precision bf16 is not available on IPUs: use fp16 or fp32")
+        model.train()
+        self.ipu_optimizer = translate_optimizer(optimizer, config, self.poptorch)
+        self._lrs = self._current_lrs()
+        self.executor = self.poptorch.trainingModel(
+            _TrainingWrapper(model, self.poptorch), options=self.options, optimizer=self.ipu_optimizer
+        )
+
+    def _current_lrs(self) -> List[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def dataloader(self, dataset, num_workers: int = 0, shuffle: bool = False):
+        """poptorch.DataLoader: batch_size is the micro batch; each item is the combined batch of a host call."""
+        return self.poptorch.DataLoader(
+            self.options,
+            dataset,
+            batch_size=self.config.micro_batch_size,
+            shuffle=shuffle,
+            num_workers=num_workers,
+            drop_last=True,
+        )
+
+    def _args(self, batch) -> List[torch.Tensor]:
+        return [torch.as_tensor(batch[k]) for k in BATCH_FIELDS]
+
+    def compile(self, batch) -> None:
+        """Compile (or load from the executable cache) without running: the compile-only path."""
+        self.executor.compile(*self._args(batch))
+
+    def train_step(self, batch) -> StepMetrics:
+        if self.config.compile_only:
+            raise RuntimeError("execution.compile_only: call runner.compile(batch), nothing can run on an offline target")
+        outputs = self.executor(*self._args(batch))
+        # OutputMode.All: one value per micro batch (x device iterations x replicas); average them.
+        means = [float(torch.as_tensor(t).float().mean()) for t in outputs]
+        steps = self.config.device_iterations
+        if self.scheduler is not None:
+            for _ in range(steps):
+                self.scheduler.step()
+            lrs = self._current_lrs()
+            if lrs != self._lrs:
+                for group, lr in zip(self.ipu_optimizer.param_groups, lrs):
+                    group["lr"] = lr
+                self.executor.setOptimizer(self.ipu_optimizer)
+                self._lrs = lrs
+        sequences, tokens = count_batch(batch)
+        return StepMetrics(
+            loss=means[0],
+            mlm_loss=means[1],
+            nsp_loss=means[2],
+            mlm_accuracy=means[3],
+            nsp_accuracy=means[4],
+            sequences=sequences,
+            tokens=tokens,
+            optimizer_steps=steps,
+        )
+
+    def sync_model(self) -> None:
+        """Copy the IPU weights back into ``self.model`` (e.g. before saving a checkpoint)."""
+        self.executor.copyWeightsToHost()
+
+    def close(self) -> None:
+        self.executor.detachFromDevice()
+
+
+def make_poptorch_runner(model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None) -> PoptorchRunner:
+    return PoptorchRunner(model, optimizer, config, scheduler=scheduler, poptorch=poptorch)
+
+
+def describe_options(config: ExecutionConfig) -> Dict[str, Any]:
+    """What build_options asks PopTorch for, as plain values (used by the dry run)."""
+    d = {
+        "replicationFactor": config.replication_factor,
+        "deviceIterations": config.device_iterations,
+        "Training.gradientAccumulation": config.gradient_accumulation,
+        "pipelined": config.num_stages > 1,
+        "availableMemoryProportion": {
+            "IPU%d" % i: config.memory_proportion_for(i) for i in range(config.ipus_per_replica)
+        }
+        if config.available_memory_proportion
+        else None,
+        "executableCache": config.executable_cache_dir,
+        "useIpuModel": config.use_ipu_model,
+        "offlineTarget(compile only)": config.compile_only,
+        "loss_scaling": config.loss_scaling,
+    }  # type: Dict[str, Any]
+    return d
+
+
+__all__ = [
+    "BackendUnavailable",
+    "PoptorchRunner",
+    "SDK_MESSAGE",
+    "apply_placement",
+    "build_options",
+    "describe_options",
+    "import_poptorch",
+    "make_poptorch_runner",
+    "translate_optimizer",
+]
