@@ -142,7 +142,7 @@ def write_prepared(root: str, S: int = 32, K: int = 3, V: int = 64, num_sequence
 class FixtureDataset:
     """Minimal reader of the format (used only while ipu_packing.data.open_dataset is missing)."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, **unused):
         with open(os.path.join(directory, "manifest.json"), "r", encoding="utf-8") as f:
             self.manifest = json.load(f)
         self.packs = np.concatenate([np.load(os.path.join(directory, s["file"])) for s in self.manifest["shards"]])

@@ -282,7 +282,8 @@ class BatchAccounting:
     """What packing changes about a step, derived from the config and a measured packing factor.
 
     Option 1 ("accumulation"): the step keeps about `global_batch_sequences` sequences, so the
-    accumulation count is divided by the packing factor (rounded up, as Graphcore's app does).
+    accumulation count is divided by the packing factor, rounded to the nearest integer (Graphcore's
+    app rounds up; nearest keeps the step closest to the stated batch).
     Option 2 ("betas"): the step keeps `global_batch_sequences` *packs*, i.e. about
     packing_factor times more sequences, and LAMB's betas become beta ** packing_factor so that the
     moments decay per sequence seen as they would without packing.
@@ -311,7 +312,7 @@ class BatchAccounting:
         b1, b2 = config.optimizer.betas
         method = config.training.batch_accounting
         if method == "accumulation":
-            accumulation = max(1, int(math.ceil(unpacked / packing_factor - 1e-9)))
+            accumulation = max(1, int(math.floor(unpacked / packing_factor + 0.5)))
             betas = (float(b1), float(b2))
         else:
             accumulation = unpacked
