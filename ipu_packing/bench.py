@@ -8,8 +8,10 @@ What it does:
 1. Draws `--num-sequences` lengths: from a length histogram (bin i counts length i + 1), or from the
    `sequence_length_histogram` of a prepared dataset (`--data DIR`, the prepare output or a dataset
    directory). Each sequence gets random token ids, ~15% masked slots and an NSP label.
-2. Lays the same sequences out twice, in the pack format of the data package: padded (one sequence
-   per row, K = 1) and packed (histogram packing, K = `--max-sequences-per-pack`).
+2. Packs them all with the packing engine (K = `--max-sequences-per-pack`), so the plan has the
+   quality a real dataset gets, then picks `--timed-packs` packs at random and lays exactly their
+   sequences out twice, in the pack format of the data package: padded (one sequence per row,
+   K = 1) and packed.
 3. Runs full training steps (forward, backward, LAMB update) of one PackedBertForPreTraining over
    every row of each layout, `--micro-batch-size` rows per step, alternating padded and packed passes
    `--repeats` times so both see the same machine load; per-row times are the median over repeats.
@@ -223,7 +225,12 @@ class Result:
     packed_tokens_per_second: float
     speedup: float
     theoretical_speedup: float
+    """Padded rows / packs of the timed sequences."""
     overhead: float
+    plan_sequences: int
+    plan_packs: int
+    plan_theoretical_speedup: float
+    """Padded rows / packs of the whole plan (all sampled sequences)."""
     num_sequences: int
     padded_rows: int
     num_packs: int
@@ -261,12 +268,13 @@ def run_bench(
     lengths: np.ndarray,
     S: int,
     K: int,
-    model_preset: str = "small",
+    model_preset: str = "tiny",
     micro_batch_size: int = 8,
     repeats: int = 3,
     algorithm: Optional[str] = None,
     attention: Optional[str] = None,
     seed: int = 0,
+    timed_packs: Optional[int] = 96,
     log=lambda message: None,
 ) -> Result:
     import torch
@@ -277,8 +285,17 @@ def run_bench(
 
     model_kwargs = dict(MODEL_PRESETS[model_preset])
     model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)
-    sequences = make_sequences(lengths, model_kwargs["vocab_size"], seed)
     groups, plan = pack_groups(lengths, S, K, algorithm, seed)
+    plan_theoretical = len(lengths) / float(len(groups))
+    if timed_packs and timed_packs < len(groups):
+        # time a random subset of the packs, and exactly their sequences padded one per row
+        pick = np.sort(np.random.default_rng(seed + 2).choice(len(groups), size=timed_packs, replace=False))
+        groups = [groups[i] for i in pick]
+    used = sorted(i for group in groups for i in group)
+    renumber = {old: new for new, old in enumerate(used)}
+    groups = [[renumber[i] for i in group] for group in groups]
+    lengths = lengths[used]
+    sequences = make_sequences(lengths, model_kwargs["vocab_size"], seed)
     M = max_predictions(S)
     padded = build_layout("padded", sequences, [[i] for i in range(len(sequences))], S, 1, M)
     packed = build_layout("packed", sequences, groups, S, K, M + K - 1)
@@ -287,8 +304,10 @@ def run_bench(
     if min(padded.rows, packed.rows) < micro_batch_size:
         raise BenchError("--micro-batch-size %d is more than the %d packs; sample more sequences" % (micro_batch_size, packed.rows))
     log(
-        "%d sequences (%d real tokens) at S=%d: %d padded rows, %d packs (K=%d, %s), theoretical speed-up %.4f"
-        % (padded.sequences, padded.tokens, S, padded.rows, packed.rows, K, plan.algorithm, padded.rows / float(packed.rows))
+        "planned %d sequences into %d packs (K=%d, %s): theoretical speed-up %.4f; timing %d packs = %d sequences "
+        "(%d real tokens) at S=%d, theoretical speed-up %.4f"
+        % (plan.num_sequences, plan.num_packs, K, plan.algorithm, plan_theoretical, packed.rows, padded.sequences,
+           padded.tokens, S, padded.rows / float(packed.rows))
     )
 
     torch.manual_seed(seed)
@@ -324,6 +343,9 @@ def run_bench(
         speedup=speedup,
         theoretical_speedup=theoretical,
         overhead=packed_row / padded_row - 1.0,
+        plan_sequences=int(plan.num_sequences),
+        plan_packs=int(plan.num_packs),
+        plan_theoretical_speedup=plan_theoretical,
         num_sequences=padded.sequences,
         padded_rows=padded.rows,
         num_packs=packed.rows,
@@ -370,7 +392,11 @@ def draw_plot(result: Result, lengths: np.ndarray, path: str) -> str:
     right.hist(lengths, bins=min(64, result.max_seq_length), color="#1f77b4")
     right.set_xlabel("sequence length (tokens)")
     right.set_ylabel("sequences")
-    right.set_title("%d sampled sequences; %d padded rows -> %d packs" % (result.num_sequences, result.padded_rows, result.num_packs), fontsize=9)
+    right.set_title(
+        "%d sampled sequences -> %d packs (%.3fx); timed: %d rows vs %d packs"
+        % (result.plan_sequences, result.plan_packs, result.plan_theoretical_speedup, result.padded_rows, result.num_packs),
+        fontsize=9,
+    )
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=100)
@@ -384,8 +410,10 @@ def format_result(r: Result) -> str:
         [
             "model %s (hidden %d, %d layers, vocab %d), attention %s, micro batch %d, %d torch threads, %d repeats"
             % (r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"], r.model["vocab_size"], r.attention, r.micro_batch_size, r.torch_threads, r.repeats),
-            "sequences: %d (%d real tokens), S=%d; padded rows %d; packs %d (K=%d, %s, efficiency %.2f%%)"
-            % (r.num_sequences, r.num_tokens, r.max_seq_length, r.padded_rows, r.num_packs, r.max_sequences_per_pack, r.packing_algorithm, 100 * r.packing_efficiency),
+            "plan: %d sampled sequences -> %d packs (K=%d, %s): theoretical speed-up %.3fx"
+            % (r.plan_sequences, r.plan_packs, r.max_sequences_per_pack, r.packing_algorithm, r.plan_theoretical_speedup),
+            "timed: %d sequences (%d real tokens), S=%d; %d padded rows vs %d packs (efficiency %.2f%%)"
+            % (r.num_sequences, r.num_tokens, r.max_seq_length, r.padded_rows, r.num_packs, 100 * r.packing_efficiency),
             "padded: %10.2f sequences/s %12.1f tokens/s" % (r.padded_sequences_per_second, r.padded_tokens_per_second),
             "packed: %10.2f sequences/s %12.1f tokens/s" % (r.packed_sequences_per_second, r.packed_tokens_per_second),
             "measured speed-up:    %.3fx" % r.speedup,
@@ -409,10 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--data", help="prepared data (prepare's --output DIR, or one dataset directory)")
     p.add_argument("--max-seq-length", type=int, default=None, help="S (default: the histogram's or dataset's)")
     p.add_argument("--max-sequences-per-pack", type=int, default=3, help="K of the packed layout (default: %(default)s)")
-    p.add_argument("--num-sequences", type=int, default=512, help="sequences to sample (default: %(default)s)")
+    p.add_argument("--num-sequences", type=int, default=8192, help="sequences to sample and pack (default: %(default)s)")
+    p.add_argument("--timed-packs", type=int, default=96,
+                   help="time this many randomly chosen packs and their sequences padded; 0 = all (default: %(default)s)")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per training step (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="alternating timed passes of each layout (default: %(default)s)")
-    p.add_argument("--model", choices=sorted(MODEL_PRESETS), default="small", help="BERT size (default: %(default)s)")
+    p.add_argument("--model", choices=sorted(MODEL_PRESETS), default="tiny", help="BERT size (default: %(default)s)")
     p.add_argument("--attention", default=None, help="model attention implementation (dense, sdpa, ...; default: the model's)")
     p.add_argument("--algorithm", default=None, help="packing algorithm (default: lpfhp where available)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -425,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.timed_packs < 0:
+            raise BenchError("--timed-packs must be >= 0")
         for name in ("num_sequences", "micro_batch_size", "repeats", "max_sequences_per_pack"):
             if getattr(args, name) < 1:
                 raise BenchError("--%s must be >= 1" % name.replace("_", "-"))
@@ -454,6 +486,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             algorithm=args.algorithm,
             attention=args.attention,
             seed=args.seed,
+            timed_packs=args.timed_packs or None,
             log=log,
         )
         if args.plot:
