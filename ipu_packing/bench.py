@@ -5,13 +5,13 @@
 
 What it does:
 
-1. Draws `--num-sequences` lengths: from a length histogram (bin i counts length i + 1), or from the
+1. Reads a length histogram (bin i counts length i + 1): a histogram file, or the
    `sequence_length_histogram` of a prepared dataset (`--data DIR`, the prepare output or a dataset
-   directory). Each sequence gets random token ids, ~15% masked slots and an NSP label.
-2. Packs them all with the packing engine (K = `--max-sequences-per-pack`), so the plan has the
-   quality a real dataset gets, then picks `--timed-packs` packs at random and lays exactly their
-   sequences out twice, in the pack format of the data package: padded (one sequence per row,
-   K = 1) and packed.
+   directory), and plans the packing of all of it with the packing engine (histogram packing,
+   K = `--max-sequences-per-pack`, algorithm "optimal" by default).
+2. Takes `--timed-packs` packs of the plan by systematic sampling and makes their sequences (random
+   token ids, 15% masked, an NSP label each), then lays exactly these sequences out twice in the
+   pack format of the data package: padded (one sequence per row, K = 1) and packed.
 3. Runs full training steps (forward, backward, LAMB update) of one PackedBertForPreTraining over
    every row of each layout, `--micro-batch-size` rows per step, alternating padded and packed passes
    `--repeats` times so both see the same machine load; per-row times are the median over repeats.
@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -120,21 +120,6 @@ def read_dataset_histogram(directory: str) -> np.ndarray:
     raise BenchError("no prepared dataset at %s (no manifest.json in it, or in its packed/ or padded/)" % (directory,))
 
 
-def sample_lengths(histogram: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """(n,) lengths drawn from the histogram (without replacement where it holds enough)."""
-    total = histogram.sum()
-    if total <= 0:
-        raise BenchError("the length histogram is empty")
-    rng = np.random.default_rng(seed)
-    lengths = np.arange(1, len(histogram) + 1)
-    lengths_all = None
-    if total <= 5_000_000 and total == np.round(total):
-        lengths_all = np.repeat(lengths, histogram.astype(np.int64))
-    if lengths_all is not None and n <= len(lengths_all):
-        return np.sort(rng.choice(lengths_all, size=n, replace=False))
-    return np.sort(rng.choice(lengths, size=n, p=histogram / total))
-
-
 # --------------------------------------------------------------------------------------------
 # Layouts
 # --------------------------------------------------------------------------------------------
@@ -145,21 +130,24 @@ def max_predictions(S: int) -> int:
 
 
 def make_sequences(lengths: np.ndarray, vocab_size: int, seed: int) -> List[Dict[str, np.ndarray]]:
-    """Random NSP/MLM instances of the given lengths (>= 5 tokens are needed for [CLS] A [SEP] B [SEP])."""
+    """Random NSP/MLM instances of exactly the given lengths: [CLS] A [SEP] B [SEP] (from 5 tokens),
+    floor(15%) of the word tokens masked, so a pack's masked tokens never exceed 15% of S."""
     rng = np.random.default_rng(seed + 1)
     out = []
-    S = int(lengths.max())
-    cap = max_predictions(S)
     for n in lengths:
-        n = int(max(n, 5))
+        n = int(n)
         tokens = rng.integers(FIRST_WORD, vocab_size, size=n)
-        a = int(rng.integers(1, n - 3))
-        tokens[0], tokens[1 + a], tokens[n - 1] = CLS, SEP, SEP
         types = np.zeros(n, dtype=np.int64)
-        types[2 + a :] = 1
+        tokens[0] = CLS
+        if n >= 2:
+            tokens[n - 1] = SEP
+        if n >= 5:
+            a = int(rng.integers(1, n - 3))
+            tokens[1 + a] = SEP
+            types[2 + a :] = 1
         words = np.flatnonzero(tokens >= FIRST_WORD)
-        k = int(min(cap, max(1, round(0.15 * len(words)))))
-        positions = np.sort(rng.choice(words, size=k, replace=False))
+        k = int(np.floor(0.15 * len(words)))
+        positions = np.sort(rng.choice(words, size=k, replace=False)) if k else np.zeros(0, dtype=np.int64)
         labels = tokens[positions].copy()
         tokens[positions] = MASK
         out.append(dict(tokens=tokens, types=types, positions=positions, labels=labels, nsp=int(rng.integers(0, 2))))
@@ -199,17 +187,33 @@ def build_layout(name: str, sequences, groups: Sequence[Sequence[int]], S: int, 
     return Layout(name, arrays)
 
 
-def pack_groups(lengths: np.ndarray, S: int, K: int, algorithm: Optional[str], seed: int):
-    """Histogram packing of the sampled lengths with the packing engine; returns (groups, plan)."""
-    from ipu_packing.packing import ALGORITHMS, assign_sequences, histogram_from_lengths, plan_packing
+def plan_histogram(histogram: np.ndarray, S: int, K: int, algorithm: Optional[str]):
+    """Histogram packing of the whole length distribution with the packing engine."""
+    from ipu_packing.packing import ALGORITHMS, plan_packing
 
-    if algorithm is None:
-        algorithm = "lpfhp" if "lpfhp" in ALGORITHMS else ALGORITHMS[0]
+    algorithm = algorithm or ("optimal" if "optimal" in ALGORITHMS else ALGORITHMS[0])
     if algorithm not in ALGORITHMS:
         raise BenchError("unknown packing algorithm %r (available: %s)" % (algorithm, ", ".join(ALGORITHMS)))
-    plan = plan_packing(histogram_from_lengths(lengths, S), S, K, algorithm)
-    assignment = assign_sequences(plan, lengths, seed)
-    return [list(map(int, group)) for group in assignment], plan
+    counts = np.asarray(np.round(histogram), dtype=np.int64)
+    return plan_packing(counts, S, K, algorithm)
+
+
+def select_packs(plan, count: Optional[int], seed: int) -> List[Tuple[int, ...]]:
+    """`count` packs of the plan by systematic sampling, as tuples of sequence lengths.
+
+    The plan's packs are listed by strategy, ordered by number of sequences then lengths, and every
+    (num_packs / count)-th one is taken from a seeded random start, so the sample keeps the plan's
+    mix of 1-, 2- and 3-sequence packs (its padded rows / packs is close to the plan's)."""
+    strategies = sorted(zip(plan.strategies, np.asarray(plan.repeats).tolist()), key=lambda sr: (len(sr[0]), sr[0]))
+    strategies = [(tuple(int(n) for n in lengths), int(r)) for lengths, r in strategies if r > 0]
+    total = sum(r for _, r in strategies)
+    if not count or count >= total:
+        return [lengths for lengths, r in strategies for _ in range(r)]
+    step = total / float(count)
+    start = np.random.default_rng(seed).random() * step
+    targets = (start + step * np.arange(count)).astype(np.int64)
+    ends = np.cumsum([r for _, r in strategies])
+    return [strategies[int(j)][0] for j in np.searchsorted(ends, targets, side="right")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,7 +234,7 @@ class Result:
     plan_sequences: int
     plan_packs: int
     plan_theoretical_speedup: float
-    """Padded rows / packs of the whole plan (all sampled sequences)."""
+    """Sequences / packs of the whole plan (the dataset's theoretical speed-up)."""
     num_sequences: int
     padded_rows: int
     num_packs: int
@@ -265,7 +269,7 @@ def _time_pass(model, optimizer, layout: Layout, batch_size: int, torch) -> floa
 
 
 def run_bench(
-    lengths: np.ndarray,
+    histogram: np.ndarray,
     S: int,
     K: int,
     model_preset: str = "tiny",
@@ -274,7 +278,7 @@ def run_bench(
     algorithm: Optional[str] = None,
     attention: Optional[str] = None,
     seed: int = 0,
-    timed_packs: Optional[int] = 96,
+    timed_packs: Optional[int] = 128,
     log=lambda message: None,
 ) -> Result:
     import torch
@@ -285,16 +289,14 @@ def run_bench(
 
     model_kwargs = dict(MODEL_PRESETS[model_preset])
     model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)
-    groups, plan = pack_groups(lengths, S, K, algorithm, seed)
-    plan_theoretical = len(lengths) / float(len(groups))
-    if timed_packs and timed_packs < len(groups):
-        # time a random subset of the packs, and exactly their sequences padded one per row
-        pick = np.sort(np.random.default_rng(seed + 2).choice(len(groups), size=timed_packs, replace=False))
-        groups = [groups[i] for i in pick]
-    used = sorted(i for group in groups for i in group)
-    renumber = {old: new for new, old in enumerate(used)}
-    groups = [[renumber[i] for i in group] for group in groups]
-    lengths = lengths[used]
+    plan = plan_histogram(histogram, S, K, algorithm)
+    plan_theoretical = plan.num_sequences / float(plan.num_packs)
+    chosen = select_packs(plan, timed_packs, seed)
+    lengths = np.asarray([n for pack in chosen for n in pack], dtype=np.int64)
+    groups, offset = [], 0
+    for pack in chosen:
+        groups.append(list(range(offset, offset + len(pack))))
+        offset += len(pack)
     sequences = make_sequences(lengths, model_kwargs["vocab_size"], seed)
     M = max_predictions(S)
     padded = build_layout("padded", sequences, [[i] for i in range(len(sequences))], S, 1, M)
@@ -302,12 +304,12 @@ def run_bench(
     if packed.sequences != padded.sequences or packed.tokens != padded.tokens:
         raise AssertionError("packed and padded layouts hold different sequences")
     if min(padded.rows, packed.rows) < micro_batch_size:
-        raise BenchError("--micro-batch-size %d is more than the %d packs; sample more sequences" % (micro_batch_size, packed.rows))
+        raise BenchError("--micro-batch-size %d is more than the %d timed packs" % (micro_batch_size, packed.rows))
     log(
-        "planned %d sequences into %d packs (K=%d, %s): theoretical speed-up %.4f; timing %d packs = %d sequences "
-        "(%d real tokens) at S=%d, theoretical speed-up %.4f"
-        % (plan.num_sequences, plan.num_packs, K, plan.algorithm, plan_theoretical, packed.rows, padded.sequences,
-           padded.tokens, S, padded.rows / float(packed.rows))
+        "plan: %d sequences -> %d packs (K=%d, %s, %.1f s): theoretical speed-up %.4f; timing %d packs = %d sequences "
+        "(%d real tokens) at S=%d: theoretical speed-up %.4f"
+        % (plan.num_sequences, plan.num_packs, K, plan.algorithm, plan.seconds, plan_theoretical, packed.rows,
+           padded.sequences, padded.tokens, S, padded.rows / float(packed.rows))
     )
 
     torch.manual_seed(seed)
@@ -365,7 +367,7 @@ def run_bench(
     )
 
 
-def draw_plot(result: Result, lengths: np.ndarray, path: str) -> str:
+def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -389,11 +391,12 @@ def draw_plot(result: Result, lengths: np.ndarray, path: str) -> str:
         % (result.max_seq_length, result.speedup, result.theoretical_speedup, 100 * result.overhead),
         fontsize=9,
     )
-    right.hist(lengths, bins=min(64, result.max_seq_length), color="#1f77b4")
+    right.bar(np.arange(1, len(histogram) + 1), histogram / max(histogram.sum(), 1), width=1.0, color="#1f77b4")
     right.set_xlabel("sequence length (tokens)")
-    right.set_ylabel("sequences")
+    right.set_ylabel("fraction of sequences")
+    right.set_yscale("log")
     right.set_title(
-        "%d sampled sequences -> %d packs (%.3fx); timed: %d rows vs %d packs"
+        "%d sequences -> %d packs (%.3fx); timed: %d rows vs %d packs"
         % (result.plan_sequences, result.plan_packs, result.plan_theoretical_speedup, result.padded_rows, result.num_packs),
         fontsize=9,
     )
@@ -410,7 +413,7 @@ def format_result(r: Result) -> str:
         [
             "model %s (hidden %d, %d layers, vocab %d), attention %s, micro batch %d, %d torch threads, %d repeats"
             % (r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"], r.model["vocab_size"], r.attention, r.micro_batch_size, r.torch_threads, r.repeats),
-            "plan: %d sampled sequences -> %d packs (K=%d, %s): theoretical speed-up %.3fx"
+            "plan: %d sequences -> %d packs (K=%d, %s): theoretical speed-up %.3fx"
             % (r.plan_sequences, r.plan_packs, r.max_sequences_per_pack, r.packing_algorithm, r.plan_theoretical_speedup),
             "timed: %d sequences (%d real tokens), S=%d; %d padded rows vs %d packs (efficiency %.2f%%)"
             % (r.num_sequences, r.num_tokens, r.max_seq_length, r.padded_rows, r.num_packs, 100 * r.packing_efficiency),
@@ -437,14 +440,13 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--data", help="prepared data (prepare's --output DIR, or one dataset directory)")
     p.add_argument("--max-seq-length", type=int, default=None, help="S (default: the histogram's or dataset's)")
     p.add_argument("--max-sequences-per-pack", type=int, default=3, help="K of the packed layout (default: %(default)s)")
-    p.add_argument("--num-sequences", type=int, default=8192, help="sequences to sample and pack (default: %(default)s)")
-    p.add_argument("--timed-packs", type=int, default=96,
-                   help="time this many randomly chosen packs and their sequences padded; 0 = all (default: %(default)s)")
+    p.add_argument("--timed-packs", type=int, default=128,
+                   help="packs of the plan to time, with their sequences padded; 0 = all (default: %(default)s)")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per training step (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="alternating timed passes of each layout (default: %(default)s)")
     p.add_argument("--model", choices=sorted(MODEL_PRESETS), default="tiny", help="BERT size (default: %(default)s)")
     p.add_argument("--attention", default=None, help="model attention implementation (dense, sdpa, ...; default: the model's)")
-    p.add_argument("--algorithm", default=None, help="packing algorithm (default: lpfhp where available)")
+    p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=os.path.join("output", "bench", "bench.png"), help="PNG path (default: %(default)s)")
@@ -457,7 +459,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.timed_packs < 0:
             raise BenchError("--timed-packs must be >= 0")
-        for name in ("num_sequences", "micro_batch_size", "repeats", "max_sequences_per_pack"):
+        for name in ("micro_batch_size", "repeats", "max_sequences_per_pack"):
             if getattr(args, name) < 1:
                 raise BenchError("--%s must be >= 1" % name.replace("_", "-"))
         if args.data:
@@ -468,7 +470,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             path = args.histogram or os.path.join(shared_dir(), "data", "wikipedia_512_histogram.json")
             histogram = read_histogram_file(path, args.max_seq_length)
         S = len(histogram)
-        lengths = sample_lengths(histogram, args.num_sequences, args.seed)
         if args.model not in MODEL_PRESETS:
             raise BenchError("unknown model preset %r" % (args.model,))
         if args.threads:
@@ -477,7 +478,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             torch.set_num_threads(args.threads)
         log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
         result = run_bench(
-            lengths,
+            histogram,
             S,
             args.max_sequences_per_pack,
             model_preset=args.model,
@@ -490,7 +491,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             log=log,
         )
         if args.plot:
-            result.plot = draw_plot(result, lengths, args.plot)
+            result.plot = draw_plot(result, histogram, args.plot)
     except BenchError as exc:
         sys.stderr.write("error: %s\n" % (exc,))
         return 2
