@@ -145,11 +145,16 @@ class TrainingConfig:
     "betas" (paper's option 2): keep accumulation in packs, raise LAMB betas to the packing factor."""
     seed: int = 42
     """Seeds weights (from scratch), dropout and the per-epoch data order."""
+    num_threads: int = 0
+    """torch intra-op threads on CPU; 0 keeps torch's default. One thread is steadier on a busy
+    machine (the demo uses 1: its matrices are too small to gain from more)."""
 
     def __post_init__(self) -> None:
         _positive("training.steps", self.steps)
         _positive("training.global_batch_sequences", self.global_batch_sequences)
         _choice("training.batch_accounting", self.batch_accounting, BATCH_ACCOUNTING)
+        if self.num_threads < 0:
+            raise ConfigError("training.num_threads must be >= 0, got %r" % (self.num_threads,))
 
 
 @dataclass

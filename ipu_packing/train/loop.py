@@ -93,6 +93,8 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
         if ckpt.is_hf_dir(init_from) and os.path.isfile(os.path.join(init_from, "vocab.txt")):
             check_vocab_file(data, os.path.join(init_from, "vocab.txt"), init_from)
     open_shards(data, open_dataset)
+    if config.training.num_threads:
+        torch.set_num_threads(config.training.num_threads)
     _seed_everything(config.training.seed)
     model_cls = _model_class()
     model = model_cls(config.bert_config())
