@@ -1,6 +1,6 @@
 """Must show 1: distributed equivalence on CPU.
 
-Two processes (gloo, torch.multiprocessing) train N optimizer steps as (a) DDP with 2 replicas and (b) a
+Two processes (torch.multiprocessing, with the environment torchrun would set; gloo) train N optimizer steps as (a) DDP with 2 replicas and (b) a
 2-stage torch.distributed.pipelining pipeline (GPipe and 1F1B); each must end with the weights one process
 reaches with the same global batch (same packs, same micro batches, accumulation x replicas).
 
@@ -50,16 +50,18 @@ def train(config: ExecutionConfig, num_layers: int = 2):
 
 
 def _worker(rank, world, port, jobs, outdir):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    # What torchrun exports; the first runner joins the process group from these (gloo on CPU).
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         for name, kwargs in jobs:
             state, losses = train(ExecutionConfig(**kwargs))
             torch.save((state, losses), os.path.join(outdir, "%s.rank%d.pt" % (name, rank)))
+        assert dist.get_backend() == "gloo"
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _free_port() -> int:

@@ -54,6 +54,11 @@ class ExecutionConfig:
     loss_scaling: float = 1.0
     """Static loss scale for fp16: the loss is multiplied by it before the backward pass and the gradients
     divided by it before the update (poptorch: the optimizer's ``loss_scaling``)."""
+    optimizer_state_offchip: bool = True
+    """poptorch: keep optimizer state in streaming (off-chip) memory, as the published IPU BERT app does;
+    BERT-Large's LAMB state alone would not fit next to its weights in 900 MB (see the dry run)."""
+    replicated_tensor_sharding: bool = False
+    """poptorch: shard optimizer state across replicas (each holds 1/replication of it)."""
     executable_cache_dir: Optional[str] = None
     """poptorch: directory where compiled executables are cached and reused."""
     compile_only: bool = False
@@ -65,6 +70,9 @@ class ExecutionConfig:
     torch_compile: bool = False
     """torch backend, single stage: run the model through torch.compile(fullgraph=True, dynamic=False).
     Packs have static shapes, so this compiles once (see docs/execution.md)."""
+    torch_compile_backend: str = "inductor"
+    """torch.compile backend when ``torch_compile`` is set ("inductor"; "eager" captures graphs without
+    generating code, which is how the tests count compilations cheaply)."""
     seed: int = 0
     """poptorch randomSeed, and the seed of the runner's data-order permutation when shuffling."""
 

@@ -9,6 +9,7 @@ recording stand-in (tests/test_execution_poptorch.py), never on IPU hardware.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List
 
 import torch
@@ -49,6 +50,11 @@ def build_options(config: ExecutionConfig, poptorch) -> Any:
     opts.outputMode(poptorch.OutputMode.All)
     if config.num_stages > 1:
         opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    opts.TensorLocations.setOptimizerLocation(
+        poptorch.TensorLocationSettings()
+        .useOnChipStorage(not config.optimizer_state_offchip)
+        .useReplicatedTensorSharding(config.replicated_tensor_sharding)
+    )
     if config.available_memory_proportion:
         opts.setAvailableMemoryProportion(
             {"IPU%d" % ipu: config.memory_proportion_for(ipu) for ipu in range(config.ipus_per_replica)}
@@ -92,31 +98,39 @@ class _RecomputeCheckpoint:
         return tuple(self.poptorch.recomputationCheckpoint(t) for t in output)
 
 
-# torch optimizer class name -> (poptorch.optim class name, hyperparameters copied from param_groups)
+# torch optimizer class name -> (poptorch.optim class, per-group hyperparameters, optimizer-wide attributes)
 _OPTIMIZERS = {
-    "LAMB": ("LAMB", ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_weight_norm")),
-    "AdamW": ("AdamW", ("lr", "betas", "eps", "weight_decay", "bias_correction")),
-    "Adam": ("Adam", ("lr", "betas", "eps", "weight_decay")),
-    "SGD": ("SGD", ("lr", "momentum", "dampening", "weight_decay", "nesterov")),
+    "LAMB": ("LAMB", ("lr", "betas", "eps", "weight_decay", "max_weight_norm"), ("bias_correction",)),
+    "AdamW": ("AdamW", ("lr", "betas", "eps", "weight_decay"), ("bias_correction",)),
+    "Adam": ("Adam", ("lr", "betas", "eps", "weight_decay"), ()),
+    "SGD": ("SGD", ("lr", "momentum", "dampening", "weight_decay", "nesterov"), ()),
 }
 
 
 def translate_optimizer(optimizer: torch.optim.Optimizer, config: ExecutionConfig, poptorch):
     """The poptorch.optim equivalent of a torch optimizer: same class name, same param groups and
-    per-group hyperparameters, plus the static loss scale (poptorch applies it inside the optimizer)."""
+    per-group hyperparameters, optimizer-wide flags kept as attributes of the torch optimizer (the
+    application's LAMB keeps ``bias_correction`` there), plus the static loss scale (poptorch applies it
+    inside the optimizer)."""
     name = type(optimizer).__name__
     if name not in _OPTIMIZERS:
         raise ValueError("no poptorch.optim equivalent for optimizer %r (supported: %s)" % (name, sorted(_OPTIMIZERS)))
-    target, keys = _OPTIMIZERS[name]
+    target, keys, attributes = _OPTIMIZERS[name]
     groups = []
     for group in optimizer.param_groups:
         g = {"params": group["params"]}  # type: Dict[str, Any]
         for k in keys:
-            if k in group and group[k] is not None:
+            if group.get(k) is not None:
                 g[k] = tuple(group[k]) if k == "betas" else group[k]
         groups.append(g)
-    defaults = {k: v for k, v in groups[0].items() if k != "params"}
-    return getattr(poptorch.optim, target)(groups, loss_scaling=float(config.loss_scaling), **defaults)
+    kwargs = {k: v for k, v in groups[0].items() if k != "params"}
+    for attr in attributes:
+        value = getattr(optimizer, attr, None)
+        if value is None:
+            value = optimizer.defaults.get(attr)
+        if value is not None:
+            kwargs[attr] = value
+    return getattr(poptorch.optim, target)(groups, loss_scaling=float(config.loss_scaling), **kwargs)
 
 
 class _TrainingWrapper(torch.nn.Module):
@@ -183,11 +197,15 @@ class PoptorchRunner:
             raise RuntimeError("execution.compile_only: call runner.compile(batch), nothing can run on an offline target")
         outputs = self.executor(*self._args(batch))
         # OutputMode.All: one value per micro batch (x device iterations x replicas); average them.
-        means = [float(torch.as_tensor(t).float().mean()) for t in outputs]
+        means = [float(torch.as_tensor(t).detach().float().mean()) for t in outputs]
         steps = self.config.device_iterations
         if self.scheduler is not None:
-            for _ in range(steps):
-                self.scheduler.step()
+            with warnings.catch_warnings():
+                # The torch optimizer never steps here (poptorch.optim does, on the IPU): torch's
+                # "scheduler.step() before optimizer.step()" warning does not apply.
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+                for _ in range(steps):
+                    self.scheduler.step()
             lrs = self._current_lrs()
             if lrs != self._lrs:
                 for group, lr in zip(self.ipu_optimizer.param_groups, lrs):

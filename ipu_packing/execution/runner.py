@@ -149,7 +149,9 @@ class TorchRunner:
             self._forward = self.ddp
         elif config.torch_compile:
             # Packs have one shape (micro_batch, S), so the whole forward+loss is one static graph.
-            self._forward = torch.compile(self.model, fullgraph=True, dynamic=False)
+            self._forward = torch.compile(
+                self.model, fullgraph=True, dynamic=False, backend=config.torch_compile_backend
+            )
 
     def dataloader(self, dataset, num_workers: int = 0, shuffle: bool = False):
         sampler = StepBatchSampler(len(dataset), self.config, self.rank, shuffle=shuffle)

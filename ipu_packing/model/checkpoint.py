@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import warnings
 from typing import Any, Dict, List
 
 import torch
@@ -124,14 +125,20 @@ def export_state_dict(model: Any) -> Dict[str, torch.Tensor]:
 
 
 def save_pretrained(model: Any, directory: str, safe_serialization: bool = True) -> None:
+    """config.json + model.safetensors (pytorch_model.bin when ``safe_serialization`` is False or
+    safetensors is missing); an existing directory is written into, files of the same names replaced."""
     os.makedirs(directory, exist_ok=True)
     config = copy.deepcopy(model.config)
     config.architectures = ["BertForPreTraining"]
     config.to_json_file(os.path.join(directory, CONFIG_NAME))
     state = export_state_dict(model)
     if safe_serialization:
-        from safetensors.torch import save_file
-
+        try:
+            from safetensors.torch import save_file
+        except ImportError:  # e.g. an old Poplar SDK environment: transformers 4.x reads the .bin as well
+            warnings.warn("safetensors is not installed; writing %s instead" % BIN_NAME)
+            safe_serialization = False
+    if safe_serialization:
         save_file(state, os.path.join(directory, SAFETENSORS_NAME), metadata={"format": "pt"})
     else:
         torch.save(state, os.path.join(directory, BIN_NAME))

@@ -1,0 +1,175 @@
+"""Packing overhead of the model: step time (forward + backward) per pack, packed against padded.
+
+    python -m ipu_packing.model.bench [--preset small|base] [--seq-len 128] [--batch 8] ...
+
+Both runs have the same shape (B, S) and the same code path; they differ only in what the rows hold:
+
+- packed: each row is a pack of K sequences (block-diagonal mask, positions restarting, NSP at K [CLS]
+  positions, M = max_predictions + K - 1 MLM slots, as the data pipeline sizes them);
+- padded: each row holds one sequence followed by padding (K = 1, M = max_predictions).
+
+The encoder costs the same in both (the dense mask is (B, 1, S, S) either way); the overhead of packing is
+what the pretraining heads do on more slots, and building the mask. A packed step processes K sequences per
+row instead of 1, which is where the speed-up comes from (the throughput columns show it).
+
+Steps alternate between the two workloads so that load from other processes hits both alike; the median
+of each is reported. Not a test: it prints numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+PRESETS = {
+    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit code 2, no usage dump
+        sys.stderr.write("%s: error: %s\n" % (self.prog, message))
+        sys.exit(2)
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = _Parser(prog="python -m ipu_packing.model.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model size (default small)")
+    parser.add_argument("--vocab-size", type=int, default=30522)
+    parser.add_argument("--seq-len", type=int, default=128, help="S, tokens per row")
+    parser.add_argument("--batch", type=int, default=8, help="B, rows (packs) per step")
+    parser.add_argument("--sequences-per-pack", type=int, default=3, help="K of the packed run")
+    parser.add_argument("--max-predictions", type=int, default=20, help="MLM slots per sequence")
+    parser.add_argument("--attention", choices=("dense", "sdpa", "flex"), default="dense")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per workload")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per workload")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for name in ("vocab_size", "seq_len", "batch", "sequences_per_pack", "max_predictions", "steps"):
+        if getattr(args, name) < 1:
+            parser.error("--%s must be >= 1, got %d" % (name.replace("_", "-"), getattr(args, name)))
+    if args.seq_len < 2 * args.sequences_per_pack:
+        parser.error("--seq-len %d cannot hold %d sequences of length >= 2" % (args.seq_len, args.sequences_per_pack))
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device %s: CUDA is not available" % args.device)
+    return args
+
+
+def make_batch(
+    batch: int, seq_len: int, sequences: int, slots_per_sequence: int, vocab_size: int, generator: torch.Generator
+) -> Dict[str, torch.Tensor]:
+    """Rows of ``sequences`` random sequences; sequences == 1 gives the padded baseline (3/4 of S real)."""
+    max_predictions = slots_per_sequence + sequences - 1
+    fields = {
+        "input_ids": torch.randint(1, vocab_size, (batch, seq_len), generator=generator),
+        "token_type_ids": torch.zeros(batch, seq_len, dtype=torch.long),
+        "position_ids": torch.zeros(batch, seq_len, dtype=torch.long),
+        "sequence_ids": torch.zeros(batch, seq_len, dtype=torch.long),
+        "mlm_positions": torch.zeros(batch, max_predictions, dtype=torch.long),
+        "mlm_labels": torch.full((batch, max_predictions), -100, dtype=torch.long),
+        "cls_positions": torch.zeros(batch, sequences, dtype=torch.long),
+        "nsp_labels": torch.randint(0, 2, (batch, sequences), generator=generator),
+    }
+    real = seq_len if sequences > 1 else (3 * seq_len) // 4
+    for row in range(batch):
+        # split `real` tokens into `sequences` lengths >= 2
+        cuts = torch.randperm(real - 2 * sequences + 1, generator=generator)[: sequences - 1].sort().values
+        bounds = [0] + [int(c) + 2 * (i + 1) for i, c in enumerate(cuts)] + [real]
+        slot = 0
+        for k in range(sequences):
+            start, end = bounds[k], bounds[k + 1]
+            fields["position_ids"][row, start:end] = torch.arange(end - start)
+            fields["sequence_ids"][row, start:end] = k + 1
+            fields["token_type_ids"][row, start + (end - start) // 2 : end] = 1
+            fields["cls_positions"][row, k] = start
+            masked = max(1, min(slots_per_sequence, (end - start) * 15 // 100))
+            masked = min(masked, end - start - 1, max_predictions - slot)
+            chosen = torch.randperm(end - start - 1, generator=generator)[:masked] + start + 1
+            fields["mlm_positions"][row, slot : slot + masked] = chosen
+            fields["mlm_labels"][row, slot : slot + masked] = torch.randint(0, vocab_size, (masked,), generator=generator)
+            slot += masked
+    return fields
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parse_args(argv)
+    import transformers
+
+    from ipu_packing.model import PackedBertForPreTraining
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    shape = PRESETS[args.preset]
+    config = transformers.BertConfig(
+        vocab_size=args.vocab_size,
+        intermediate_size=4 * shape["hidden_size"],
+        max_position_embeddings=max(512, args.seq_len),
+        **shape,
+    )
+    device = torch.device(args.device)
+    model = PackedBertForPreTraining(config, attention=args.attention).to(device).train()
+    generator = torch.Generator().manual_seed(args.seed)
+    workloads = {
+        "packed": make_batch(
+            args.batch, args.seq_len, args.sequences_per_pack, args.max_predictions, args.vocab_size, generator
+        ),
+        "padded": make_batch(args.batch, args.seq_len, 1, args.max_predictions, args.vocab_size, generator),
+    }
+    workloads = {name: {k: v.to(device) for k, v in fields.items()} for name, fields in workloads.items()}
+    autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+
+    def step(fields: Dict[str, torch.Tensor]) -> float:
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            out = model(**fields)
+        out.loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    times: Dict[str, List[float]] = {name: [] for name in workloads}
+    for index in range(args.warmup + args.steps):
+        for name, fields in workloads.items():
+            elapsed = step(fields)
+            if index >= args.warmup:
+                times[name].append(elapsed)
+
+    median = {name: statistics.median(values) for name, values in times.items()}
+    sequences = {name: int((fields["nsp_labels"] != -100).sum()) for name, fields in workloads.items()}
+    tokens = {name: int((fields["sequence_ids"] != 0).sum()) for name, fields in workloads.items()}
+    print(
+        "model: preset=%s (H=%d, L=%d, heads=%d, V=%d), attention=%s, precision=%s, device=%s, threads=%d"
+        % (args.preset, config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.vocab_size,
+           args.attention, args.precision, args.device, torch.get_num_threads())
+    )
+    print(
+        "shape: B=%d S=%d; packed K=%d M=%d; padded K=1 M=%d; %d timed steps each (median), %d warm-up"
+        % (args.batch, args.seq_len, args.sequences_per_pack, args.max_predictions + args.sequences_per_pack - 1,
+           args.max_predictions, args.steps, args.warmup)
+    )
+    print("%-8s %14s %14s %12s %14s" % ("run", "step ms/pack", "step ms/batch", "seq/s", "real tokens/s"))
+    for name in workloads:
+        seconds = median[name]
+        print(
+            "%-8s %14.2f %14.1f %12.1f %14.0f"
+            % (name, 1000 * seconds / args.batch, 1000 * seconds, sequences[name] / seconds, tokens[name] / seconds)
+        )
+    overhead = 100.0 * (median["packed"] / median["padded"] - 1.0)
+    print("packing overhead per pack (packed vs padded step time, same shape): %+.2f%%" % overhead)
+
+
+if __name__ == "__main__":
+    main()

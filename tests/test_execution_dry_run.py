@@ -1,0 +1,111 @@
+"""Must show 3: the dry run for any config, without poptorch: placement of every layer on its IPU/stage,
+weight + optimizer memory per IPU against 900 MB, batch sizes in packs and sequences."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import transformers
+
+from ipu_packing.execution import ExecutionConfig
+from ipu_packing.execution.cli import main
+from ipu_packing.execution.dry_run import dry_run_report, memory_per_device, module_parameters
+
+from test_execution_poptorch import CASES
+
+LARGE = transformers.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+
+
+@pytest.fixture(autouse=True)
+def no_poptorch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "poptorch", None)  # the dry run must not need it
+
+
+def test_parameter_counts_match_transformers():
+    config = transformers.BertConfig(vocab_size=96, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                     intermediate_size=80, max_position_embeddings=40, type_vocab_size=2)
+    model = transformers.BertForPreTraining(config)
+    counts = module_parameters(config)
+    assert sum(counts.values()) == sum(p.numel() for p in model.parameters())  # tied decoder counted once
+    for name, n in counts.items():
+        module = model.get_submodule(name)
+        own = sum(p.numel() for p in module.parameters())
+        if name == "cls":  # its decoder weight is the word embedding, counted with the embeddings
+            own -= config.vocab_size * config.hidden_size
+        assert own == n, name
+
+
+def test_bert_large_pod16_memory_per_ipu():
+    e = ExecutionConfig(backend="poptorch", micro_batch_size=8, gradient_accumulation=1024, replication_factor=4,
+                        layers_per_ipu=[3, 7, 7, 7], precision="fp16")
+    plan, rows = memory_per_device(LARGE, e, "lamb")
+    counts = module_parameters(LARGE)
+    layer = counts["bert.encoder.layer.0"]
+    heads = counts["bert.embeddings"] + counts["bert.pooler"] + counts["cls"]
+    assert [r["params"] for r in rows] == [heads + 3 * layer, 7 * layer, 7 * layer, 7 * layer]
+    assert sum(r["params"] for r in rows) == sum(counts.values())
+    # fp16 weights + fp16 accumulators on chip, LAMB's two fp32 moments off chip (published default)
+    assert rows[1]["total"] == 7 * layer * (2 + 2) and rows[1]["optimizer_offchip"] == 7 * layer * 8
+    assert all(r["total"] < 900e6 for r in rows)
+    # on chip they would not fit: why the published app streams optimizer state
+    _, on_chip = memory_per_device(LARGE, ExecutionConfig(**dict(vars(e), optimizer_state_offchip=False)), "lamb")
+    assert on_chip[1]["total"] > 900e6
+
+
+def test_torch_pipeline_holds_the_tied_embedding_twice():
+    e = ExecutionConfig(layers_per_ipu=[12, 12])
+    _, rows = memory_per_device(LARGE, e, "adamw")
+    counts = module_parameters(LARGE)
+    assert sum(r["params"] for r in rows) == sum(counts.values()) + LARGE.vocab_size * LARGE.hidden_size
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_report_for_every_ipu_config(case):
+    layers, kwargs = CASES[case]
+    model_config = transformers.BertConfig(num_hidden_layers=layers)
+    execution = ExecutionConfig(**kwargs)
+    report = dry_run_report(model_config, execution, sequences_per_pack=2.0)
+    for i in range(layers):  # every layer is listed, in order, once
+        assert report.count("bert.encoder.layer.%d " % i) == 1
+    assert "of 900MB" in report
+    assert "%d packs" % execution.global_batch_packs in report
+    assert "%.1f sequences" % execution.global_batch_sequences(2.0) in report
+
+
+def test_cli_dry_run(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  num_hidden_layers: 4\nexecution:\n  backend: poptorch\n  layers_per_ipu: [0, 2, 2]\n"
+                    "train:\n  anything: 1\n")
+    main(["dry-run", "--config", str(path), "--sequences-per-pack", "1.5"])
+    out = capsys.readouterr().out
+    expected = dry_run_report(transformers.BertConfig(num_hidden_layers=4),
+                              ExecutionConfig(backend="poptorch", layers_per_ipu=[0, 2, 2]), 1.5)
+    assert out == expected
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("execution:\n  replication: 2\n", "unknown execution key(s): replication"),
+        ("model:\n  num_hidden_layers: 4\nexecution:\n  layers_per_ipu: [1, 1]\n", "places 2 encoder layers but the model has 4"),
+        ("execution:\n  backend: tpu\n", "execution.backend must be one of"),
+        ("model:\n  hiden_size: 3\n", "unknown model key(s): hiden_size"),
+        ("[1, 2", "not valid YAML"),
+    ],
+)
+def test_cli_bad_config_is_one_line_exit_2(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["dry-run", "--config", str(path)])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err and captured.err.count("\n") == 1 and captured.err.startswith("error: ")
+
+
+def test_missing_config_file(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["dry-run", "--config", "/nonexistent/x.yaml"])
+    assert exc.value.code == 2 and "cannot read config" in capsys.readouterr().err
