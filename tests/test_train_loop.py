@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
     "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
     "model.num_attention_heads=2", "model.hidden_dropout_prob=0.1",
-    "data.max_seq_length=32", "execution.micro_batch_size=4", "training.global_batch_sequences=8",
+    "data.max_seq_length=32", "execution.micro_batch_size=4", "training.global_batch_sequences=16",
     "logging.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=0.01",
 ]
 
@@ -59,7 +59,7 @@ def test_metrics_checkpoints_and_export(data_dir, tmp_path):
                      "tokens_per_second", "packing_factor", "sequences", "tokens", "packs", "lr"}
     assert expected_keys <= set(rows[0])
     for r in rows:
-        assert r["packs"] == 8  # accumulation ceil(2 / 1.78) = 2 micro batches of 4 packs
+        assert r["packs"] == 8  # accumulation round(4 / 1.78) = 2 micro batches of 4 packs
         assert r["loss"] == pytest.approx(r["mlm_loss"] + r["nsp_loss"], rel=1e-6)
         assert r["packing_factor"] == pytest.approx(r["sequences"] / 8.0)
     # one epoch of 6 steps covers 48 packs; the first 4 steps hold distinct packs
@@ -200,11 +200,11 @@ def test_init_from_other_architecture_is_a_user_error(data_dir, tmp_path):
 
 def test_padded_layout_and_option_2_betas(data_dir, tmp_path):
     padded = plan_run(tiny(data_dir, str(tmp_path / "a"), "data.layout=padded"), open_dataset=fx.open_dataset_or_fixture())
-    assert padded.data.packing_factor == 1.0 and padded.accounting.gradient_accumulation == 2
+    assert padded.data.packing_factor == 1.0 and padded.accounting.gradient_accumulation == 4
     assert padded.data.num_packs == 96
     betas = plan_run(tiny(data_dir, str(tmp_path / "b"), "training.batch_accounting=betas"), open_dataset=fx.open_dataset_or_fixture())
     factor = 96 / float(betas.data.num_packs)
-    assert betas.accounting.gradient_accumulation == 2
+    assert betas.accounting.gradient_accumulation == 4
     for group in betas.optimizer.param_groups:
         assert group["betas"] == pytest.approx((0.9 ** factor, 0.999 ** factor))
 
