@@ -13,8 +13,9 @@ What it does:
    token ids, 15% masked, an NSP label each), then lays exactly these sequences out twice in the
    pack format of the data package: padded (one sequence per row, K = 1) and packed.
 3. Runs full training steps (forward, backward, LAMB update) of one PackedBertForPreTraining over
-   every row of each layout, `--micro-batch-size` rows per step, alternating padded and packed passes
-   `--repeats` times so both see the same machine load; per-row times are the median over repeats.
+   every row of each layout, `--micro-batch-size` rows per step, with the padded and packed steps
+   interleaved in proportion so both see the same machine load (the machine may be shared), and
+   repeats that `--repeats` times; per-row times are the median over repeats.
 
 It reports sequences/s and real tokens/s of both, the measured speed-up (packed / padded sequences
 per second), the theoretical speed-up (padded rows / packs) and the packing overhead: how much longer
@@ -254,18 +255,37 @@ class Result:
     plot: Optional[str] = None
 
 
+def _train_batch(model, optimizer, batch) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    out = model(**batch)
+    out.loss.backward()
+    optimizer.step()
+
+
 def _time_pass(model, optimizer, layout: Layout, batch_size: int, torch) -> float:
     """Seconds per row for one training pass over all full micro batches of the layout."""
-    rows = layout.rows // batch_size * batch_size
-    tensors = {k: torch.from_numpy(v) for k, v in layout.arrays.items()}
-    start = time.perf_counter()
-    for i in range(0, rows, batch_size):
-        batch = {k: v[i : i + batch_size] for k, v in tensors.items()}
-        optimizer.zero_grad(set_to_none=True)
-        out = model(**batch)
-        out.loss.backward()
-        optimizer.step()
-    return (time.perf_counter() - start) / rows
+    return _time_interleaved(model, optimizer, [layout], batch_size, torch)[layout.name]
+
+
+def _time_interleaved(model, optimizer, layouts: Sequence[Layout], batch_size: int, torch) -> Dict[str, float]:
+    """Seconds per row of each layout, for one training pass over all full micro batches of each.
+
+    The batches of the layouts are interleaved in proportion (two padded batches per packed one at a
+    packing factor of 2), so that a busy period of a shared machine slows both layouts alike."""
+    schedule = []
+    for layout in layouts:
+        tensors = {k: torch.from_numpy(v) for k, v in layout.arrays.items()}
+        n = layout.rows // batch_size
+        for b in range(n):
+            batch = {k: v[b * batch_size : (b + 1) * batch_size] for k, v in tensors.items()}
+            schedule.append(((b + 0.5) / n, layout.name, batch))
+    schedule.sort(key=lambda item: (item[0], item[1]))
+    seconds = {layout.name: 0.0 for layout in layouts}
+    for _, name, batch in schedule:
+        start = time.perf_counter()
+        _train_batch(model, optimizer, batch)
+        seconds[name] += time.perf_counter() - start
+    return {layout.name: seconds[layout.name] / (layout.rows // batch_size * batch_size) for layout in layouts}
 
 
 def run_bench(
@@ -324,11 +344,10 @@ def run_bench(
 
     per_row = {"padded": [], "packed": []}
     for r in range(repeats):
-        order = (padded, packed) if r % 2 == 0 else (packed, padded)
-        for layout in order:
-            seconds = _time_pass(model, optimizer, layout, micro_batch_size, torch)
-            per_row[layout.name].append(seconds)
-            log("repeat %d %s: %.2f ms per row" % (r + 1, layout.name, 1000 * seconds))
+        times = _time_interleaved(model, optimizer, (padded, packed), micro_batch_size, torch)
+        for name, seconds in times.items():
+            per_row[name].append(seconds)
+        log("repeat %d: padded %.2f ms per row, packed %.2f ms per row" % (r + 1, 1000 * times["padded"], 1000 * times["packed"]))
 
     padded_row = statistics.median(per_row["padded"])
     packed_row = statistics.median(per_row["packed"])
@@ -447,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=sorted(MODEL_PRESETS), default="tiny", help="BERT size (default: %(default)s)")
     p.add_argument("--attention", default=None, help="model attention implementation (dense, sdpa, ...; default: the model's)")
     p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s: steadier timings on a shared machine; 0 = torch default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=os.path.join("output", "bench", "bench.png"), help="PNG path (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
