@@ -84,9 +84,9 @@ def test_lamb_state_dict_round_trip_continues_identically():
 def test_parameter_groups_follow_graphcore():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     groups = parameter_groups(model, 0.01)
-    assert [len(g["params"]) for g in groups] == [2, 1, 1]  # biases, LayerNorm weight, matrix
-    assert [g["weight_decay"] for g in groups] == [0.0, 0.0, 0.01]
-    assert groups[0]["max_weight_norm"] == 0.0
+    assert [len(g["params"]) for g in groups] == [1, 1, 2]  # matrix, LayerNorm weight, biases
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0, 0.0]
+    assert "max_weight_norm" not in groups[0] and groups[2]["max_weight_norm"] == 0.0
 
 
 def test_schedule_warmup_then_linear_and_poly():
@@ -116,3 +116,29 @@ def test_scheduler_drives_lr_and_saves_state():
     state = sched.state_dict()
     assert state["last_epoch"] == 8
     assert math.isclose(state["lr_lambdas"][0]["total_steps"], 8)
+
+
+def test_poptorch_translation_keeps_lamb_groups():
+    """The PopTorch runner builds poptorch.optim.LAMB from our optimizer: first group = defaults."""
+    import types
+
+    from ipu_packing.execution import ExecutionConfig
+    from ipu_packing.execution.poptorch_backend import translate_optimizer
+    from ipu_packing.train.config import OptimizerConfig
+    from ipu_packing.train.optim import build_optimizer
+
+    recorded = {}
+
+    class FakeLAMB:
+        def __init__(self, groups, **kwargs):
+            recorded["groups"], recorded["kwargs"] = groups, kwargs
+
+    fake = types.SimpleNamespace(optim=types.SimpleNamespace(LAMB=FakeLAMB))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer = build_optimizer(model, OptimizerConfig(lr=0.002828, bias_correction=False), betas=(0.81, 0.998))
+    translate_optimizer(optimizer, ExecutionConfig(backend="poptorch", precision="fp16", loss_scaling=128.0), fake)
+    kwargs, groups = recorded["kwargs"], recorded["groups"]
+    assert kwargs["bias_correction"] is False and kwargs["loss_scaling"] == 128.0
+    assert kwargs["lr"] == 0.002828 and kwargs["betas"] == (0.81, 0.998) and kwargs["weight_decay"] == 0.01
+    assert "max_weight_norm" not in kwargs  # default None: the trust ratio applies to matrices
+    assert groups[2]["max_weight_norm"] == 0.0 and groups[2]["weight_decay"] == 0.0  # biases

@@ -89,8 +89,8 @@ class LAMB(torch.optim.Optimizer):
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float, trust_ratio_on_bias: bool = False) -> List[dict]:
-    """Three groups as in Graphcore's BERT app: biases (no decay, no trust ratio unless asked),
-    other 1-D weights such as LayerNorm (no decay), matrices (decay). Empty groups are dropped."""
+    """Three groups as in Graphcore's BERT app: matrices (decay), other 1-D weights such as LayerNorm
+    (no decay), biases (no decay, no trust ratio unless asked). Empty groups are dropped."""
     biases, vectors, matrices = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -101,10 +101,12 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float, trust_ratio_on
             vectors.append(p)
         else:
             matrices.append(p)
+    # Matrices first: the PopTorch runner takes the optimizer-wide defaults from the first group, and
+    # a group without max_weight_norm must keep the default (None: trust ratio on).
     groups = [
-        {"params": biases, "weight_decay": 0.0, "max_weight_norm": None if trust_ratio_on_bias else 0.0},
-        {"params": vectors, "weight_decay": 0.0},
         {"params": matrices, "weight_decay": weight_decay},
+        {"params": vectors, "weight_decay": 0.0},
+        {"params": biases, "weight_decay": 0.0, "max_weight_norm": None if trust_ratio_on_bias else 0.0},
     ]
     return [g for g in groups if g["params"]]
 
