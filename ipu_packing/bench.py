@@ -487,6 +487,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise BenchError("--max-seq-length %d differs from the dataset's S=%d" % (args.max_seq_length, len(histogram)))
         else:
             path = args.histogram or os.path.join(shared_dir(), "data", "wikipedia_512_histogram.json")
+            if not args.histogram and not os.path.isfile(path):
+                raise BenchError(
+                    "no length histogram: %s is absent (set IPU_PACKING_SHARED, or pass --histogram FILE or "
+                    "--data DIR, e.g. --data output/data/demo_128)" % (path,)
+                )
             histogram = read_histogram_file(path, args.max_seq_length)
         S = len(histogram)
         if args.model not in MODEL_PRESETS:

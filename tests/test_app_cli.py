@@ -148,3 +148,13 @@ def test_finished_run_resumes_to_nothing_and_reports(workspace):
     assert summary["steps"] == 2 and summary["steps_this_run"] == 2
     rows = [json.loads(l) for l in open(os.path.join(workspace["run"], "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2]
+
+
+def test_rerunning_a_finished_run_trains_nothing(workspace):
+    metrics = open(os.path.join(workspace["run"], "metrics.jsonl")).read()
+    checkpoint = snapshot(os.path.join(workspace["run"], "checkpoints"))
+    proc = run_app(*base(workspace))
+    assert proc.returncode == 0, proc.stderr
+    assert open(os.path.join(workspace["run"], "metrics.jsonl")).read() == metrics
+    assert snapshot(os.path.join(workspace["run"], "checkpoints")) == checkpoint
+    assert json.load(open(os.path.join(workspace["run"], "summary.json")))["steps_this_run"] == 0
