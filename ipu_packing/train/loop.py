@@ -167,19 +167,25 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
         ckpt.set_rng_state(plan.resume_state["rng"])
 
     runner = make_runner(plan.model, plan.optimizer, accounting.execution, scheduler=plan.scheduler)
-    os.makedirs(run_dir, exist_ok=True)
-    ckpt.atomic_write_text(os.path.join(run_dir, "config.json"), json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    # Under torchrun every process runs this loop; only the first writes files and logs.
+    main = int(getattr(runner, "rank", 0)) == 0
+    if not main:
+        log = lambda message: None  # noqa: E731
     jsonl = os.path.join(run_dir, "metrics.jsonl")
+    if main:
+        os.makedirs(run_dir, exist_ok=True)
+        ckpt.atomic_write_text(os.path.join(run_dir, "config.json"), json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+        if plan.resume_state is not None:
+            ckpt.truncate_jsonl(jsonl, step)
+        elif os.path.exists(jsonl):
+            os.unlink(jsonl)  # a fresh run in a directory without checkpoints
     if plan.resume_state is not None:
-        ckpt.truncate_jsonl(jsonl, step)
         log("resuming from %s at step %d (epoch %d, batch %d of %d)" % (plan.resume_path, step, epoch, position, plan.steps_per_epoch))
-    elif os.path.exists(jsonl):
-        os.unlink(jsonl)  # a fresh run in a directory without checkpoints
     log(data.describe())
     log(accounting.describe())
     log("training %s: %d steps, %d steps per epoch, run directory %s" % (config.name, total, plan.steps_per_epoch, run_dir))
 
-    logger = MetricsLogger(run_dir, total, step, config.logging, log=log)
+    logger = MetricsLogger(run_dir, total, step, config.logging if main else _silent(config.logging), log=log)
     last_saved = plan.resume_path
     per_step = accounting.global_batch_packs
     calls = _steps_per_call(accounting.execution)
@@ -230,7 +236,9 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
                     epoch, position = epoch + 1, 0
                 every = config.checkpoint.every_steps
                 if step >= total or (every and step // every > (step - calls) // every):
-                    last_saved = _save(plan, runner, step, epoch, position, record)
+                    getattr(runner, "sync_model", lambda: None)()  # pipelined: gather every stage's weights
+                    if main:
+                        last_saved = _save(plan, runner, step, epoch, position, record)
                 if step >= total:
                     break
             if step < total and position != 0:  # the loader stopped early: its batches are not global_batch_packs
@@ -241,6 +249,8 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
         logger.close()
 
     summary = _summary(plan, history, last_saved)
+    if not main:
+        return summary
     if config.checkpoint.export:
         export_dir = os.path.join(run_dir, "final")
         ckpt.export_hf(runner.model, export_dir, data.vocab_path)
@@ -249,6 +259,12 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
     ckpt.atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True) + "\n")
     log(_summary_line(summary))
     return summary
+
+
+def _silent(logging_config):
+    import dataclasses
+
+    return dataclasses.replace(logging_config, progress_bar=False, tensorboard=False, jsonl=False)
 
 
 def _save(plan: RunPlan, runner, step: int, epoch: int, position: int, record: StepRecord) -> str:
