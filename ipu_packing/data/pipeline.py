@@ -24,6 +24,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
@@ -252,14 +253,33 @@ def _write_dataset(directory: str, kind: str, store: InstanceStore, members: np.
     return manifest
 
 
-def prepare(config: PrepareConfig) -> Dict[str, dict]:
-    """Run the whole preparation; returns {"packed": manifest, "padded": manifest}."""
+@dataclass
+class PrepareResult:
+    packed: dict
+    """Manifest of packed/."""
+    padded: Optional[dict]
+    """Manifest of padded/ (None with padded=False)."""
+    seconds: Dict[str, float]
+    """Wall-clock seconds per phase: vocab, instances, plan, packed, padded, total."""
+
+
+def prepare(config: PrepareConfig) -> PrepareResult:
+    """Run the whole preparation (see the module notes)."""
     from ..packing import PackAssignment, assign_sequences, histogram_from_lengths, plan_packing
 
     output = os.path.abspath(config.output)
     _check_output(output)
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
+    seconds: Dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        seconds[name] = now - clock[0]
+        clock[0] = now
+
+    start = clock[0]
     temp = tempfile.mkdtemp(prefix="." + os.path.basename(output) + ".tmp-", dir=parent)
     try:
         corpus_spec = CorpusSpec(config.input, config.format)
@@ -269,6 +289,7 @@ def prepare(config: PrepareConfig) -> Dict[str, dict]:
             spec = load_tokenizer(config.vocab, config.lower_case)
         else:
             spec = train_default_vocab([s for d in default_docs for s in d], config.vocab_size)
+        lap("vocab")
         documents = iter(default_docs) if corpus_spec.is_default else corpus_spec.documents()
         digest = CorpusDigest()
         work = os.path.join(temp, "work")
@@ -282,6 +303,7 @@ def prepare(config: PrepareConfig) -> Dict[str, dict]:
                   "characters": digest.num_chars, "sha256": digest.hexdigest(), "shards": len(directories),
                   "python": platform.python_version()}
 
+        lap("instances")
         histogram = histogram_from_lengths(store.lengths, config.max_seq_length)
         k = config.max_sequences_per_pack
         plan = plan_packing(histogram, config.max_seq_length, k, algorithm=config.packing_algorithm)
@@ -290,24 +312,28 @@ def prepare(config: PrepareConfig) -> Dict[str, dict]:
         offsets = np.asarray(assignment.offsets, dtype=np.int64)
         if len(members) != len(store) or np.bincount(members, minlength=len(store)).max() != 1:
             raise RuntimeError("packing assignment does not place every sequence exactly once")
+        lap("plan")
         rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(2,)))
-        manifests = {}
-        manifests["packed"] = _write_dataset(
+        packed = _write_dataset(
             os.path.join(temp, "packed"), "packed", store, members, offsets, rng.permutation(len(offsets) - 1),
             k, plan.algorithm, config, spec, corpus)
+        lap("packed")
+        padded = None
         if config.padded:
             # K = 1: every plan is one sequence per pack, so the assignment is written directly.
             single = PackAssignment(indices=np.arange(len(store), dtype=np.int64),
                                     offsets=np.arange(len(store) + 1, dtype=np.int64))
-            manifests["padded"] = _write_dataset(
+            padded = _write_dataset(
                 os.path.join(temp, "padded"), "padded", store, single.indices, single.offsets,
                 rng.permutation(len(store)), 1, "none (one sequence per row)", config, spec, corpus)
+            lap("padded")
         del store
         shutil.rmtree(work)
         if os.path.isdir(output):
             os.rmdir(output)  # empty (checked above)
         os.rename(temp, output)
-        return manifests
+        seconds["total"] = time.perf_counter() - start
+        return PrepareResult(packed, padded, seconds)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
