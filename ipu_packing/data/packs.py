@@ -17,14 +17,15 @@ silently truncated.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 
 from .errors import DataError
-from .format import IGNORE_INDEX, pack_dtype, sha256_file
+from .format import IGNORE_INDEX, pack_dtype
 from .instances import MIN_SEQ_LENGTH, RecipeConfig, _ranges
 
 INSTANCE_FILES = ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions", "mlm_labels")
@@ -177,25 +178,46 @@ def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.nd
     return buffer.view(dtype).reshape(n_packs)
 
 
-def write_pack_shards(store: InstanceStore, members: np.ndarray, member_offsets: np.ndarray, pack_order: np.ndarray,
-                      layout: PackLayout, directory: str, shard_bytes: int,
-                      progress: Optional[Callable[[int], None]] = None) -> List[dict]:
-    """Write packs in `pack_order` into shard-XXXXX.npy files of about `shard_bytes` each.
+@dataclass
+class ShardTask:
+    """One output shard: which sequences go into which of its packs, and where it is written."""
 
-    Returns the manifest's shard entries [{file, num_packs, sha256}].
-    """
+    path: str
+    members: np.ndarray  # (n,) int64 global sequence indices, pack by pack
+    offsets: np.ndarray  # (P + 1,) int64 into members
+    first_pack: int  # number of its first pack in the dataset (for error messages)
+
+
+def shard_tasks(members: np.ndarray, member_offsets: np.ndarray, pack_order: np.ndarray, layout: PackLayout,
+                directory: str, shard_bytes: int) -> List[ShardTask]:
+    """Split the packs, in `pack_order`, into shards of about `shard_bytes` each."""
     per_shard = max(1, shard_bytes // layout.record_bytes)
-    entries = []
+    tasks = []
     for index, p0 in enumerate(range(0, len(pack_order), per_shard)):
         chosen = pack_order[p0:p0 + per_shard]
         starts, ends = member_offsets[chosen], member_offsets[chosen + 1]
-        shard_members = members[_ranges(starts, ends - starts)]
-        shard_offsets = np.concatenate([[0], np.cumsum(ends - starts)])
-        packs = build_packs(store, shard_members, shard_offsets, layout, first_pack=p0)
-        name = "shard-%05d.npy" % index
-        path = os.path.join(directory, name)
-        np.save(path, packs)
-        entries.append({"file": name, "num_packs": int(len(packs)), "sha256": sha256_file(path)})
-        if progress is not None:
-            progress(len(packs))
-    return entries
+        tasks.append(ShardTask(os.path.join(directory, "shard-%05d.npy" % index),
+                               members[_ranges(starts, ends - starts)],
+                               np.concatenate([[0], np.cumsum(ends - starts)]), p0))
+    return tasks
+
+
+class _HashingFile:
+    """File wrapper that hashes what numpy writes, so the shard is not read back to checksum it."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.f.write(data)
+
+
+def write_shard(store: InstanceStore, task: ShardTask, layout: PackLayout) -> dict:
+    """Build and write one shard; returns its manifest entry {file, num_packs, sha256}."""
+    packs = build_packs(store, task.members, task.offsets, layout, first_pack=task.first_pack)
+    with open(task.path, "wb") as f:
+        out = _HashingFile(f)
+        np.lib.format.write_array(out, packs, allow_pickle=False)
+    return {"file": os.path.basename(task.path), "num_packs": int(len(packs)), "sha256": out.digest.hexdigest()}
