@@ -141,12 +141,12 @@ def _build_shard(index: int, documents: List[List[str]], directory: str) -> np.n
     """Worker: one shard's documents -> instance files in `directory`; returns the lengths."""
     spec = _WORKER["spec"]
     if _WORKER["tokenizer"] is None:
+        ids = spec.special_token_ids
         _WORKER["tokenizer"] = spec.build()
-    ids = spec.special_token_ids
-    vocab = Vocabulary(cls_id=ids["[CLS]"], sep_id=ids["[SEP]"], mask_id=ids["[MASK]"],
-                       continuation=spec.continuation_mask(), replacement_ids=spec.replacement_ids())
+        _WORKER["vocab"] = Vocabulary(cls_id=ids["[CLS]"], sep_id=ids["[SEP]"], mask_id=ids["[MASK]"],
+                                      continuation=spec.continuation_mask(), replacement_ids=spec.replacement_ids())
     shard = tokenize_documents(documents, _WORKER["tokenizer"])
-    instances = create_instances(shard, _WORKER["recipe"], vocab, shard_rng(_WORKER["seed"], index))
+    instances = create_instances(shard, _WORKER["recipe"], _WORKER["vocab"], shard_rng(_WORKER["seed"], index))
     save_instances(directory, instances)
     return instances.lengths
 
