@@ -17,7 +17,7 @@ from ipu_packing.data.packs import mlm_slots
 from ipu_packing.data.pipeline import PrepareConfig, prepare
 from ipu_packing.data.vocab import load_tokenizer, train_default_vocab
 
-from data_helpers import make_inputs
+from ipu_packing.data.synthetic import make_inputs
 
 S, K = 64, 3
 

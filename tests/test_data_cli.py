@@ -8,7 +8,7 @@ import pytest
 
 from ipu_packing.data.cli import main
 
-from data_helpers import make_inputs
+from ipu_packing.data.synthetic import make_inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
