@@ -310,3 +310,35 @@ def test_default_vocabulary_training_is_deterministic():
     second = train_default_vocab(sentences, vocab_size=2000)
     assert len(first.vocab) == 2000 and first.vocab == second.vocab
     assert first.vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def test_tokenizer_sources_and_lower_casing(tmp_path):
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    from ipu_packing.data.corpus import resolve_inputs
+
+    _, vocab_path = make_inputs(str(tmp_path / "in"))
+    uncased = load_tokenizer(vocab_path)
+    assert uncased.do_lower_case and uncased.vocab[2] == "[CLS]"
+    cased_vocab = tmp_path / "cased.txt"
+    cased_vocab.write_text(open(vocab_path).read() + "Paris\n", encoding="utf-8")
+    assert not load_tokenizer(str(cased_vocab)).do_lower_case
+    assert load_tokenizer(str(cased_vocab), "yes").do_lower_case
+    for lower in (True, False):
+        directory = tmp_path / ("hf-%s" % lower)
+        directory.mkdir()
+        tokenizer = BertWordPieceTokenizer(str(cased_vocab), lowercase=lower)
+        tokenizer.save(str(directory / "tokenizer.json"))
+        spec = load_tokenizer(str(directory))
+        assert spec.do_lower_case is lower
+        ids = spec.build().encode("Paris", add_special_tokens=False).ids
+        assert [spec.vocab[i] for i in ids] == (["p", "##a", "##r", "##i", "##s"] if lower else ["Paris"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="neither tokenizer.json nor vocab.txt"):
+        load_tokenizer(str(empty))
+    (tmp_path / "in" / "more.txt").write_text("x\n", encoding="utf-8")
+    assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in"))] == ["corpus.txt", "more.txt", "vocab.txt"]
+    assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in" / "*r*.txt"))] == ["corpus.txt", "more.txt"]
+    with pytest.raises(DataError, match="matches no files"):
+        resolve_inputs(str(tmp_path / "*.nothing"))
