@@ -18,6 +18,7 @@ silently truncated.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from dataclasses import dataclass
 from typing import Dict, List
@@ -202,22 +203,16 @@ def shard_tasks(members: np.ndarray, member_offsets: np.ndarray, pack_order: np.
     return tasks
 
 
-class _HashingFile:
-    """File wrapper that hashes what numpy writes, so the shard is not read back to checksum it."""
-
-    def __init__(self, f) -> None:
-        self.f = f
-        self.digest = hashlib.sha256()
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        return self.f.write(data)
-
-
 def write_shard(store: InstanceStore, task: ShardTask, layout: PackLayout) -> dict:
     """Build and write one shard; returns its manifest entry {file, num_packs, sha256}."""
     packs = build_packs(store, task.members, task.offsets, layout, first_pack=task.first_pack)
+    # The .npy header, then the records straight from memory; both are hashed as they are written so
+    # the shard is never read back to checksum it.
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(packs))
+    digest = hashlib.sha256()
     with open(task.path, "wb") as f:
-        out = _HashingFile(f)
-        np.lib.format.write_array(out, packs, allow_pickle=False)
-    return {"file": os.path.basename(task.path), "num_packs": int(len(packs)), "sha256": out.digest.hexdigest()}
+        for block in (memoryview(header.getvalue()), memoryview(packs.view(np.uint8))):
+            digest.update(block)
+            f.write(block)
+    return {"file": os.path.basename(task.path), "num_packs": int(len(packs)), "sha256": digest.hexdigest()}
