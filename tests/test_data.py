@@ -257,7 +257,7 @@ def test_uniforms_randint_covers_both_ends():
 def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path):
     _, vocab_path = make_inputs(str(tmp_path))
     spec = load_tokenizer(vocab_path)
-    tokenizer = spec.build()
+    tokenizer = spec.encoder()
     documents = [["Packing sequences without contamination is masking attention %d." % i,
                   "The tokenizer splits wordpiece words into pieces."] for i in range(40)]
     shard = tokenize_documents(documents, tokenizer)
@@ -342,3 +342,14 @@ def test_tokenizer_sources_and_lower_casing(tmp_path):
     assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in" / "*r*.txt"))] == ["corpus.txt", "more.txt"]
     with pytest.raises(DataError, match="matches no files"):
         resolve_inputs(str(tmp_path / "*.nothing"))
+
+
+def test_batch_encoder_matches_the_full_tokenizer(tmp_path):
+    _, vocab_path = make_inputs(str(tmp_path))
+    sentences = ["The Packing of sequences.", "Café naïve RÉSUMÉ.", "tab\tseparated\twords", "中文 text here",
+                 "ALL CAPS, with punctuation!", "", "   spaced   out   ", "control\x07char and \u00a0nbsp"]
+    for lower in ("yes", "no"):
+        spec = load_tokenizer(vocab_path, lower)
+        full = spec.build()
+        expected = [e.ids for e in full.encode_batch(sentences, add_special_tokens=False)]
+        assert spec.encoder()(sentences) == expected

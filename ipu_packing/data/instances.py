@@ -142,11 +142,11 @@ class TokenizedShard:
         return len(self.document_offsets) - 1
 
 
-def tokenize_documents(documents: List[List[str]], tokenizer) -> TokenizedShard:
-    """Batch-tokenize every sentence; empty sentences and documents are dropped."""
+def tokenize_documents(documents: List[List[str]], encode) -> TokenizedShard:
+    """Batch-tokenize every sentence (`encode`: list of str -> list of id lists, e.g. a
+    vocab.BatchEncoder); empty sentences and documents are dropped."""
     sentences = [s for document in documents for s in document]
-    encodings = tokenizer.encode_batch_fast(sentences, add_special_tokens=False) if sentences else []
-    ids = [e.ids for e in encodings]
+    ids = encode(sentences)
     lengths = [len(x) for x in ids]
     tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=sum(lengths))
     sentence_offsets = [0]

@@ -142,7 +142,7 @@ def _build_shard(index: int, documents: List[List[str]], directory: str) -> np.n
     spec = _WORKER["spec"]
     if _WORKER["tokenizer"] is None:
         ids = spec.special_token_ids
-        _WORKER["tokenizer"] = spec.build()
+        _WORKER["tokenizer"] = spec.encoder()
         _WORKER["vocab"] = Vocabulary(cls_id=ids["[CLS]"], sep_id=ids["[SEP]"], mask_id=ids["[MASK]"],
                                       continuation=spec.continuation_mask(), replacement_ids=spec.replacement_ids())
     shard = tokenize_documents(documents, _WORKER["tokenizer"])
