@@ -73,7 +73,7 @@ class PrepareConfig:
     whole_word_masking: bool = False
     packing_algorithm: str = "optimal"
     """Algorithm of ipu_packing.packing.plan_packing."""
-    shard_chars: int = 1 << 18
+    shard_chars: int = 1 << 17
     """Characters of text per instance-building shard (the unit of work and of RNG seeding)."""
     shard_bytes: int = 64 << 20
     """Approximate size of each output shard file."""
