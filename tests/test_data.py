@@ -353,3 +353,29 @@ def test_batch_encoder_matches_the_full_tokenizer(tmp_path):
         full = spec.build()
         expected = [e.ids for e in full.encode_batch(sentences, add_special_tokens=False)]
         assert spec.encoder()(sentences) == expected
+
+
+def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
+    from ipu_packing.data.packs import InstanceStore, PackLayout, build_packs, save_instances
+
+    _, vocab_path = make_inputs(str(tmp_path))
+    spec = load_tokenizer(vocab_path)
+    ids = spec.special_token_ids
+    vocab = Vocabulary(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], spec.continuation_mask(), spec.replacement_ids())
+    documents = [["The first sentence of document %d." % i, "And the second one, with more words in it."]
+                 for i in range(10)]
+    recipe = RecipeConfig(max_seq_length=32, dupe_factor=1)
+    inst = create_instances(tokenize_documents(documents, spec.encoder()), recipe, vocab, np.random.default_rng(0))
+    save_instances(str(tmp_path / "inst"), inst)
+    store = InstanceStore([str(tmp_path / "inst")])
+    members = np.array([0, 1], dtype=np.int64)
+    fits = int(inst.lengths[0] + inst.lengths[1])
+    needed = int(inst.mlm_counts[0] + inst.mlm_counts[1])
+    packs = build_packs(store, members, np.array([0, 2]), PackLayout(fits, 2, needed))
+    assert (packs["mlm_labels"] != -100).sum() == needed
+    with pytest.raises(DataError, match="pack 0 would hold %d MLM predictions" % needed):
+        build_packs(store, members, np.array([0, 2]), PackLayout(fits, 2, needed - 1))
+    with pytest.raises(DataError, match="pack 0 would hold %d tokens" % fits):
+        build_packs(store, members, np.array([0, 2]), PackLayout(fits - 1, 2, needed))
+    with pytest.raises(DataError, match="pack 0 would hold 2 sequences"):
+        build_packs(store, members, np.array([0, 2]), PackLayout(fits, 1, needed))
