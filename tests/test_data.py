@@ -11,8 +11,8 @@ import torch
 
 from ipu_packing.data import FIELDS, DataError, open_dataset
 from ipu_packing.data.corpus import read_documents, split_sentences
-from ipu_packing.data.instances import (RecipeConfig, TokenizedShard, Uniforms, Vocabulary, create_instances,
-                                        tokenize_documents, truncation_counts)
+from ipu_packing.data.instances import (RecipeConfig, Uniforms, Vocabulary, create_instances, tokenize_documents,
+                                        truncation_counts)
 from ipu_packing.data.packs import mlm_slots
 from ipu_packing.data.pipeline import PrepareConfig, prepare
 from ipu_packing.data.vocab import load_tokenizer, train_default_vocab

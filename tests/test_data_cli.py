@@ -4,8 +4,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from ipu_packing.data.cli import main
 
 from ipu_packing.data.synthetic import make_inputs

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional
 
 import numpy as np
@@ -393,7 +393,3 @@ def prepare(config: PrepareConfig) -> PrepareResult:
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
-
-
-def config_dict(config: PrepareConfig) -> dict:
-    return asdict(config)
