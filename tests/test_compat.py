@@ -36,7 +36,9 @@ def python_files() -> List[str]:
     found = []
     for directory, subdirectories, files in os.walk(os.path.join(ROOT, "ipu_packing")):
         subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
-        found.extend(os.path.relpath(os.path.join(directory, name), ROOT) for name in sorted(files) if name.endswith(".py"))
+        found.extend(
+            os.path.relpath(os.path.join(directory, name), ROOT) for name in sorted(files) if name.endswith(".py")
+        )
     if os.path.isfile(os.path.join(ROOT, "run_pretraining.py")):
         found.append("run_pretraining.py")
     return [path.replace(os.sep, "/") for path in found if path.replace(os.sep, "/") not in EXCLUDED]
@@ -84,3 +86,18 @@ def test_checker_catches_violations_and_honours_novm(tmp_path):
     assert vermin(["optout.py"], eval_annotations=False, cwd=str(tmp_path)).returncode == 0
     assert vermin(["annotated.py"], eval_annotations=True, cwd=str(tmp_path)).returncode != 0
     assert vermin(["postponed.py"], eval_annotations=False, cwd=str(tmp_path)).returncode == 0
+
+
+def test_package_parses_with_the_python_38_grammar():
+    """A second, independent look: Python's own parser restricted to the 3.8 grammar (match, except*, ...)."""
+    import ast
+
+    for path in python_files():
+        with open(os.path.join(ROOT, path), "r", encoding="utf-8") as handle:
+            source = handle.read()
+        try:
+            ast.parse(source, filename=path, feature_version=(3, 8))
+        except SyntaxError as error:  # pragma: no cover - the failure message is the point
+            pytest.fail("%s:%s is not Python 3.8 syntax: %s" % (path, error.lineno, error.msg))
+    with pytest.raises(SyntaxError):  # and it can fail
+        ast.parse("match x:\n    case 1:\n        pass\n", feature_version=(3, 8))

@@ -11,13 +11,13 @@ import torch
 
 from ipu_packing.data import FIELDS, DataError, open_dataset
 from ipu_packing.data.corpus import read_documents, split_sentences
-from ipu_packing.data.instances import (RecipeConfig, TokenizedShard, Uniforms, Vocabulary, create_instances,
-                                        tokenize_documents, truncation_counts)
+from ipu_packing.data.instances import (RecipeConfig, Uniforms, Vocabulary, create_instances, tokenize_documents,
+                                        truncation_counts)
 from ipu_packing.data.packs import mlm_slots
 from ipu_packing.data.pipeline import PrepareConfig, prepare
 from ipu_packing.data.vocab import load_tokenizer, train_default_vocab
 
-from data_helpers import make_inputs
+from ipu_packing.data.synthetic import make_inputs
 
 S, K = 64, 3
 
@@ -257,7 +257,7 @@ def test_uniforms_randint_covers_both_ends():
 def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path):
     _, vocab_path = make_inputs(str(tmp_path))
     spec = load_tokenizer(vocab_path)
-    tokenizer = spec.build()
+    tokenizer = spec.encoder()
     documents = [["Packing sequences without contamination is masking attention %d." % i,
                   "The tokenizer splits wordpiece words into pieces."] for i in range(40)]
     shard = tokenize_documents(documents, tokenizer)
@@ -310,3 +310,72 @@ def test_default_vocabulary_training_is_deterministic():
     second = train_default_vocab(sentences, vocab_size=2000)
     assert len(first.vocab) == 2000 and first.vocab == second.vocab
     assert first.vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def test_tokenizer_sources_and_lower_casing(tmp_path):
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    from ipu_packing.data.corpus import resolve_inputs
+
+    _, vocab_path = make_inputs(str(tmp_path / "in"))
+    uncased = load_tokenizer(vocab_path)
+    assert uncased.do_lower_case and uncased.vocab[2] == "[CLS]"
+    cased_vocab = tmp_path / "cased.txt"
+    cased_vocab.write_text(open(vocab_path).read() + "Paris\n", encoding="utf-8")
+    assert not load_tokenizer(str(cased_vocab)).do_lower_case
+    assert load_tokenizer(str(cased_vocab), "yes").do_lower_case
+    for lower in (True, False):
+        directory = tmp_path / ("hf-%s" % lower)
+        directory.mkdir()
+        tokenizer = BertWordPieceTokenizer(str(cased_vocab), lowercase=lower)
+        tokenizer.save(str(directory / "tokenizer.json"))
+        spec = load_tokenizer(str(directory))
+        assert spec.do_lower_case is lower
+        ids = spec.build().encode("Paris", add_special_tokens=False).ids
+        assert [spec.vocab[i] for i in ids] == (["p", "##a", "##r", "##i", "##s"] if lower else ["Paris"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="neither tokenizer.json nor vocab.txt"):
+        load_tokenizer(str(empty))
+    (tmp_path / "in" / "more.txt").write_text("x\n", encoding="utf-8")
+    assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in"))] == ["corpus.txt", "more.txt", "vocab.txt"]
+    assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in" / "*r*.txt"))] == ["corpus.txt", "more.txt"]
+    with pytest.raises(DataError, match="matches no files"):
+        resolve_inputs(str(tmp_path / "*.nothing"))
+
+
+def test_batch_encoder_matches_the_full_tokenizer(tmp_path):
+    _, vocab_path = make_inputs(str(tmp_path))
+    sentences = ["The Packing of sequences.", "Café naïve RÉSUMÉ.", "tab\tseparated\twords", "中文 text here",
+                 "ALL CAPS, with punctuation!", "", "   spaced   out   ", "control\x07char and \u00a0nbsp"]
+    for lower in ("yes", "no"):
+        spec = load_tokenizer(vocab_path, lower)
+        full = spec.build()
+        expected = [e.ids for e in full.encode_batch(sentences, add_special_tokens=False)]
+        assert spec.encoder()(sentences) == expected
+
+
+def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
+    from ipu_packing.data.packs import InstanceStore, PackLayout, build_packs, save_instances
+
+    _, vocab_path = make_inputs(str(tmp_path))
+    spec = load_tokenizer(vocab_path)
+    ids = spec.special_token_ids
+    vocab = Vocabulary(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], spec.continuation_mask(), spec.replacement_ids())
+    documents = [["The first sentence of document %d." % i, "And the second one, with more words in it."]
+                 for i in range(10)]
+    recipe = RecipeConfig(max_seq_length=32, dupe_factor=1)
+    inst = create_instances(tokenize_documents(documents, spec.encoder()), recipe, vocab, np.random.default_rng(0))
+    save_instances(str(tmp_path / "inst"), inst)
+    store = InstanceStore([str(tmp_path / "inst")])
+    members = np.array([0, 1], dtype=np.int64)
+    fits = int(inst.lengths[0] + inst.lengths[1])
+    needed = int(inst.mlm_counts[0] + inst.mlm_counts[1])
+    packs = build_packs(store, members, np.array([0, 2]), PackLayout(fits, 2, needed))
+    assert (packs["mlm_labels"] != -100).sum() == needed
+    with pytest.raises(DataError, match="pack 0 would hold %d MLM predictions" % needed):
+        build_packs(store, members, np.array([0, 2]), PackLayout(fits, 2, needed - 1))
+    with pytest.raises(DataError, match="pack 0 would hold %d tokens" % fits):
+        build_packs(store, members, np.array([0, 2]), PackLayout(fits - 1, 2, needed))
+    with pytest.raises(DataError, match="pack 0 would hold 2 sequences"):
+        build_packs(store, members, np.array([0, 2]), PackLayout(fits, 1, needed))

@@ -58,6 +58,13 @@ def test_transformers_loads_what_we_saved(tmp_path, safe):
     assert torch.equal(again(**batch).loss, model(**batch).loss)
 
 
+def test_load_sharded_checkpoint(tmp_path):
+    reference = hf_model(1)
+    reference.save_pretrained(str(tmp_path), max_shard_size="20KB")
+    assert os.path.isfile(os.path.join(str(tmp_path), "model.safetensors.index.json"))
+    assert_same_weights(PackedBertForPreTraining.from_pretrained(str(tmp_path)), reference)
+
+
 def test_legacy_key_spellings_are_normalized():
     state = {
         "module.bert.embeddings.LayerNorm.gamma": torch.ones(2),

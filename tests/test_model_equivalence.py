@@ -125,15 +125,15 @@ def test_packed_equals_unpacked_transformers(name, attention):
     theirs = dict(reference.named_parameters())
     ours = dict(packed.named_parameters())
     assert sorted(ours) == sorted(theirs)
-    worst = 0.0
     for param_name, param in ours.items():
         assert param.grad is not None, param_name
         diff = (param.grad - theirs[param_name].grad).abs().max().item()
-        worst = max(worst, diff)
         assert diff <= GRAD_ATOL, (param_name, diff)
-    assert all(ours[n].grad.abs().sum() > 0 for n in ("bert.embeddings.position_embeddings.weight", "cls.predictions.bias"))
+    for name in ("bert.embeddings.position_embeddings.weight", "cls.predictions.bias", "bert.pooler.dense.weight"):
+        assert ours[name].grad.abs().sum() > 0, name  # gradients are not trivially equal
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_packed_equals_unpacked_flex():
     """FlexAttention path, forward only: torch has no FlexAttention backward on CPU (CUDA has one)."""
     pytest.importorskip("torch.nn.attention.flex_attention")

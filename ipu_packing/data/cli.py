@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import List, Optional
 
 import numpy as np
@@ -65,16 +64,14 @@ def _prepare(args: argparse.Namespace) -> None:
         max_predictions_per_seq=args.max_predictions_per_seq, whole_word_masking=args.whole_word_masking,
         packing_algorithm=args.packing_algorithm, shard_bytes=max(1, int(args.shard_mb * 2 ** 20)),
         padded=not args.no_padded, progress=not args.quiet)
-    start = time.perf_counter()
-    manifests = prepare(config)
-    seconds = time.perf_counter() - start
-    packed = manifests["packed"]
+    result = prepare(config)
+    packed, padded, seconds = result.packed, result.padded, result.seconds
     print("prepared %s in %.1f s: %d sequences (%.0f/s) -> %d packs (packing factor %.3f, efficiency %.1f%%)%s"
-          % (args.output, seconds, packed["num_sequences"], packed["num_sequences"] / seconds, packed["num_packs"],
-             packed["packing_factor"], 100 * packed["packing_efficiency"],
-             "; padded baseline %d rows (efficiency %.1f%%)" % (manifests["padded"]["num_packs"],
-                                                               100 * manifests["padded"]["packing_efficiency"])
-             if "padded" in manifests else ""))
+          % (args.output, seconds["total"], packed["num_sequences"], packed["num_sequences"] / seconds["total"],
+             packed["num_packs"], packed["packing_factor"], 100 * packed["packing_efficiency"],
+             "; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"], 100 * padded["packing_efficiency"])
+             if padded else ""))
+    print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
 
 
 def _histogram_lines(histogram: List[int], buckets: int = 16, width: int = 40) -> List[str]:

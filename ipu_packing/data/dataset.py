@@ -23,8 +23,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from .errors import DataError
-from .format import FIELDS, MANIFEST, read_manifest, validate_shards
+from .format import FIELDS, read_manifest, validate_shards
 
 
 class Manifest(dict):
@@ -43,9 +42,6 @@ class PackedDataset(torch.utils.data.Dataset):
     def __init__(self, directory: str, shuffle: bool = True, seed: Optional[int] = None, rank: int = 0,
                  num_replicas: int = 1, drop_last: bool = False, verify: bool = True,
                  as_tensors: bool = True) -> None:
-        if not os.path.isfile(os.path.join(directory, MANIFEST)) and os.path.isfile(
-                os.path.join(directory, "packed", MANIFEST)):
-            raise DataError("%s: holds packed/ and padded/; open one of them" % directory)
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError("need 0 <= rank < num_replicas, got rank=%d num_replicas=%d" % (rank, num_replicas))
         self.directory = directory

@@ -120,6 +120,8 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     if not os.path.isdir(directory):
         raise DataError("%s: not a dataset directory (no such directory)" % directory)
     if not os.path.isfile(path):
+        if os.path.isfile(os.path.join(directory, "packed", MANIFEST)):
+            raise DataError("%s: holds packed/ and padded/; name one of them" % directory)
         raise DataError("%s: missing (not a prepared dataset directory)" % path)
     try:
         with open(path, "rb") as f:

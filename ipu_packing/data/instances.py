@@ -49,6 +49,7 @@ convention).
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -141,13 +142,13 @@ class TokenizedShard:
         return len(self.document_offsets) - 1
 
 
-def tokenize_documents(documents: List[List[str]], tokenizer) -> TokenizedShard:
-    """Batch-tokenize every sentence; empty sentences and documents are dropped."""
+def tokenize_documents(documents: List[List[str]], encode) -> TokenizedShard:
+    """Batch-tokenize every sentence (`encode`: list of str -> list of id lists, e.g. a
+    vocab.BatchEncoder); empty sentences and documents are dropped."""
     sentences = [s for document in documents for s in document]
-    encodings = tokenizer.encode_batch_fast(sentences, add_special_tokens=False) if sentences else []
-    ids = [e.ids for e in encodings]
+    ids = encode(sentences)
     lengths = [len(x) for x in ids]
-    tokens = np.fromiter((t for x in ids for t in x), dtype=np.int32, count=sum(lengths))
+    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=sum(lengths))
     sentence_offsets = [0]
     document_offsets = [0]
     k = 0
@@ -295,6 +296,36 @@ def assemble(shard: TokenizedShard, pairs: SegmentPairs, recipe: RecipeConfig, v
     return tokens, (len_a + len_b + 3).astype(np.int32), (len_a + 2).astype(np.int32)
 
 
+def _choose_whole_words(ids: np.ndarray, candidate: np.ndarray, budget: np.ndarray, vocab: Vocabulary,
+                        rng: np.random.Generator) -> np.ndarray:
+    """(N, W) bool: tokens chosen by whole-word masking (step 5), vectorised over the N instances."""
+    n, width = ids.shape
+    previous = np.zeros_like(candidate)
+    previous[:, 1:] = candidate[:, :-1]
+    group_start = candidate & ~(vocab.continuation[ids] & previous)  # a "##" piece joins the word before
+    group = np.cumsum(group_start, axis=1) - 1  # (N, W) group index of each token
+    n_groups = group_start.sum(axis=1)  # (N,)
+    g_max = max(1, int(n_groups.max()))
+    rows = np.broadcast_to(np.arange(n)[:, None], (n, width))
+    sizes = np.bincount((rows * g_max + group)[candidate], minlength=n * g_max).reshape(n, g_max)  # (N, G)
+    keys = rng.random((n, g_max))
+    keys[np.arange(g_max)[None, :] >= n_groups[:, None]] = 2.0
+    order = np.argsort(keys, axis=1, kind="stable")  # (N, G) groups in random visiting order
+    sorted_sizes = np.take_along_axis(sizes, order, axis=1)
+    taken_sorted = np.zeros((n, g_max), dtype=bool)
+    count = np.zeros(n, dtype=np.int64)
+    for j in range(g_max):  # greedy: take a group if it still fits, else skip it
+        size = sorted_sizes[:, j]
+        fits = (size > 0) & (count + size <= budget)
+        taken_sorted[:, j] = fits
+        count += size * fits
+        if j % 8 == 7 and (count >= budget).all():
+            break
+    taken = np.zeros((n, g_max), dtype=bool)
+    np.put_along_axis(taken, order, taken_sorted, axis=1)
+    return candidate & taken[rows, np.maximum(group, 0)]
+
+
 def mask_tokens(tokens: np.ndarray, lengths: np.ndarray, a_lengths: np.ndarray, recipe: RecipeConfig,
                 vocab: Vocabulary, rng: np.random.Generator, chunk: int = 4096):
     """Step 5, vectorised over chunks of instances -> (masked tokens, mlm_counts, positions, labels)."""
@@ -310,34 +341,16 @@ def mask_tokens(tokens: np.ndarray, lengths: np.ndarray, a_lengths: np.ndarray, 
         ids = np.zeros((n, width), dtype=np.int32)
         ids[valid] = tokens[offsets[c0]:offsets[c1]]
         candidate = valid & (col != 0) & (col != (a_lengths[c0:c1, None] - 1)) & (col != (length[:, None] - 1))
-        group_start = candidate.copy()
-        if recipe.whole_word_masking:
-            previous = np.zeros_like(candidate)
-            previous[:, 1:] = candidate[:, :-1]
-            group_start &= ~(vocab.continuation[ids] & previous)
-        group = np.cumsum(group_start, axis=1) - 1  # (N, W) group index of each token
-        n_groups = group_start.sum(axis=1)  # (N,)
-        g_max = max(1, int(n_groups.max()))
-        rows = np.broadcast_to(np.arange(n)[:, None], (n, width))
-        sizes = np.zeros((n, g_max), dtype=np.int64)  # (N, G)
-        np.add.at(sizes, (rows[candidate], group[candidate]), 1)
-        keys = rng.random((n, g_max))
-        keys[np.arange(g_max)[None, :] >= n_groups[:, None]] = 2.0
-        order = np.argsort(keys, axis=1, kind="stable")  # (N, G) groups in random visiting order
-        sorted_sizes = np.take_along_axis(sizes, order, axis=1)
         budget = recipe.num_to_predict(length)  # (N,)
-        taken_sorted = np.zeros((n, g_max), dtype=bool)
-        count = np.zeros(n, dtype=np.int64)
-        for j in range(g_max):
-            size = sorted_sizes[:, j]
-            fits = (size > 0) & (count + size <= budget)
-            taken_sorted[:, j] = fits
-            count += size * fits
-            if j % 8 == 7 and (count >= budget).all():
-                break
-        taken = np.zeros((n, g_max), dtype=bool)
-        np.put_along_axis(taken, order, taken_sorted, axis=1)
-        chosen = candidate & taken[rows, np.maximum(group, 0)]
+        if recipe.whole_word_masking:
+            chosen = _choose_whole_words(ids, candidate, budget, vocab, rng)
+        else:
+            # Every group is one token, so the greedy pass of _choose_whole_words reduces to taking the first
+            # `budget` candidates of a random order.
+            keys = np.where(candidate, rng.random((n, width)), 2.0)
+            order = np.argsort(keys, axis=1, kind="stable")  # (N, W)
+            chosen = np.zeros((n, width), dtype=bool)
+            np.put_along_axis(chosen, order, col < budget[:, None], axis=1)
         r, c = np.nonzero(chosen)  # row-major: positions ascending within an instance
         original = ids[r, c]
         u_mask, u_keep = rng.random(len(r)), rng.random(len(r))

@@ -13,7 +13,9 @@ Order of work:
 4. Merge the length histograms of all shards, make *one* packing plan for the whole corpus, and
    assign every sequence to a pack of it.
 5. Write the packed dataset (K = max_sequences_per_pack) and the padded baseline (K = 1: every pack
-   is one sequence, so the model has a single code path), each with its manifest and vocab.txt.
+   is one sequence, so the model has a single code path), each with its manifest and vocab.txt. The
+   shards of both are built and written by the same worker processes, each shard hashed as it is
+   written.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
@@ -34,7 +37,7 @@ from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_
 from .errors import DataError
 from .format import FORMAT_VERSION, VOCAB, sha256_file, write_manifest
 from .instances import RecipeConfig, Vocabulary, create_instances, tokenize_documents
-from .packs import InstanceStore, PackLayout, mlm_slots, save_instances, write_pack_shards
+from .packs import InstanceStore, PackLayout, ShardTask, mlm_slots, save_instances, shard_tasks, write_shard
 from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer, train_default_vocab
 
 
@@ -70,7 +73,7 @@ class PrepareConfig:
     whole_word_masking: bool = False
     packing_algorithm: str = "optimal"
     """Algorithm of ipu_packing.packing.plan_packing."""
-    shard_chars: int = 1 << 18
+    shard_chars: int = 1 << 17
     """Characters of text per instance-building shard (the unit of work and of RNG seeding)."""
     shard_bytes: int = 64 << 20
     """Approximate size of each output shard file."""
@@ -138,14 +141,68 @@ def _build_shard(index: int, documents: List[List[str]], directory: str) -> np.n
     """Worker: one shard's documents -> instance files in `directory`; returns the lengths."""
     spec = _WORKER["spec"]
     if _WORKER["tokenizer"] is None:
-        _WORKER["tokenizer"] = spec.build()
-    ids = spec.special_token_ids
-    vocab = Vocabulary(cls_id=ids["[CLS]"], sep_id=ids["[SEP]"], mask_id=ids["[MASK]"],
-                       continuation=spec.continuation_mask(), replacement_ids=spec.replacement_ids())
+        ids = spec.special_token_ids
+        _WORKER["tokenizer"] = spec.encoder()
+        _WORKER["vocab"] = Vocabulary(cls_id=ids["[CLS]"], sep_id=ids["[SEP]"], mask_id=ids["[MASK]"],
+                                      continuation=spec.continuation_mask(), replacement_ids=spec.replacement_ids())
     shard = tokenize_documents(documents, _WORKER["tokenizer"])
-    instances = create_instances(shard, _WORKER["recipe"], vocab, shard_rng(_WORKER["seed"], index))
+    instances = create_instances(shard, _WORKER["recipe"], _WORKER["vocab"], shard_rng(_WORKER["seed"], index))
     save_instances(directory, instances)
     return instances.lengths
+
+
+def _write_shard(directories: List[str], task: ShardTask, layout: PackLayout) -> dict:
+    """Worker: build and write one output shard (the instance store is loaded once per process)."""
+    key = tuple(directories)
+    if _WORKER.get("store_key") != key:
+        _WORKER.update(store=InstanceStore(directories), store_key=key)
+    return write_shard(_WORKER["store"], task, layout)
+
+
+class _Immediate:
+    """A finished 'future' for work run in this process."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class Workers:
+    """The worker processes of one preparation (or this process alone when workers == 1).
+
+    `map_bounded` keeps at most two tasks per worker in flight, so memory holds a few shards,
+    never the corpus, while the results come back in submission order.
+    """
+
+    def __init__(self, count: int, spec: TokenizerSpec, recipe: RecipeConfig, seed: int) -> None:
+        self.count = count
+        self.pool = None
+        _init_worker(spec, recipe, seed)
+        if count > 1:
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
+            self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method),
+                                            initializer=_init_worker, initargs=(spec, recipe, seed))
+
+    def map_bounded(self, fn, argument_tuples: Iterable[tuple], on_result=None) -> list:
+        results, pending = [], []
+        for args in argument_tuples:
+            pending.append(self.pool.submit(fn, *args) if self.pool else _Immediate(fn(*args)))
+            while len(pending) >= 2 * self.count:
+                results.append(pending.pop(0).result())
+                if on_result:
+                    on_result(results[-1])
+        for future in pending:
+            results.append(future.result())
+            if on_result:
+                on_result(results[-1])
+        return results
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 def _progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
@@ -155,35 +212,17 @@ def _progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
                 leave=False)
 
 
-def _run_shards(config: PrepareConfig, spec: TokenizerSpec, documents, work: str, digest: CorpusDigest) -> List[str]:
+def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, digest: CorpusDigest) -> List[str]:
     """Build every shard's instances; returns the instance directories in shard order."""
     directories: List[str] = []
-    shards = shard_documents(documents, config.shard_chars, digest)
+
+    def tasks():
+        for index, docs in enumerate(shard_documents(documents, config.shard_chars, digest)):
+            directories.append(os.path.join(work, "instances-%05d" % index))
+            yield index, docs, directories[-1]
+
     bar = _progress("instances", config.progress, " shards")
-    workers = config.num_workers
-    if workers == 1:
-        _init_worker(spec, config.recipe, config.seed)
-        for index, docs in enumerate(shards):
-            directories.append(os.path.join(work, "instances-%05d" % index))
-            _build_shard(index, docs, directories[-1])
-            bar.update(1)
-        bar.close()
-        return directories
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    context = multiprocessing.get_context(method)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are the parallelism
-    pending = []
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(spec, config.recipe, config.seed)) as pool:
-        for index, docs in enumerate(shards):
-            directories.append(os.path.join(work, "instances-%05d" % index))
-            pending.append(pool.submit(_build_shard, index, docs, directories[-1]))
-            while len(pending) >= 2 * workers:
-                pending.pop(0).result()
-                bar.update(1)
-        for future in pending:
-            future.result()
-            bar.update(1)
+    workers.map_bounded(_build_shard, tasks(), on_result=lambda _: bar.update(1))
     bar.close()
     return directories
 
@@ -200,19 +239,22 @@ def _check_output(path: str) -> None:
             raise DataError("%s: directory exists and is not empty (refusing to overwrite)" % path)
 
 
-def _write_dataset(directory: str, kind: str, store: InstanceStore, members: np.ndarray, offsets: np.ndarray,
-                   pack_order: np.ndarray, k: int, algorithm: str, config: PrepareConfig, spec: TokenizerSpec,
-                   corpus: dict) -> dict:
+def _dataset_tasks(directory: str, members: np.ndarray, offsets: np.ndarray, pack_order: np.ndarray, k: int,
+                   config: PrepareConfig):
     os.makedirs(directory)
+    layout = PackLayout(config.max_seq_length, k, mlm_slots(config.recipe, k))
+    return layout, shard_tasks(members, offsets, pack_order, layout, directory, config.shard_bytes)
+
+
+def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], store: InstanceStore,
+                    offsets: np.ndarray, algorithm: str, config: PrepareConfig, spec: TokenizerSpec,
+                    corpus: dict) -> dict:
+    """Write vocab.txt and manifest.json next to the shards."""
+    k = layout.max_sequences_per_pack
     recipe = config.recipe
-    layout = PackLayout(config.max_seq_length, k, mlm_slots(recipe, k))
-    bar = _progress("writing " + kind, config.progress, " packs", total=len(pack_order))
-    shards = write_pack_shards(store, members, offsets, pack_order, layout, directory, config.shard_bytes,
-                               progress=bar.update)
-    bar.close()
     with open(os.path.join(directory, VOCAB), "w", encoding="utf-8", newline="\n") as f:
         f.write(spec.vocab_text())
-    num_packs = len(pack_order)
+    num_packs = len(offsets) - 1
     num_tokens = int(store.lengths.sum())
     per_pack = np.diff(offsets)
     manifest = {
@@ -252,14 +294,33 @@ def _write_dataset(directory: str, kind: str, store: InstanceStore, members: np.
     return manifest
 
 
-def prepare(config: PrepareConfig) -> Dict[str, dict]:
-    """Run the whole preparation; returns {"packed": manifest, "padded": manifest}."""
+@dataclass
+class PrepareResult:
+    packed: dict
+    """Manifest of packed/."""
+    padded: Optional[dict]
+    """Manifest of padded/ (None with padded=False)."""
+    seconds: Dict[str, float]
+    """Wall-clock seconds per phase: vocab, instances, plan, write, total."""
+
+
+def prepare(config: PrepareConfig) -> PrepareResult:
+    """Run the whole preparation (see the module notes)."""
     from ..packing import PackAssignment, assign_sequences, histogram_from_lengths, plan_packing
 
     output = os.path.abspath(config.output)
     _check_output(output)
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
+    seconds: Dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        seconds[name] = now - clock[0]
+        clock[0] = now
+
+    start = clock[0]
     temp = tempfile.mkdtemp(prefix="." + os.path.basename(output) + ".tmp-", dir=parent)
     try:
         corpus_spec = CorpusSpec(config.input, config.format)
@@ -269,49 +330,66 @@ def prepare(config: PrepareConfig) -> Dict[str, dict]:
             spec = load_tokenizer(config.vocab, config.lower_case)
         else:
             spec = train_default_vocab([s for d in default_docs for s in d], config.vocab_size)
+        lap("vocab")
         documents = iter(default_docs) if corpus_spec.is_default else corpus_spec.documents()
         digest = CorpusDigest()
         work = os.path.join(temp, "work")
         os.makedirs(work)
-        directories = _run_shards(config, spec, documents, work, digest)
-        store = InstanceStore(directories)
-        if len(store) == 0:
-            raise DataError("%s: the corpus produced no instances (no non-empty documents)" % config.input)
-        corpus = {"input": config.input, "format": config.format, "files": len(files),
-                  "documents": digest.num_documents, "sentences": digest.num_sentences,
-                  "characters": digest.num_chars, "sha256": digest.hexdigest(), "shards": len(directories),
-                  "python": platform.python_version()}
+        workers = Workers(config.num_workers, spec, config.recipe, config.seed)
+        try:
+            directories = _run_shards(config, workers, documents, work, digest)
+            store = InstanceStore(directories)
+            if len(store) == 0:
+                raise DataError("%s: the corpus produced no instances (no non-empty documents)" % config.input)
+            corpus = {"input": config.input, "format": config.format, "files": len(files),
+                      "documents": digest.num_documents, "sentences": digest.num_sentences,
+                      "characters": digest.num_chars, "sha256": digest.hexdigest(), "shards": len(directories),
+                      "python": platform.python_version()}
+            lap("instances")
 
-        histogram = histogram_from_lengths(store.lengths, config.max_seq_length)
-        k = config.max_sequences_per_pack
-        plan = plan_packing(histogram, config.max_seq_length, k, algorithm=config.packing_algorithm)
-        assignment = assign_sequences(plan, store.lengths, derived_seed(config.seed, 0))
-        members = np.asarray(assignment.indices, dtype=np.int64)
-        offsets = np.asarray(assignment.offsets, dtype=np.int64)
-        if len(members) != len(store) or np.bincount(members, minlength=len(store)).max() != 1:
-            raise RuntimeError("packing assignment does not place every sequence exactly once")
-        rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(2,)))
-        manifests = {}
-        manifests["packed"] = _write_dataset(
-            os.path.join(temp, "packed"), "packed", store, members, offsets, rng.permutation(len(offsets) - 1),
-            k, plan.algorithm, config, spec, corpus)
-        if config.padded:
-            # K = 1: every plan is one sequence per pack, so the assignment is written directly.
-            single = PackAssignment(indices=np.arange(len(store), dtype=np.int64),
-                                    offsets=np.arange(len(store) + 1, dtype=np.int64))
-            manifests["padded"] = _write_dataset(
-                os.path.join(temp, "padded"), "padded", store, single.indices, single.offsets,
-                rng.permutation(len(store)), 1, "none (one sequence per row)", config, spec, corpus)
+            histogram = histogram_from_lengths(store.lengths, config.max_seq_length)
+            k = config.max_sequences_per_pack
+            plan = plan_packing(histogram, config.max_seq_length, k, algorithm=config.packing_algorithm)
+            assignment = assign_sequences(plan, store.lengths, derived_seed(config.seed, 0))
+            members = np.asarray(assignment.indices, dtype=np.int64)
+            offsets = np.asarray(assignment.offsets, dtype=np.int64)
+            if len(members) != len(store) or np.bincount(members, minlength=len(store)).max() != 1:
+                raise RuntimeError("packing assignment does not place every sequence exactly once")
+            lap("plan")
+
+            rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(2,)))
+            datasets = [("packed", members, offsets, rng.permutation(len(offsets) - 1), k, plan.algorithm)]
+            if config.padded:
+                # K = 1: every plan is one sequence per pack, so the assignment is written directly.
+                single = PackAssignment(indices=np.arange(len(store), dtype=np.int64),
+                                        offsets=np.arange(len(store) + 1, dtype=np.int64))
+                datasets.append(("padded", single.indices, single.offsets, rng.permutation(len(store)), 1,
+                                 "none (one sequence per row)"))
+            jobs = []  # (kind, layout, tasks) ; all shards of both datasets go through the workers together
+            for kind, kind_members, kind_offsets, order, kind_k, _ in datasets:
+                layout, tasks = _dataset_tasks(os.path.join(temp, kind), kind_members, kind_offsets, order, kind_k,
+                                               config)
+                jobs.append((kind, layout, tasks))
+            bar = _progress("writing", config.progress, " packs", total=sum(len(d[3]) for d in datasets))
+            entries = workers.map_bounded(
+                _write_shard, ((directories, task, layout) for _, layout, tasks in jobs for task in tasks),
+                on_result=lambda entry: bar.update(entry["num_packs"]))
+            bar.close()
+            manifests = {}
+            for (kind, layout, tasks), (_, _, kind_offsets, _, _, algorithm) in zip(jobs, datasets):
+                shards, entries = entries[:len(tasks)], entries[len(tasks):]
+                manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, store, kind_offsets,
+                                                  algorithm, config, spec, corpus)
+            lap("write")
+        finally:
+            workers.close()
         del store
         shutil.rmtree(work)
         if os.path.isdir(output):
             os.rmdir(output)  # empty (checked above)
         os.rename(temp, output)
-        return manifests
+        seconds["total"] = time.perf_counter() - start
+        return PrepareResult(manifests["packed"], manifests.get("padded"), seconds)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
-
-
-def config_dict(config: PrepareConfig) -> dict:
-    return asdict(config)

@@ -77,6 +77,10 @@ class TokenizerSpec:
         or [CLS] into the middle of a sentence teaches nothing, so they are left out."""
         return np.array([i for i, t in enumerate(self.vocab) if not _BRACKETED.match(t)], dtype=np.int32)
 
+    def encoder(self) -> "BatchEncoder":
+        """Batch encoder for this tokenizer (call in the process that uses it)."""
+        return BatchEncoder(self)
+
     def build(self):
         """The fast tokenizer (call in the process that uses it)."""
         from tokenizers import Tokenizer
@@ -86,6 +90,47 @@ class TokenizerSpec:
             return Tokenizer.from_str(self.tokenizer_json)
         vocab = {t: i for i, t in enumerate(self.vocab)}
         return BertWordPieceTokenizer(vocab, lowercase=self.do_lower_case)._tokenizer
+
+
+class BatchEncoder:
+    """Sentences -> token ids, in large batches through the Rust tokenizer.
+
+    For a WordPiece tokenizer built from a vocabulary (BertNormalizer: clean text, split CJK
+    characters, strip accents, optionally lower-case), normalizing printable ASCII text is exactly
+    `str.lower()` (or nothing, when cased): there is nothing to clean, split or strip. Such sentences
+    (98% of the default corpus) are lower-cased in Python and encoded by a copy of the tokenizer
+    without its normalizer, which skips the normalizer's per-character alignment bookkeeping and
+    nearly halves tokenization time; every other sentence goes through the full tokenizer. A Hugging
+    Face tokenizer.json always goes through the full tokenizer (its normalizer may be anything).
+    """
+
+    def __init__(self, spec: TokenizerSpec) -> None:
+        from tokenizers import Tokenizer
+
+        self.full = spec.build()
+        self.plain = None
+        self.lower = spec.do_lower_case
+        if spec.tokenizer_json is None:
+            self.plain = Tokenizer.from_str(self.full.to_str())
+            self.plain.normalizer = None
+
+    def __call__(self, sentences: List[str]) -> List[List[int]]:
+        if not sentences:
+            return []
+        if self.plain is None:
+            return [e.ids for e in self.full.encode_batch_fast(sentences, add_special_tokens=False)]
+        simple = [s.isascii() and s.isprintable() for s in sentences]
+        ids: List[List[int]] = [None] * len(sentences)  # type: ignore[list-item]
+        easy = [i for i, ok in enumerate(simple) if ok]
+        hard = [i for i, ok in enumerate(simple) if not ok]
+        if easy:
+            texts = [sentences[i].lower() if self.lower else sentences[i] for i in easy]
+            for i, e in zip(easy, self.plain.encode_batch_fast(texts, add_special_tokens=False)):
+                ids[i] = e.ids
+        if hard:
+            for i, e in zip(hard, self.full.encode_batch_fast([sentences[i] for i in hard], add_special_tokens=False)):
+                ids[i] = e.ids
+        return ids
 
 
 def _read_vocab_file(path: str) -> List[str]:

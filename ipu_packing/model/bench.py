@@ -12,8 +12,11 @@ The encoder costs the same in both (the dense mask is (B, 1, S, S) either way); 
 what the pretraining heads do on more slots, and building the mask. A packed step processes K sequences per
 row instead of 1, which is where the speed-up comes from (the throughput columns show it).
 
-Steps alternate between the two workloads so that load from other processes hits both alike; the median
-of each is reported. Not a test: it prints numbers.
+Steps alternate between the two workloads (in ABBA order) so that load from other processes hits both
+alike. Reported: median and minimum wall time, and median CPU time of this process (with ``--threads 1``
+on a shared machine the steadier measure: time spent descheduled by other processes does not count), and
+the matmul FLOPs of one step of each (torch's FlopCounterMode, torch >= 2.1), which no noise affects.
+Not a test: it prints numbers.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -57,8 +60,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for name in ("vocab_size", "seq_len", "batch", "sequences_per_pack", "max_predictions", "steps"):
         if getattr(args, name) < 1:
             parser.error("--%s must be >= 1, got %d" % (name.replace("_", "-"), getattr(args, name)))
+    for name in ("warmup", "threads"):
+        if getattr(args, name) < 0:
+            parser.error("--%s must be >= 0, got %d" % (name, getattr(args, name)))
     if args.seq_len < 2 * args.sequences_per_pack:
         parser.error("--seq-len %d cannot hold %d sequences of length >= 2" % (args.seq_len, args.sequences_per_pack))
+    if args.device.split(":")[0] not in ("cpu", "cuda"):
+        parser.error("--device must be cpu or cuda[:N], got %r" % args.device)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device %s: CUDA is not available" % args.device)
     return args
@@ -81,8 +89,9 @@ def make_batch(
     }
     real = seq_len if sequences > 1 else (3 * seq_len) // 4
     for row in range(batch):
-        # split `real` tokens into `sequences` lengths >= 2
-        cuts = torch.randperm(real - 2 * sequences + 1, generator=generator)[: sequences - 1].sort().values
+        # split `real` tokens into `sequences` lengths >= 2; the rest of the row is padding
+        fields["input_ids"][row, real:] = 0
+        cuts = torch.randint(0, real - 2 * sequences + 1, (sequences - 1,), generator=generator).sort().values
         bounds = [0] + [int(c) + 2 * (i + 1) for i, c in enumerate(cuts)] + [real]
         slot = 0
         for k in range(sequences):
@@ -95,9 +104,22 @@ def make_batch(
             masked = min(masked, end - start - 1, max_predictions - slot)
             chosen = torch.randperm(end - start - 1, generator=generator)[:masked] + start + 1
             fields["mlm_positions"][row, slot : slot + masked] = chosen
-            fields["mlm_labels"][row, slot : slot + masked] = torch.randint(0, vocab_size, (masked,), generator=generator)
+            labels = torch.randint(0, vocab_size, (masked,), generator=generator)
+            fields["mlm_labels"][row, slot : slot + masked] = labels
             slot += masked
     return fields
+
+
+def count_flops(step: Callable[[Dict[str, torch.Tensor]], Any], fields: Dict[str, torch.Tensor]) -> float:
+    """Matmul FLOPs of one step, from torch's FlopCounterMode (torch >= 2.1; 0 when unavailable)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return 0.0
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step(fields)
+    return float(counter.get_total_flops())
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -128,26 +150,32 @@ def main(argv: Optional[List[str]] = None) -> None:
     workloads = {name: {k: v.to(device) for k, v in fields.items()} for name, fields in workloads.items()}
     autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
 
-    def step(fields: Dict[str, torch.Tensor]) -> float:
+    def step(fields: Dict[str, torch.Tensor]) -> Tuple[float, float]:
+        """One forward + backward; (wall seconds, CPU seconds of this process)."""
         model.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             out = model(**fields)
         out.loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - start_cpu
 
+    flops = {name: count_flops(step, fields) for name, fields in workloads.items()}
     times: Dict[str, List[float]] = {name: [] for name in workloads}
+    cpu_times: Dict[str, List[float]] = {name: [] for name in workloads}
+    names = list(workloads)
     for index in range(args.warmup + args.steps):
-        for name, fields in workloads.items():
-            elapsed = step(fields)
+        for name in names if index % 2 == 0 else names[::-1]:  # ABBA order: no workload always runs second
+            wall, cpu = step(workloads[name])
             if index >= args.warmup:
-                times[name].append(elapsed)
+                times[name].append(wall)
+                cpu_times[name].append(cpu)
 
     median = {name: statistics.median(values) for name, values in times.items()}
+    cpu_median = {name: statistics.median(values) for name, values in cpu_times.items()}
     sequences = {name: int((fields["nsp_labels"] != -100).sum()) for name, fields in workloads.items()}
     tokens = {name: int((fields["sequence_ids"] != 0).sum()) for name, fields in workloads.items()}
     print(
@@ -160,15 +188,29 @@ def main(argv: Optional[List[str]] = None) -> None:
         % (args.batch, args.seq_len, args.sequences_per_pack, args.max_predictions + args.sequences_per_pack - 1,
            args.max_predictions, args.steps, args.warmup)
     )
-    print("%-8s %14s %14s %12s %14s" % ("run", "step ms/pack", "step ms/batch", "seq/s", "real tokens/s"))
+    fastest = {name: min(values) for name, values in times.items()}
+    print("%-8s %14s %14s %14s %12s %14s" % ("run", "median ms/pack", "min ms/pack", "cpu ms/pack", "seq/s",
+                                            "real tokens/s"))
     for name in workloads:
         seconds = median[name]
         print(
-            "%-8s %14.2f %14.1f %12.1f %14.0f"
-            % (name, 1000 * seconds / args.batch, 1000 * seconds, sequences[name] / seconds, tokens[name] / seconds)
+            "%-8s %14.2f %14.2f %14.2f %12.1f %14.0f"
+            % (name, 1000 * seconds / args.batch, 1000 * fastest[name] / args.batch,
+               1000 * cpu_median[name] / args.batch, sequences[name] / seconds, tokens[name] / seconds)
         )
-    overhead = 100.0 * (median["packed"] / median["padded"] - 1.0)
-    print("packing overhead per pack (packed vs padded step time, same shape): %+.2f%%" % overhead)
+
+    def overhead(values: Dict[str, float]) -> float:
+        return 100.0 * (values["packed"] / values["padded"] - 1.0)
+
+    print(
+        "packing overhead per pack (packed vs padded, same shape): %+.2f%% median wall, %+.2f%% min wall, "
+        "%+.2f%% median CPU time" % (overhead(median), overhead(fastest), overhead(cpu_median))
+    )
+    if flops["packed"] and flops["padded"]:
+        print(
+            "matmul FLOPs per step (forward + backward, noise-free): packed %.4g, padded %.4g, overhead %+.2f%%"
+            % (flops["packed"], flops["padded"], overhead(flops))
+        )
 
 
 if __name__ == "__main__":

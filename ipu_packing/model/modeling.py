@@ -7,6 +7,7 @@ H hidden size, N attention heads, D = H / N head size, I intermediate size, V vo
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import torch
@@ -29,9 +30,9 @@ class PackedBertOutput(NamedTuple):
     nsp_loss: torch.Tensor
     """() mean cross-entropy over the batch's valid sequences (0 when there are none)."""
     mlm_logits: torch.Tensor
-    """(B, M, V) vocabulary logits at each MLM slot (unused slots hold logits of token 0; ignore them)."""
+    """(B, M, V) vocabulary logits at each MLM slot (unused slots hold those of position 0: ignore them)."""
     nsp_logits: torch.Tensor
-    """(B, K, 2) is-random-next logits per sequence slot (unused slots: ignore)."""
+    """(B, K, 2) NSP logits per sequence slot, label 0 = is next, 1 = random (unused slots: ignore)."""
     mlm_accuracy: torch.Tensor
     """() fraction of valid MLM slots whose argmax equals the label."""
     nsp_accuracy: torch.Tensor
@@ -47,8 +48,8 @@ def _activation(name: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         return name
     table = {
         "gelu": F.gelu,
-        "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-        "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "gelu_new": functools.partial(F.gelu, approximate="tanh"),
+        "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
         "relu": F.relu,
         "silu": F.silu,
         "swish": F.silu,

@@ -1,4 +1,11 @@
-"""Small synthetic corpus and vocabulary for the data tests (deterministic, no downloads)."""
+"""A tiny synthetic corpus and vocabulary (deterministic, no downloads) for fast tests.
+
+    corpus, vocab = make_inputs(directory)
+    python -m ipu_packing.data prepare --input CORPUS --vocab VOCAB --output DIR --max-seq-length 64 ...
+
+The corpus is BERT format (a sentence per line, blank line between documents) built from a fixed
+word list; a few long words are not in the vocabulary, so they split into "##" pieces.
+"""
 
 import os
 import random
