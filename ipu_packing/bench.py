@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timed-packs", type=int, default=128,
                    help="packs of the plan to time, with their sequences padded; 0 = all (default: %(default)s)")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per training step (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=5, help="alternating timed passes of each layout (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="timed passes over both layouts, interleaved (default: %(default)s)")
     p.add_argument("--model", choices=sorted(MODEL_PRESETS), default="tiny", help="BERT size (default: %(default)s)")
     p.add_argument("--attention", default=None, help="model attention implementation (dense, sdpa, ...; default: the model's)")
     p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
