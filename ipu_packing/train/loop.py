@@ -164,11 +164,14 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
     if plan.resume_state is not None:
         epoch = int(plan.resume_state["data"]["epoch"])
         position = int(plan.resume_state["data"]["step_in_epoch"])
-        ckpt.set_rng_state(plan.resume_state["rng"])
 
     runner = make_runner(plan.model, plan.optimizer, accounting.execution, scheduler=plan.scheduler)
+    rank = int(getattr(runner, "rank", 0))
+    if plan.resume_state is not None:
+        per_rank = plan.resume_state.get("rng_per_rank") or [plan.resume_state["rng"]]
+        ckpt.set_rng_state(per_rank[rank] if rank < len(per_rank) else plan.resume_state["rng"])
     # Under torchrun every process runs this loop; only the first writes files and logs.
-    main = int(getattr(runner, "rank", 0)) == 0
+    main = rank == 0
     if not main:
         log = lambda message: None  # noqa: E731
     jsonl = os.path.join(run_dir, "metrics.jsonl")
@@ -237,8 +240,10 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
                 every = config.checkpoint.every_steps
                 if step >= total or (every and step // every > (step - calls) // every):
                     getattr(runner, "sync_model", lambda: None)()  # pipelined: gather every stage's weights
+                    optimizer_state = _gathered_optimizer_state(plan, runner)
+                    rng_states = _gathered(runner, ckpt.rng_state())
                     if main:
-                        last_saved = _save(plan, runner, step, epoch, position, record)
+                        last_saved = _save(plan, runner, step, epoch, position, record, optimizer_state, rng_states)
                 if step >= total:
                     break
             if step < total and position != 0:  # the loader stopped early: its batches are not global_batch_packs
@@ -267,15 +272,42 @@ def _silent(logging_config):
     return dataclasses.replace(logging_config, progress_bar=False, tensorboard=False, jsonl=False)
 
 
-def _save(plan: RunPlan, runner, step: int, epoch: int, position: int, record: StepRecord) -> str:
+def _gathered(runner, obj) -> list:
+    """[obj of rank 0, obj of rank 1, ...] (a collective under torchrun; [obj] in one process)."""
+    world = int(getattr(runner, "world", 1))
+    if world <= 1:
+        return [obj]
+    import torch.distributed as dist
+
+    parts = [None] * world
+    dist.all_gather_object(parts, obj)
+    return parts
+
+
+def _gathered_optimizer_state(plan: RunPlan, runner) -> Dict[str, Any]:
+    """The optimizer state of every parameter. A pipelined torch run keeps each stage's moments on
+    the process of that stage, so they are gathered (a collective: every process calls this)."""
+    state = plan.optimizer.state_dict()
+    execution = plan.accounting.execution
+    world = int(getattr(runner, "world", 1))
+    if execution.backend == "torch" and execution.num_stages > 1 and world > 1:
+        merged = {}
+        for part in _gathered(runner, state["state"]):
+            merged.update(part)
+        state["state"] = merged
+    return state
+
+
+def _save(plan: RunPlan, runner, step: int, epoch: int, position: int, record: StepRecord, optimizer_state, rng_states) -> str:
     model = runner.model
     state = {
         "step": step,
         "model": model.state_dict(),
-        "optimizer": plan.optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "scheduler": plan.scheduler.state_dict(),
         "data": {"epoch": epoch, "step_in_epoch": position},
-        "rng": ckpt.rng_state(),
+        "rng": rng_states[0],
+        "rng_per_rank": rng_states,  # each process's dropout stream (pipeline stages differ)
         "config": plan.config.to_dict(),
         "dataset": plan.data.fingerprint(),
         "metrics": record.to_dict(),
