@@ -5,6 +5,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    := output
 
+# `make pretrain`: the embedded default corpus prepared at S=128 (skipped when already there), then
+# the demo config. `make bench`: packed vs padded throughput (BENCH_ARGS adds options).
+DEMO_DATA  := $(OUT)/data/demo_128
+BENCH_ARGS ?=
+
 .PHONY: venv test pretrain bench clean
 
 venv: $(STAMP)
@@ -17,6 +22,15 @@ $(STAMP): requirements.txt
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+$(DEMO_DATA)/packed/manifest.json: | $(STAMP)
+	$(PY) -m ipu_packing.data prepare --input default --output $(DEMO_DATA) --max-seq-length 128 --max-sequences-per-pack 3
+
+pretrain: $(STAMP) $(DEMO_DATA)/packed/manifest.json
+	$(PY) run_pretraining.py --config demo
+
+bench: $(STAMP)
+	$(PY) -m ipu_packing.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(OUT)

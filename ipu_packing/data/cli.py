@@ -1,0 +1,129 @@
+"""Command line: `python -m ipu_packing.data prepare|inspect ...`.
+
+User errors print one line `error: ...` on stderr and exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+import numpy as np
+
+from .errors import DataError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + message
+        raise DataError("%s: %s" % (self.prog, message))
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .pipeline import PrepareConfig
+
+    defaults = PrepareConfig(input="default", output="-")
+    parser = _Parser(prog="python -m ipu_packing.data", description=__doc__)
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
+    commands.required = True
+    p = commands.add_parser("prepare", help="corpus -> packed/ and padded/ datasets")
+    p.add_argument("--input", required=True, help='file, directory, glob, or "default" (embedded corpus)')
+    p.add_argument("--output", required=True, help="output directory (must not exist or be empty)")
+    p.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
+    p.add_argument("--max-sequences-per-pack", type=int, default=defaults.max_sequences_per_pack)
+    p.add_argument("--vocab", default=None, help="vocab.txt or Hugging Face tokenizer directory (default: train one)")
+    p.add_argument("--vocab-size", type=int, default=defaults.vocab_size, help="size of the trained default vocabulary")
+    p.add_argument("--lower-case", choices=("auto", "yes", "no"), default=defaults.lower_case)
+    p.add_argument("--format", choices=("auto", "bert", "text"), default=defaults.format)
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--workers", type=int, default=defaults.workers, help="0: min(4, CPUs)")
+    p.add_argument("--dupe-factor", type=int, default=defaults.dupe_factor)
+    p.add_argument("--short-seq-prob", type=float, default=defaults.short_seq_prob)
+    p.add_argument("--masked-lm-prob", type=float, default=defaults.masked_lm_prob)
+    p.add_argument("--max-predictions-per-seq", type=int, default=None, help="default ceil(masked_lm_prob * S)")
+    p.add_argument("--whole-word-masking", action="store_true")
+    p.add_argument("--packing-algorithm", default=defaults.packing_algorithm)
+    p.add_argument("--shard-mb", type=float, default=defaults.shard_bytes / 2.0 ** 20, help="output shard size")
+    p.add_argument("--no-padded", action="store_true", help="skip the padded baseline")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    i = commands.add_parser("inspect", help="print a dataset's manifest, length histogram and packing statistics")
+    i.add_argument("directory")
+    i.add_argument("--no-verify", action="store_true", help="skip the checksums")
+    return parser
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    from .pipeline import PrepareConfig, prepare
+
+    config = PrepareConfig(
+        input=args.input, output=args.output, max_seq_length=args.max_seq_length,
+        max_sequences_per_pack=args.max_sequences_per_pack, vocab=args.vocab, vocab_size=args.vocab_size,
+        lower_case=args.lower_case, format=args.format, seed=args.seed, workers=args.workers,
+        dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, masked_lm_prob=args.masked_lm_prob,
+        max_predictions_per_seq=args.max_predictions_per_seq, whole_word_masking=args.whole_word_masking,
+        packing_algorithm=args.packing_algorithm, shard_bytes=max(1, int(args.shard_mb * 2 ** 20)),
+        padded=not args.no_padded, progress=not args.quiet)
+    result = prepare(config)
+    packed, padded, seconds = result.packed, result.padded, result.seconds
+    print("prepared %s in %.1f s: %d sequences (%.0f/s) -> %d packs (packing factor %.3f, efficiency %.1f%%)%s"
+          % (args.output, seconds["total"], packed["num_sequences"], packed["num_sequences"] / seconds["total"],
+             packed["num_packs"], packed["packing_factor"], 100 * packed["packing_efficiency"],
+             "; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"], 100 * padded["packing_efficiency"])
+             if padded else ""))
+    print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
+
+
+def _histogram_lines(histogram: List[int], buckets: int = 16, width: int = 40) -> List[str]:
+    counts = np.asarray(histogram, dtype=np.int64)
+    edges = np.linspace(0, len(counts), min(buckets, len(counts)) + 1).astype(int)
+    sums = [int(counts[a:b].sum()) for a, b in zip(edges[:-1], edges[1:])]
+    top = max(1, max(sums))
+    return ["  %4d-%-4d %9d %s" % (a + 1, b, s, "#" * int(round(width * s / top)))
+            for a, b, s in zip(edges[:-1], edges[1:], sums)]
+
+
+def _inspect(args: argparse.Namespace) -> None:
+    from .format import read_manifest, validate_shards
+
+    manifest = read_manifest(args.directory)
+    validate_shards(args.directory, manifest, checksums=not args.no_verify)
+    print("manifest (%s, checksums %s):" % (args.directory, "not checked" if args.no_verify else "ok"))
+    for key in sorted(manifest):
+        if key in ("sequence_length_histogram", "sequences_per_pack_histogram", "shards"):
+            continue
+        value = manifest[key]
+        print("  %-24s %s" % (key, json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value))
+    print("  %-24s %d files, %d packs" % ("shards", len(manifest["shards"]), manifest["num_packs"]))
+    s, n, p = manifest["max_seq_length"], manifest["num_sequences"], manifest["num_packs"]
+    lengths = np.asarray(manifest["sequence_length_histogram"], dtype=np.int64)
+    mean = float((lengths * np.arange(1, s + 1)).sum()) / max(1, n)
+    print("sequence length histogram (%d sequences, mean length %.1f of %d):" % (n, mean, s))
+    print("\n".join(_histogram_lines(manifest["sequence_length_histogram"])))
+    print("packing statistics:")
+    per_pack = manifest["sequences_per_pack_histogram"]
+    print("  sequences per pack       " + ", ".join("%d: %d" % (k + 1, c) for k, c in enumerate(per_pack)))
+    print("  packing factor           %.4f sequences/pack" % manifest["packing_factor"])
+    print("  packing efficiency       %.2f%% (padding %.2f%%)" % (100 * manifest["packing_efficiency"],
+                                                                 100 * (1 - manifest["packing_efficiency"])))
+    padded_efficiency = manifest["num_tokens"] / float(max(1, n) * s)
+    print("  padded efficiency        %.2f%% (one sequence per row)" % (100 * padded_efficiency))
+    print("  speed-up over padded     %.4fx (rows: %d padded / %d packs)" % (n / float(max(1, p)), n, p))
+    print("  masked tokens            %d (%.2f per sequence, %d slots per pack)"
+          % (manifest["num_masked_tokens"], manifest["num_masked_tokens"] / float(max(1, n)), manifest["mlm_slots"]))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        if args.command == "prepare":
+            _prepare(args)
+        else:
+            _inspect(args)
+    except DataError as error:
+        print("error: %s" % error, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,218 @@
+"""Instances -> fixed-shape packs, written shard by shard.
+
+The per-shard instance files (written by the workers) are memory-mapped; the only corpus-sized
+arrays held in memory are a few integers per sequence (length, counts, where it lives). Each output
+shard is built in memory (bounded by `shard_bytes`), filled with vectorised scatters, saved with
+`numpy.save` and hashed.
+
+MLM slots per pack (M). A pack holds at most K sequences whose lengths add up to at most S, and a
+sequence of length l gets at most f(l) = min(max_predictions, max(1, round(masked_lm_prob * l)), l - 3)
+predictions (see RecipeConfig.num_to_predict). M is the exact maximum of f(l_1) + ... + f(l_k) over
+k <= K and l_1 + ... + l_k <= S, computed by a small dynamic programme over lengths (K * S^2 steps).
+It is at most the paper's max_predictions + K - 1 for the recipe's usual settings and often smaller
+(S=128, K=3, 20 predictions: 20 instead of 22; S=512, K=3, 77 predictions: 78 instead of 79; a test
+checks the programme against brute force), so there is no slot that no pack can ever use. The writer still checks every pack against M and raises on overflow: a pack is never
+silently truncated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from dataclasses import dataclass
+from typing import Dict, List
+
+import numpy as np
+
+from .errors import DataError
+from .format import IGNORE_INDEX, pack_dtype
+from .instances import MIN_SEQ_LENGTH, RecipeConfig, _ranges
+
+INSTANCE_FILES = ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions", "mlm_labels")
+
+
+def mlm_slots(recipe: RecipeConfig, max_sequences_per_pack: int) -> int:
+    """M: the most predictions any pack of K sequences within S tokens can hold (see module notes)."""
+    s = recipe.max_seq_length
+    lengths = np.arange(MIN_SEQ_LENGTH, s + 1)
+    gains = recipe.num_to_predict(lengths)
+    best = np.full(s + 1, -1, dtype=np.int64)  # best[t]: most predictions with exactly t tokens so far
+    best[0] = 0
+    overall = 0
+    for _ in range(max_sequences_per_pack):
+        new = np.full(s + 1, -1, dtype=np.int64)
+        for length, gain in zip(lengths.tolist(), gains.tolist()):
+            prev = best[: s + 1 - length]
+            cand = np.where(prev >= 0, prev + gain, -1)
+            np.maximum(new[length:], cand, out=new[length:])
+        best = new
+        overall = max(overall, int(best.max()))
+    return max(1, overall)
+
+
+def save_instances(directory: str, instances) -> None:
+    os.makedirs(directory)
+    for name in INSTANCE_FILES:
+        np.save(os.path.join(directory, name + ".npy"), getattr(instances, name))
+
+
+class InstanceStore:
+    """Every instance of every shard, addressed by a global index (shard order, then instance order)."""
+
+    def __init__(self, directories: List[str]) -> None:
+        self.directories = directories
+        per = {name: [] for name in ("lengths", "a_lengths", "nsp_labels", "mlm_counts")}
+        shard_of, tok_start, mlm_start = [], [], []
+        for j, directory in enumerate(directories):
+            arrays = {name: np.load(os.path.join(directory, name + ".npy")) for name in per}
+            for name in per:
+                per[name].append(arrays[name])
+            n = len(arrays["lengths"])
+            shard_of.append(np.full(n, j, dtype=np.int32))
+            tok_start.append(np.cumsum(arrays["lengths"], dtype=np.int64) - arrays["lengths"])
+            mlm_start.append(np.cumsum(arrays["mlm_counts"], dtype=np.int64) - arrays["mlm_counts"])
+        cat = lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+        self.lengths = cat(per["lengths"], np.int64)  # (N,)
+        self.a_lengths = cat(per["a_lengths"], np.int64)
+        self.nsp_labels = cat(per["nsp_labels"], np.int32)
+        self.mlm_counts = cat(per["mlm_counts"], np.int64)
+        self.shard_of = cat(shard_of, np.int64)
+        self.token_start = cat(tok_start, np.int64)  # within the shard's token file
+        self.mlm_start = cat(mlm_start, np.int64)
+        self._maps: Dict[int, Dict[str, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def arrays(self, shard: int) -> Dict[str, np.ndarray]:
+        if shard not in self._maps:
+            directory = self.directories[shard]
+            self._maps[shard] = {name: np.load(os.path.join(directory, name + ".npy"), mmap_mode="r")
+                                 for name in ("tokens", "mlm_positions", "mlm_labels")}
+        return self._maps[shard]
+
+
+@dataclass
+class PackLayout:
+    max_seq_length: int  # S
+    max_sequences_per_pack: int  # K
+    mlm_slots: int  # M
+
+    @property
+    def record_bytes(self) -> int:
+        return pack_dtype(self.max_seq_length, self.mlm_slots, self.max_sequences_per_pack).itemsize
+
+
+def _field_offsets(layout: PackLayout) -> Dict[str, int]:
+    """Offset of each field inside a record, in int32 units (fields are stored back to back)."""
+    dtype = pack_dtype(layout.max_seq_length, layout.mlm_slots, layout.max_sequences_per_pack)
+    return {name: dtype.fields[name][1] // 4 for name in dtype.names}
+
+
+def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.ndarray, layout: PackLayout,
+                first_pack: int = 0) -> np.ndarray:
+    """(P,) pack records; pack p holds the sequences members[member_offsets[p]:member_offsets[p+1]].
+
+    Raises DataError if a pack has more than K sequences, more than S tokens or more than M
+    predictions (`first_pack` only numbers packs in that message).
+
+    The records are filled through a plain (P, W) int32 buffer (W = int32s per record) viewed as the
+    record type at the end: scattering into one flat array is much faster than into the strided
+    field views of a structured array.
+    """
+    s, k_max, m_max = layout.max_seq_length, layout.max_sequences_per_pack, layout.mlm_slots
+    dtype = pack_dtype(s, m_max, k_max)
+    width = dtype.itemsize // 4
+    at = _field_offsets(layout)
+    n_packs = len(member_offsets) - 1
+    buffer = np.zeros((n_packs, width), dtype=np.int32)  # (P, W)
+    buffer[:, at["mlm_labels"]:at["mlm_labels"] + m_max] = IGNORE_INDEX
+    buffer[:, at["nsp_labels"]:at["nsp_labels"] + k_max] = IGNORE_INDEX
+    flat = buffer.reshape(-1)
+    counts = np.diff(member_offsets)  # (P,) sequences per pack
+    row = np.repeat(np.arange(n_packs, dtype=np.int64), counts)  # (n,) pack of each member
+    slot = np.arange(len(members)) - np.repeat(member_offsets[:-1] - member_offsets[0], counts)  # 0-based
+    lengths = store.lengths[members]
+    n_mlm = store.mlm_counts[members]
+
+    def exclusive_cumsum_in_pack(values):
+        total = np.cumsum(values)
+        before_pack = np.repeat(np.concatenate([[0], total])[member_offsets[:-1] - member_offsets[0]], counts)
+        return total - values - before_pack
+
+    offset = exclusive_cumsum_in_pack(lengths)  # (n,) first position of each sequence in its pack
+    mlm_offset = exclusive_cumsum_in_pack(n_mlm)
+    for name, used, limit in (("sequences", counts, k_max),
+                              ("tokens", np.bincount(row, lengths, minlength=n_packs), s),
+                              ("MLM predictions", np.bincount(row, n_mlm, minlength=n_packs), m_max)):
+        over = np.flatnonzero(used > limit)
+        if len(over):
+            raise DataError("pack %d would hold %d %s, more than the %d it has room for (refusing to truncate)"
+                            % (first_pack + over[0], int(used[over[0]]), name, limit))
+    base = row * width  # (n,) start of each member's record in `flat`
+    flat[base + at["cls_positions"] + slot] = offset
+    flat[base + at["nsp_labels"] + slot] = store.nsp_labels[members]
+
+    # Fill token and MLM slots shard by shard (members sorted by shard, so each reads one file's pages).
+    order = np.argsort(store.shard_of[members], kind="stable")
+    shard_sorted = store.shard_of[members][order]
+    bounds = np.searchsorted(shard_sorted, np.arange(len(store.directories) + 1))
+    for j in range(len(store.directories)):
+        sel = order[bounds[j]:bounds[j + 1]]
+        if len(sel) == 0:
+            continue
+        arrays = store.arrays(j)
+        seq = members[sel]
+        seq_len = lengths[sel]
+        within = _ranges(np.zeros(len(sel), dtype=np.int64), seq_len)  # (t,) position in its sequence
+        token_at = np.repeat(base[sel] + offset[sel], seq_len) + within  # (t,) flat index of input_ids
+        flat[token_at + at["input_ids"]] = arrays["tokens"][_ranges(store.token_start[seq], seq_len)]
+        flat[token_at + at["token_type_ids"]] = within >= np.repeat(store.a_lengths[seq], seq_len)
+        flat[token_at + at["position_ids"]] = within
+        flat[token_at + at["sequence_ids"]] = np.repeat(slot[sel] + 1, seq_len)
+        q = n_mlm[sel]
+        slot_at = np.repeat(base[sel], q) + _ranges(mlm_offset[sel], q)  # (q,) flat index of the MLM slot
+        source = _ranges(store.mlm_start[seq], q)
+        flat[slot_at + at["mlm_positions"]] = arrays["mlm_positions"][source] + np.repeat(offset[sel], q)
+        flat[slot_at + at["mlm_labels"]] = arrays["mlm_labels"][source]
+    return buffer.view(dtype).reshape(n_packs)
+
+
+@dataclass
+class ShardTask:
+    """One output shard: which sequences go into which of its packs, and where it is written."""
+
+    path: str
+    members: np.ndarray  # (n,) int64 global sequence indices, pack by pack
+    offsets: np.ndarray  # (P + 1,) int64 into members
+    first_pack: int  # number of its first pack in the dataset (for error messages)
+
+
+def shard_tasks(members: np.ndarray, member_offsets: np.ndarray, pack_order: np.ndarray, layout: PackLayout,
+                directory: str, shard_bytes: int) -> List[ShardTask]:
+    """Split the packs, in `pack_order`, into shards of about `shard_bytes` each."""
+    per_shard = max(1, shard_bytes // layout.record_bytes)
+    tasks = []
+    for index, p0 in enumerate(range(0, len(pack_order), per_shard)):
+        chosen = pack_order[p0:p0 + per_shard]
+        starts, ends = member_offsets[chosen], member_offsets[chosen + 1]
+        tasks.append(ShardTask(os.path.join(directory, "shard-%05d.npy" % index),
+                               members[_ranges(starts, ends - starts)],
+                               np.concatenate([[0], np.cumsum(ends - starts)]), p0))
+    return tasks
+
+
+def write_shard(store: InstanceStore, task: ShardTask, layout: PackLayout) -> dict:
+    """Build and write one shard; returns its manifest entry {file, num_packs, sha256}."""
+    packs = build_packs(store, task.members, task.offsets, layout, first_pack=task.first_pack)
+    # The .npy header, then the records straight from memory; both are hashed as they are written so
+    # the shard is never read back to checksum it.
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(packs))
+    digest = hashlib.sha256()
+    with open(task.path, "wb") as f:
+        for block in (memoryview(header.getvalue()), memoryview(packs.view(np.uint8))):
+            digest.update(block)
+            f.write(block)
+    return {"file": os.path.basename(task.path), "num_packs": int(len(packs)), "sha256": digest.hexdigest()}

@@ -1,0 +1,255 @@
+"""Tokenizers: a vocab.txt, a Hugging Face tokenizer directory, or a WordPiece vocabulary trained on
+the embedded corpus.
+
+All of them end up as a fast (Rust) `tokenizers.Tokenizer` that encodes whole batches of sentences
+at once, plus the vocabulary as a list of tokens (id = index) that is copied into every prepared
+dataset as vocab.txt, so the application can rebuild the tokenizer from the data directory alone.
+
+Lower-casing follows the tokenizer: a Hugging Face directory says so in tokenizer.json (its
+normalizer) or tokenizer_config.json (`do_lower_case`); a bare vocab.txt is treated as uncased when
+none of its ordinary tokens holds an upper-case letter (bert-base-uncased) and as cased otherwise
+(bert-base-cased). `--lower-case yes|no` overrides the guess for a bare vocab.txt.
+
+The default vocabulary is trained with `tokenizers`' WordPiece trainer on the default corpus,
+lower-cased, 8192 tokens: small enough for a tiny demonstration model, big enough that most words are
+one or two pieces. Training is deterministic for a given corpus (checked by a test), so the same seed
+gives the same bytes even though the vocabulary is rebuilt on every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .errors import DataError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+DEFAULT_VOCAB_SIZE = 8192
+LOWER_CASE_CHOICES = ("auto", "yes", "no")
+_BRACKETED = re.compile(r"^\[[^\]]*\]$")
+
+
+@dataclass
+class TokenizerSpec:
+    """Picklable description of a tokenizer, rebuilt in each worker process."""
+
+    vocab: List[str]
+    """Tokens by id."""
+    do_lower_case: bool
+    tokenizer_json: Optional[str] = None
+    """Serialized Hugging Face tokenizer (tokenizer.json text) when one was given; else WordPiece over vocab."""
+    source: str = "default"
+    """Where the vocabulary came from (a path, or "default")."""
+
+    def __post_init__(self) -> None:
+        index = {}
+        for i, token in enumerate(self.vocab):
+            if token in index:
+                raise DataError("%s: token %r appears twice (lines %d and %d)"
+                                % (self.source, token, index[token] + 1, i + 1))
+            index[token] = i
+        missing = [t for t in SPECIAL_TOKENS if t not in index]
+        if missing:
+            raise DataError("%s: vocabulary lacks the special token %s" % (self.source, missing[0]))
+        if len(self.vocab) < len(SPECIAL_TOKENS) + 2:
+            raise DataError("%s: vocabulary has only %d tokens" % (self.source, len(self.vocab)))
+
+    @property
+    def special_token_ids(self) -> Dict[str, int]:
+        index = {t: i for i, t in enumerate(self.vocab)}
+        return {t: index[t] for t in SPECIAL_TOKENS}
+
+    def vocab_text(self) -> str:
+        return "".join(t + "\n" for t in self.vocab)
+
+    def continuation_mask(self) -> np.ndarray:
+        """(V,) bool: token is a word continuation ("##..."), for whole-word masking."""
+        return np.array([t.startswith("##") for t in self.vocab], dtype=bool)
+
+    def replacement_ids(self) -> np.ndarray:
+        """Ids that the 10% random replacement may draw: every token except bracketed specials
+        ([PAD], [CLS], [unused12], ...). The reference draws from the whole vocabulary; drawing [PAD]
+        or [CLS] into the middle of a sentence teaches nothing, so they are left out."""
+        return np.array([i for i, t in enumerate(self.vocab) if not _BRACKETED.match(t)], dtype=np.int32)
+
+    def encoder(self) -> "BatchEncoder":
+        """Batch encoder for this tokenizer (call in the process that uses it)."""
+        return BatchEncoder(self)
+
+    def build(self):
+        """The fast tokenizer (call in the process that uses it)."""
+        from tokenizers import Tokenizer
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        if self.tokenizer_json is not None:
+            return Tokenizer.from_str(self.tokenizer_json)
+        vocab = {t: i for i, t in enumerate(self.vocab)}
+        return BertWordPieceTokenizer(vocab, lowercase=self.do_lower_case)._tokenizer
+
+
+class BatchEncoder:
+    """Sentences -> token ids, in large batches through the Rust tokenizer.
+
+    For a WordPiece tokenizer built from a vocabulary (BertNormalizer: clean text, split CJK
+    characters, strip accents, optionally lower-case), normalizing printable ASCII text is exactly
+    `str.lower()` (or nothing, when cased): there is nothing to clean, split or strip. Such sentences
+    (98% of the default corpus) are lower-cased in Python and encoded by a copy of the tokenizer
+    without its normalizer, which skips the normalizer's per-character alignment bookkeeping and
+    nearly halves tokenization time; every other sentence goes through the full tokenizer. A Hugging
+    Face tokenizer.json always goes through the full tokenizer (its normalizer may be anything).
+    """
+
+    def __init__(self, spec: TokenizerSpec) -> None:
+        from tokenizers import Tokenizer
+
+        self.full = spec.build()
+        self.plain = None
+        self.lower = spec.do_lower_case
+        if spec.tokenizer_json is None:
+            self.plain = Tokenizer.from_str(self.full.to_str())
+            self.plain.normalizer = None
+
+    def __call__(self, sentences: List[str]) -> List[List[int]]:
+        if not sentences:
+            return []
+        if self.plain is None:
+            return [e.ids for e in self.full.encode_batch_fast(sentences, add_special_tokens=False)]
+        simple = [s.isascii() and s.isprintable() for s in sentences]
+        ids: List[List[int]] = [None] * len(sentences)  # type: ignore[list-item]
+        easy = [i for i, ok in enumerate(simple) if ok]
+        hard = [i for i, ok in enumerate(simple) if not ok]
+        if easy:
+            texts = [sentences[i].lower() if self.lower else sentences[i] for i in easy]
+            for i, e in zip(easy, self.plain.encode_batch_fast(texts, add_special_tokens=False)):
+                ids[i] = e.ids
+        if hard:
+            for i, e in zip(hard, self.full.encode_batch_fast([sentences[i] for i in hard], add_special_tokens=False)):
+                ids[i] = e.ids
+        return ids
+
+
+def _read_vocab_file(path: str) -> List[str]:
+    tokens = []
+    try:
+        f = open(path, "rb")
+    except OSError as error:
+        raise DataError("%s: cannot read vocabulary (%s)" % (path, error.strerror))
+    with f:
+        for number, raw in enumerate(f, 1):
+            try:
+                token = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                raise DataError("%s:%d: not UTF-8 (byte 0x%02x)" % (path, number, raw[error.start]))
+            if not token.strip():
+                raise DataError("%s:%d: empty token" % (path, number))
+            tokens.append(token)
+    if not tokens:
+        raise DataError("%s: empty vocabulary" % path)
+    return tokens
+
+
+def _guess_lower_case(vocab: List[str]) -> bool:
+    return not any(ch.isupper() for t in vocab if not _BRACKETED.match(t) for ch in t)
+
+
+def _json_lowercase(node) -> Optional[bool]:
+    """Look for a Lowercase / BertNormalizer(lowercase=...) in a tokenizer.json normalizer."""
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if kind == "Lowercase":
+            return True
+        if kind == "BertNormalizer":
+            return bool(node.get("lowercase", False))
+        for value in node.values():
+            found = _json_lowercase(value)
+            if found:
+                return True
+    if isinstance(node, list):
+        return any(_json_lowercase(v) for v in node)
+    return None
+
+
+def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
+    """A vocab.txt file or a Hugging Face tokenizer directory -> TokenizerSpec."""
+    if lower_case not in LOWER_CASE_CHOICES:
+        raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
+    forced = None if lower_case == "auto" else lower_case == "yes"
+    if os.path.isfile(path):
+        vocab = _read_vocab_file(path)
+        return TokenizerSpec(vocab, _guess_lower_case(vocab) if forced is None else forced, source=path)
+    if not os.path.isdir(path):
+        raise DataError("%s: no such vocabulary file or tokenizer directory" % path)
+    config = {}
+    config_path = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(config_path):
+        try:
+            with open(config_path, "rb") as f:
+                config = json.loads(f.read().decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise DataError("%s: not valid JSON (%s)" % (config_path, str(error).splitlines()[0]))
+    json_path = os.path.join(path, "tokenizer.json")
+    vocab_path = os.path.join(path, "vocab.txt")
+    if os.path.isfile(json_path):
+        try:
+            with open(json_path, "rb") as f:
+                text = f.read().decode("utf-8")
+            data = json.loads(text)
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_str(text)
+        except Exception as error:  # tokenizers raises its own exception types for a broken file
+            raise DataError("%s: not a readable tokenizer (%s)" % (json_path, str(error).splitlines()[0]))
+        if os.path.isfile(vocab_path):
+            vocab = _read_vocab_file(vocab_path)
+        else:
+            by_id = tokenizer.get_vocab(with_added_tokens=True)
+            vocab = [None] * len(by_id)
+            for token, i in by_id.items():
+                if i >= len(vocab):
+                    raise DataError("%s: token ids are not contiguous" % json_path)
+                vocab[i] = token
+        lower = _json_lowercase(data.get("normalizer"))
+        if lower is None:
+            lower = bool(config.get("do_lower_case", False))
+        return TokenizerSpec(vocab, lower, tokenizer_json=text, source=path)
+    if os.path.isfile(vocab_path):
+        vocab = _read_vocab_file(vocab_path)
+        lower = config.get("do_lower_case")
+        if forced is not None:
+            lower = forced
+        if lower is None:
+            lower = _guess_lower_case(vocab)
+        return TokenizerSpec(vocab, bool(lower), source=path)
+    raise DataError("%s: directory holds neither tokenizer.json nor vocab.txt" % path)
+
+
+def train_default_vocab(sentences: Sequence[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> TokenizerSpec:
+    """Train a lower-cased WordPiece vocabulary, deterministically for a given corpus.
+
+    `tokenizers`' WordPiece trainer (BPE underneath) is not deterministic on its own
+    (huggingface/tokenizers#1794): it gives the "##x" continuation tokens ids in hash-map order, and
+    those ids break ties between merges of equal count. Registering every "##x" of the corpus'
+    (normalized) alphabet up front, in sorted order, fixes their ids, which makes the result the same
+    on every run; a test checks it.
+    """
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    tokenizer = BertWordPieceTokenizer(lowercase=True)
+    normalizer = tokenizer._tokenizer.normalizer
+    raw = set()
+    for sentence in sentences:
+        raw.update(sentence)
+    alphabet = set(normalizer.normalize_str("\n".join(sorted(raw))))
+    continuations = ["##" + ch for ch in sorted(ch for ch in alphabet if not ch.isspace())]
+    tokenizer.train_from_iterator(iter(sentences), vocab_size=vocab_size, min_frequency=2, limit_alphabet=1000,
+                                  special_tokens=list(SPECIAL_TOKENS) + continuations, show_progress=False)
+    by_id = tokenizer.get_vocab()
+    vocab = [""] * len(by_id)
+    for token, i in by_id.items():
+        vocab[i] = token
+    return TokenizerSpec(vocab, True, source="default (WordPiece trained on the default corpus, %d tokens)" % len(vocab))

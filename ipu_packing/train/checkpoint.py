@@ -1,0 +1,227 @@
+"""Checkpoints: atomic writes, full training state, phase-1 initialisation.
+
+A step checkpoint is one file, run_dir/checkpoints/step_NNNNNNN.pt, written to a temporary file
+in the same directory and renamed into place (os.replace is atomic on POSIX), so a kill leaves
+either the old set of checkpoints or the new one, never a torn file. It holds:
+
+    model, optimizer, scheduler      state dicts
+    step                             optimizer steps done
+    data                             {"epoch", "step_in_epoch"}: where the next batch comes from
+    rng                              python, numpy and torch generator states (dropout, order)
+    config                           the parsed config as a dict (for the record)
+    dataset                          manifest facts the run was started with (S, K, vocab)
+    metrics                          the last step's metrics
+
+Resuming restores all of it, which makes a resumed run bitwise identical to an uninterrupted
+one on CPU (tests/test_train_resume.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from .errors import UserError
+
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def checkpoint_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, "checkpoints")
+
+
+def list_checkpoints(run_dir: str) -> List[str]:
+    """Step checkpoints in run_dir, oldest first."""
+    directory = checkpoint_dir(run_dir)
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in os.listdir(directory):
+        match = _STEP_FILE.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(directory, name)))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str) -> Optional[str]:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def rng_state() -> Dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_checkpoint(run_dir: str, state: Dict[str, Any], keep: int) -> str:
+    """Write state as step_<step>.pt atomically, then delete all but the newest `keep`."""
+    path = os.path.join(checkpoint_dir(run_dir), "step_%07d.pt" % int(state["step"]))
+    atomic_torch_save(state, path)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        os.unlink(old)
+    return path
+
+
+def load_checkpoint(path: str) -> Dict[str, Any]:
+    if not os.path.isfile(path):
+        raise UserError("checkpoint not found: %s" % (path,))
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # a truncated or foreign file
+        raise UserError("checkpoint %s is unreadable (%s)" % (path, type(exc).__name__))
+    if not isinstance(state, dict) or "model" not in state or "step" not in state:
+        raise UserError("checkpoint %s is not a training checkpoint of this app" % (path,))
+    return state
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_hf_dir(path: str) -> bool:
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        return False
+    return any(
+        os.path.isfile(os.path.join(path, name))
+        for name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+    )
+
+
+def load_phase1_weights(model: torch.nn.Module, source: str, model_cls) -> Optional[str]:
+    """Copy phase-1 weights from `source` into `model`. Returns the vocab.txt beside them, if any.
+
+    `source` is a Hugging Face BERT directory (ours from export, or transformers'), one of our
+    step checkpoints, or one of our run directories (its latest checkpoint)."""
+    if os.path.isdir(source) and is_hf_dir(source):
+        try:
+            loaded = model_cls.from_pretrained(source)
+        except Exception as exc:
+            raise UserError("cannot load phase-1 weights from %s (%s: %s)" % (source, type(exc).__name__, _one_line(exc)))
+        _check_same_architecture(model, loaded, source)
+        model.load_state_dict(loaded.state_dict())
+        vocab = os.path.join(source, "vocab.txt")
+        return vocab if os.path.isfile(vocab) else None
+    path = source
+    if os.path.isdir(source):
+        path = latest_checkpoint(source)
+        if path is None:
+            raise UserError("checkpoint.init_from %s holds neither a Hugging Face BERT (config.json + weights) nor checkpoints" % (source,))
+    state = load_checkpoint(path)
+    _check_state_shapes(model, state["model"], path)
+    model.load_state_dict(state["model"])
+    return None
+
+
+def _check_same_architecture(model: torch.nn.Module, loaded: torch.nn.Module, source: str) -> None:
+    _check_state_shapes(model, loaded.state_dict(), source)
+
+
+def _check_state_shapes(model: torch.nn.Module, state: Dict[str, torch.Tensor], source: str) -> None:
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    if missing:
+        raise UserError("weights in %s do not match the model: missing %s" % (source, missing[0]))
+    for key, value in own.items():
+        if tuple(state[key].shape) != tuple(value.shape):
+            raise UserError(
+                "weights in %s do not match the model config: %s has shape %s, the model wants %s"
+                % (source, key, tuple(state[key].shape), tuple(value.shape))
+            )
+
+
+def export_hf(model, directory: str, vocab_path: Optional[str] = None) -> str:
+    """Save the model as a Hugging Face BertForPreTraining directory, atomically (temp dir + rename)."""
+    parent = os.path.dirname(os.path.abspath(directory))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(directory) + ".", dir=parent)
+    try:
+        model.save_pretrained(tmp)
+        if vocab_path and os.path.isfile(vocab_path):
+            shutil.copyfile(vocab_path, os.path.join(tmp, "vocab.txt"))
+        old = None
+        if os.path.exists(directory):
+            old = directory + ".old"
+            if os.path.exists(old):
+                shutil.rmtree(old)
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        if old:
+            shutil.rmtree(old)
+    except BaseException:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        raise
+    return directory
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def read_jsonl(path: str) -> List[Dict[str, Any]]:
+    if not os.path.isfile(path):
+        return []
+    out = []
+    with open(path, "r", encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
+
+
+def truncate_jsonl(path: str, last_step: int) -> None:
+    """Drop records of steps after `last_step` (work a resumed run redoes)."""
+    if not os.path.isfile(path):
+        return
+    rows = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))

@@ -1,0 +1,93 @@
+"""Command line of run_pretraining.py: parse, then call into ipu_packing.train.
+
+    python run_pretraining.py [--config NAME|PATH] [--dry-run] [section.key=value ...]
+
+Exit status: 0 done; 1 the run failed while training (non-finite loss); 2 bad input (config,
+dataset, checkpoint), reported on one line before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from .config import DEFAULT_CONFIG, available_configs, load_config
+from .errors import TrainingError, UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        sys.stderr.write("error: %s (see --help)\n" % (message,))
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="run_pretraining.py",
+        description="BERT phase-2 pretraining on packed sequences (configs/*.yaml; overrides as section.key=value).",
+    )
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config name in configs/ or a YAML path (default: %(default)s)")
+    parser.add_argument("--dry-run", action="store_true", help="print placement, memory and batch sizes; train nothing")
+    parser.add_argument("--list-configs", action="store_true", help="print the shipped config names")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="e.g. training.steps=20")
+    return parser
+
+
+def dry_run(config) -> str:
+    """The execution package's report, preceded by the batch accounting (no dataset opened)."""
+    accounting = config.batch_accounting(config.nominal_packing_factor)
+    lines = [
+        "config %s: model %d layers, hidden %d; S=%d, layout %s"
+        % (
+            config.name,
+            int(config.model.get("num_hidden_layers", 12)),
+            int(config.model.get("hidden_size", 768)),
+            config.data.max_seq_length,
+            config.data.layout,
+        ),
+        "global batch %d sequences unpacked = micro %d x accumulation %d x replicas %d"
+        % (
+            config.training.global_batch_sequences,
+            config.execution_spec.micro_batch_size,
+            config.unpacked_accumulation,
+            config.execution_spec.replication_factor,
+        ),
+        accounting.describe() + " (estimated factor; training uses the dataset's measured one)",
+    ]
+    from ipu_packing.execution import dry_run as dry_run_module
+
+    report = dry_run_module.dry_run_report(
+        config.bert_config(),
+        accounting.execution,
+        sequences_per_pack=accounting.packing_factor,
+        optimizer=config.optimizer.name,
+    )
+    return "\n".join(lines) + "\n" + report.rstrip("\n")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_configs:
+        print("\n".join(available_configs()))
+        return 0
+    try:
+        config = load_config(args.config, args.overrides)
+        if args.dry_run:
+            print(dry_run(config))
+            return 0
+        from .loop import run
+
+        run(config, log=lambda message: print(message, flush=True))
+        return 0
+    except UserError as exc:
+        sys.stderr.write("error: %s\n" % (" ".join(str(exc).split()),))
+        return exc.exit_code
+    except TrainingError as exc:
+        sys.stderr.write("error: %s\n" % (" ".join(str(exc).split()),))
+        return exc.exit_code
+    except ValueError as exc:  # e.g. the execution package rejecting a config value
+        if "execution." in str(exc) or "layers_per_ipu" in str(exc):
+            sys.stderr.write("error: %s\n" % (" ".join(str(exc).split()),))
+            return 2
+        raise

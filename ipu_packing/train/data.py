@@ -1,0 +1,169 @@
+"""The training side of the data: open a prepared dataset, check it against the config, order it.
+
+Every check here runs before the run writes anything, and a failure is a one-line `UserError`
+naming the dataset and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from .checkpoint import file_sha256
+from .errors import UserError
+
+PREPARE_HINT = "python -m ipu_packing.data prepare --input default --output DIR --max-seq-length S --max-sequences-per-pack K"
+
+
+def manifest_value(manifest: Any, key: str, default: Any = None) -> Any:
+    """Read a manifest field whether the manifest is a dict or an object."""
+    if isinstance(manifest, dict):
+        return manifest.get(key, default)
+    return getattr(manifest, key, default)
+
+
+@dataclass
+class TrainingData:
+    dataset: Any
+    """torch Dataset of packs (dicts of the 8 pack fields)."""
+    path: str
+    max_seq_length: int
+    max_sequences_per_pack: int
+    num_packs: int
+    num_sequences: int
+    num_tokens: int
+    vocab_size: int
+    vocab_path: Optional[str]
+    vocab_sha256: Optional[str]
+
+    @property
+    def packing_factor(self) -> float:
+        """Measured sequences per pack over the whole dataset."""
+        return self.num_sequences / float(self.num_packs)
+
+    def describe(self) -> str:
+        return "dataset %s: %d packs, %d sequences, %d real tokens, S=%d, K=%d, packing factor %.4f, padding %.2f%%" % (
+            self.path,
+            self.num_packs,
+            self.num_sequences,
+            self.num_tokens,
+            self.max_seq_length,
+            self.max_sequences_per_pack,
+            self.packing_factor,
+            100.0 * (1.0 - self.num_tokens / float(self.num_packs * self.max_seq_length)),
+        )
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        """The pack order of `epoch`: a permutation that depends only on (seed, epoch)."""
+        rng = np.random.default_rng([int(seed), int(epoch)])
+        return rng.permutation(len(self.dataset))
+
+    def fingerprint(self) -> dict:
+        return {
+            "path": os.path.abspath(self.path),
+            "max_seq_length": self.max_seq_length,
+            "max_sequences_per_pack": self.max_sequences_per_pack,
+            "num_packs": self.num_packs,
+            "vocab_size": self.vocab_size,
+            "vocab_sha256": self.vocab_sha256,
+        }
+
+
+def read_training_data(path: str) -> TrainingData:
+    """Read DIR/manifest.json (cheap; no shard is touched). `open_shards` then opens the data."""
+    manifest_path = os.path.join(path, "manifest.json")
+    if not os.path.isdir(path) or not os.path.isfile(manifest_path):
+        raise UserError("dataset not found: %s has no manifest.json (prepare it with: %s)" % (path, PREPARE_HINT))
+    try:
+        with open(manifest_path, "r", encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError("dataset is corrupt: %s is not valid JSON (%s)" % (manifest_path, " ".join(str(exc).split())))
+    if not isinstance(manifest, dict):
+        raise UserError("dataset is corrupt: %s is not a JSON object" % (manifest_path,))
+    fields = {}
+    for key in ("max_seq_length", "max_sequences_per_pack", "num_packs", "num_sequences", "num_tokens", "vocab_size"):
+        value = manifest.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UserError("dataset is corrupt: %s field %s is missing or not an integer" % (manifest_path, key))
+        fields[key] = value
+    if fields["num_packs"] < 1 or fields["num_sequences"] < fields["num_packs"]:
+        raise UserError("dataset is corrupt: %s says num_packs=%d, num_sequences=%d" % (manifest_path, fields["num_packs"], fields["num_sequences"]))
+    vocab_path = os.path.join(path, "vocab.txt")
+    vocab_path = vocab_path if os.path.isfile(vocab_path) else None
+    return TrainingData(
+        dataset=None,
+        path=path,
+        vocab_path=vocab_path,
+        vocab_sha256=file_sha256(vocab_path) if vocab_path else None,
+        **fields
+    )
+
+
+def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
+    """Open the dataset through ipu_packing.data.open_dataset, which validates shards and checksums."""
+    if open_dataset is None:
+        try:
+            from ipu_packing.data import open_dataset
+        except ImportError:
+            raise UserError("cannot read %s: ipu_packing.data.open_dataset is not available" % (data.path,))
+    try:
+        dataset = open_dataset(data.path, shuffle=False)  # the loop orders packs itself (seeded per epoch)
+    except UserError:
+        raise
+    except Exception as exc:  # DataError, and anything a corrupt file raises while loading
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if data.path not in message:
+            message = "%s: %s" % (data.path, message)
+        raise UserError("dataset is corrupt: %s" % (message,))
+    if len(dataset) != data.num_packs:
+        raise UserError(
+            "dataset is corrupt: %s has %d packs, its manifest says num_packs=%d" % (data.path, len(dataset), data.num_packs)
+        )
+    data.dataset = dataset
+    return data
+
+
+def check_data_matches(config, data: TrainingData) -> None:
+    """The dataset must have been built for this model: same S, K, vocabulary size."""
+    if data.max_seq_length != config.data.max_seq_length:
+        raise UserError(
+            "dataset %s was built with max_seq_length %d, but the config's data.max_seq_length is %d"
+            % (data.path, data.max_seq_length, config.data.max_seq_length)
+        )
+    if data.max_seq_length > int(config.model.get("max_position_embeddings", 512)):
+        raise UserError(
+            "dataset %s has max_seq_length %d, more than model.max_position_embeddings %d"
+            % (data.path, data.max_seq_length, int(config.model.get("max_position_embeddings", 512)))
+        )
+    if data.max_sequences_per_pack != config.data.expected_sequences_per_pack:
+        raise UserError(
+            "dataset %s has max_sequences_per_pack %d, but data.layout=%s expects %d"
+            % (data.path, data.max_sequences_per_pack, config.data.layout, config.data.expected_sequences_per_pack)
+        )
+    model_vocab = int(config.model.get("vocab_size", 30522))
+    if data.vocab_size != model_vocab:
+        raise UserError(
+            "dataset %s was built with a vocabulary of %d tokens, but model.vocab_size is %d (another vocabulary)"
+            % (data.path, data.vocab_size, model_vocab)
+        )
+
+
+def check_vocab_file(data: TrainingData, vocab_path: Optional[str], source: str) -> None:
+    """When the model comes with a vocab.txt (phase-1 dir), it must be the dataset's."""
+    if vocab_path is None or data.vocab_sha256 is None:
+        return
+    if file_sha256(vocab_path) != data.vocab_sha256:
+        raise UserError(
+            "dataset %s was built with another vocabulary than the model: %s differs from %s"
+            % (data.path, vocab_path, data.vocab_path)
+        )
+
+
+def batch_rows(batch: Any) -> int:
+    return int(torch.as_tensor(batch["input_ids"]).shape[0])

@@ -1,0 +1,371 @@
+"""The pretraining run: validate everything, then train, checkpoint, log and export.
+
+`plan_run(config)` does every check that can fail on user input (config, dataset, phase-1
+weights, resume checkpoint) and writes nothing. `execute(plan)` then trains. A run is
+deterministic given the config: weights are seeded, each epoch's pack order depends only on
+(training.seed, epoch), and checkpoints carry the RNG states and the data position.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from .config import BatchAccounting, PretrainingConfig
+from .data import TrainingData, batch_rows, check_data_matches, check_vocab_file, open_shards, read_training_data
+from .errors import TrainingError, UserError
+from .metrics import MetricsLogger, StepRecord
+from .optim import build_optimizer, build_scheduler
+
+
+@dataclass
+class RunPlan:
+    config: PretrainingConfig
+    data: TrainingData
+    accounting: BatchAccounting
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    resume_state: Optional[Dict[str, Any]]
+    resume_path: Optional[str]
+    steps_per_epoch: int
+
+    @property
+    def run_dir(self) -> str:
+        return self.config.run_dir
+
+    @property
+    def start_step(self) -> int:
+        return int(self.resume_state["step"]) if self.resume_state else 0
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def _model_class():
+    from ipu_packing.model import PackedBertForPreTraining
+
+    return PackedBertForPreTraining
+
+
+def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None) -> RunPlan:
+    """Check inputs and build model, optimizer and schedule. Writes nothing."""
+    data = read_training_data(config.data.path)
+    check_data_matches(config, data)
+    accounting = config.batch_accounting(data.packing_factor)
+    per_step = accounting.global_batch_packs
+    calls = _steps_per_call(accounting.execution)
+    steps_per_epoch = (data.num_packs // per_step) // calls * calls
+    if steps_per_epoch < 1:
+        raise UserError(
+            "dataset %s has %d packs, fewer than one step's %d (micro batch %d x accumulation %d x replicas %d)"
+            % (
+                data.path,
+                data.num_packs,
+                per_step,
+                accounting.execution.micro_batch_size,
+                accounting.gradient_accumulation,
+                accounting.execution.replication_factor,
+            )
+        )
+
+    resume_path = _resolve_resume(config)
+    resume_state = ckpt.load_checkpoint(resume_path) if resume_path else None
+    if resume_state is not None:
+        _check_resume_matches(config, data, resume_state, resume_path)
+
+    init_from = config.checkpoint.init_from
+    if init_from and resume_state is None:
+        if not os.path.exists(init_from):
+            raise UserError("checkpoint.init_from %s does not exist" % (init_from,))
+        if ckpt.is_hf_dir(init_from) and os.path.isfile(os.path.join(init_from, "vocab.txt")):
+            check_vocab_file(data, os.path.join(init_from, "vocab.txt"), init_from)
+    open_shards(data, open_dataset)
+    if config.training.num_threads:
+        torch.set_num_threads(config.training.num_threads)
+    _seed_everything(config.training.seed)
+    model_cls = _model_class()
+    model = model_cls(config.bert_config())
+    if resume_state is None and config.checkpoint.init_from:
+        vocab = ckpt.load_phase1_weights(model, config.checkpoint.init_from, model_cls)
+        check_vocab_file(data, vocab, config.checkpoint.init_from)
+    optimizer = build_optimizer(model, config.optimizer, accounting.betas)
+    scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)
+    if resume_state is not None:
+        try:
+            model.load_state_dict(resume_state["model"])
+            optimizer.load_state_dict(resume_state["optimizer"])
+            scheduler.load_state_dict(resume_state["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise UserError("checkpoint %s does not fit this config (%s)" % (resume_path, " ".join(str(exc).split())[:200]))
+    return RunPlan(config, data, accounting, model, optimizer, scheduler, resume_state, resume_path, steps_per_epoch)
+
+
+def _steps_per_call(execution) -> int:
+    """Optimizer steps one runner.train_step runs (device iterations on poptorch, else 1)."""
+    return int(getattr(execution, "optimizer_steps_per_call", 1))
+
+
+def _resolve_resume(config: PretrainingConfig) -> Optional[str]:
+    mode = config.checkpoint.resume
+    latest = ckpt.latest_checkpoint(config.run_dir)
+    if mode == "auto":
+        return latest
+    if mode == "never":
+        if latest is not None:
+            raise UserError(
+                "run directory %s already has checkpoints (%s); use checkpoint.resume=auto or another "
+                "checkpoint.output_dir" % (config.run_dir, os.path.basename(latest))
+            )
+        return None
+    if os.path.isdir(mode):
+        found = ckpt.latest_checkpoint(mode)
+        if found is None:
+            raise UserError("checkpoint.resume: %s holds no checkpoints" % (mode,))
+        return found
+    if not os.path.isfile(mode):
+        raise UserError("checkpoint.resume: %s is neither auto, never, nor an existing checkpoint" % (mode,))
+    return mode
+
+
+def _check_resume_matches(config: PretrainingConfig, data: TrainingData, state: Dict[str, Any], path: str) -> None:
+    old = state.get("dataset") or {}
+    for key in ("max_seq_length", "max_sequences_per_pack", "vocab_size", "vocab_sha256"):
+        if key in old and old[key] != data.fingerprint()[key]:
+            raise UserError(
+                "checkpoint %s was trained on a dataset with %s=%r, this dataset has %r"
+                % (path, key, old[key], data.fingerprint()[key])
+            )
+    if int(state["step"]) > config.training.steps:
+        raise UserError("checkpoint %s is at step %d, beyond training.steps=%d" % (path, state["step"], config.training.steps))
+
+
+def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Optional[Callable] = None) -> Dict[str, Any]:
+    """Train to config.training.steps. Returns a summary dict (also written to run_dir/summary.json)."""
+    config, data, accounting = plan.config, plan.data, plan.accounting
+    if make_runner is None:
+        from ipu_packing.execution import make_runner
+    run_dir = plan.run_dir
+    total = config.training.steps
+    step = plan.start_step
+    epoch, position = 0, 0
+    if plan.resume_state is not None:
+        epoch = int(plan.resume_state["data"]["epoch"])
+        position = int(plan.resume_state["data"]["step_in_epoch"])
+
+    runner = make_runner(plan.model, plan.optimizer, accounting.execution, scheduler=plan.scheduler)
+    rank = int(getattr(runner, "rank", 0))
+    if plan.resume_state is not None:
+        per_rank = plan.resume_state.get("rng_per_rank") or [plan.resume_state["rng"]]
+        ckpt.set_rng_state(per_rank[rank] if rank < len(per_rank) else plan.resume_state["rng"])
+    # Under torchrun every process runs this loop; only the first writes files and logs.
+    main = rank == 0
+    if not main:
+        log = lambda message: None  # noqa: E731
+    jsonl = os.path.join(run_dir, "metrics.jsonl")
+    if main:
+        os.makedirs(run_dir, exist_ok=True)
+        ckpt.atomic_write_text(os.path.join(run_dir, "config.json"), json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+        if plan.resume_state is not None:
+            ckpt.truncate_jsonl(jsonl, step)
+        elif os.path.exists(jsonl):
+            os.unlink(jsonl)  # a fresh run in a directory without checkpoints
+    if plan.resume_state is not None:
+        log("resuming from %s at step %d (epoch %d, batch %d of %d)" % (plan.resume_path, step, epoch, position, plan.steps_per_epoch))
+    log(data.describe())
+    log(accounting.describe())
+    log("training %s: %d steps, %d steps per epoch, run directory %s" % (config.name, total, plan.steps_per_epoch, run_dir))
+
+    logger = MetricsLogger(run_dir, total, step, config.logging if main else _silent(config.logging), log=log)
+    last_saved = plan.resume_path
+    per_step = accounting.global_batch_packs
+    calls = _steps_per_call(accounting.execution)
+    history = []
+    try:
+        while step < total:
+            order = data.epoch_order(config.training.seed, epoch)
+            subset = torch.utils.data.Subset(data.dataset, order[position * per_step : plan.steps_per_epoch * per_step].tolist())
+            loader = runner.dataloader(subset, num_workers=config.data.num_workers)
+            # Creating a DataLoader iterator draws a base seed from torch's global RNG; keep the
+            # RNG stream independent of where a run was resumed.
+            rng = torch.get_rng_state()
+            batches = iter(loader)
+            torch.set_rng_state(rng)
+            for batch in batches:
+                start = time.perf_counter()
+                metrics = runner.train_step(batch)
+                seconds = time.perf_counter() - start
+                lr = float(plan.optimizer.param_groups[0]["lr"])
+                step += calls
+                position += calls
+                if not math.isfinite(float(metrics.loss)):
+                    raise TrainingError(
+                        "loss is %s at step %d: stopped; the last good checkpoint is %s"
+                        % (float(metrics.loss), step, last_saved or "none (no checkpoint was written yet)")
+                    )
+                rows = batch_rows(batch)
+                record = StepRecord(
+                    step=step,
+                    loss=float(metrics.loss),
+                    mlm_loss=float(metrics.mlm_loss),
+                    nsp_loss=float(metrics.nsp_loss),
+                    mlm_accuracy=float(metrics.mlm_accuracy),
+                    nsp_accuracy=float(metrics.nsp_accuracy),
+                    lr=lr,
+                    sequences=int(metrics.sequences),
+                    tokens=int(metrics.tokens),
+                    packs=rows,
+                    packing_factor=int(metrics.sequences) / float(max(1, rows)),
+                    seconds=seconds,
+                    sequences_per_second=int(metrics.sequences) / max(seconds, 1e-9),
+                    tokens_per_second=int(metrics.tokens) / max(seconds, 1e-9),
+                    epoch=epoch,
+                )
+                logger.log(record)
+                history.append(record)
+                if position >= plan.steps_per_epoch:
+                    epoch, position = epoch + 1, 0
+                every = config.checkpoint.every_steps
+                if step >= total or (every and step // every > (step - calls) // every):
+                    getattr(runner, "sync_model", lambda: None)()  # pipelined: gather every stage's weights
+                    optimizer_state = _gathered_optimizer_state(plan, runner)
+                    rng_states = _gathered(runner, ckpt.rng_state())
+                    if main:
+                        last_saved = _save(plan, runner, step, epoch, position, record, optimizer_state, rng_states)
+                if step >= total:
+                    break
+            if step < total and position != 0:  # the loader stopped early: its batches are not global_batch_packs
+                raise TrainingError(
+                    "the data loader gave fewer batches than %d per epoch; batch size mismatch" % (plan.steps_per_epoch,)
+                )
+    finally:
+        logger.close()
+
+    summary = _summary(plan, history, last_saved)
+    if not main:
+        return summary
+    if config.checkpoint.export:
+        export_dir = os.path.join(run_dir, "final")
+        ckpt.export_hf(runner.model, export_dir, data.vocab_path)
+        summary["export"] = export_dir
+        log("exported the final model (Hugging Face BertForPreTraining) to %s" % (export_dir,))
+    ckpt.atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    log(_summary_line(summary))
+    return summary
+
+
+def _silent(logging_config):
+    import dataclasses
+
+    return dataclasses.replace(logging_config, progress_bar=False, tensorboard=False, jsonl=False)
+
+
+def _gathered(runner, obj) -> list:
+    """[obj of rank 0, obj of rank 1, ...] (a collective under torchrun; [obj] in one process)."""
+    world = int(getattr(runner, "world", 1))
+    if world <= 1:
+        return [obj]
+    import torch.distributed as dist
+
+    parts = [None] * world
+    dist.all_gather_object(parts, obj)
+    return parts
+
+
+def _gathered_optimizer_state(plan: RunPlan, runner) -> Dict[str, Any]:
+    """The optimizer state of every parameter. A pipelined torch run keeps each stage's moments on
+    the process of that stage, so they are gathered (a collective: every process calls this)."""
+    state = plan.optimizer.state_dict()
+    execution = plan.accounting.execution
+    world = int(getattr(runner, "world", 1))
+    if execution.backend == "torch" and execution.num_stages > 1 and world > 1:
+        merged = {}
+        for part in _gathered(runner, state["state"]):
+            merged.update(part)
+        state["state"] = merged
+    return state
+
+
+def _save(plan: RunPlan, runner, step: int, epoch: int, position: int, record: StepRecord, optimizer_state, rng_states) -> str:
+    model = runner.model
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer_state,
+        "scheduler": plan.scheduler.state_dict(),
+        "data": {"epoch": epoch, "step_in_epoch": position},
+        "rng": rng_states[0],
+        "rng_per_rank": rng_states,  # each process's dropout stream (pipeline stages differ)
+        "config": plan.config.to_dict(),
+        "dataset": plan.data.fingerprint(),
+        "metrics": record.to_dict(),
+    }
+    return ckpt.save_checkpoint(plan.run_dir, state, plan.config.checkpoint.keep)
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+def _summary(plan: RunPlan, history, last_saved: Optional[str]) -> Dict[str, Any]:
+    n = max(1, min(10, len(history) // 4 or 1))
+    first, last = history[:n], history[-n:]
+    seconds = sum(r.seconds for r in history)
+    return {
+        "config": plan.config.name,
+        "steps": plan.config.training.steps,
+        "steps_this_run": len(history),
+        "checkpoint": last_saved,
+        "packing_factor": plan.data.packing_factor,
+        "batch_accounting": plan.accounting.method,
+        "gradient_accumulation": plan.accounting.gradient_accumulation,
+        "betas": list(plan.accounting.betas),
+        "first_steps": {"loss": _mean(r.loss for r in first), "mlm_accuracy": _mean(r.mlm_accuracy for r in first)},
+        "last_steps": {
+            "loss": _mean(r.loss for r in last),
+            "mlm_accuracy": _mean(r.mlm_accuracy for r in last),
+            "nsp_accuracy": _mean(r.nsp_accuracy for r in last),
+        },
+        "train_seconds": seconds,
+        "sequences_per_second": sum(r.sequences for r in history) / max(seconds, 1e-9),
+        "tokens_per_second": sum(r.tokens for r in history) / max(seconds, 1e-9),
+    }
+
+
+def _summary_line(s: Dict[str, Any]) -> str:
+    if not s["steps_this_run"]:
+        return "nothing to do: already at step %d" % (s["steps"],)
+    return (
+        "done: %d steps in %.1f s; loss %.3f -> %.3f; MLM accuracy %.3f -> %.3f; NSP accuracy %.3f; "
+        "%.1f sequences/s, %.0f real tokens/s; packing factor %.3f"
+        % (
+            s["steps_this_run"],
+            s["train_seconds"],
+            s["first_steps"]["loss"],
+            s["last_steps"]["loss"],
+            s["first_steps"]["mlm_accuracy"],
+            s["last_steps"]["mlm_accuracy"],
+            s["last_steps"]["nsp_accuracy"],
+            s["sequences_per_second"],
+            s["tokens_per_second"],
+            s["packing_factor"],
+        )
+    )
+
+
+def run(config: PretrainingConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Validate (no writes), then train."""
+    return execute(plan_run(config), log=log)

@@ -1,0 +1,95 @@
+"""The packed-vs-padded bench: same sequences in both layouts, the plan's mix in the timed sample,
+the JSON keys and the plot. Speed itself is reported by the command, never asserted."""
+
+import contextlib
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from ipu_packing import bench
+
+
+def synthetic_histogram(S=64):
+    hist = np.zeros(S)
+    hist[5:20] = 30  # short sequences
+    hist[S - 1] = 200  # many full-length ones
+    hist[30:40] = 20
+    return hist
+
+
+def test_select_packs_keeps_the_plan_mix():
+    plan = bench.plan_histogram(synthetic_histogram(), 64, 3, "lpfhp")
+    chosen = bench.select_packs(plan, 50, seed=3)
+    assert len(chosen) == 50
+    sample_ratio = sum(len(p) for p in chosen) / 50.0
+    assert abs(sample_ratio - plan.num_sequences / float(plan.num_packs)) < 0.05
+    assert all(sum(p) <= 64 and len(p) <= 3 for p in chosen)
+    everything = bench.select_packs(plan, 0, seed=3)
+    assert len(everything) == plan.num_packs
+    assert sorted(n for p in everything for n in p) == sorted(np.repeat(np.arange(1, 65), synthetic_histogram().astype(int)))
+
+
+def test_padded_and_packed_layouts_hold_the_same_sequences():
+    lengths = np.array([64, 30, 20, 10, 5, 3, 1, 40, 24])
+    groups = [[0], [1, 2, 3], [4, 5, 6], [7, 8]]
+    sequences = bench.make_sequences(lengths, 100, seed=0)
+    padded = bench.build_layout("padded", sequences, [[i] for i in range(len(lengths))], 64, 1, 10)
+    packed = bench.build_layout("packed", sequences, groups, 64, 3, 12)
+    assert padded.sequences == packed.sequences == len(lengths)
+    assert padded.tokens == packed.tokens == lengths.sum()
+    a, b = packed.arrays, padded.arrays
+    for p, group in enumerate(groups):
+        for k, i in enumerate(group):
+            where = np.flatnonzero(a["sequence_ids"][p] == k + 1)
+            n = lengths[i]
+            assert len(where) == n and (b["sequence_ids"][i] != 0).sum() == n
+            for field in ("input_ids", "token_type_ids", "position_ids"):
+                assert np.array_equal(a[field][p, where], b[field][i, :n]), field
+            assert a["cls_positions"][p, k] == where[0]
+            assert a["nsp_labels"][p, k] == b["nsp_labels"][i, 0]
+            # masked slots of this sequence, shifted by its offset
+            own = np.isin(a["mlm_positions"][p], where) & (a["mlm_labels"][p] != -100)
+            theirs = b["mlm_labels"][i] != -100
+            assert np.array_equal(a["mlm_positions"][p][own] - where[0], b["mlm_positions"][i][theirs])
+            assert np.array_equal(a["mlm_labels"][p][own], b["mlm_labels"][i][theirs])
+
+
+def run_main(args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = bench.main(args)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_json_output_and_plot(tmp_path):
+    import torch
+
+    hist_file = tmp_path / "hist.json"
+    hist_file.write_text(json.dumps({"name": "synthetic", "histogram": synthetic_histogram().tolist()}))
+    plot = tmp_path / "bench.png"
+    threads = torch.get_num_threads()
+    try:
+        code, out, err = run_main(["--histogram", str(hist_file), "--max-seq-length", "64", "--timed-packs", "8",
+                                   "--micro-batch-size", "4", "--repeats", "1", "--threads", "1", "--json", "--plot", str(plot)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, err
+    result = json.loads(out)
+    for key in ("padded_sequences_per_second", "packed_sequences_per_second", "speedup", "theoretical_speedup", "overhead"):
+        assert isinstance(result[key], float), key
+    assert result["num_packs"] == 8
+    assert result["theoretical_speedup"] == result["padded_rows"] / 8.0
+    assert result["speedup"] == pytest.approx(result["packed_sequences_per_second"] / result["padded_sequences_per_second"])
+    assert result["overhead"] == pytest.approx(result["theoretical_speedup"] / result["speedup"] - 1.0)
+    assert open(str(plot), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path):
+    code, out, err = run_main(["--histogram", str(tmp_path / "missing.json"), "--plot", ""])
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "missing.json" in err
+    code, out, err = run_main(["--data", str(tmp_path), "--plot", ""])
+    assert code == 2 and "no prepared dataset" in err

@@ -1,0 +1,140 @@
+"""Every shipped config parses; unknown keys, wrong types and bad splits are errors naming the key;
+batch accounting follows the paper's two options."""
+
+import os
+
+import pytest
+
+from ipu_packing.train import ConfigError, available_configs, load_config
+
+EXPECTED = {
+    "demo", "demo_padded", "demo_512", "demo_512_padded",
+    "bert_base_512_pod16", "bert_base_512_pod16_padded", "bert_base_512_pod64", "bert_base_512_pod64_padded",
+    "bert_large_512_pod16", "bert_large_512_pod16_padded", "bert_large_512_pod64", "bert_large_512_pod64_padded",
+}
+
+
+def test_shipped_configs_are_the_expected_set():
+    assert EXPECTED <= set(available_configs())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_shipped_config_loads(name):
+    config = load_config(name)
+    assert config.name == name
+    layers = config.model.get("num_hidden_layers", 12)
+    if config.execution.layers_per_ipu:
+        assert sum(config.execution.layers_per_ipu) == layers
+    # the step's sequences (nominal packing factor) match the stated global batch
+    accounting = config.batch_accounting(config.nominal_packing_factor)
+    assert accounting.unpacked_accumulation * config.execution.micro_batch_size * config.execution.replication_factor == (
+        config.training.global_batch_sequences
+    )
+    config.bert_config()  # a valid transformers.BertConfig
+
+
+@pytest.mark.parametrize("size,pod,layers,split,micro,replicas,accumulation,amp,loss_scale,bias_correction", [
+    ("large", "pod16", 24, [3, 7, 7, 7], 2, 4, 2048, [0.10, 0.15, 0.15, 0.15], 8192.0, True),
+    ("large", "pod64", 24, [3, 7, 7, 7], 2, 16, 512, [0.13, 0.19, 0.19, 0.19], 16384.0, True),
+    ("base", "pod16", 12, [0, 4, 4, 4], 8, 4, 512, [0.25], 128.0, False),
+    ("base", "pod64", 12, [0, 4, 4, 4], 8, 16, 128, [0.25], 128.0, False),
+])
+def test_ipu_configs_follow_the_published_ones(size, pod, layers, split, micro, replicas, accumulation, amp, loss_scale, bias_correction):
+    packed = load_config("bert_%s_512_%s" % (size, pod))
+    padded = load_config("bert_%s_512_%s_padded" % (size, pod))
+    for config in (packed, padded):
+        ex = config.execution
+        assert config.model["num_hidden_layers"] == layers
+        assert (ex.backend, ex.layers_per_ipu, ex.micro_batch_size, ex.replication_factor) == ("poptorch", split, micro, replicas)
+        assert ex.available_memory_proportion == amp and ex.loss_scaling == loss_scale and ex.precision == "fp16"
+        assert config.training.global_batch_sequences == 16384 and config.training.steps == 2137
+        assert config.optimizer.name == "lamb" and config.optimizer.lr == 0.002828
+        assert config.optimizer.bias_correction is bias_correction
+        assert config.schedule.warmup_fraction == 0.128 and config.schedule.decay == "linear"
+        assert config.data.max_seq_length == 512
+    assert padded.data.layout == "padded" and padded.execution.gradient_accumulation == accumulation
+    # packed: the published packing factor 2.0 at S=512 halves the accumulation (option 1)
+    assert packed.data.layout == "packed" and packed.execution.gradient_accumulation == accumulation // 2
+
+
+def test_batch_accounting_option_1_divides_accumulation():
+    config = load_config("bert_large_512_pod16")
+    acc = config.batch_accounting(1.7)
+    assert acc.method == "accumulation"
+    assert acc.unpacked_accumulation == 2048
+    assert acc.gradient_accumulation == 1205  # ceil(2048 / 1.7)
+    assert acc.execution.gradient_accumulation == 1205
+    assert acc.betas == (0.9, 0.999)
+    assert config.execution_spec.gradient_accumulation == 1  # the parsed section is never rewritten
+
+
+def test_batch_accounting_option_2_raises_betas():
+    config = load_config("bert_large_512_pod16", ["training.batch_accounting=betas"])
+    acc = config.batch_accounting(2.0)
+    assert acc.gradient_accumulation == 2048
+    assert acc.betas == pytest.approx((0.81, 0.999 ** 2))
+    assert "betas" in acc.describe()
+
+
+def test_overrides_are_dotted_and_typed():
+    config = load_config("demo", ["training.steps=7", "optimizer.betas=[0.8, 0.9]", "data.layout=padded"])
+    assert config.training.steps == 7
+    assert config.optimizer.betas == [0.8, 0.9]
+    assert config.data.path.endswith(os.path.join("demo_128", "padded"))
+
+
+@pytest.mark.parametrize("override,message", [
+    ("training.stepz=3", "training.stepz"),
+    ("training.steps=abc", "training.steps"),
+    ("optimizer.lr=[1]", "optimizer.lr"),
+    ("model.hidden_sise=64", "model.hidden_sise"),
+    ("model.hidden_size=1.5", "model.hidden_size"),
+    ("execution.micro_batchsize=2", "execution.micro_batchsize"),
+    ("execution.micro_batch_size=two", "execution.micro_batch_size"),
+    ("execution.gradient_accumulation=4", "execution.gradient_accumulation"),
+    ("execution.layers_per_ipu=[1, 2]", "execution.layers_per_ipu"),
+    ("nosection.key=1", "nosection"),
+    ("training.global_batch_sequences=10", "training.global_batch_sequences"),
+    ("data.layout=sideways", "data.layout"),
+    ("schedule.decay=cosine", "schedule.decay"),
+    ("logging.tensorboard=maybe", "logging.tensorboard"),
+])
+def test_config_errors_name_the_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("demo", [override])
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_pipeline_split_must_sum_to_layers():
+    with pytest.raises(ConfigError) as info:
+        load_config("bert_large_512_pod16", ["execution.layers_per_ipu=[3, 7, 7, 6]"])
+    assert str(info.value) == "execution.layers_per_ipu [3, 7, 7, 6] sums to 23, but model.num_hidden_layers is 24"
+
+
+def test_unknown_section_and_missing_config(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {}\ntrainer: {steps: 3}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(bad))
+    assert "trainer" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_config("no_such_config")
+    assert "no_such_config" in str(info.value)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(broken))
+    assert "not valid YAML" in str(info.value)
+
+
+def test_model_section_fields_are_bert_config_arguments():
+    import inspect
+
+    import transformers
+
+    from ipu_packing.train.config import BERT_CONFIG_FIELDS
+
+    params = inspect.signature(transformers.BertConfig.__init__).parameters
+    expected = {name: p.default for name, p in params.items() if name not in ("self", "kwargs")}
+    assert dict(BERT_CONFIG_FIELDS) == expected
