@@ -9,6 +9,7 @@ only the ``ipu``-marked tests (tests/test_execution_ipu.py) and real hardware ca
 from __future__ import annotations
 
 import enum
+from dataclasses import asdict
 import glob
 import os
 import sys
@@ -17,7 +18,7 @@ import types
 import pytest
 import torch
 from ipu_packing.execution import ExecutionConfig, make_runner
-from ipu_packing.execution.cli import read_sections
+from ipu_packing.train import load_config
 from ipu_packing.execution.poptorch_backend import SDK_MESSAGE, BackendUnavailable
 from ipu_packing.execution.synthetic import PackDataset
 
@@ -182,14 +183,13 @@ INLINE = {
 
 
 def shipped_ipu_configs():
-    """configs/*.yaml with an execution: section for the poptorch backend: (layers, execution kwargs)."""
+    """configs/*.yaml for the poptorch backend, loaded by the application's own loader, so each case is the
+    ExecutionConfig as run (gradient accumulation derived from the global batch and the packing factor)."""
     found = {}
     for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))):
-        doc = read_sections(path)
-        execution = doc.get("execution") or {}
-        if execution.get("backend") == "poptorch":
-            layers = (doc.get("model") or {}).get("num_hidden_layers", 12)
-            found[os.path.basename(path)] = (layers, execution)
+        config = load_config(path)
+        if config.execution.backend == "poptorch":
+            found[os.path.basename(path)] = (config.bert_config().num_hidden_layers, asdict(config.execution))
     return found
 
 
