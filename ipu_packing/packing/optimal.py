@@ -10,22 +10,25 @@ is then the integer program
 whose columns A[:, j] range over all feasible patterns (far too many to list).
 
 1. Column generation solves the LP relaxation. A restricted master over a pool of patterns
-   is solved with HiGHS (scipy.optimize.linprog); its duals y price new patterns by the
-   bounded knapsack ``max y.a`` over feasible a, solved exactly by dynamic programming over
-   (items used, capacity): O(K S n), or O(S n) when K cannot bind. Every item whose dual
-   is matched by a shorter item is dropped from pricing first (it can be swapped for the
-   shorter one), which keeps n small. Patterns with reduced cost < 0 join the pool, the
-   best one per leading item, until none is left.
+   (singletons plus the SPFHP/LPFHP strategies) is solved with HiGHS, warm-started after
+   each batch of new columns (scipy's bundled HiGHS object; scipy.optimize.linprog as the
+   fallback). Its duals y price new patterns by the knapsack ``max y.a`` over feasible a,
+   solved exactly by dynamic programming over (items used, capacity): O(K S n), or O(S n)
+   when K cannot bind. Items whose dual is matched by a shorter item are dropped from
+   pricing first (swapping in the shorter one never hurts), which keeps n small. Each round
+   adds the best completion of the best leading pairs and of every leading item. Pricing
+   uses Wentges dual smoothing from the token-proportional duals l_i / S (see optimal()).
 2. Certificate. For any dual y >= 0 and v = max_a y.a, y / max(v, 1) is dual-feasible for
    the full LP, so ``b.y / max(v, 1)`` (Farley's bound) is a valid lower bound on the
    number of packs of *any* packing, even when column generation is stopped early; its
    ceiling is a valid integer bound. We also keep the trivial bounds tokens / S and
    sequences / K and report the largest.
-3. Rounding and repair. x is rounded down (a packing of most sequences, at most one pack per
-   pattern below the LP), and the residual demand (at most a few sequences per basic column)
-   is packed by a small integer program over the pattern pool (scipy.optimize.milp, with a
-   time limit) or, if that is worse or fails, by the greedy heuristics. Over-covered slots
-   are removed afterwards by plan.py (never adding packs).
+3. Rounding and repair. x is rounded down (at most one pack per basic pattern below the LP);
+   optionally the fractional patterns with the largest fractional parts are rounded up while
+   they still cover residual demand; whatever demand is left (a few sequences per basic
+   pattern) goes to the greedy heuristics. The cheaper of the two variants wins. Over-covered
+   slots are removed afterwards by plan.py (never adding packs). Everything is deterministic:
+   the only time limit guards column generation on huge inputs.
 4. plan.py finally keeps the best of this result and the other algorithms' results, so
    `optimal` is never worse than them.
 """
@@ -47,6 +50,15 @@ PAIR_LEADS_MAX = 1500  # frontier size above which only single leading items are
 SMOOTHING = 0.9  # Wentges smoothing weight of the dual centre
 # Appending columns keeps the basis primal feasible: primal simplex from it, no presolve.
 MASTER_OPTIONS = (("presolve", "off"), ("simplex_strategy", 4), ("threads", 1))
+
+
+Column = Tuple[np.ndarray, np.ndarray, bytes]  # (rows int32 ascending, counts float64, key)
+
+
+def make_column(rows) -> Column:
+    """A pattern from the row index of each item it holds (repeats allowed)."""
+    rows, counts = np.unique(np.asarray(rows, dtype=np.int32), return_counts=True)
+    return rows, counts.astype(np.float64), rows.tobytes() + counts.astype(np.int32).tobytes()
 
 
 class Pricing:
@@ -92,26 +104,16 @@ class Pricing:
         if len(ones) > NEW_COLUMNS_PER_ROUND:
             ones = ones[np.argpartition(-single[ones], NEW_COLUMNS_PER_ROUND)[:NEW_COLUMNS_PER_ROUND]]
         leads += [(int(i), -1) for i in ones]
-        patterns = []  # type: List[np.ndarray]
+        patterns = []  # type: List[Column]
         found = []  # type: List[float]
         seen = set()
         for i, j in leads:
-            pattern = np.zeros(len(lengths), dtype=np.int64)
-            pattern[keep[i]] += 1
-            room = size - int(item_len[i])
-            if j >= 0:
-                pattern[keep[j]] += 1
-                room -= int(item_len[j])
-                items = pair_rest(room)
-            else:
-                items = rest(room)
-            for k in items:
-                pattern[keep[k]] += 1
-            key = pattern.tobytes()
-            if key not in seen:
-                seen.add(key)
-                patterns.append(pattern)
-                found.append(float(pattern @ duals))
+            items = [i] + ([j] + pair_rest(size - int(item_len[i]) - int(item_len[j])) if j >= 0 else rest(size - int(item_len[i])))
+            column = make_column(keep[items])
+            if column[2] not in seen:
+                seen.add(column[2])
+                patterns.append(column)
+                found.append(float(duals[column[0]] @ column[1]))
         return top, patterns, found
 
     def _layers(self, item_len: np.ndarray, item_val: np.ndarray):
@@ -189,7 +191,9 @@ class _Master:
 
     def __init__(self, demand: np.ndarray) -> None:
         self.demand = demand.astype(np.float64)  # (n,)
-        self.blocks = []  # type: List[np.ndarray]  # (n, c) column blocks, in order
+        self.columns = []  # type: List[Column]
+        self.keys = set()
+        self._matrix = None
         self.highs = None
         try:  # private but version-pinned; every failure falls back to linprog
             from scipy.optimize._highspy import _core
@@ -209,25 +213,34 @@ class _Master:
         except Exception:  # pragma: no cover - depends on the scipy build
             self.highs = None
 
-    def add(self, columns: np.ndarray) -> None:
-        """columns: (n, c) int64 patterns."""
-        self.blocks.append(columns)
+    def add(self, columns: List[Column]) -> int:
+        """Appends the columns not yet in the pool; returns how many were new."""
+        fresh = [c for c in columns if c[2] not in self.keys]
+        if not fresh:
+            return 0
+        for column in fresh:
+            self.keys.add(column[2])
+            self.columns.append(column)
+        self._matrix = None
         if self.highs is not None:
-            rows, cols = np.nonzero(columns.T)  # column-major entries
-            starts = np.searchsorted(rows, np.arange(columns.shape[1])).astype(np.int32)
-            values = columns.T[rows, cols].astype(np.float64)
-            c = columns.shape[1]
-            self.highs.addCols(
-                c, np.ones(c), np.zeros(c), np.full(c, self.inf), len(values),
-                starts, cols.astype(np.int32), values,
-            )
+            sizes = np.array([len(c[0]) for c in fresh])
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+            rows = np.concatenate([c[0] for c in fresh]).astype(np.int32)
+            values = np.concatenate([c[1] for c in fresh])
+            k = len(fresh)
+            self.highs.addCols(k, np.ones(k), np.zeros(k), np.full(k, self.inf), len(values), starts, rows, values)
+        return len(fresh)
 
     @property
-    def pool(self) -> np.ndarray:
-        """(n, m) all columns so far."""
-        if len(self.blocks) > 1:
-            self.blocks = [np.concatenate(self.blocks, axis=1)]
-        return self.blocks[0]
+    def matrix(self):
+        """(n, m) sparse CSC matrix of all columns so far."""
+        if self._matrix is None:
+            sizes = np.array([len(c[0]) for c in self.columns])
+            indptr = np.concatenate([[0], np.cumsum(sizes)])
+            rows = np.concatenate([c[0] for c in self.columns])
+            values = np.concatenate([c[1] for c in self.columns])
+            self._matrix = csc_matrix((values, rows, indptr), shape=(len(self.demand), len(self.columns)))
+        return self._matrix
 
     def solve(self):
         """Returns (x (m,), objective, duals (n,) >= 0)."""
@@ -239,10 +252,10 @@ class _Master:
                 duals = np.maximum(np.asarray(sol.row_dual, dtype=np.float64), 0.0)
                 return x, float(x.sum()), duals
             self.highs = None  # pragma: no cover - fall back to a cold solve
-        m = self.pool.shape[1]
+        m = len(self.columns)
         res = optimize.linprog(
             np.ones(m),
-            A_ub=-csc_matrix(self.pool.astype(np.float64)),
+            A_ub=-self.matrix,
             b_ub=-self.demand,
             bounds=(0, None),
             method="highs",
@@ -253,53 +266,49 @@ class _Master:
         return np.asarray(res.x, dtype=np.float64), float(res.fun), duals
 
 
-def _to_vectors(strategies, index: dict, n: int) -> List[np.ndarray]:
-    out = []
-    for strategy in strategies:
-        vec = np.zeros(n, dtype=np.int64)
-        for length in strategy:
-            vec[index[length]] += 1
-        out.append(vec)
-    return out
+def _to_columns(strategies, index: np.ndarray) -> List[Column]:
+    """index: (S + 1,) row of each length."""
+    return [make_column(index[np.asarray(strategy, dtype=np.int64)]) for strategy in strategies]
 
 
-def _residual_packing(
-    pool: np.ndarray, residual: np.ndarray, lengths: np.ndarray, size: int, limit: int, seconds: float
-):
-    """Pack the (small) residual demand; returns (strategies, repeats)."""
+def _greedy(residual: np.ndarray, lengths: np.ndarray, size: int, limit: int):
+    """Best of the greedy heuristics on a residual demand; returns (strategies, repeats)."""
     hist = np.zeros(size, dtype=np.int64)
     hist[lengths - 1] = residual
-    best = None  # type: Optional[Tuple[list, list]]
-    for heuristic in (lpfhp, spfhp):
-        strategies, repeats = heuristic(hist, size, limit)
-        if best is None or sum(repeats) < sum(best[1]):
-            best = (strategies, repeats)
-    if seconds > 0.05 and residual.sum() > 0:
-        rows = np.flatnonzero(residual > 0)
-        sub = pool[rows]  # (r, m)
-        cols = np.flatnonzero(sub.sum(axis=0) > 0)
-        sub = sub[:, cols]
-        try:
-            res = optimize.milp(
-                np.ones(len(cols)),
-                constraints=optimize.LinearConstraint(csc_matrix(sub.astype(np.float64)), lb=residual[rows]),
-                integrality=np.ones(len(cols)),
-                bounds=optimize.Bounds(0, float(residual.max())),
-                options={"time_limit": seconds, "disp": False},
-            )
-        except (ValueError, RuntimeError):  # pragma: no cover - solver trouble falls back to greedy
-            res = None
-        if res is not None and res.x is not None:
-            z = np.round(res.x).astype(np.int64)
-            if (sub @ z >= residual[rows]).all() and z.sum() < sum(best[1]):
-                strategies = []
-                repeats = []
-                for j in np.flatnonzero(z):
-                    col = pool[:, cols[j]]
-                    strategies.append([int(lengths[i]) for i in np.flatnonzero(col) for _ in range(int(col[i]))])
-                    repeats.append(int(z[j]))
-                best = (strategies, repeats)
+    best = ([], [])  # type: Tuple[list, list]
+    if residual.sum() > 0:
+        best = min((heuristic(hist, size, limit) for heuristic in (lpfhp, spfhp)), key=lambda sr: sum(sr[1]))
     return best
+
+
+def _round(x: np.ndarray, master: "_Master", lengths: np.ndarray, size: int, limit: int):
+    """Integer packing from the LP solution x (m,): returns (whole (m,), strategies, repeats).
+
+    Two deterministic candidates, the one with fewer packs wins:
+    - floor: x rounded down; the residual demand goes to the greedy heuristics.
+    - round-up: additionally, fractional columns in decreasing order of their fractional part
+      get one more pack while they still cover some residual demand; the rest goes to the
+      greedy heuristics. (Over-covered slots are removed later, never adding packs.)
+    """
+    demand = master.demand.astype(np.int64)
+    whole = np.floor(x + 1e-6).astype(np.int64)  # (m,)
+    covered = np.rint(master.matrix @ whole.astype(np.float64)).astype(np.int64)  # (n,)
+    residual = np.maximum(demand - covered, 0)  # (n,)
+    floor_strategies, floor_repeats = _greedy(residual, lengths, size, limit)
+    up = whole.copy()
+    left = residual.copy()
+    frac = x - whole
+    for j in np.argsort(-frac, kind="stable"):
+        if frac[j] <= 1e-9 or not left.any():
+            break
+        rows, counts, _ = master.columns[j]
+        if (left[rows] > 0).any():
+            up[j] += 1
+            left[rows] = np.maximum(left[rows] - counts.astype(np.int64), 0)
+    up_strategies, up_repeats = _greedy(left, lengths, size, limit)
+    if int(up.sum()) + sum(up_repeats) < int(whole.sum()) + sum(floor_repeats):
+        return up, up_strategies, up_repeats
+    return whole, floor_strategies, floor_repeats
 
 
 def optimal(
@@ -312,7 +321,7 @@ def optimal(
     """Returns (strategies, repeats, lower_bound_packs).
 
     upper_bound: packs of a packing already known (column generation stops once its
-    integer bound proves that packing optimal).
+    integer bound proves that packing optimal; strategies are then None).
     """
     start = time.perf_counter()
     size, limit = max_sequence_length, max_sequences_per_pack
@@ -323,16 +332,16 @@ def optimal(
     tokens = float((demand * lengths).sum())
     trivial = max(tokens / size, float(demand.sum()) / limit)
     bound = trivial
-    if upper_bound is not None and upper_bound <= np.ceil(trivial * (1 - 1e-12)):
+    if upper_bound is not None and upper_bound <= np.ceil(trivial * (1 - 1e-12) - 1e-9):
         return None, None, trivial  # the known packing is already provably optimal
 
-    index = {int(l): i for i, l in enumerate(lengths)}
-    columns = list(np.eye(n, dtype=np.int64))  # singletons keep the LP feasible
+    index = np.zeros(size + 1, dtype=np.int64)  # (S + 1,) row of each present length
+    index[lengths] = np.arange(n)
+    master = _Master(demand)
+    master.add([make_column([i]) for i in range(n)])  # singletons keep the LP feasible
     for heuristic in (spfhp, lpfhp):
         strategies, _ = heuristic(hist, size, limit)
-        columns.extend(_to_vectors(strategies, index, n))
-    master = _Master(demand)
-    master.add(np.unique(np.stack(columns, axis=1), axis=1))
+        master.add(_to_columns(strategies, index))
     pricing = Pricing(lengths.astype(np.int64), size, limit)
 
     # Column generation with Wentges dual smoothing. Patterns are priced at a point between
@@ -352,7 +361,7 @@ def optimal(
             point_bound = float(point @ demand) / max(top, 1.0)
             if point_bound > centre_bound:
                 centre, centre_bound = point, point_bound
-            improving = [p for p in patterns if float(p @ duals) > 1.0 + REDUCED_COST_TOL]
+            improving = [c for c in patterns if float(duals[c[0]] @ c[1]) > 1.0 + REDUCED_COST_TOL]
             if improving or alpha == 0.0:
                 break
             alpha = alpha - 0.3 if alpha > 0.3 else 0.0
@@ -364,20 +373,15 @@ def optimal(
             break  # the known packing is optimal
         if time.perf_counter() - start > time_limit:
             break
-        master.add(np.stack(improving, axis=1))
-    pool = master.pool
+        if not master.add(improving):
+            break  # numerically stuck: nothing new to add
 
-    whole = np.floor(x + 1e-6).astype(np.int64)  # (m,)
-    residual = np.maximum(demand - pool @ whole, 0)  # (n,)
-    left = max(0.5, time_limit - (time.perf_counter() - start))
-    res_strategies, res_repeats = _residual_packing(pool, residual, lengths, size, limit, min(2.0, left))
-    strategies = []  # type: List[List[int]]
-    repeats = []  # type: List[int]
+    whole, strategies, repeats = _round(x, master, lengths, size, limit)
+    strategies = list(strategies)
+    repeats = list(repeats)
     for j in np.flatnonzero(whole):
-        col = pool[:, j]
-        strategies.append([int(lengths[i]) for i in np.flatnonzero(col) for _ in range(int(col[i]))])
+        rows, counts, _ = master.columns[j]
+        strategies.append([int(lengths[r]) for r, c in zip(rows, counts) for _ in range(int(c))])
         repeats.append(int(whole[j]))
-    strategies.extend(res_strategies)
-    repeats.extend(res_repeats)
     # A hair below the computed bound guards against rounding in b.y (relative 1e-12).
     return strategies, repeats, bound * (1 - 1e-12)

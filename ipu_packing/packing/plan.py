@@ -10,7 +10,7 @@ sequences. The algorithms (see their modules):
 - ``nnlshp``: non-negative least squares over exact-fit strategies (nnlshp.py).
 - ``optimal`` (default): cutting-stock LP by column generation, rounded and repaired, with
   an LP lower bound as certificate (optimal.py). It also runs spfhp and lpfhp (and nnlshp
-  when its strategy enumeration is small, ``NNLSHP_IN_OPTIMAL`` strategies or fewer) and
+  when its NNLS is small: S x strategies <= ``NNLSHP_IN_OPTIMAL``) and
   keeps the plan with the fewest packs, so it is never worse than those.
 """
 
@@ -27,7 +27,9 @@ import numpy as np
 from . import heuristics, nnlshp as _nnlshp, optimal as _optimal
 
 ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "optimal")
-NNLSHP_IN_OPTIMAL = 2000  # optimal also runs nnlshp when it has at most this many strategies
+# optimal also runs nnlshp when S x (its number of strategies) is at most this (~2 s of NNLS;
+# the Wikipedia histogram at K >= 3 needs 512 x 22,102 = 11.3M, ~20 s)
+NNLSHP_IN_OPTIMAL = 1500000
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,18 @@ class PackingPlan:
             for length in strategy:
                 out[length - 1] += count
         return out
+
+    def validate(self) -> None:
+        """Raises ValueError unless the plan holds exactly its histogram within its limits."""
+        size = self.max_sequence_length
+        limit = self.max_sequences_per_pack or size
+        if len(self.strategies) != len(self.repeats):
+            raise ValueError("strategies and repeats differ in length")
+        for strategy, count in zip(self.strategies, self.repeats):
+            if count < 1 or not 1 <= len(strategy) <= limit or sum(strategy) > size or min(strategy) < 1:
+                raise ValueError("invalid strategy %r x %d" % (strategy, count))
+        if not np.array_equal(self.placed_histogram(), self.histogram):
+            raise ValueError("the strategies do not hold exactly the histogram's sequences")
 
     def to_dict(self, top_strategies: int = 0) -> dict:
         """JSON-ready summary (the CLI's --json keys)."""
@@ -225,7 +239,7 @@ def _run(algorithm: str, hist: np.ndarray, size: int, limit: int, time_limit: fl
     # optimal: the best of the cheap algorithms, then the LP unless they are already optimal.
     candidates = [heuristics.spfhp(hist, size, limit), heuristics.lpfhp(hist, size, limit)]
     strategies, _ = _nnlshp.exact_fit_strategies(hist, size, limit)
-    if len(strategies) <= NNLSHP_IN_OPTIMAL:
+    if size * len(strategies) <= NNLSHP_IN_OPTIMAL:
         candidates.append(_nnlshp.nnlshp(hist, size, limit))
     best = min((_normalise(s, r, hist) for s, r in candidates), key=lambda p: int(p[1].sum()))
     lp_strategies, lp_repeats, bound = _optimal.optimal(

@@ -1,0 +1,110 @@
+"""Benchmark: every packing algorithm side by side on one histogram (not a test).
+
+    python -m ipu_packing.packing.bench --histogram FILE --max-sequence-length N \\
+        [--max-sequences-per-pack K|max] [--json]
+
+Columns: efficiency (real tokens / pack tokens), packing factor (sequences per pack),
+packs above the LP lower bound that `optimal` proves (no packing can have fewer packs than
+that bound), and wall-clock seconds of planning. Timings depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from .cli import _Parser, _UsageError, parse_length, parse_limit
+from .io import load_histogram
+from .plan import ALGORITHMS, plan_packing
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _Parser(prog="python -m ipu_packing.packing.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--histogram", required=True)
+    parser.add_argument("--max-sequence-length", type=parse_length, default=None)
+    parser.add_argument("--max-sequences-per-pack", type=parse_limit, default=None, help="K >= 1, or 'max' (default)")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated subset")
+    parser.add_argument("--json", action="store_true", help="one JSON object per algorithm, one per line")
+    parser.add_argument("--assign", action="store_true",
+                        help="also time assign_sequences for the optimal plan on synthetic lengths with these counts")
+    try:
+        args = parser.parse_args(argv)
+        counts, file_length = load_histogram(args.histogram)
+        length = args.max_sequence_length if args.max_sequence_length is not None else file_length
+        if length is None:
+            raise ValueError("--max-sequence-length is required (the file does not give one)")
+        names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+        for name in names:
+            if name not in ALGORITHMS:
+                raise ValueError("unknown algorithm %r (choose from %s)" % (name, ", ".join(ALGORITHMS)))
+        # optimal first: its bound is the yardstick for the others
+        order = ["optimal"] + [n for n in names if n != "optimal"]
+        plans = {}
+        for name in order:
+            plans[name] = plan_packing(counts, length, args.max_sequences_per_pack, name)
+    except (_UsageError, ValueError) as exc:
+        sys.stderr.write("error: %s\n" % (str(exc).splitlines()[0] if str(exc) else "bad input"))
+        return 2
+    bound = plans["optimal"].lower_bound_integer
+    assignment = _time_assignment(plans["optimal"]) if args.assign else None
+    k = "max" if args.max_sequences_per_pack is None else str(args.max_sequences_per_pack)
+    if args.json:
+        for name in names:
+            row = plans[name].to_dict()
+            row["packs_above_lp_bound"] = plans[name].num_packs - bound
+            print(json.dumps(row))
+        if assignment is not None:
+            print(json.dumps(assignment))
+        return 0
+    print("histogram %s, max length %d, max sequences per pack %s" % (args.histogram, length, k))
+    print("%s sequences; LP lower bound %s packs (best possible efficiency %.4f%%)" % (
+        "{:,}".format(plans["optimal"].num_sequences), "{:,}".format(bound), 100 * plans["optimal"].efficiency_bound))
+    print()
+    header = "| algorithm | efficiency | packing factor | packs | packs above LP bound | seconds |"
+    print(header)
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in names:
+        plan = plans[name]
+        print("| %s | %.4f%% | %.5f | %s | %s | %.2f |" % (
+            name, 100 * plan.efficiency, plan.packing_factor, "{:,}".format(plan.num_packs),
+            "{:,}".format(plan.num_packs - bound), plan.seconds))
+    if assignment is not None:
+        print()
+        print("assign_sequences (optimal plan): %s sequences into %s packs in %.2f s, peak %.0f MiB traced"
+              " (the (N,) lengths input itself: %.0f MiB)" % (
+                  "{:,}".format(assignment["num_sequences"]), "{:,}".format(assignment["num_packs"]),
+                  assignment["seconds"], assignment["peak_mib"], assignment["input_mib"]))
+    return 0
+
+
+def _time_assignment(plan) -> dict:
+    """Times assign_sequences on shuffled lengths with the plan's histogram; peak memory by tracemalloc."""
+    import time
+    import tracemalloc
+
+    import numpy as np
+
+    from .assign import assign_sequences
+
+    lengths = np.repeat(np.arange(1, plan.max_sequence_length + 1, dtype=np.int64), plan.histogram)  # (N,)
+    np.random.default_rng(0).shuffle(lengths)
+    tracemalloc.start()
+    start = time.perf_counter()
+    packs = assign_sequences(plan, lengths, seed=0)
+    seconds = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {
+        "assign": True,
+        "num_sequences": int(len(lengths)),
+        "num_packs": len(packs),
+        "seconds": seconds,
+        "peak_mib": peak / 2.0**20,
+        "input_mib": lengths.nbytes / 2.0**20,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Command line: plan a packing for a histogram file and print it.
+
+    python -m ipu_packing.packing --histogram FILE --max-sequence-length N \\
+        --max-sequences-per-pack K|max --algorithm NAME [--json]
+
+Bad input gets one line on stderr and exit code 2 (no traceback, nothing on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from .io import load_histogram
+from .plan import ALGORITHMS, PackingPlan, plan_packing
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise _UsageError(message)
+
+
+def parse_limit(text: str) -> Optional[int]:
+    """'max' -> None (unbounded), else an integer >= 1."""
+    if text.strip().lower() == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be an integer >= 1 or 'max', got %r" % text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1 or 'max', got %d" % value)
+    return value
+
+
+def parse_length(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be an integer, got %r" % text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1, got %d" % value)
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m ipu_packing.packing", description="Plan sequence packing for a length histogram.")
+    parser.add_argument("--histogram", required=True, help=".npy, .txt (one count per line) or .json; bin i = length i + 1")
+    parser.add_argument("--max-sequence-length", type=parse_length, default=None,
+                        help="pack size in tokens (default: the JSON file's max_sequence_length)")
+    parser.add_argument("--max-sequences-per-pack", type=parse_limit, default=None, help="K >= 1, or 'max' (default)")
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="optimal")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--top", type=int, default=10, help="strategies to list in the table")
+    return parser
+
+
+def load_and_plan(args) -> PackingPlan:
+    counts, file_length = load_histogram(args.histogram)
+    length = args.max_sequence_length if args.max_sequence_length is not None else file_length
+    if length is None:
+        raise ValueError("--max-sequence-length is required (the file does not give one)")
+    return plan_packing(counts, length, args.max_sequences_per_pack, args.algorithm)
+
+
+def format_table(plan: PackingPlan, top: int) -> str:
+    k = "max" if plan.max_sequences_per_pack is None else str(plan.max_sequences_per_pack)
+    rows = [
+        ("algorithm", plan.algorithm),
+        ("max sequence length", str(plan.max_sequence_length)),
+        ("max sequences per pack", k),
+        ("sequences", "{:,}".format(plan.num_sequences)),
+        ("packs", "{:,}".format(plan.num_packs)),
+        ("efficiency", "{:.4%}".format(plan.efficiency)),
+        ("packing factor", "{:.5f}".format(plan.packing_factor)),
+        ("theoretical speed-up", "{:.5f}".format(plan.theoretical_speedup)),
+    ]
+    if plan.lower_bound_packs is not None:
+        rows += [
+            ("LP lower bound (packs)", "{:,.3f} -> at least {:,}".format(plan.lower_bound_packs, plan.lower_bound_integer)),
+            ("packs above the bound", "{:,}".format(plan.packs_above_bound)),
+            ("best possible efficiency", "{:.4%}".format(plan.efficiency_bound)),
+        ]
+    rows += [("strategies", "{:,}".format(len(plan.strategies))), ("seconds", "{:.3f}".format(plan.seconds))]
+    width = max(len(name) for name, _ in rows)
+    lines = ["%-*s  %s" % (width, name, value) for name, value in rows]
+    lines.append("")
+    lines.append("most frequent strategies (lengths in one pack):")
+    lines.append("%12s  %8s  %s" % ("packs", "tokens", "lengths"))
+    for strategy, count in list(zip(plan.strategies, plan.repeats))[:top]:
+        lines.append("%12s  %8d  %s" % ("{:,}".format(int(count)), sum(strategy), " + ".join(map(str, strategy))))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        plan = load_and_plan(args)
+    except (_UsageError, ValueError) as exc:
+        sys.stderr.write("error: %s\n" % str(exc).splitlines()[0] if str(exc) else "error: bad input\n")
+        return 2
+    if args.json:
+        print(json.dumps(plan.to_dict()))
+    else:
+        print(format_table(plan, args.top))
+    return 0

@@ -1,0 +1,140 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ipu_packing.packing import plan_packing
+from ipu_packing.packing.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+HIST = np.array([0, 5, 0, 7, 3, 0, 2, 9, 1, 0, 4, 6], dtype=np.int64)  # bins 1..12
+KEYS = {
+    "algorithm", "max_sequence_length", "max_sequences_per_pack", "num_sequences", "num_packs",
+    "efficiency", "packing_factor", "theoretical_speedup", "lower_bound_packs", "seconds",
+}
+
+
+def run(*args, module="ipu_packing.packing"):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", module] + [str(a) for a in args],
+        cwd=str(REPO), env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.fixture
+def files(tmp_path):
+    np.save(tmp_path / "h.npy", HIST)
+    (tmp_path / "h.txt").write_text("# counts\n" + "\n".join(map(str, HIST)) + "\n")
+    (tmp_path / "list.json").write_text(json.dumps(HIST.tolist()))
+    (tmp_path / "obj.json").write_text(json.dumps({"histogram": HIST.tolist(), "max_sequence_length": 16}))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "name, algorithm, limit",
+    [("h.npy", "optimal", "3"), ("h.txt", "lpfhp", "max"), ("list.json", "optimal", "max"), ("obj.json", "nnlshp", "2")],
+)
+def test_json_output_matches_the_library(files, name, algorithm, limit):
+    proc = run("--histogram", files / name, "--max-sequence-length", 16,
+               "--max-sequences-per-pack", limit, "--algorithm", algorithm, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert KEYS <= set(out)
+    expected = plan_packing(HIST, 16, None if limit == "max" else int(limit), algorithm)
+    assert out["algorithm"] == algorithm
+    assert out["max_sequence_length"] == 16
+    assert out["max_sequences_per_pack"] == (None if limit == "max" else int(limit))
+    assert out["num_sequences"] == int(HIST.sum()) == expected.num_sequences
+    assert out["num_packs"] == expected.num_packs
+    assert abs(out["efficiency"] - expected.efficiency) < 1e-12
+    assert abs(out["packing_factor"] - expected.packing_factor) < 1e-12
+    assert abs(out["theoretical_speedup"] - expected.theoretical_speedup) < 1e-12
+    if algorithm == "optimal":
+        assert out["lower_bound_packs"] <= out["num_packs"]
+        assert out["lower_bound_packs"] == pytest.approx(expected.lower_bound_packs)
+    else:
+        assert out["lower_bound_packs"] is None
+
+
+def test_json_file_supplies_the_max_length(files):
+    proc = run("--histogram", files / "obj.json", "--algorithm", "spfhp", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["max_sequence_length"] == 16
+
+
+def test_table_output(files):
+    proc = run("--histogram", files / "h.npy", "--max-sequence-length", 16, "--max-sequences-per-pack", 3)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert len(proc.stdout.splitlines()) > 10
+
+
+def bad_files(tmp_path):
+    (tmp_path / "neg.txt").write_text("1\n-2\n3\n")
+    (tmp_path / "empty.json").write_text("[]")
+    (tmp_path / "garbage.npy").write_bytes(b"not numpy at all")
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "word.txt").write_text("1\nseven\n")
+    (tmp_path / "h.csv").write_text("1,2\n")
+    np.save(tmp_path / "ok.npy", HIST)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--histogram", "{d}/neg.txt", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/empty.json", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "8"],  # histogram has 12 bins
+        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "16", "--max-sequences-per-pack", "0"],
+        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "16", "--max-sequences-per-pack", "lots"],
+        ["--histogram", "{d}/missing.npy", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/garbage.npy", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/bad.json", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/word.txt", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/h.csv", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/ok.npy"],  # no max length anywhere
+        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "16", "--algorithm", "ffd"],
+        ["--max-sequence-length", "16"],
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args):
+    d = bad_files(tmp_path)
+    assert main([a.format(d=d) for a in args] + ["--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("error: ")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--histogram", "{d}/neg.txt", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "16", "--max-sequences-per-pack", "0"],
+        ["--histogram", "{d}/missing.npy", "--max-sequence-length", "16"],
+    ],
+)
+def test_bad_input_exit_code_of_the_process(tmp_path, args):
+    d = bad_files(tmp_path)
+    proc = run(*[a.format(d=d) for a in args], "--json")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_bench_prints_every_algorithm(files):
+    proc = run("--histogram", files / "h.npy", "--max-sequence-length", 16, "--max-sequences-per-pack", 3,
+               "--json", module="ipu_packing.packing.bench")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["algorithm"] for r in rows] == ["spfhp", "lpfhp", "nnlshp", "optimal"]
+    best = min(r["num_packs"] for r in rows)
+    assert rows[-1]["num_packs"] == best
+    assert all(r["packs_above_lp_bound"] >= 0 for r in rows)
