@@ -26,6 +26,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -212,8 +213,10 @@ def _progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
                 leave=False)
 
 
-def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, digest: CorpusDigest) -> List[str]:
-    """Build every shard's instances; returns the instance directories in shard order."""
+def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, digest: CorpusDigest,
+                background=None) -> List[str]:
+    """Build every shard's instances; returns the instance directories in shard order. `background`
+    (optional) runs in a thread of this process once the first shard is back."""
     directories: List[str] = []
 
     def tasks():
@@ -222,9 +225,31 @@ def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, d
             yield index, docs, directories[-1]
 
     bar = _progress("instances", config.progress, " shards")
-    workers.map_bounded(_build_shard, tasks(), on_result=lambda _: bar.update(1))
+    thread = None
+
+    def on_result(_) -> None:
+        nonlocal thread
+        bar.update(1)
+        if thread is None and background is not None:
+            # The worker processes exist now (forked at the first submit), so a thread may import.
+            thread = threading.Thread(target=background, daemon=True)
+            thread.start()
+
+    workers.map_bounded(_build_shard, tasks(), on_result=on_result)
     bar.close()
+    if thread is not None:
+        thread.join()
     return directories
+
+
+def _preload_planner() -> None:
+    """Import what the planner needs (scipy.optimize, ~0.5 s) while the workers build instances, so the
+    import is not on the critical path between the instance and the planning phases."""
+    try:
+        import scipy.optimize  # noqa: F401
+        import scipy.sparse  # noqa: F401
+    except ImportError:  # the planner reports it, if it needs scipy
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -337,7 +362,8 @@ def prepare(config: PrepareConfig) -> PrepareResult:
         os.makedirs(work)
         workers = Workers(config.num_workers, spec, config.recipe, config.seed)
         try:
-            directories = _run_shards(config, workers, documents, work, digest)
+            directories = _run_shards(config, workers, documents, work, digest,
+                                      _preload_planner if workers.pool is not None else None)
             store = InstanceStore(directories)
             if len(store) == 0:
                 raise DataError("%s: the corpus produced no instances (no non-empty documents)" % config.input)
