@@ -347,12 +347,17 @@ def test_tokenizer_sources_and_lower_casing(tmp_path):
 def test_batch_encoder_matches_the_full_tokenizer(tmp_path):
     _, vocab_path = make_inputs(str(tmp_path))
     sentences = ["The Packing of sequences.", "Café naïve RÉSUMÉ.", "tab\tseparated\twords", "中文 text here",
-                 "ALL CAPS, with punctuation!", "", "   spaced   out   ", "control\x07char and \u00a0nbsp"]
+                 "ALL CAPS, with punctuation!", "", "   spaced   out   ", "control\x07char and \u00a0nbsp",
+                 "every ASCII sign: " + "".join(chr(c) for c in range(33, 127)) + " a+b=c, x<y>z; a|b~c ^`$",
+                 "a word longer than the WordPiece limit: " + "packing" * 20 + " ends here",
+                 "the packing of sequences.", "The packing of sequences.", " ", "x"]
     for lower in ("yes", "no"):
         spec = load_tokenizer(vocab_path, lower)
         full = spec.build()
         expected = [e.ids for e in full.encode_batch(sentences, add_special_tokens=False)]
         assert spec.encoder()(sentences) == expected
+        ascii_only = [t for t in sentences if t.isascii() and t.isprintable()]
+        assert spec.encoder()(ascii_only) == [e.ids for e in full.encode_batch(ascii_only, add_special_tokens=False)]
 
 
 def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):

@@ -143,12 +143,16 @@ class TokenizedShard:
 
 
 def tokenize_documents(documents: List[List[str]], encode) -> TokenizedShard:
-    """Batch-tokenize every sentence (`encode`: list of str -> list of id lists, e.g. a
-    vocab.BatchEncoder); empty sentences and documents are dropped."""
+    """Batch-tokenize every sentence (`encode`: a vocab.BatchEncoder, or any function from a list of
+    str to a list of id lists); empty sentences and documents are dropped."""
     sentences = [s for document in documents for s in document]
-    ids = encode(sentences)
-    lengths = [len(x) for x in ids]
-    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=sum(lengths))
+    if hasattr(encode, "encode_flat"):
+        tokens, lengths_array = encode.encode_flat(sentences)
+        lengths = lengths_array.tolist()
+    else:
+        ids = encode(sentences)
+        lengths = [len(x) for x in ids]
+        tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=sum(lengths))
     sentence_offsets = [0]
     document_offsets = [0]
     k = 0
