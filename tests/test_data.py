@@ -254,6 +254,20 @@ def test_uniforms_randint_covers_both_ends():
     assert sorted(values) == [3, 4, 5, 6] and min(values.values()) > 850
 
 
+def test_smallest_keys_chooses_what_a_stable_argsort_chooses():
+    from ipu_packing.data.instances import _smallest_keys
+
+    rng = np.random.default_rng(1)
+    for trial in range(100):
+        n, w = int(rng.integers(1, 30)), int(rng.integers(1, 40))
+        keys = rng.integers(0, 4, (n, w)).astype(float) if trial % 2 else rng.random((n, w))  # with and without ties
+        budget = rng.integers(0, w + 1, n)
+        expected = np.zeros((n, w), dtype=bool)
+        np.put_along_axis(expected, np.argsort(keys, axis=1, kind="stable"), np.arange(w)[None, :] < budget[:, None],
+                          axis=1)
+        assert (_smallest_keys(keys, budget) == expected).all()
+
+
 def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path):
     _, vocab_path = make_inputs(str(tmp_path))
     spec = load_tokenizer(vocab_path)

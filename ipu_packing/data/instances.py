@@ -330,6 +330,26 @@ def _choose_whole_words(ids: np.ndarray, candidate: np.ndarray, budget: np.ndarr
     return candidate & taken[rows, np.maximum(group, 0)]
 
 
+def _smallest_keys(keys: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """(N, W) bool: the budget[i] smallest keys of each row i (on a tie, the leftmost), as a stable
+    argsort of each row would choose them. A partial sort finds each row's budget-th smallest key,
+    which is ~5x faster than sorting whole rows; rows where that threshold is shared by several keys
+    (ties: not expected from random floats) are redone by the full sort."""
+    n, width = keys.shape
+    kth = min(max(1, int(budget.max(initial=0))), width)
+    smallest = np.partition(keys, kth - 1, axis=1)[:, :kth]  # (N, kth) unordered
+    smallest.sort(axis=1)
+    threshold = np.where(budget > 0, smallest[np.arange(n), np.clip(budget - 1, 0, kth - 1)], -np.inf)  # (N,)
+    chosen = keys <= threshold[:, None]
+    bad = np.flatnonzero(chosen.sum(axis=1) != budget)
+    if len(bad):
+        order = np.argsort(keys[bad], axis=1, kind="stable")
+        redo = np.zeros((len(bad), width), dtype=bool)
+        np.put_along_axis(redo, order, np.arange(width)[None, :] < budget[bad, None], axis=1)
+        chosen[bad] = redo
+    return chosen
+
+
 def mask_tokens(tokens: np.ndarray, lengths: np.ndarray, a_lengths: np.ndarray, recipe: RecipeConfig,
                 vocab: Vocabulary, rng: np.random.Generator, chunk: int = 4096):
     """Step 5, vectorised over chunks of instances -> (masked tokens, mlm_counts, positions, labels)."""
@@ -350,11 +370,9 @@ def mask_tokens(tokens: np.ndarray, lengths: np.ndarray, a_lengths: np.ndarray, 
             chosen = _choose_whole_words(ids, candidate, budget, vocab, rng)
         else:
             # Every group is one token, so the greedy pass of _choose_whole_words reduces to taking the first
-            # `budget` candidates of a random order.
-            keys = np.where(candidate, rng.random((n, width)), 2.0)
-            order = np.argsort(keys, axis=1, kind="stable")  # (N, W)
-            chosen = np.zeros((n, width), dtype=bool)
-            np.put_along_axis(chosen, order, col < budget[:, None], axis=1)
+            # `budget` candidates of a random order: the candidates with the `budget` smallest random keys.
+            keys = np.where(candidate, rng.random((n, width)), 2.0)  # (N, W)
+            chosen = _smallest_keys(keys, budget)
         r, c = np.nonzero(chosen)  # row-major: positions ascending within an instance
         original = ids[r, c]
         u_mask, u_keep = rng.random(len(r)), rng.random(len(r))
