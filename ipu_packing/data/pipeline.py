@@ -187,6 +187,11 @@ class Workers:
             self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method),
                                             initializer=_init_worker, initargs=(spec, recipe, seed))
 
+    def start(self) -> None:
+        """Start the worker processes now (the pool would start them at the first task)."""
+        if self.pool is not None:
+            self.pool.submit(os.getpid).result()
+
     def map_bounded(self, fn, argument_tuples: Iterable[tuple], on_result=None) -> list:
         results, pending = [], []
         for args in argument_tuples:
@@ -216,7 +221,7 @@ def _progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
 def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, digest: CorpusDigest,
                 background=None) -> List[str]:
     """Build every shard's instances; returns the instance directories in shard order. `background`
-    (optional) runs in a thread of this process once the first shard is back."""
+    (optional) runs in a thread of this process while the workers build the shards."""
     directories: List[str] = []
 
     def tasks():
@@ -226,16 +231,11 @@ def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, d
 
     bar = _progress("instances", config.progress, " shards")
     thread = None
-
-    def on_result(_) -> None:
-        nonlocal thread
-        bar.update(1)
-        if thread is None and background is not None:
-            # The worker processes exist now (forked at the first submit), so a thread may import.
-            thread = threading.Thread(target=background, daemon=True)
-            thread.start()
-
-    workers.map_bounded(_build_shard, tasks(), on_result=on_result)
+    if background is not None:
+        workers.start()  # fork the worker processes first: never fork while a thread imports
+        thread = threading.Thread(target=background, daemon=True)
+        thread.start()
+    workers.map_bounded(_build_shard, tasks(), on_result=lambda _: bar.update(1))
     bar.close()
     if thread is not None:
         thread.join()
