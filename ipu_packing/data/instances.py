@@ -106,21 +106,17 @@ class RecipeConfig:
 
 
 class Uniforms:
-    """Scalar draws for the segment loop, served from blocks of a numpy Generator's uniforms."""
+    """Scalar draws for the segment loop, served from blocks of a numpy Generator's uniforms.
+
+    `random` is the `__next__` of an iterator over the blocks (drawn lazily, one block of `block`
+    uniforms whenever the previous one is used up): a call into C, several times cheaper than a
+    Python method."""
 
     def __init__(self, rng: np.random.Generator, block: int = 8192) -> None:
         self.rng = rng
         self.block = block
-        self._buffer: List[float] = []
-        self._next = 0
-
-    def random(self) -> float:
-        if self._next == len(self._buffer):
-            self._buffer = self.rng.random(self.block).tolist()
-            self._next = 0
-        value = self._buffer[self._next]
-        self._next += 1
-        return value
+        blocks = iter(lambda: rng.random(block).tolist(), None)  # never None: an endless stream of blocks
+        self.random = itertools.chain.from_iterable(blocks).__next__
 
     def randint(self, low: int, high: int) -> int:
         """Uniform integer in [low, high], both inclusive."""
@@ -184,40 +180,43 @@ def choose_segments(shard: TokenizedShard, recipe: RecipeConfig, draws: Uniforms
     n_documents = shard.num_documents
     max_num_tokens = recipe.max_seq_length - 3
     out: List[tuple] = []
+    append = out.append
+    random = draws.random  # randint(low, high) is inlined below as low + min(int(random() * span), span - 1)
+    short_seq_prob = recipe.short_seq_prob
     for _ in range(recipe.dupe_factor):
         for d in range(n_documents):
             first, last = documents[d], documents[d + 1]
             target = max_num_tokens
-            if draws.random() < recipe.short_seq_prob:
-                target = draws.randint(2, max_num_tokens)
+            if random() < short_seq_prob:
+                target = 2 + min(int(random() * (max_num_tokens - 1)), max_num_tokens - 2)
             start = i = first
             while i < last:
                 if i == last - 1 or offsets[i + 1] - offsets[start] >= target:
                     n = i - start + 1
-                    a_end_sentence = start + (draws.randint(1, n - 1) if n >= 2 else 1)
+                    a_end_sentence = start + (1 + min(int(random() * (n - 1)), n - 2) if n >= 2 else 1)
                     a0, a1 = offsets[start], offsets[a_end_sentence]
-                    is_random = draws.random() < 0.5
+                    is_random = random() < 0.5
                     if not is_random:
                         if n >= 2:
                             b0, b1 = a1, offsets[i + 1]
                         elif a1 - a0 >= 2:  # single sentence: split it (see the module notes)
                             b1 = a1
-                            a1 = b0 = draws.randint(a0 + 1, a1 - 1)
+                            a1 = b0 = a0 + 1 + min(int(random() * (a1 - a0 - 1)), a1 - a0 - 2)
                         else:
                             is_random = True
                     if is_random:
                         target_b = target - (a1 - a0)
                         r = d
                         for _ in range(10):
-                            r = draws.randint(0, n_documents - 1)
+                            r = min(int(random() * n_documents), n_documents - 1)
                             if r != d:
                                 break
                         r_first, r_last = documents[r], documents[r + 1]
-                        r_start = draws.randint(r_first, r_last - 1)
+                        r_start = r_first + min(int(random() * (r_last - r_first)), r_last - r_first - 1)
                         b0 = offsets[r_start]
                         b1 = offsets[bisect_left(offsets, b0 + target_b, r_start + 1, r_last)]
                         i = a_end_sentence - 1  # put the unused sentences back
-                    out.append((a0, a1, b0, b1, is_random))
+                    append((a0, a1, b0, b1, is_random))
                     start = i + 1
                 i += 1
     table = np.array(out, dtype=np.int64).reshape(-1, 5)
