@@ -159,14 +159,15 @@ class BatchEncoder:
             self._index = {"\n": 0}  # word -> code; code 0 is the sentence separator, no tokens
             self._word_tokens, self._word_lengths = [np.zeros(0, dtype=np.int32)], [np.zeros(1, dtype=np.int64)]
         index = self._index
-        known = len(index)
-        codes = np.fromiter([index.setdefault(w, len(index)) for w in words], dtype=np.int64, count=len(words))
-        if len(index) > known:
-            encoded = self.plain.encode_batch_fast([[w] for w in itertools.islice(index, known, None)],
-                                                   is_pretokenized=True, add_special_tokens=False)
+        fresh = sorted(set(words).difference(index))  # sorted: codes do not depend on string hashing
+        if fresh:
+            index.update(zip(fresh, range(len(index), len(index) + len(fresh))))
+            encoded = self.plain.encode_batch_fast([[w] for w in fresh], is_pretokenized=True,
+                                                   add_special_tokens=False)
             new_tokens, new_lengths = _flatten([e.ids for e in encoded])
             self._word_tokens = [np.concatenate(self._word_tokens + [new_tokens])]
             self._word_lengths = [np.concatenate(self._word_lengths + [new_lengths])]
+        codes = np.fromiter(map(index.__getitem__, words), dtype=np.int64, count=len(words))  # (W,)
         word_tokens, word_lengths = self._word_tokens[0], self._word_lengths[0]
         word_starts = np.cumsum(word_lengths) - word_lengths
         tokens = word_tokens[_ranges(word_starts[codes], word_lengths[codes])]
