@@ -398,3 +398,22 @@ def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
         build_packs(store, members, np.array([0, 2]), PackLayout(fits - 1, 2, needed))
     with pytest.raises(DataError, match="pack 0 would hold 2 sequences"):
         build_packs(store, members, np.array([0, 2]), PackLayout(fits, 1, needed))
+
+
+def test_module_docstrings_keeps_bare_string_statements_only(tmp_path):
+    from ipu_packing.data.corpus import _module_docstrings
+
+    source = ('"""Module doc."""\n'
+              'x = """assigned, not prose"""\n'
+              'def f():\n'
+              '    r"""Raw doc\n    on two lines."""\n'
+              '    b"""bytes"""\n'
+              "    Rb'''raw bytes'''\n"
+              "    u'''unicode''' + '''same line, after another literal'''\n"
+              '    call("""argument""")\n'
+              '    rbu"""three prefix letters: not a string statement"""\n'
+              '    """"""\n'
+              '    """last"""\n')
+    path = tmp_path / "m.py"
+    path.write_text(source, encoding="utf-8")
+    assert _module_docstrings(str(path)) == ["Module doc.", "Raw doc\non two lines.", "unicode", "last"]
