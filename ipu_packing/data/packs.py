@@ -159,9 +159,13 @@ def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.nd
     # Pack p holds its sequences back to back from position 0 (and their predictions from slot 0), in
     # member order. So every field is one boolean-mask assignment of a stream in member order: the mask
     # of the first `used` slots of each pack, taken row-major, visits the slots in that same order.
+    masks = {}  # (size, id of used) -> (P, size) bool, each built once
+
     def fill(name: str, size: int, used: np.ndarray, stream: np.ndarray) -> None:
-        view = buffer[:, at[name]:at[name] + size]  # (P, size)
-        view[np.arange(size)[None, :] < used[:, None]] = stream
+        key = (size, id(used))
+        if key not in masks:
+            masks[key] = np.arange(size)[None, :] < used[:, None]
+        buffer[:, at[name]:at[name] + size][masks[key]] = stream  # (P, size) view of the field
 
     fill("cls_positions", k_max, counts, offset)
     fill("nsp_labels", k_max, counts, store.nsp_labels[members])
