@@ -190,7 +190,8 @@ def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.nd
         arrays = store.arrays(j)
         seq = members[sel]
         seq_len = lengths[sel]
-        token_stream[_ranges(token_stream_start[sel], seq_len)] = arrays["tokens"][_ranges(store.token_start[seq], seq_len)]
+        source = _ranges(store.token_start[seq], seq_len)
+        token_stream[_ranges(token_stream_start[sel], seq_len)] = arrays["tokens"][source]
         q = n_mlm[sel]
         at_stream = _ranges(mlm_stream_start[sel], q)
         source = _ranges(store.mlm_start[seq], q)
