@@ -211,7 +211,19 @@ class Workers:
             self.pool.shutdown(wait=True)
 
 
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
+    """A tqdm bar on stderr (shown only when it is a terminal); without progress, tqdm is not even
+    imported (~0.05 s)."""
+    if not enabled or not sys.stderr.isatty():
+        return _NoProgress()
     from tqdm import tqdm
 
     return tqdm(desc=desc, total=total, unit=unit, disable=None if enabled else True, file=sys.stderr,
