@@ -189,36 +189,36 @@ def choose_segments(shard: TokenizedShard, recipe: RecipeConfig, draws: Uniforms
             target = max_num_tokens
             if random() < short_seq_prob:
                 target = 2 + min(int(random() * (max_num_tokens - 1)), max_num_tokens - 2)
-            start = i = first
-            while i < last:
-                if i == last - 1 or offsets[i + 1] - offsets[start] >= target:
-                    n = i - start + 1
-                    a_end_sentence = start + (1 + min(int(random() * (n - 1)), n - 2) if n >= 2 else 1)
-                    a0, a1 = offsets[start], offsets[a_end_sentence]
-                    is_random = random() < 0.5
-                    if not is_random:
-                        if n >= 2:
-                            b0, b1 = a1, offsets[i + 1]
-                        elif a1 - a0 >= 2:  # single sentence: split it (see the module notes)
-                            b1 = a1
-                            a1 = b0 = a0 + 1 + min(int(random() * (a1 - a0 - 1)), a1 - a0 - 2)
-                        else:
-                            is_random = True
-                    if is_random:
-                        target_b = target - (a1 - a0)
-                        r = d
-                        for _ in range(10):
-                            r = min(int(random() * n_documents), n_documents - 1)
-                            if r != d:
-                                break
-                        r_first, r_last = documents[r], documents[r + 1]
-                        r_start = r_first + min(int(random() * (r_last - r_first)), r_last - r_first - 1)
-                        b0 = offsets[r_start]
-                        b1 = offsets[bisect_left(offsets, b0 + target_b, r_start + 1, r_last)]
-                        i = a_end_sentence - 1  # put the unused sentences back
-                    append((a0, a1, b0, b1, is_random))
-                    start = i + 1
-                i += 1
+            start = first
+            while start < last:
+                # the chunk ends at the first sentence i that brings it to the target, else at the last
+                i = min(bisect_left(offsets, offsets[start] + target, start + 1, last + 1) - 1, last - 1)
+                n = i - start + 1
+                a_end_sentence = start + (1 + min(int(random() * (n - 1)), n - 2) if n >= 2 else 1)
+                a0, a1 = offsets[start], offsets[a_end_sentence]
+                is_random = random() < 0.5
+                if not is_random:
+                    if n >= 2:
+                        b0, b1 = a1, offsets[i + 1]
+                    elif a1 - a0 >= 2:  # single sentence: split it (see the module notes)
+                        b1 = a1
+                        a1 = b0 = a0 + 1 + min(int(random() * (a1 - a0 - 1)), a1 - a0 - 2)
+                    else:
+                        is_random = True
+                if is_random:
+                    target_b = target - (a1 - a0)
+                    r = d
+                    for _ in range(10):
+                        r = min(int(random() * n_documents), n_documents - 1)
+                        if r != d:
+                            break
+                    r_first, r_last = documents[r], documents[r + 1]
+                    r_start = r_first + min(int(random() * (r_last - r_first)), r_last - r_first - 1)
+                    b0 = offsets[r_start]
+                    b1 = offsets[bisect_left(offsets, b0 + target_b, r_start + 1, r_last)]
+                    i = a_end_sentence - 1  # put the unused sentences back
+                append((a0, a1, b0, b1, is_random))
+                start = i + 1
     table = np.array(out, dtype=np.int64).reshape(-1, 5)
     return SegmentPairs(table[:, 0], table[:, 1], table[:, 2], table[:, 3], table[:, 4].astype(bool))
 
