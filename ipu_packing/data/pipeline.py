@@ -184,6 +184,7 @@ class Workers:
         if count > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
+            import tokenizers  # noqa: F401  (imported once here, inherited by the forked workers)
             self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method),
                                             initializer=_init_worker, initargs=(spec, recipe, seed))
 
