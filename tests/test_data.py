@@ -254,6 +254,20 @@ def test_uniforms_randint_covers_both_ends():
     assert sorted(values) == [3, 4, 5, 6] and min(values.values()) > 850
 
 
+def test_smallest_keys_chooses_what_a_stable_argsort_chooses():
+    from ipu_packing.data.instances import _smallest_keys
+
+    rng = np.random.default_rng(1)
+    for trial in range(100):
+        n, w = int(rng.integers(1, 30)), int(rng.integers(1, 40))
+        keys = rng.integers(0, 4, (n, w)).astype(float) if trial % 2 else rng.random((n, w))  # with and without ties
+        budget = rng.integers(0, w + 1, n)
+        expected = np.zeros((n, w), dtype=bool)
+        np.put_along_axis(expected, np.argsort(keys, axis=1, kind="stable"), np.arange(w)[None, :] < budget[:, None],
+                          axis=1)
+        assert (_smallest_keys(keys, budget) == expected).all()
+
+
 def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path):
     _, vocab_path = make_inputs(str(tmp_path))
     spec = load_tokenizer(vocab_path)
@@ -347,12 +361,17 @@ def test_tokenizer_sources_and_lower_casing(tmp_path):
 def test_batch_encoder_matches_the_full_tokenizer(tmp_path):
     _, vocab_path = make_inputs(str(tmp_path))
     sentences = ["The Packing of sequences.", "Café naïve RÉSUMÉ.", "tab\tseparated\twords", "中文 text here",
-                 "ALL CAPS, with punctuation!", "", "   spaced   out   ", "control\x07char and \u00a0nbsp"]
+                 "ALL CAPS, with punctuation!", "", "   spaced   out   ", "control\x07char and \u00a0nbsp",
+                 "every ASCII sign: " + "".join(chr(c) for c in range(33, 127)) + " a+b=c, x<y>z; a|b~c ^`$",
+                 "a word longer than the WordPiece limit: " + "packing" * 20 + " ends here",
+                 "the packing of sequences.", "The packing of sequences.", " ", "x"]
     for lower in ("yes", "no"):
         spec = load_tokenizer(vocab_path, lower)
         full = spec.build()
         expected = [e.ids for e in full.encode_batch(sentences, add_special_tokens=False)]
         assert spec.encoder()(sentences) == expected
+        ascii_only = [t for t in sentences if t.isascii() and t.isprintable()]
+        assert spec.encoder()(ascii_only) == [e.ids for e in full.encode_batch(ascii_only, add_special_tokens=False)]
 
 
 def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
@@ -379,3 +398,22 @@ def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
         build_packs(store, members, np.array([0, 2]), PackLayout(fits - 1, 2, needed))
     with pytest.raises(DataError, match="pack 0 would hold 2 sequences"):
         build_packs(store, members, np.array([0, 2]), PackLayout(fits, 1, needed))
+
+
+def test_module_docstrings_keeps_bare_string_statements_only(tmp_path):
+    from ipu_packing.data.corpus import _module_docstrings
+
+    source = ('"""Module doc."""\n'
+              'x = """assigned, not prose"""\n'
+              'def f():\n'
+              '    r"""Raw doc\n    on two lines."""\n'
+              '    b"""bytes"""\n'
+              "    Rb'''raw bytes'''\n"
+              "    u'''unicode''' + '''same line, after another literal'''\n"
+              '    call("""argument""")\n'
+              '    rbu"""three prefix letters: not a string statement"""\n'
+              '    """"""\n'
+              '    """last"""\n')
+    path = tmp_path / "m.py"
+    path.write_text(source, encoding="utf-8")
+    assert _module_docstrings(str(path)) == ["Module doc.", "Raw doc\non two lines.", "unicode", "last"]

@@ -106,21 +106,17 @@ class RecipeConfig:
 
 
 class Uniforms:
-    """Scalar draws for the segment loop, served from blocks of a numpy Generator's uniforms."""
+    """Scalar draws for the segment loop, served from blocks of a numpy Generator's uniforms.
+
+    `random` is the `__next__` of an iterator over the blocks (drawn lazily, one block of `block`
+    uniforms whenever the previous one is used up): a call into C, several times cheaper than a
+    Python method."""
 
     def __init__(self, rng: np.random.Generator, block: int = 8192) -> None:
         self.rng = rng
         self.block = block
-        self._buffer: List[float] = []
-        self._next = 0
-
-    def random(self) -> float:
-        if self._next == len(self._buffer):
-            self._buffer = self.rng.random(self.block).tolist()
-            self._next = 0
-        value = self._buffer[self._next]
-        self._next += 1
-        return value
+        blocks = iter(lambda: rng.random(block).tolist(), None)  # never None: an endless stream of blocks
+        self.random = itertools.chain.from_iterable(blocks).__next__
 
     def randint(self, low: int, high: int) -> int:
         """Uniform integer in [low, high], both inclusive."""
@@ -143,12 +139,16 @@ class TokenizedShard:
 
 
 def tokenize_documents(documents: List[List[str]], encode) -> TokenizedShard:
-    """Batch-tokenize every sentence (`encode`: list of str -> list of id lists, e.g. a
-    vocab.BatchEncoder); empty sentences and documents are dropped."""
+    """Batch-tokenize every sentence (`encode`: a vocab.BatchEncoder, or any function from a list of
+    str to a list of id lists); empty sentences and documents are dropped."""
     sentences = [s for document in documents for s in document]
-    ids = encode(sentences)
-    lengths = [len(x) for x in ids]
-    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=sum(lengths))
+    if hasattr(encode, "encode_flat"):
+        tokens, lengths_array = encode.encode_flat(sentences)
+        lengths = lengths_array.tolist()
+    else:
+        ids = encode(sentences)
+        lengths = [len(x) for x in ids]
+        tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=sum(lengths))
     sentence_offsets = [0]
     document_offsets = [0]
     k = 0
@@ -180,42 +180,45 @@ def choose_segments(shard: TokenizedShard, recipe: RecipeConfig, draws: Uniforms
     n_documents = shard.num_documents
     max_num_tokens = recipe.max_seq_length - 3
     out: List[tuple] = []
+    append = out.append
+    random = draws.random  # randint(low, high) is inlined below as low + min(int(random() * span), span - 1)
+    short_seq_prob = recipe.short_seq_prob
     for _ in range(recipe.dupe_factor):
         for d in range(n_documents):
             first, last = documents[d], documents[d + 1]
             target = max_num_tokens
-            if draws.random() < recipe.short_seq_prob:
-                target = draws.randint(2, max_num_tokens)
-            start = i = first
-            while i < last:
-                if i == last - 1 or offsets[i + 1] - offsets[start] >= target:
-                    n = i - start + 1
-                    a_end_sentence = start + (draws.randint(1, n - 1) if n >= 2 else 1)
-                    a0, a1 = offsets[start], offsets[a_end_sentence]
-                    is_random = draws.random() < 0.5
-                    if not is_random:
-                        if n >= 2:
-                            b0, b1 = a1, offsets[i + 1]
-                        elif a1 - a0 >= 2:  # single sentence: split it (see the module notes)
-                            b1 = a1
-                            a1 = b0 = draws.randint(a0 + 1, a1 - 1)
-                        else:
-                            is_random = True
-                    if is_random:
-                        target_b = target - (a1 - a0)
-                        r = d
-                        for _ in range(10):
-                            r = draws.randint(0, n_documents - 1)
-                            if r != d:
-                                break
-                        r_first, r_last = documents[r], documents[r + 1]
-                        r_start = draws.randint(r_first, r_last - 1)
-                        b0 = offsets[r_start]
-                        b1 = offsets[bisect_left(offsets, b0 + target_b, r_start + 1, r_last)]
-                        i = a_end_sentence - 1  # put the unused sentences back
-                    out.append((a0, a1, b0, b1, is_random))
-                    start = i + 1
-                i += 1
+            if random() < short_seq_prob:
+                target = 2 + min(int(random() * (max_num_tokens - 1)), max_num_tokens - 2)
+            start = first
+            while start < last:
+                # the chunk ends at the first sentence i that brings it to the target, else at the last
+                i = min(bisect_left(offsets, offsets[start] + target, start + 1, last + 1) - 1, last - 1)
+                n = i - start + 1
+                a_end_sentence = start + (1 + min(int(random() * (n - 1)), n - 2) if n >= 2 else 1)
+                a0, a1 = offsets[start], offsets[a_end_sentence]
+                is_random = random() < 0.5
+                if not is_random:
+                    if n >= 2:
+                        b0, b1 = a1, offsets[i + 1]
+                    elif a1 - a0 >= 2:  # single sentence: split it (see the module notes)
+                        b1 = a1
+                        a1 = b0 = a0 + 1 + min(int(random() * (a1 - a0 - 1)), a1 - a0 - 2)
+                    else:
+                        is_random = True
+                if is_random:
+                    target_b = target - (a1 - a0)
+                    r = d
+                    for _ in range(10):
+                        r = min(int(random() * n_documents), n_documents - 1)
+                        if r != d:
+                            break
+                    r_first, r_last = documents[r], documents[r + 1]
+                    r_start = r_first + min(int(random() * (r_last - r_first)), r_last - r_first - 1)
+                    b0 = offsets[r_start]
+                    b1 = offsets[bisect_left(offsets, b0 + target_b, r_start + 1, r_last)]
+                    i = a_end_sentence - 1  # put the unused sentences back
+                append((a0, a1, b0, b1, is_random))
+                start = i + 1
     table = np.array(out, dtype=np.int64).reshape(-1, 5)
     return SegmentPairs(table[:, 0], table[:, 1], table[:, 2], table[:, 3], table[:, 4].astype(bool))
 
@@ -326,6 +329,26 @@ def _choose_whole_words(ids: np.ndarray, candidate: np.ndarray, budget: np.ndarr
     return candidate & taken[rows, np.maximum(group, 0)]
 
 
+def _smallest_keys(keys: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """(N, W) bool: the budget[i] smallest keys of each row i (on a tie, the leftmost), as a stable
+    argsort of each row would choose them. A partial sort finds each row's budget-th smallest key,
+    which is ~5x faster than sorting whole rows; rows where that threshold is shared by several keys
+    (ties: not expected from random floats) are redone by the full sort."""
+    n, width = keys.shape
+    kth = min(max(1, int(budget.max(initial=0))), width)
+    smallest = np.partition(keys, kth - 1, axis=1)[:, :kth]  # (N, kth) unordered
+    smallest.sort(axis=1)
+    threshold = np.where(budget > 0, smallest[np.arange(n), np.clip(budget - 1, 0, kth - 1)], -np.inf)  # (N,)
+    chosen = keys <= threshold[:, None]
+    bad = np.flatnonzero(chosen.sum(axis=1) != budget)
+    if len(bad):
+        order = np.argsort(keys[bad], axis=1, kind="stable")
+        redo = np.zeros((len(bad), width), dtype=bool)
+        np.put_along_axis(redo, order, np.arange(width)[None, :] < budget[bad, None], axis=1)
+        chosen[bad] = redo
+    return chosen
+
+
 def mask_tokens(tokens: np.ndarray, lengths: np.ndarray, a_lengths: np.ndarray, recipe: RecipeConfig,
                 vocab: Vocabulary, rng: np.random.Generator, chunk: int = 4096):
     """Step 5, vectorised over chunks of instances -> (masked tokens, mlm_counts, positions, labels)."""
@@ -346,11 +369,9 @@ def mask_tokens(tokens: np.ndarray, lengths: np.ndarray, a_lengths: np.ndarray, 
             chosen = _choose_whole_words(ids, candidate, budget, vocab, rng)
         else:
             # Every group is one token, so the greedy pass of _choose_whole_words reduces to taking the first
-            # `budget` candidates of a random order.
-            keys = np.where(candidate, rng.random((n, width)), 2.0)
-            order = np.argsort(keys, axis=1, kind="stable")  # (N, W)
-            chosen = np.zeros((n, width), dtype=bool)
-            np.put_along_axis(chosen, order, col < budget[:, None], axis=1)
+            # `budget` candidates of a random order: the candidates with the `budget` smallest random keys.
+            keys = np.where(candidate, rng.random((n, width)), 2.0)  # (N, W)
+            chosen = _smallest_keys(keys, budget)
         r, c = np.nonzero(chosen)  # row-major: positions ascending within an instance
         original = ids[r, c]
         u_mask, u_keep = rng.random(len(r)), rng.random(len(r))

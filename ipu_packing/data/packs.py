@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import mmap
 import os
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -111,25 +112,29 @@ def _field_offsets(layout: PackLayout) -> Dict[str, int]:
 
 
 def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.ndarray, layout: PackLayout,
-                first_pack: int = 0) -> np.ndarray:
+                first_pack: int = 0, out: Optional[np.ndarray] = None) -> np.ndarray:
     """(P,) pack records; pack p holds the sequences members[member_offsets[p]:member_offsets[p+1]].
 
     Raises DataError if a pack has more than K sequences, more than S tokens or more than M
     predictions (`first_pack` only numbers packs in that message).
 
     The records are filled through a plain (P, W) int32 buffer (W = int32s per record) viewed as the
-    record type at the end: scattering into one flat array is much faster than into the strided
-    field views of a structured array.
+    record type at the end; each field is a (P, width) slice of it, filled by one boolean-mask
+    assignment of the field's values in member order (much faster than scattering by index). `out`,
+    if given, is that buffer, flat and zero-filled (e.g. a memory-mapped file); the result is a view
+    of it.
     """
     s, k_max, m_max = layout.max_seq_length, layout.max_sequences_per_pack, layout.mlm_slots
     dtype = pack_dtype(s, m_max, k_max)
     width = dtype.itemsize // 4
     at = _field_offsets(layout)
     n_packs = len(member_offsets) - 1
-    buffer = np.zeros((n_packs, width), dtype=np.int32)  # (P, W)
+    if out is None:
+        buffer = np.zeros((n_packs, width), dtype=np.int32)  # (P, W)
+    else:
+        buffer = out.reshape(n_packs, width)  # (P, W), zeros
     buffer[:, at["mlm_labels"]:at["mlm_labels"] + m_max] = IGNORE_INDEX
     buffer[:, at["nsp_labels"]:at["nsp_labels"] + k_max] = IGNORE_INDEX
-    flat = buffer.reshape(-1)
     counts = np.diff(member_offsets)  # (P,) sequences per pack
     row = np.repeat(np.arange(n_packs, dtype=np.int64), counts)  # (n,) pack of each member
     slot = np.arange(len(members)) - np.repeat(member_offsets[:-1] - member_offsets[0], counts)  # 0-based
@@ -142,19 +147,39 @@ def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.nd
         return total - values - before_pack
 
     offset = exclusive_cumsum_in_pack(lengths)  # (n,) first position of each sequence in its pack
-    mlm_offset = exclusive_cumsum_in_pack(n_mlm)
-    for name, used, limit in (("sequences", counts, k_max),
-                              ("tokens", np.bincount(row, lengths, minlength=n_packs), s),
-                              ("MLM predictions", np.bincount(row, n_mlm, minlength=n_packs), m_max)):
+    tokens_used = np.bincount(row, lengths, minlength=n_packs).astype(np.int64)  # (P,)
+    mlm_used = np.bincount(row, n_mlm, minlength=n_packs).astype(np.int64)  # (P,)
+    for name, used, limit in (("sequences", counts, k_max), ("tokens", tokens_used, s),
+                              ("MLM predictions", mlm_used, m_max)):
         over = np.flatnonzero(used > limit)
         if len(over):
             raise DataError("pack %d would hold %d %s, more than the %d it has room for (refusing to truncate)"
                             % (first_pack + over[0], int(used[over[0]]), name, limit))
-    base = row * width  # (n,) start of each member's record in `flat`
-    flat[base + at["cls_positions"] + slot] = offset
-    flat[base + at["nsp_labels"] + slot] = store.nsp_labels[members]
 
-    # Fill token and MLM slots shard by shard (members sorted by shard, so each reads one file's pages).
+    # Pack p holds its sequences back to back from position 0 (and their predictions from slot 0), in
+    # member order. So every field is one boolean-mask assignment of a stream in member order: the mask
+    # of the first `used` slots of each pack, taken row-major, visits the slots in that same order.
+    masks = {}  # (size, id of used) -> (P, size) bool, each built once
+
+    def fill(name: str, size: int, used: np.ndarray, stream: np.ndarray) -> None:
+        key = (size, id(used))
+        if key not in masks:
+            masks[key] = np.arange(size)[None, :] < used[:, None]
+        buffer[:, at[name]:at[name] + size][masks[key]] = stream  # (P, size) view of the field
+
+    fill("cls_positions", k_max, counts, offset)
+    fill("nsp_labels", k_max, counts, store.nsp_labels[members])
+    within = _ranges(np.zeros(len(members), dtype=np.int64), lengths)  # (t,) position in its sequence
+    fill("position_ids", s, tokens_used, within)
+    fill("token_type_ids", s, tokens_used, within >= np.repeat(store.a_lengths[members], lengths))
+    fill("sequence_ids", s, tokens_used, np.repeat(slot + 1, lengths))
+
+    # Token ids and predictions are read shard by shard (each reads one instance file's pages).
+    token_stream = np.empty(len(within), dtype=np.int32)  # (t,) input_ids in member order
+    token_stream_start = np.cumsum(lengths) - lengths  # (n,)
+    mlm_positions = np.empty(int(n_mlm.sum()), dtype=np.int32)  # (q,) in member order
+    mlm_labels = np.empty(len(mlm_positions), dtype=np.int32)
+    mlm_stream_start = np.cumsum(n_mlm) - n_mlm  # (n,)
     order = np.argsort(store.shard_of[members], kind="stable")
     shard_sorted = store.shard_of[members][order]
     bounds = np.searchsorted(shard_sorted, np.arange(len(store.directories) + 1))
@@ -165,17 +190,16 @@ def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.nd
         arrays = store.arrays(j)
         seq = members[sel]
         seq_len = lengths[sel]
-        within = _ranges(np.zeros(len(sel), dtype=np.int64), seq_len)  # (t,) position in its sequence
-        token_at = np.repeat(base[sel] + offset[sel], seq_len) + within  # (t,) flat index of input_ids
-        flat[token_at + at["input_ids"]] = arrays["tokens"][_ranges(store.token_start[seq], seq_len)]
-        flat[token_at + at["token_type_ids"]] = within >= np.repeat(store.a_lengths[seq], seq_len)
-        flat[token_at + at["position_ids"]] = within
-        flat[token_at + at["sequence_ids"]] = np.repeat(slot[sel] + 1, seq_len)
+        source = _ranges(store.token_start[seq], seq_len)
+        token_stream[_ranges(token_stream_start[sel], seq_len)] = arrays["tokens"][source]
         q = n_mlm[sel]
-        slot_at = np.repeat(base[sel], q) + _ranges(mlm_offset[sel], q)  # (q,) flat index of the MLM slot
+        at_stream = _ranges(mlm_stream_start[sel], q)
         source = _ranges(store.mlm_start[seq], q)
-        flat[slot_at + at["mlm_positions"]] = arrays["mlm_positions"][source] + np.repeat(offset[sel], q)
-        flat[slot_at + at["mlm_labels"]] = arrays["mlm_labels"][source]
+        mlm_positions[at_stream] = arrays["mlm_positions"][source] + np.repeat(offset[sel], q)
+        mlm_labels[at_stream] = arrays["mlm_labels"][source]
+    fill("input_ids", s, tokens_used, token_stream)
+    fill("mlm_positions", m_max, mlm_used, mlm_positions)
+    fill("mlm_labels", m_max, mlm_used, mlm_labels)
     return buffer.view(dtype).reshape(n_packs)
 
 
@@ -204,15 +228,38 @@ def shard_tasks(members: np.ndarray, member_offsets: np.ndarray, pack_order: np.
 
 
 def write_shard(store: InstanceStore, task: ShardTask, layout: PackLayout) -> dict:
-    """Build and write one shard; returns its manifest entry {file, num_packs, sha256}."""
-    packs = build_packs(store, task.members, task.offsets, layout, first_pack=task.first_pack)
-    # The .npy header, then the records straight from memory; both are hashed as they are written so
-    # the shard is never read back to checksum it.
+    """Build and write one shard; returns its manifest entry {file, num_packs, sha256}.
+
+    The file (the .npy header, then the records) is sized first and memory-mapped with the pages
+    populated in one go (MAP_POPULATE where there is one), and the packs are built straight into the
+    mapping: no buffer to allocate and copy, and no page fault per 4 kB page. The bytes are then
+    hashed from the mapping, never read back from disk.
+    """
+    n_packs = len(task.offsets) - 1
+    dtype = pack_dtype(layout.max_seq_length, layout.mlm_slots, layout.max_sequences_per_pack)
     header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(packs))
+    np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                  "fortran_order": False, "shape": (n_packs,)})
+    head = header.getvalue()
+    size = len(head) + n_packs * dtype.itemsize
     digest = hashlib.sha256()
-    with open(task.path, "wb") as f:
-        for block in (memoryview(header.getvalue()), memoryview(packs.view(np.uint8))):
-            digest.update(block)
-            f.write(block)
-    return {"file": os.path.basename(task.path), "num_packs": int(len(packs)), "sha256": digest.hexdigest()}
+    with open(task.path, "w+b") as f:
+        f.write(head)
+        f.truncate(size)  # zero-filled, as build_packs expects
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(f.fileno(), size, flags=flags) if n_packs else None
+        try:
+            if mapped is not None:
+                out = np.frombuffer(mapped, dtype=np.int32, count=n_packs * dtype.itemsize // 4, offset=len(head))
+                build_packs(store, task.members, task.offsets, layout, first_pack=task.first_pack, out=out)
+                del out
+                digest.update(mapped)
+            else:
+                digest.update(head)
+        finally:
+            if mapped is not None:
+                try:
+                    mapped.close()
+                except BufferError:  # an error's traceback still holds a view; the mapping closes with it
+                    pass
+    return {"file": os.path.basename(task.path), "num_packs": int(n_packs), "sha256": digest.hexdigest()}

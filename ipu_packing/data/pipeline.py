@@ -26,6 +26,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -183,8 +184,14 @@ class Workers:
         if count > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
+            import tokenizers  # noqa: F401  (imported once here, inherited by the forked workers)
             self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method),
                                             initializer=_init_worker, initargs=(spec, recipe, seed))
+
+    def start(self) -> None:
+        """Start the worker processes now (the pool would start them at the first task)."""
+        if self.pool is not None:
+            self.pool.submit(os.getpid).result()
 
     def map_bounded(self, fn, argument_tuples: Iterable[tuple], on_result=None) -> list:
         results, pending = [], []
@@ -205,15 +212,29 @@ class Workers:
             self.pool.shutdown(wait=True)
 
 
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
+    """A tqdm bar on stderr (shown only when it is a terminal); without progress, tqdm is not even
+    imported (~0.05 s)."""
+    if not enabled or not sys.stderr.isatty():
+        return _NoProgress()
     from tqdm import tqdm
 
     return tqdm(desc=desc, total=total, unit=unit, disable=None if enabled else True, file=sys.stderr,
                 leave=False)
 
 
-def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, digest: CorpusDigest) -> List[str]:
-    """Build every shard's instances; returns the instance directories in shard order."""
+def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, digest: CorpusDigest,
+                background=None) -> List[str]:
+    """Build every shard's instances; returns the instance directories in shard order. `background`
+    (optional) runs in a thread of this process while the workers build the shards."""
     directories: List[str] = []
 
     def tasks():
@@ -222,9 +243,26 @@ def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, d
             yield index, docs, directories[-1]
 
     bar = _progress("instances", config.progress, " shards")
+    thread = None
+    if background is not None:
+        workers.start()  # fork the worker processes first: never fork while a thread imports
+        thread = threading.Thread(target=background, daemon=True)
+        thread.start()
     workers.map_bounded(_build_shard, tasks(), on_result=lambda _: bar.update(1))
     bar.close()
+    if thread is not None:
+        thread.join()
     return directories
+
+
+def _preload_planner() -> None:
+    """Import what the planner needs (scipy.optimize, ~0.5 s) while the workers build instances, so the
+    import is not on the critical path between the instance and the planning phases."""
+    try:
+        import scipy.optimize  # noqa: F401
+        import scipy.sparse  # noqa: F401
+    except ImportError:  # the planner reports it, if it needs scipy
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -337,7 +375,8 @@ def prepare(config: PrepareConfig) -> PrepareResult:
         os.makedirs(work)
         workers = Workers(config.num_workers, spec, config.recipe, config.seed)
         try:
-            directories = _run_shards(config, workers, documents, work, digest)
+            directories = _run_shards(config, workers, documents, work, digest,
+                                      _preload_planner if workers.pool is not None else None)
             store = InstanceStore(directories)
             if len(store) == 0:
                 raise DataError("%s: the corpus produced no instances (no non-empty documents)" % config.input)

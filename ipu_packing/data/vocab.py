@@ -18,6 +18,7 @@ gives the same bytes even though the vocabulary is rebuilt on every run.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .errors import DataError
+from .instances import _ranges
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 DEFAULT_VOCAB_SIZE = 8192
@@ -96,12 +98,17 @@ class BatchEncoder:
     """Sentences -> token ids, in large batches through the Rust tokenizer.
 
     For a WordPiece tokenizer built from a vocabulary (BertNormalizer: clean text, split CJK
-    characters, strip accents, optionally lower-case), normalizing printable ASCII text is exactly
-    `str.lower()` (or nothing, when cased): there is nothing to clean, split or strip. Such sentences
-    (98% of the default corpus) are lower-cased in Python and encoded by a copy of the tokenizer
-    without its normalizer, which skips the normalizer's per-character alignment bookkeeping and
-    nearly halves tokenization time; every other sentence goes through the full tokenizer. A Hugging
-    Face tokenizer.json always goes through the full tokenizer (its normalizer may be anything).
+    characters, strip accents, optionally lower-case; then BertPreTokenizer: split on whitespace,
+    isolate punctuation), normalizing printable ASCII text is exactly `str.lower()` (or nothing, when
+    cased): there is nothing to clean, split or strip. And pre-tokenizing it is exactly the regular
+    expression `_ASCII_WORD` (runs of letters and digits; every other printable ASCII character but
+    the space is punctuation, a word of its own). Such sentences (98% of the default corpus) are
+    therefore split into words in Python, and only the *distinct* words (a few percent of all words)
+    go through the tokenizer's WordPiece model, pre-tokenized; a sentence's ids are the
+    concatenation of its words' ids, gathered with one vectorised index. Every other sentence goes
+    through the full tokenizer. A Hugging Face tokenizer.json always goes through the full tokenizer
+    (its normalizer and pre-tokenizer may be anything). A test checks the ids against the full
+    tokenizer.
     """
 
     def __init__(self, spec: TokenizerSpec) -> None:
@@ -113,24 +120,71 @@ class BatchEncoder:
         if spec.tokenizer_json is None:
             self.plain = Tokenizer.from_str(self.full.to_str())
             self.plain.normalizer = None
+        self._index = None  # word cache of _encode_words
 
     def __call__(self, sentences: List[str]) -> List[List[int]]:
-        if not sentences:
-            return []
+        tokens, lengths = self.encode_flat(sentences)
+        ends = np.cumsum(lengths)
+        return [tokens[e - n:e].tolist() for e, n in zip(ends.tolist(), lengths.tolist())]
+
+    def encode_flat(self, sentences: List[str]):
+        """-> (tokens (T,) int32, lengths (n,) int64): the ids of all sentences back to back."""
         if self.plain is None:
-            return [e.ids for e in self.full.encode_batch_fast(sentences, add_special_tokens=False)]
-        simple = [s.isascii() and s.isprintable() for s in sentences]
-        ids: List[List[int]] = [None] * len(sentences)  # type: ignore[list-item]
-        easy = [i for i, ok in enumerate(simple) if ok]
-        hard = [i for i, ok in enumerate(simple) if not ok]
-        if easy:
-            texts = [sentences[i].lower() if self.lower else sentences[i] for i in easy]
-            for i, e in zip(easy, self.plain.encode_batch_fast(texts, add_special_tokens=False)):
-                ids[i] = e.ids
-        if hard:
-            for i, e in zip(hard, self.full.encode_batch_fast([sentences[i] for i in hard], add_special_tokens=False)):
-                ids[i] = e.ids
-        return ids
+            return _flatten([e.ids for e in self.full.encode_batch_fast(sentences, add_special_tokens=False)])
+        easy = [s.isascii() and s.isprintable() for s in sentences]
+        if all(easy):
+            return self._encode_words(sentences)
+        easy_index = [i for i, ok in enumerate(easy) if ok]
+        hard_index = [i for i, ok in enumerate(easy) if not ok]
+        hard_tokens, hard_lengths = _flatten([e.ids for e in self.full.encode_batch_fast(
+            [sentences[i] for i in hard_index], add_special_tokens=False)])
+        easy_tokens, easy_lengths = self._encode_words([sentences[i] for i in easy_index])
+        lengths = np.zeros(len(sentences), dtype=np.int64)
+        lengths[easy_index] = easy_lengths
+        lengths[hard_index] = hard_lengths
+        starts = np.cumsum(lengths) - lengths
+        tokens = np.zeros(int(lengths.sum()), dtype=np.int32)
+        tokens[_ranges(starts[easy_index], easy_lengths)] = easy_tokens
+        tokens[_ranges(starts[hard_index], hard_lengths)] = hard_tokens
+        return tokens, lengths
+
+    def _encode_words(self, sentences: List[str]):
+        """Printable-ASCII sentences -> (tokens, lengths), WordPiece run once per distinct word."""
+        if not sentences:
+            return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
+        text = "\n".join(sentences)  # "\n" is not printable, so it only separates sentences
+        words = _ASCII_WORD.findall(text.lower() if self.lower else text)
+        if self._index is None or len(self._index) > _MAX_CACHED_WORDS:
+            # Words seen by earlier calls (earlier shards of this worker) are not encoded again.
+            self._index = {"\n": 0}  # word -> code; code 0 is the sentence separator, no tokens
+            self._word_tokens, self._word_lengths = [np.zeros(0, dtype=np.int32)], [np.zeros(1, dtype=np.int64)]
+        index = self._index
+        fresh = sorted(set(words).difference(index))  # sorted: codes do not depend on string hashing
+        if fresh:
+            index.update(zip(fresh, range(len(index), len(index) + len(fresh))))
+            encoded = self.plain.encode_batch_fast([[w] for w in fresh], is_pretokenized=True,
+                                                   add_special_tokens=False)
+            new_tokens, new_lengths = _flatten([e.ids for e in encoded])
+            self._word_tokens = [np.concatenate(self._word_tokens + [new_tokens])]
+            self._word_lengths = [np.concatenate(self._word_lengths + [new_lengths])]
+        codes = np.fromiter(map(index.__getitem__, words), dtype=np.int64, count=len(words))  # (W,)
+        word_tokens, word_lengths = self._word_tokens[0], self._word_lengths[0]
+        word_starts = np.cumsum(word_lengths) - word_lengths
+        tokens = word_tokens[_ranges(word_starts[codes], word_lengths[codes])]
+        sentence_of = np.cumsum(codes == 0)  # (W,) sentence index of every word
+        lengths = np.bincount(sentence_of, weights=word_lengths[codes], minlength=len(sentences))
+        return tokens, lengths.astype(np.int64)
+
+
+_MAX_CACHED_WORDS = 1 << 20  # distinct words kept between calls (bounds the worker's memory)
+# Pre-tokenization of printable ASCII (BertPreTokenizer), plus the "\n" that separates sentences.
+_ASCII_WORD = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9 ]")
+
+
+def _flatten(ids: List[List[int]]):
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+    return tokens, lengths
 
 
 def _read_vocab_file(path: str) -> List[str]:

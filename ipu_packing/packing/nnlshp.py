@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import List, Tuple
 
 import numpy as np
-from scipy import optimize
 
 MAX_STRATEGIES = 25000
 SHORT_LENGTHS = 8  # the paper's penalisation cut-off
@@ -98,6 +97,8 @@ def nnlshp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pa
                 matrix[length - 1, j] += 1
         weight = np.ones(size)  # (S,)
         weight[:SHORT_LENGTHS] = SHORT_WEIGHT
+        from scipy import optimize  # lazy: importing scipy.optimize costs ~0.5 s
+
         x, _ = optimize.nnls(weight[:, None] * matrix, weight * hist.astype(np.float64))
         counts = np.rint(x).astype(np.int64)
     out_strategies = [list(s) for s, c in zip(strategies, counts) if c > 0]

@@ -39,8 +39,6 @@ import time
 from typing import List, Optional, Tuple
 
 import numpy as np
-from scipy import optimize
-from scipy.sparse import csc_matrix
 
 from .heuristics import lpfhp, spfhp
 
@@ -195,6 +193,8 @@ class _Master:
         self.keys = set()
         self._matrix = None
         self.highs = None
+        # scipy is imported here, not at module level: importing scipy.optimize costs ~0.5 s of
+        # start-up that commands which never plan (or plan with a heuristic) should not pay.
         try:  # private but version-pinned; every failure falls back to linprog
             from scipy.optimize._highspy import _core
 
@@ -239,6 +239,8 @@ class _Master:
             indptr = np.concatenate([[0], np.cumsum(sizes)])
             rows = np.concatenate([c[0] for c in self.columns])
             values = np.concatenate([c[1] for c in self.columns])
+            from scipy.sparse import csc_matrix  # lazy: see _Master.__init__
+
             self._matrix = csc_matrix((values, rows, indptr), shape=(len(self.demand), len(self.columns)))
         return self._matrix
 
@@ -253,6 +255,8 @@ class _Master:
                 return x, float(x.sum()), duals
             self.highs = None  # pragma: no cover - fall back to a cold solve
         m = len(self.columns)
+        from scipy import optimize
+
         res = optimize.linprog(
             np.ones(m),
             A_ub=-self.matrix,
