@@ -295,10 +295,15 @@ class PipelineRunner:
     def _build_schedule(self, batch) -> None:
         """Create the PipelineStage with explicit input/output examples (static metadata: no runtime shape
         inference, which would run the stage on uninitialised integer inputs), found by running the stages
-        up to this one on the first micro batch (every process holds the whole model)."""
+        up to this one on the first micro batch (every process holds the whole model).
+
+        That forward pass runs in training mode, so its dropout draws random numbers; it runs on a fork of
+        the RNG (restored afterwards), otherwise a run resumed from a checkpoint, which builds its schedule
+        on its first resumed step, would draw its dropout masks from a shifted stream."""
         cfg = self.config
         part = _micro_batches(batch, cfg.micro_batch_size, 1, self.device)[0]
-        with torch.no_grad():
+        devices = [self.device] if self.device.type == "cuda" else []  # CPU generator only, or it and this GPU's
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
             args = tuple(part[k] for k in BATCH_FIELDS)  # type: Tuple[torch.Tensor, ...]
             inputs = args
             for stage in self.stage_modules[: self.rank + 1]:
