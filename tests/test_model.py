@@ -8,11 +8,13 @@ import os
 import numpy as np
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  (torch 2.0.x does not import it with torch)
 import transformers
 
 from ipu_packing.model import PackedBertForPreTraining, PackedBertOutput
 from ipu_packing.model.attention import MASK_VALUE, dense_mask
 from test_model_packs import build_packs, random_packs, to_torch
+from torch_features import requires_torch_compile
 
 FIELDS = ("loss", "mlm_loss", "nsp_loss", "mlm_logits", "nsp_logits", "mlm_accuracy", "nsp_accuracy",
           "mlm_count", "nsp_count")
@@ -251,6 +253,7 @@ def test_autocast_runs_and_stays_close_to_fp32(dtype, attention):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+@requires_torch_compile
 def test_torch_compile_fullgraph_matches_eager():
     """fullgraph=True fails on any graph break; aot_eager traces forward and backward cheaply (inductor, the
     default backend, compiles the same graph: set IPU_PACKING_TEST_INDUCTOR=1 to run it, ~2 min here)."""
