@@ -225,6 +225,15 @@ def test_training_mode_dropout_is_active_and_finite(attention):
     a.loss.backward()
 
 
+def test_flex_without_flexattention_names_the_way_out():
+    """The documented fallback on torch < 2.5 (the Poplar SDK's 2.0.1): a one-line error naming 'dense'/'sdpa'."""
+    if _has_flex():
+        pytest.skip("torch %s has FlexAttention; the fallback error is for torch < 2.5" % torch.__version__)
+    with pytest.raises(RuntimeError, match=r"attention='flex' needs torch >= 2\.5 .*use 'dense' or 'sdpa'"):
+        with torch.no_grad():
+            model_for("flex")(**tiny_batch())
+
+
 def test_flex_refuses_attention_dropout_in_training():
     if not _has_flex():
         pytest.skip("torch without FlexAttention")
