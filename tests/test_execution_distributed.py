@@ -30,6 +30,7 @@ from ipu_packing.execution import ExecutionConfig, make_runner
 from ipu_packing.execution.synthetic import PackDataset
 
 from test_execution_fixtures import build_model, make_packs
+from torch_features import PIPELINING_MISSING
 
 STEPS = 3
 MICRO = 2
@@ -91,6 +92,8 @@ def distributed_runs(tmp_path_factory):
         ("gpipe", dict(micro_batch_size=MICRO, gradient_accumulation=4, layers_per_ipu=[1, 1])),
         ("1f1b", dict(micro_batch_size=MICRO, gradient_accumulation=4, layers_per_ipu=[1, 1], pipeline_schedule="1f1b")),
     ]
+    if PIPELINING_MISSING:  # torch < 2.4 (the Poplar SDK's 2.0.1): DDP only, the pipeline cases skip
+        jobs = [job for job in jobs if "layers_per_ipu" not in job[1]]
     return _spawn(jobs, tmp_path_factory.mktemp("dist"))
 
 
@@ -102,6 +105,8 @@ def single_process():
 
 @pytest.mark.parametrize("name", ["ddp", "gpipe", "1f1b"])
 def test_two_processes_match_one(distributed_runs, single_process, name):
+    if name != "ddp" and PIPELINING_MISSING:
+        pytest.skip(PIPELINING_MISSING)
     ref_state, ref_losses = single_process
     for rank in range(2):
         state, losses = distributed_runs[(name, rank)]

@@ -14,6 +14,9 @@ from ipu_packing.execution.static_shapes import count_compiled_graphs
 from ipu_packing.execution.synthetic import collate, trim_to_longest
 
 from test_execution_fixtures import build_model, make_packs
+from torch_features import requires_torch_compile
+
+pytestmark = requires_torch_compile
 
 MICRO, ACCUMULATION = 4, 2
 CONFIG = ExecutionConfig(micro_batch_size=MICRO, gradient_accumulation=ACCUMULATION, torch_compile=True,

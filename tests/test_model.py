@@ -8,11 +8,13 @@ import os
 import numpy as np
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  (torch 2.0.x does not import it with torch)
 import transformers
 
 from ipu_packing.model import PackedBertForPreTraining, PackedBertOutput
 from ipu_packing.model.attention import MASK_VALUE, dense_mask
 from test_model_packs import build_packs, random_packs, to_torch
+from torch_features import requires_torch_compile
 
 FIELDS = ("loss", "mlm_loss", "nsp_loss", "mlm_logits", "nsp_logits", "mlm_accuracy", "nsp_accuracy",
           "mlm_count", "nsp_count")
@@ -223,6 +225,15 @@ def test_training_mode_dropout_is_active_and_finite(attention):
     a.loss.backward()
 
 
+def test_flex_without_flexattention_names_the_way_out():
+    """The documented fallback on torch < 2.5 (the Poplar SDK's 2.0.1): a one-line error naming 'dense'/'sdpa'."""
+    if _has_flex():
+        pytest.skip("torch %s has FlexAttention; the fallback error is for torch < 2.5" % torch.__version__)
+    with pytest.raises(RuntimeError, match=r"attention='flex' needs torch >= 2\.5 .*use 'dense' or 'sdpa'"):
+        with torch.no_grad():
+            model_for("flex")(**tiny_batch())
+
+
 def test_flex_refuses_attention_dropout_in_training():
     if not _has_flex():
         pytest.skip("torch without FlexAttention")
@@ -251,6 +262,7 @@ def test_autocast_runs_and_stays_close_to_fp32(dtype, attention):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+@requires_torch_compile
 def test_torch_compile_fullgraph_matches_eager():
     """fullgraph=True fails on any graph break; aot_eager traces forward and backward cheaply (inductor, the
     default backend, compiles the same graph: set IPU_PACKING_TEST_INDUCTOR=1 to run it, ~2 min here)."""
