@@ -124,7 +124,7 @@ def shard_rng(seed: int, shard: int) -> np.random.Generator:
 
 
 def derived_seed(seed: int, purpose: int) -> int:
-    return int(np.random.SeedSequence(seed, spawn_key=(1, purpose)).generate_state(1, np.uint64)[0] >> 1)
+    return int(np.random.SeedSequence(seed, spawn_key=(1, purpose)).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 # ---------------------------------------------------------------------------------------------------
