@@ -63,7 +63,7 @@ def _count_linprog(monkeypatch):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(optimal_module.optimize, "linprog", counting)
+    monkeypatch.setattr(scipy.optimize, "linprog", counting)  # optimal imports scipy.optimize lazily, at call time
     return calls
 
 
