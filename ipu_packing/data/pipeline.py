@@ -256,11 +256,14 @@ def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, d
 
 
 def _preload_planner() -> None:
-    """Import what the planner needs (scipy.optimize, ~0.5 s) while the workers build instances, so the
-    import is not on the critical path between the instance and the planning phases."""
+    """Load what the planner needs (scipy's HiGHS and NNLS extension modules, without importing
+    scipy.optimize) while the workers build instances, so it is not on the critical path between
+    the instance and the planning phases."""
     try:
-        import scipy.optimize  # noqa: F401
-        import scipy.sparse  # noqa: F401
+        from ..packing._solvers import highs_core, nnls_solver
+
+        highs_core()
+        nnls_solver()
     except ImportError:  # the planner reports it, if it needs scipy
         pass
 

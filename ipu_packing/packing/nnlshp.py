@@ -97,9 +97,9 @@ def nnlshp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pa
                 matrix[length - 1, j] += 1
         weight = np.ones(size)  # (S,)
         weight[:SHORT_LENGTHS] = SHORT_WEIGHT
-        from scipy import optimize  # lazy: importing scipy.optimize costs ~0.5 s
+        from ._solvers import nnls  # lazy, and without importing scipy.optimize (~0.5 s)
 
-        x, _ = optimize.nnls(weight[:, None] * matrix, weight * hist.astype(np.float64))
+        x, _ = nnls(weight[:, None] * matrix, weight * hist.astype(np.float64))
         counts = np.rint(x).astype(np.int64)
     out_strategies = [list(s) for s, c in zip(strategies, counts) if c > 0]
     out_repeats = [int(c) for c in counts if c > 0]

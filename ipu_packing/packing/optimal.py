@@ -196,7 +196,9 @@ class _Master:
         # scipy is imported here, not at module level: importing scipy.optimize costs ~0.5 s of
         # start-up that commands which never plan (or plan with a heuristic) should not pay.
         try:  # private but version-pinned; every failure falls back to linprog
-            from scipy.optimize._highspy import _core
+            from ._solvers import highs_core
+
+            _core = highs_core()
 
             highs = _core._Highs()
             highs.setOptionValue("output_flag", False)
@@ -296,7 +298,13 @@ def _round(x: np.ndarray, master: "_Master", lengths: np.ndarray, size: int, lim
     """
     demand = master.demand.astype(np.int64)
     whole = np.floor(x + 1e-6).astype(np.int64)  # (m,)
-    covered = np.rint(master.matrix @ whole.astype(np.float64)).astype(np.int64)  # (n,)
+    # matrix @ whole, without importing scipy.sparse (~0.2 s): the entries are small integers, so
+    # the float sums are exact in any order.
+    sizes = np.array([len(c[0]) for c in master.columns])
+    rows = np.concatenate([c[0] for c in master.columns]).astype(np.int64)
+    values = np.concatenate([c[1] for c in master.columns]).astype(np.float64)
+    weights = values * np.repeat(whole.astype(np.float64), sizes)
+    covered = np.rint(np.bincount(rows, weights, minlength=len(demand))).astype(np.int64)  # (n,)
     residual = np.maximum(demand - covered, 0)  # (n,)
     floor_strategies, floor_repeats = _greedy(residual, lengths, size, limit)
     up = whole.copy()
