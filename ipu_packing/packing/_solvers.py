@@ -67,7 +67,12 @@ def nnls(A, b):
         from scipy import optimize
 
         return optimize.nnls(A, b)
-    solver = nnls_solver()
+    try:
+        solver = nnls_solver()
+    except ImportError:  # scipy < 1.15 (e.g. the Poplar SDK's 1.10) has no _slsqplib: the ordinary path
+        from scipy import optimize
+
+        return optimize.nnls(A, b)
     x, rnorm, info = solver(A, b, 3 * A.shape[1])
     if info == 3:
         raise RuntimeError("Maximum number of iterations reached.")
