@@ -33,11 +33,21 @@ Groups = Dict[int, List[list]]  # gap -> stack of [count, lengths]
 
 
 class _OpenPacks:
-    """Open pack groups bucketed by free space, with a sorted index of non-empty gaps."""
+    """Open pack groups bucketed by free space, with a sorted index of non-empty gaps, and the
+    closed groups (full, or holding `limit` sequences)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.buckets = {}  # type: Groups
         self.gaps = []  # type: List[int]  # sorted, non-empty buckets only
+        self.closed = []  # type: List[list]  # [count, lengths]
+
+    def place(self, gap: int, count: int, lengths: List[int]) -> None:
+        """`count` packs holding `lengths` with `gap` free: closed when full or at the limit, else open."""
+        if gap == 0 or len(lengths) >= self.limit:
+            self.closed.append([count, lengths])
+        else:
+            self.push(gap, count, lengths)
 
     def push(self, gap: int, count: int, lengths: List[int]) -> None:
         stack = self.buckets.get(gap)
@@ -65,35 +75,17 @@ class _OpenPacks:
         i = bisect.bisect_left(self.gaps, length)
         return self.gaps[i] if i < len(self.gaps) else -1
 
-    def groups(self):
-        for stack in self.buckets.values():
-            for count, lengths in stack:
-                yield count, lengths
-
-
-def _finish(open_packs: _OpenPacks, closed: List[list]) -> Tuple[List[List[int]], List[int]]:
-    strategies = []  # type: List[List[int]]
-    repeats = []  # type: List[int]
-    for count, lengths in closed:
-        strategies.append(lengths)
-        repeats.append(count)
-    for count, lengths in open_packs.groups():
-        strategies.append(lengths)
-        repeats.append(count)
-    return strategies, repeats
+    def result(self) -> Tuple[List[List[int]], List[int]]:
+        """(strategies, repeats): the closed groups, then the open ones."""
+        groups = self.closed + [group for stack in self.buckets.values() for group in stack]
+        return [lengths for _, lengths in groups], [count for count, _ in groups]
 
 
 def spfhp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pack: int):
     """Shortest-pack-first histogram packing. histogram: (S,) counts, bin i = length i + 1."""
     size, limit = max_sequence_length, max_sequences_per_pack
-    open_packs = _OpenPacks()
-    closed = []  # type: List[list]
-
-    def place(gap: int, count: int, lengths: List[int]) -> None:
-        if gap == 0 or len(lengths) >= limit:
-            closed.append([count, lengths])
-        else:
-            open_packs.push(gap, count, lengths)
+    open_packs = _OpenPacks(limit)
+    place = open_packs.place
 
     for length in range(size, 0, -1):
         todo = int(histogram[length - 1])
@@ -108,20 +100,14 @@ def spfhp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pac
                 open_packs.push(gap, count - used, lengths)
             todo -= used
             place(gap - length, used, lengths + [length])
-    return _finish(open_packs, closed)
+    return open_packs.result()
 
 
 def lpfhp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pack: int):
     """Longest-pack-first (best-fit, distributing) histogram packing."""
     size, limit = max_sequence_length, max_sequences_per_pack
-    open_packs = _OpenPacks()
-    closed = []  # type: List[list]
-
-    def place(gap: int, count: int, lengths: List[int]) -> None:
-        if gap == 0 or len(lengths) >= limit:
-            closed.append([count, lengths])
-        else:
-            open_packs.push(gap, count, lengths)
+    open_packs = _OpenPacks(limit)
+    place = open_packs.place
 
     for length in range(size, 0, -1):
         todo = int(histogram[length - 1])
@@ -143,4 +129,4 @@ def lpfhp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pac
                 open_packs.push(gap, count - used, lengths)
             todo -= used * copies
             place(gap - copies * length, used, lengths + [length] * copies)
-    return _finish(open_packs, closed)
+    return open_packs.result()
