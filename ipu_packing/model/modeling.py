@@ -110,22 +110,28 @@ class BertSelfAttention(nn.Module):
         return context.transpose(1, 2).reshape(batch, length, hidden)  # (B, S, H)
 
 
-class BertSelfOutput(nn.Module):
-    def __init__(self, config: Any) -> None:
+class BertOutput(nn.Module):
+    """Project to the hidden size, dropout, add the residual, LayerNorm: (B, S, in) -> (B, S, H).
+
+    Serves both places transformers names ``*.output``: after attention (in = H) and after the
+    feed-forward intermediate (in = I), with transformers' parameter names.
+    """
+
+    def __init__(self, config: Any, in_features: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, context: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(context)) + residual)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
 
 
 class BertAttention(nn.Module):
     def __init__(self, config: Any, implementation: str) -> None:
         super().__init__()
         self.self = BertSelfAttention(config, implementation)
-        self.output = BertSelfOutput(config)
+        self.output = BertOutput(config, config.hidden_size)
 
     def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
         return self.output(self.self(h, mask), h)
@@ -141,17 +147,6 @@ class BertIntermediate(nn.Module):
         return self.act(self.dense(h))  # (B, S, I)
 
 
-class BertOutput(nn.Module):
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, intermediate: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(intermediate)) + residual)
-
-
 class BertLayer(nn.Module):
     """One encoder layer: ``layer(h, mask) -> h``, (B, S, H) -> (B, S, H) (a tensor, not a tuple)."""
 
@@ -159,7 +154,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(config, implementation)
         self.intermediate = BertIntermediate(config)
-        self.output = BertOutput(config)
+        self.output = BertOutput(config, config.intermediate_size)
 
     def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
         attended = self.attention(h, mask)
