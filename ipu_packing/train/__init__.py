@@ -11,7 +11,8 @@ Public API:
     from ipu_packing.train.optim import LAMB, build_scheduler
 """
 
-from .config import BatchAccounting, PretrainingConfig, available_configs, config_from_dict, load_config
+from .config import BatchAccounting, PretrainingConfig
+from .loader import available_configs, config_from_dict, load_config
 from .errors import ConfigError, TrainingError, UserError
 
 __all__ = [

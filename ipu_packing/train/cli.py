@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from .config import DEFAULT_CONFIG, available_configs, load_config
+from .loader import DEFAULT_CONFIG, available_configs, load_config
 from .errors import TrainingError, UserError
 
 

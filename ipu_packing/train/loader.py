@@ -1,0 +1,278 @@
+"""The config loader: configs/NAME.yaml (+ `base:` + dotted overrides) -> PretrainingConfig.
+
+YAML is a thin, strict layer over the dataclasses. A file has these top-level sections:
+
+    base:       optional name (or path) of a config this one extends; sections merge key by key
+    model:      transformers.BertConfig fields only (BERT_CONFIG_FIELDS)
+    execution:  ipu_packing.execution.ExecutionConfig fields only
+    data, optimizer, schedule, training, checkpoint, logging: the dataclasses in sections.py
+
+Every key is checked against its dataclass's fields and their types, so a field added to a dataclass is
+a valid key with no change here; an unknown key or a wrong type is a `ConfigError` that names the
+dotted key. Command-line overrides are dotted keys with YAML values (`training.steps=20`,
+`execution.layers_per_ipu=[3,7,7,7]`). Nothing is rewritten while parsing: values that depend on the
+dataset's packing factor are derived later (`PretrainingConfig.batch_accounting`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from typing import Any, Dict, List, Sequence, Tuple
+
+import yaml
+
+from .config import PretrainingConfig
+from .errors import ConfigError
+from .sections import CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ScheduleConfig, TrainingConfig
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+DEFAULT_CONFIG = "demo"
+
+_SECTIONS = {
+    "data": DataConfig,
+    "optimizer": OptimizerConfig,
+    "schedule": ScheduleConfig,
+    "training": TrainingConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+}
+_TOP_KEYS = ("base", "model", "execution") + tuple(_SECTIONS)
+
+
+def available_configs() -> List[str]:
+    """Names of the configs shipped in configs/."""
+    if not os.path.isdir(CONFIG_DIR):
+        return []
+    return sorted(f[: -len(".yaml")] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+
+
+def resolve_config_path(name_or_path: str) -> str:
+    if os.sep in name_or_path or name_or_path.endswith((".yaml", ".yml")):
+        path = name_or_path
+    else:
+        path = os.path.join(CONFIG_DIR, name_or_path + ".yaml")
+    if not os.path.isfile(path):
+        raise ConfigError(
+            "config %r not found (%s); shipped configs: %s" % (name_or_path, path, ", ".join(available_configs()))
+        )
+    return path
+
+
+def load_config(name_or_path: str = DEFAULT_CONFIG, overrides: Sequence[str] = ()) -> PretrainingConfig:
+    """Parse configs/NAME.yaml (or a path) plus dotted `key=value` overrides into a PretrainingConfig."""
+    path = resolve_config_path(name_or_path)
+    raw = _read_with_bases(path, seen=())
+    for item in overrides:
+        _apply_override(raw, item)
+    name = os.path.splitext(os.path.basename(path))[0]
+    return config_from_dict(raw, name=name)
+
+
+def config_from_dict(raw: Dict[str, Any], name: str = "custom") -> PretrainingConfig:
+    """Build a PretrainingConfig from an already merged dict (no `base`)."""
+    from ipu_packing.execution import ExecutionConfig
+
+    raw = dict(raw)
+    raw.pop("base", None)
+    for key in raw:
+        if key not in _TOP_KEYS:
+            raise ConfigError("unknown config section %r (expected one of: %s)" % (key, ", ".join(_TOP_KEYS)))
+    model = _parse_model(raw.get("model") or {})
+    execution_raw = raw.get("execution") or {}
+    execution = _build("execution", ExecutionConfig, execution_raw)
+    sections = {key: _build(key, cls, raw.get(key) or {}) for key, cls in _SECTIONS.items()}
+    try:
+        return PretrainingConfig(
+            name=name,
+            model=model,
+            execution_spec=execution,
+            explicit_execution_keys=tuple(execution_raw),
+            **sections
+        )
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:  # a section's own __post_init__
+        raise ConfigError(str(exc))
+
+
+def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
+    real = os.path.realpath(path)
+    if real in seen:
+        raise ConfigError("config %s extends itself (base cycle)" % (path,))
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise ConfigError("config %s is not valid YAML: %s" % (path, " ".join(str(exc).split())))
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config %s is not UTF-8: %s" % (path, exc))
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("config %s must be a mapping of sections, got %s" % (path, type(raw).__name__))
+    for key, value in raw.items():
+        if key not in _TOP_KEYS:
+            raise ConfigError("unknown config section %r in %s (expected one of: %s)" % (key, path, ", ".join(_TOP_KEYS)))
+        if key != "base" and value is not None and not isinstance(value, dict):
+            raise ConfigError("config section %r in %s must be a mapping" % (key, path))
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise ConfigError("base in %s must be a config name, got %r" % (path, base))
+    if os.sep not in base and not base.endswith((".yaml", ".yml")):
+        base_path = os.path.join(os.path.dirname(path), base + ".yaml")
+    else:
+        base_path = os.path.join(os.path.dirname(path), base)
+    if not os.path.isfile(base_path):
+        raise ConfigError("base config %r of %s not found (%s)" % (base, path, base_path))
+    merged = _read_with_bases(base_path, seen + (real,))
+    for key, value in raw.items():
+        section = dict(merged.get(key) or {})
+        section.update(value or {})
+        merged[key] = section
+    return merged
+
+
+def _apply_override(raw: Dict[str, Any], item: str) -> None:
+    if "=" not in item:
+        raise ConfigError("override %r must look like section.key=value" % (item,))
+    key, _, text = item.partition("=")
+    parts = key.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError("override key %r must be section.key, e.g. training.steps=20" % (key,))
+    section, name = parts
+    if section not in _TOP_KEYS or section == "base":
+        raise ConfigError("unknown config section %r in override %r" % (section, item))
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        raise ConfigError("override %r: value is not valid YAML" % (item,))
+    target = dict(raw.get(section) or {})
+    target[name] = value
+    raw[section] = target
+
+
+# transformers.BertConfig's own constructor arguments and their defaults (transformers 4.x; kept
+# here so that parsing a config does not import transformers; tests/test_configs.py checks the list
+# against the installed transformers).
+BERT_CONFIG_FIELDS = (
+    ("vocab_size", 30522),
+    ("hidden_size", 768),
+    ("num_hidden_layers", 12),
+    ("num_attention_heads", 12),
+    ("intermediate_size", 3072),
+    ("hidden_act", "gelu"),
+    ("hidden_dropout_prob", 0.1),
+    ("attention_probs_dropout_prob", 0.1),
+    ("max_position_embeddings", 512),
+    ("type_vocab_size", 2),
+    ("initializer_range", 0.02),
+    ("layer_norm_eps", 1e-12),
+    ("pad_token_id", 0),
+    ("position_embedding_type", "absolute"),
+    ("use_cache", True),
+    ("classifier_dropout", None),
+)
+
+
+def _parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
+    defaults = dict(BERT_CONFIG_FIELDS)
+    allowed = [name for name, _ in BERT_CONFIG_FIELDS]
+    out = {}
+    for key, value in raw.items():
+        if key not in defaults:
+            raise ConfigError("unknown key model.%s (transformers.BertConfig fields: %s)" % (key, ", ".join(allowed)))
+        default = defaults[key]
+        if default is None:  # classifier_dropout: a number or null
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ConfigError("model.%s must be a number or null, got %r" % (key, value))
+        elif value is None:
+            raise ConfigError("model.%s must not be null" % (key,))
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError("model.%s must be true or false, got %r" % (key, value))
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError("model.%s must be an integer, got %r" % (key, value))
+            if value < 0:
+                raise ConfigError("model.%s must be >= 0, got %r" % (key, value))
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError("model.%s must be a number, got %r" % (key, value))
+            value = float(value)
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                raise ConfigError("model.%s must be a string, got %r" % (key, value))
+        out[key] = value
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        if key in out and out[key] < 1:
+            raise ConfigError("model.%s must be >= 1, got %r" % (key, out[key]))
+    return out
+
+
+def _build(section: str, cls: type, raw: Dict[str, Any]):
+    """Instantiate dataclass `cls` from `raw`, checking keys and types; errors name section.key."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise ConfigError("unknown key %s.%s (known: %s)" % (section, key, ", ".join(names)))
+        kwargs[key] = _check_type("%s.%s" % (section, key), value, hints[key])
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        if section + "." not in message:
+            message = "%s: %s" % (section, message)
+        raise ConfigError(message)
+
+
+def _check_type(key: str, value: Any, hint: Any) -> Any:
+    origin = getattr(hint, "__origin__", None)
+    args = getattr(hint, "__args__", ()) or ()
+    if hint is Any:
+        return value
+    if origin is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in args:
+            if option is type(None):
+                continue
+            try:
+                return _check_type(key, value, option)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError("%s has the wrong type: %r (expected %s)" % (key, value, _type_name(hint)))
+    if origin in (list, List, tuple, Tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError("%s must be a list, got %r" % (key, value))
+        inner = args[0] if args else Any
+        return [_check_type("%s[%d]" % (key, i), v, inner) for i, v in enumerate(value)]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError("%s must be true or false, got %r" % (key, value))
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError("%s must be an integer, got %r" % (key, value))
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError("%s must be a number, got %r" % (key, value))
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError("%s must be a string, got %r" % (key, value))
+        return value
+    return value
+
+
+def _type_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "")

@@ -1,0 +1,201 @@
+"""The sections of a pretraining config, one typed dataclass each, with field docs and checks.
+
+configs/NAME.yaml has one mapping per section (`data:`, `optimizer:`, `schedule:`, `training:`,
+`checkpoint:`, `logging:`); `loader.py` turns each into the dataclass below, rejecting unknown keys and
+wrong types, and `__post_init__` checks the values. `model:` (transformers.BertConfig fields) and
+`execution:` (ipu_packing.execution.ExecutionConfig) are defined where they belong.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+from .errors import ConfigError
+
+BATCH_ACCOUNTING = ("accumulation", "betas")
+LAYOUTS = ("packed", "padded")
+OPTIMIZERS = ("lamb", "adamw")
+DECAYS = ("linear", "poly", "constant")
+
+
+@dataclass
+class DataConfig:
+    dir: str = "output/data/demo_128"
+    """Prepared data root, as written by `python -m ipu_packing.data prepare --output DIR`
+    (holds packed/ and padded/). Relative paths are relative to the working directory."""
+    layout: str = "packed"
+    """"packed" (DIR/packed) or "padded" (DIR/padded: the baseline, one sequence per row)."""
+    max_seq_length: int = 128
+    """S of the model's input; the dataset's manifest must agree."""
+    max_sequences_per_pack: int = 3
+    """K of the packed dataset (the padded one always has K = 1); the manifest must agree."""
+    packing_factor_estimate: float = 1.0
+    """Sequences per pack assumed where no dataset is opened (--dry-run). Training always uses
+    the dataset's measured factor."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+
+    def __post_init__(self) -> None:
+        _choice("data.layout", self.layout, LAYOUTS)
+        _positive("data.max_seq_length", self.max_seq_length)
+        _positive("data.max_sequences_per_pack", self.max_sequences_per_pack)
+        if self.packing_factor_estimate < 1.0:
+            raise ConfigError("data.packing_factor_estimate must be >= 1.0, got %r" % (self.packing_factor_estimate,))
+        if self.num_workers < 0:
+            raise ConfigError("data.num_workers must be >= 0, got %r" % (self.num_workers,))
+
+    @property
+    def path(self) -> str:
+        """The dataset directory the run reads."""
+        return os.path.join(self.dir, self.layout)
+
+    @property
+    def expected_sequences_per_pack(self) -> int:
+        return 1 if self.layout == "padded" else self.max_sequences_per_pack
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "lamb"
+    """"lamb" (torch LAMB here, poptorch.optim.LAMB on IPUs) or "adamw"."""
+    lr: float = 0.001
+    """Peak learning rate (reached at the end of warm-up)."""
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    """(beta1, beta2) for one *unpacked* sequence batch; see TrainingConfig.batch_accounting."""
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    """Decoupled weight decay on matrices; biases and LayerNorm weights get none."""
+    bias_correction: bool = True
+    """Adam-style bias correction of the moments (Graphcore's "LAMB" vs "LAMBNoBiasCorrection")."""
+    trust_ratio_on_bias: bool = False
+    """Apply the LAMB trust ratio to biases too. Graphcore's app exempts them (max_weight_norm=0)."""
+
+    def __post_init__(self) -> None:
+        _choice("optimizer.name", self.name, OPTIMIZERS)
+        if not self.lr > 0:
+            raise ConfigError("optimizer.lr must be > 0, got %r" % (self.lr,))
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError("optimizer.betas must be two numbers in [0, 1), got %r" % (self.betas,))
+        if not self.eps > 0:
+            raise ConfigError("optimizer.eps must be > 0, got %r" % (self.eps,))
+        if self.weight_decay < 0:
+            raise ConfigError("optimizer.weight_decay must be >= 0, got %r" % (self.weight_decay,))
+
+
+@dataclass
+class ScheduleConfig:
+    warmup_fraction: float = 0.1
+    """Fraction of training.steps spent warming up linearly from 0 to optimizer.lr."""
+    decay: str = "linear"
+    """After warm-up: "linear" or "poly" decay to end_lr_fraction * lr, or "constant"."""
+    poly_power: float = 1.0
+    """Exponent of the poly decay (1.0 is linear)."""
+    end_lr_fraction: float = 0.0
+    """Learning rate at the last step, as a fraction of the peak."""
+
+    def __post_init__(self) -> None:
+        _choice("schedule.decay", self.decay, DECAYS)
+        if not 0.0 <= self.warmup_fraction <= 1.0:
+            raise ConfigError("schedule.warmup_fraction must be in [0, 1], got %r" % (self.warmup_fraction,))
+        if not self.poly_power > 0:
+            raise ConfigError("schedule.poly_power must be > 0, got %r" % (self.poly_power,))
+        if not 0.0 <= self.end_lr_fraction <= 1.0:
+            raise ConfigError("schedule.end_lr_fraction must be in [0, 1], got %r" % (self.end_lr_fraction,))
+
+
+@dataclass
+class TrainingConfig:
+    steps: int = 100
+    """Optimizer steps."""
+    global_batch_sequences: int = 64
+    """Sequences per optimizer step without packing (all replicas, all accumulation)."""
+    batch_accounting: str = "accumulation"
+    """How packing keeps the statistics of a batch of `global_batch_sequences` sequences:
+    "accumulation" (paper's option 1): divide gradient accumulation by the packing factor;
+    "betas" (paper's option 2): keep accumulation in packs, raise LAMB betas to the packing factor."""
+    seed: int = 42
+    """Seeds weights (from scratch), dropout and the per-epoch data order."""
+    num_threads: int = 0
+    """torch intra-op threads on CPU; 0 keeps torch's default. One thread is steadier on a busy
+    machine (the demo uses 1: its matrices are too small to gain from more)."""
+
+    def __post_init__(self) -> None:
+        _positive("training.steps", self.steps)
+        _positive("training.global_batch_sequences", self.global_batch_sequences)
+        _choice("training.batch_accounting", self.batch_accounting, BATCH_ACCOUNTING)
+        if self.num_threads < 0:
+            raise ConfigError("training.num_threads must be >= 0, got %r" % (self.num_threads,))
+
+    # Batch arithmetic, beside the fields it derives from (as litgpt's TrainArgs keeps batch sizes).
+
+    def unpacked_accumulation(self, micro_batch_size: int, replication_factor: int) -> int:
+        """Micro batches per replica per step without packing: global batch / (micro * replicas)."""
+        per_micro = micro_batch_size * replication_factor
+        if self.global_batch_sequences % per_micro:
+            raise ConfigError(
+                "training.global_batch_sequences %d is not a multiple of execution.micro_batch_size * "
+                "execution.replication_factor = %d" % (self.global_batch_sequences, per_micro)
+            )
+        return self.global_batch_sequences // per_micro
+
+    def gradient_accumulation(self, micro_batch_size: int, replication_factor: int, packing_factor: float) -> int:
+        """Micro batches per replica per step as run on data averaging `packing_factor` sequences per pack.
+        "accumulation": the unpacked count divided by the factor, rounded to the nearest integer (at least 1);
+        "betas": the unpacked count."""
+        unpacked = self.unpacked_accumulation(micro_batch_size, replication_factor)
+        if self.batch_accounting == "accumulation":
+            return max(1, int(math.floor(unpacked / packing_factor + 0.5)))
+        return unpacked
+
+    def betas(self, betas: Sequence[float], packing_factor: float) -> Tuple[float, float]:
+        """The optimizer's (beta1, beta2) as run: "betas" raises each to the packing factor, so the moments
+        decay per sequence seen as without packing; "accumulation" keeps them."""
+        b1, b2 = betas
+        if self.batch_accounting == "betas":
+            return (float(b1) ** packing_factor, float(b2) ** packing_factor)
+        return (float(b1), float(b2))
+
+
+@dataclass
+class CheckpointConfig:
+    output_dir: str = ""
+    """Run directory (checkpoints, logs, export). Empty: output/runs/<config name>."""
+    every_steps: int = 0
+    """Save every N steps; 0 saves only at the end."""
+    keep: int = 2
+    """How many step checkpoints to keep (oldest are deleted after a newer one is written)."""
+    init_from: Optional[str] = None
+    """Phase-1 weights: a Hugging Face BERT directory (config.json + weights) or one of our
+    checkpoints (a step_*.pt file or a run directory). Only the model weights are taken."""
+    resume: str = "auto"
+    """"auto": continue from the run directory's latest checkpoint if there is one;
+    "never": refuse to start in a run directory that has checkpoints; or a checkpoint path."""
+    export: bool = True
+    """Write the final model as a Hugging Face directory (run_dir/final)."""
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 0:
+            raise ConfigError("checkpoint.every_steps must be >= 0, got %r" % (self.every_steps,))
+        _positive("checkpoint.keep", self.keep)
+
+
+@dataclass
+class LoggingConfig:
+    progress_bar: bool = True
+    tensorboard: bool = True
+    """Write TensorBoard event files to run_dir/tensorboard (skipped with a note if unavailable)."""
+    jsonl: bool = True
+    """Append one JSON object per step to run_dir/metrics.jsonl."""
+
+
+def _choice(key: str, value: str, options: Sequence[str]) -> None:
+    if value not in options:
+        raise ConfigError("%s must be one of %s, got %r" % (key, ", ".join(options), value))
+
+
+def _positive(key: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError("%s must be >= 1, got %r" % (key, value))
