@@ -9,7 +9,6 @@ import pytest
 import transformers
 
 from ipu_packing.execution import ExecutionConfig
-from ipu_packing.execution.cli import main
 from ipu_packing.execution.dry_run import dry_run_report, memory_per_device, module_parameters
 
 from test_execution_poptorch import CASES
@@ -71,41 +70,3 @@ def test_report_for_every_ipu_config(case):
     assert "of 900MB" in report
     assert "%d packs" % execution.global_batch_packs in report
     assert "%.1f sequences" % execution.global_batch_sequences(2.0) in report
-
-
-def test_cli_dry_run(tmp_path, capsys):
-    path = tmp_path / "c.yaml"
-    path.write_text("model:\n  num_hidden_layers: 4\nexecution:\n  backend: poptorch\n  layers_per_ipu: [0, 2, 2]\n"
-                    "train:\n  anything: 1\n")
-    main(["dry-run", "--config", str(path), "--sequences-per-pack", "1.5"])
-    out = capsys.readouterr().out
-    expected = dry_run_report(transformers.BertConfig(num_hidden_layers=4),
-                              ExecutionConfig(backend="poptorch", layers_per_ipu=[0, 2, 2]), 1.5)
-    assert out == expected
-
-
-@pytest.mark.parametrize(
-    "text, message",
-    [
-        ("execution:\n  replication: 2\n", "unknown execution key(s): replication"),
-        ("model:\n  num_hidden_layers: 4\nexecution:\n  layers_per_ipu: [1, 1]\n", "places 2 encoder layers but the model has 4"),
-        ("execution:\n  backend: tpu\n", "execution.backend must be one of"),
-        ("model:\n  hiden_size: 3\n", "unknown model key(s): hiden_size"),
-        ("[1, 2", "not valid YAML"),
-    ],
-)
-def test_cli_bad_config_is_one_line_exit_2(tmp_path, capsys, text, message):
-    path = tmp_path / "bad.yaml"
-    path.write_text(text)
-    with pytest.raises(SystemExit) as exc:
-        main(["dry-run", "--config", str(path)])
-    assert exc.value.code == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert message in captured.err and captured.err.count("\n") == 1 and captured.err.startswith("error: ")
-
-
-def test_missing_config_file(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["dry-run", "--config", "/nonexistent/x.yaml"])
-    assert exc.value.code == 2 and "cannot read config" in capsys.readouterr().err

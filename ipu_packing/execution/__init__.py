@@ -11,7 +11,7 @@ CONTRACT (the application relies on these names):
     runner.model                                        # the unwrapped single-device model
 
     from ipu_packing.execution.dry_run import dry_run_report   # no poptorch, no model instance needed
-    python -m ipu_packing.execution dry-run --config configs/X.yaml --sequences-per-pack 2.0
+    python -m ipu_packing.execution dry-run --config NAME [section.key=value ...]
 
 poptorch is imported only when the poptorch backend is chosen (poptorch_backend.py); torch.distributed and
 torch.distributed.pipelining only when a config needs more than one process.

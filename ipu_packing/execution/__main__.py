@@ -1,5 +1,7 @@
-"""python -m ipu_packing.execution dry-run --config configs/X.yaml [--sequences-per-pack F] [--optimizer lamb]"""
+"""python -m ipu_packing.execution dry-run --config NAME|PATH [section.key=value ...]"""
+
+import sys
 
 from ipu_packing.execution.cli import main
 
-main()
+sys.exit(main())

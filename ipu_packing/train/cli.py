@@ -16,14 +16,14 @@ from .loader import DEFAULT_CONFIG, available_configs, load_config
 from .errors import TrainingError, UserError
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
         sys.stderr.write("error: %s (see --help)\n" % (message,))
         sys.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineErrorParser(
         prog="run_pretraining.py",
         description="BERT phase-2 pretraining on packed sequences (configs/*.yaml; overrides as section.key=value).",
     )
