@@ -13,7 +13,7 @@ either the old set of checkpoints or the new one, never a torn file. It holds:
     metrics                          the last step's metrics
 
 Resuming restores all of it, which makes a resumed run bitwise identical to an uninterrupted
-one on CPU (tests/test_train_resume.py).
+one on CPU (tests/test_train_loop.py::test_resume_after_kill_gives_bitwise_the_same_losses).
 """
 
 from __future__ import annotations
