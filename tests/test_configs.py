@@ -138,3 +138,49 @@ def test_model_section_fields_are_bert_config_arguments():
     params = inspect.signature(transformers.BertConfig.__init__).parameters
     expected = {name: p.default for name, p in params.items() if name not in ("self", "kwargs")}
     assert dict(BERT_CONFIG_FIELDS) == expected
+
+
+def test_batch_arithmetic_methods_beside_the_fields():
+    from ipu_packing.train.sections import TrainingConfig
+
+    option_1 = TrainingConfig(global_batch_sequences=16384)
+    assert option_1.unpacked_accumulation(2, 4) == 2048
+    assert option_1.gradient_accumulation(2, 4, 2.0) == 1024
+    assert option_1.gradient_accumulation(2, 4, 1.7) == 1205  # nearest integer to 1204.7
+    assert option_1.gradient_accumulation(8, 1, 5000.0) == 1  # never below one micro batch
+    assert option_1.betas([0.9, 0.999], 2.0) == (0.9, 0.999)
+    option_2 = TrainingConfig(global_batch_sequences=16384, batch_accounting="betas")
+    assert option_2.gradient_accumulation(2, 4, 2.0) == 2048
+    assert option_2.betas([0.9, 0.999], 2.0) == pytest.approx((0.81, 0.998001))
+    with pytest.raises(ConfigError, match="not a multiple of execution.micro_batch_size"):
+        option_1.unpacked_accumulation(3, 1)
+
+
+def test_base_merges_key_by_key_and_refuses_cycles(tmp_path):
+    (tmp_path / "parent.yaml").write_text("training:\n  steps: 7\n  seed: 3\ndata:\n  layout: padded\n")
+    (tmp_path / "child.yaml").write_text("base: parent\ntraining:\n  seed: 9\n")
+    config = load_config(str(tmp_path / "child.yaml"), ["data.num_workers=2"])
+    assert (config.name, config.training.steps, config.training.seed) == ("child", 7, 9)
+    assert (config.data.layout, config.data.num_workers) == ("padded", 2)
+    (tmp_path / "a.yaml").write_text("base: b\n")
+    (tmp_path / "b.yaml").write_text("base: a\n")
+    with pytest.raises(ConfigError, match="base cycle"):
+        load_config(str(tmp_path / "a.yaml"))
+
+
+def test_execution_keys_are_the_dataclass_fields(monkeypatch):
+    """A field added to ExecutionConfig is a valid, type-checked key with no change to the loader."""
+    import dataclasses
+
+    import ipu_packing.execution as execution
+
+    @dataclasses.dataclass
+    class Extended(execution.ExecutionConfig):
+        new_knob: int = 1
+
+    monkeypatch.setattr(execution, "ExecutionConfig", Extended)
+    assert load_config("demo", ["execution.new_knob=5"]).execution.new_knob == 5
+    with pytest.raises(ConfigError, match="execution.new_knob must be an integer"):
+        load_config("demo", ["execution.new_knob=five"])
+    with pytest.raises(ConfigError, match="unknown key execution.old_knob"):
+        load_config("demo", ["execution.old_knob=5"])
