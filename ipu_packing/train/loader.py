@@ -241,14 +241,13 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
     if origin is typing.Union:
         if value is None and type(None) in args:
             return None
-        errors = []
         for option in args:
             if option is type(None):
                 continue
             try:
                 return _check_type(key, value, option)
-            except ConfigError as exc:
-                errors.append(str(exc))
+            except ConfigError:
+                pass
         raise ConfigError("%s has the wrong type: %r (expected %s)" % (key, value, _type_name(hint)))
     if origin in (list, List, tuple, Tuple):
         if not isinstance(value, (list, tuple)):
