@@ -37,6 +37,7 @@ DOCUMENTED = {
     "Precision.": {"enableStochasticRounding", "setPartialsType", "halfFloatCasting"},
     "TensorLocations.": {"setOptimizerLocation", "setWeightLocation", "setActivationLocation", "numIOTiles"},
     "TensorLocationSettings.": {"useOnChipStorage", "useReplicatedTensorSharding", "minElementsForOffChip"},
+    "_Popart.": {"set", "setPatterns"},
 }
 
 
@@ -62,6 +63,7 @@ class FakeOptions(_Recording):
         self.Training = _Recording(self._log, "Training.")
         self.Precision = _Recording(self._log, "Precision.")
         self.TensorLocations = _Recording(self._log, "TensorLocations.")
+        self._Popart = _Recording(self._log, "_Popart.")
 
     def value(self, name, default=None):
         found = [a for n, a, _ in self.calls if n == name]
