@@ -106,6 +106,10 @@ def make_fake_poptorch():
     pt.ReductionType = enum.Enum("ReductionType", "Sum Mean NoReduction")
     pt.OutputMode = enum.Enum("OutputMode", "Final EveryN All Sum Default")
     pt.AutoStage = enum.Enum("AutoStage", "SameAsIpu AutoIncrement")
+    pt.DataLoaderMode = enum.Enum("DataLoaderMode", "Sync Async AsyncRebatched")
+    pt.MatMulSerializationMode = enum.Enum("MatMulSerializationMode",
+                                           "InputChannels ReducingDim OutputChannels Disabled")
+    pt.serializedMatMul = lambda lhs, rhs, mode, factor=0, keep_precision=False: lhs @ rhs
     pt.Options = FakeOptions
     pt.TensorLocationSettings = lambda: _Recording([], "TensorLocationSettings.")
 

@@ -235,6 +235,7 @@ def translate_optimizer(optimizer: torch.optim.Optimizer, config: ExecutionConfi
             value = optimizer.defaults.get(attr)
         if value is not None:
             kwargs[attr] = value
+    kwargs.update(optimizer_precision_kwargs(config, target))  # accumulator and moment types
     return getattr(poptorch.optim, target)(groups, loss_scaling=float(config.loss_scaling), **kwargs)
 
 
@@ -265,6 +266,7 @@ class PoptorchRunner:
         self.scheduler = scheduler
         self.options = build_options(config, self.poptorch)
         self.placement = apply_placement(model, config, self.poptorch)
+        serialize_tied_decoder(model, config, self.poptorch)  # execution.embedding_serialization_factor
         if config.precision == "fp16":
             model.half()
         elif config.precision == "bf16":
@@ -288,6 +290,7 @@ class PoptorchRunner:
             shuffle=shuffle,
             num_workers=num_workers,
             drop_last=True,
+            **dataloader_kwargs(self.config, self.poptorch),  # execution.dataloader_mode
         )
 
     def _args(self, batch) -> List[torch.Tensor]:
