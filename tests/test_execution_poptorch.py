@@ -37,6 +37,7 @@ DOCUMENTED = {
     "Precision.": {"enableStochasticRounding", "setPartialsType", "halfFloatCasting"},
     "TensorLocations.": {"setOptimizerLocation", "setWeightLocation", "setActivationLocation", "numIOTiles"},
     "TensorLocationSettings.": {"useOnChipStorage", "useReplicatedTensorSharding", "minElementsForOffChip"},
+    "_Popart.": {"set", "setPatterns"},
 }
 
 
@@ -62,6 +63,7 @@ class FakeOptions(_Recording):
         self.Training = _Recording(self._log, "Training.")
         self.Precision = _Recording(self._log, "Precision.")
         self.TensorLocations = _Recording(self._log, "TensorLocations.")
+        self._Popart = _Recording(self._log, "_Popart.")
 
     def value(self, name, default=None):
         found = [a for n, a, _ in self.calls if n == name]
@@ -104,6 +106,10 @@ def make_fake_poptorch():
     pt.ReductionType = enum.Enum("ReductionType", "Sum Mean NoReduction")
     pt.OutputMode = enum.Enum("OutputMode", "Final EveryN All Sum Default")
     pt.AutoStage = enum.Enum("AutoStage", "SameAsIpu AutoIncrement")
+    pt.DataLoaderMode = enum.Enum("DataLoaderMode", "Sync Async AsyncRebatched")
+    pt.MatMulSerializationMode = enum.Enum("MatMulSerializationMode",
+                                           "InputChannels ReducingDim OutputChannels Disabled")
+    pt.serializedMatMul = lambda lhs, rhs, mode, factor=0, keep_precision=False: lhs @ rhs
     pt.Options = FakeOptions
     pt.TensorLocationSettings = lambda: _Recording([], "TensorLocationSettings.")
 

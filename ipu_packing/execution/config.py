@@ -14,12 +14,22 @@ Vocabulary (used the same way in PopTorch and in PyTorch):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 BACKENDS = ("torch", "poptorch")
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEVICES = ("cpu", "cuda")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+ACCUMULATOR_TYPES = ("fp16", "fp32")
+OUTPUT_MODES = ("sum", "all", "final")
+DATALOADER_MODES = ("sync", "async", "async_rebatched")
+#: PopART AccumulateOuterFragmentSchedule, in enum order (graphcore/popart willow/include/popart/
+#: sessionoptions.hpp:584-599): the integer PopTorch's ``_Popart.set`` wants is the index.
+ACCUMULATE_OUTER_FRAGMENT_SCHEDULES = ("scheduler", "serial", "overlap_cycle_optimized", "overlap_memory_optimized")
+#: PopART SubgraphCopyingStrategy, in enum order (sessionoptions.hpp:645-660).
+SUBGRAPH_COPYING_STRATEGIES = ("on_enter_and_exit", "just_in_time")
+#: Bytes per element of each accumulator / optimizer-state type.
+TYPE_BYTES = {"fp16": 2, "fp32": 4}
 
 #: In-Processor Memory of one Mk2 IPU (GC200), in bytes: 900 MB as Graphcore quotes it (900 * 10**6).
 IPU_MEMORY_BYTES = 900 * 10**6
@@ -54,11 +64,13 @@ class ExecutionConfig:
     loss_scaling: float = 1.0
     """Static loss scale for fp16: the loss is multiplied by it before the backward pass and the gradients
     divided by it before the update (poptorch: the optimizer's ``loss_scaling``)."""
-    optimizer_state_offchip: bool = True
+    optimizer_state_offchip: bool = True  # graphcore/examples nlp/bert/pytorch configs_pretraining.yml:30
     """poptorch: keep optimizer state in streaming (off-chip) memory, as the published IPU BERT app does;
     BERT-Large's LAMB state alone would not fit next to its weights in 900 MB (see the dry run)."""
-    replicated_tensor_sharding: bool = False
-    """poptorch: shard optimizer state across replicas (each holds 1/replication of it)."""
+    replicated_tensor_sharding: bool = False  # configs_pretraining.yml:29 (every pretrain_* entry: true, 85, 151)
+    """poptorch: shard optimizer state across replicas (each holds 1/replication of it, and streams only that
+    share on and off chip). Graphcore's pretraining configs all turn it on (they run 4 or 16 replicas), as
+    the shipped configs/bert_*_pod*.yaml do; with one replica it changes nothing."""
     executable_cache_dir: Optional[str] = None
     """poptorch: directory where compiled executables are cached and reused."""
     compile_only: bool = False
@@ -75,6 +87,59 @@ class ExecutionConfig:
     generating code, which is how the tests count compilations cheaply)."""
     seed: int = 0
     """poptorch randomSeed, and the seed of the runner's data-order permutation when shuffling."""
+
+    # ---- Graphcore's memory and PopART settings (poptorch only; the torch backend ignores them) --------
+    # Defaults are the `defaults:` block of Graphcore's published app (graphcore/examples nlp/bert/pytorch,
+    # configs_pretraining.yml, ipu_options.py, optimization.py, at commit 3cc8f81f); the shipped
+    # configs/bert_*_pod*.yaml set what the corresponding `pretrain_*_512*` entries set on top of it.
+    embedding_serialization_factor: int = 1  # configs_pretraining.yml:27 (pretrain_*_512: 2, lines 121, 161)
+    """Split the tied MLM decoder matmul (hidden -> vocab) into this many serial matmuls over the vocabulary
+    (``poptorch.serializedMatMul``, MatMulSerializationMode.OutputChannels), as Graphcore's
+    PipelinedBertForPretraining.parallelize does with its SerializedLinear decoder (modeling.py:161-171).
+    It must divide the vocabulary size; 1 disables it."""
+    half_partials: bool = True  # configs_pretraining.yml:32 enable_half_partials; ipu_options.py:96-98
+    """Matmul/convolution partials in fp16 (``opts.Precision.setPartialsType(torch.float16)``). Applies to an
+    fp16 model only: fp32 matmuls keep fp32 partials and the option is not emitted."""
+    gradient_accumulator_type: Optional[str] = None  # optimization.py:76 accum_type=float16 (fp16 model)
+    """Type of the gradient accumulators (poptorch.optim ``accum_type``): "fp16" or "fp32". None follows
+    the weights: fp16 for an fp16 model (Graphcore's choice), fp32 otherwise (PopTorch's own default,
+    poptorch python/optim.py:733-734)."""
+    first_order_momentum_type: str = "fp32"  # optimization.py:54,77 with configs_pretraining.yml:31 (False)
+    """Type of the first moment (poptorch.optim ``first_order_momentum_accum_type``; SGD: velocity)."""
+    second_order_momentum_type: str = "fp32"  # optimization.py:78 second_order_momentum_accum_type=float32
+    """Type of the second moment (poptorch.optim ``second_order_momentum_accum_type``)."""
+    output_mode: str = "sum"  # ipu_options.py:61-62 opts.outputMode(poptorch.OutputMode.Sum)
+    """What each host call returns per replica: "sum" over the call's micro batches (Graphcore's choice:
+    the least host traffic; the runner divides by ``output_sum_count``), "all" (one value per micro
+    batch) or "final" (the last micro batch only)."""
+    dataloader_mode: str = "async_rebatched"  # configs_pretraining.yml:20; pretraining_data.py:260
+    """poptorch.DataLoader ``mode``: "async_rebatched" (DataLoaderMode.AsyncRebatched: an
+    AsynchronousDataAccessor fills the next host call while the IPU runs; workers batch 1 element and the
+    accessor rebatches), "async" (DataLoaderMode.Async) or "sync"."""
+    disable_grad_accumulation_tensor_streams: bool = True  # ipu_options.py:105-106
+    """PopART ``disableGradAccumulationTensorStreams``: do not create host streams for the accumulated
+    gradients (only tensors the host asks for are streamed)."""
+    accumulate_outer_fragment_schedule: str = "overlap_memory_optimized"  # ipu_options.py:107-110
+    """PopART ``accumulateOuterFragmentSettings.schedule``: how the weight update after the accumulation
+    loop is scheduled across IPUs; "overlap_memory_optimized" runs the IPUs' updates in parallel while
+    avoiding the steps that cost most memory."""
+    accumulate_outer_fragment_excluded_ipus: List[int] = field(default_factory=lambda: [0])  # ipu_options.py:111
+    """PopART ``accumulateOuterFragmentSettings.excludedVirtualGraphs``: IPUs kept out of that parallel
+    update (IPU 0, which holds the embedding and its large streamed optimizer state)."""
+    subgraph_copying_strategy: str = "just_in_time"  # ipu_options.py:112-113
+    """PopART ``subgraphCopyingStrategy``: copy an outlined subgraph's inputs just before use and its
+    outputs as soon as produced, so fewer copies are live at once."""
+    schedule_non_weight_update_gradient_consumers_early: bool = True  # ipu_options.py:114
+    """PopART ``scheduleNonWeightUpdateGradientConsumersEarly``."""
+    tied_gather: bool = True  # ipu_options.py:115 setPatterns TiedGather, TiedGatherAccumulate
+    """PopART patterns TiedGather and TiedGatherAccumulate: the embedding lookup and the tied MLM decoder
+    share one weight layout, and the lookup's gradient is accumulated straight into the decoder's."""
+    update_inplace_priorities_for_ipu: bool = True  # ipu_options.py:115 setPatterns
+    """PopART pattern UpdateInplacePrioritiesForIpu."""
+    engine_options: Dict[str, str] = field(
+        default_factory=lambda: {"opt.useAutoloader": "true", "target.syncReplicasIndependently": "true"}
+    )  # ipu_options.py:117-121, 132
+    """Poplar engine options (``opts._Popart.set("engineOptions", ...)``)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -110,6 +175,33 @@ class ExecutionConfig:
             raise ValueError("execution.loss_scaling must be > 0, got %r" % (self.loss_scaling,))
         if self.compile_only and self.use_ipu_model:
             raise ValueError("execution.compile_only targets an offline IPU and cannot use the IPU Model")
+        n = self.embedding_serialization_factor
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError("execution.embedding_serialization_factor must be an integer >= 1, got %r" % (n,))
+        for name in ("gradient_accumulator_type", "first_order_momentum_type", "second_order_momentum_type"):
+            value = getattr(self, name)
+            if not (value in ACCUMULATOR_TYPES or (value is None and name == "gradient_accumulator_type")):
+                raise ValueError("execution.%s must be one of %s, got %r" % (name, ACCUMULATOR_TYPES, value))
+        for name, choices in (
+            ("output_mode", OUTPUT_MODES),
+            ("dataloader_mode", DATALOADER_MODES),
+            ("accumulate_outer_fragment_schedule", ACCUMULATE_OUTER_FRAGMENT_SCHEDULES),
+            ("subgraph_copying_strategy", SUBGRAPH_COPYING_STRATEGIES),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError("execution.%s must be one of %s, got %r" % (name, choices, getattr(self, name)))
+        self.accumulate_outer_fragment_excluded_ipus = list(self.accumulate_outer_fragment_excluded_ipus)
+        for ipu in self.accumulate_outer_fragment_excluded_ipus:
+            if isinstance(ipu, bool) or not isinstance(ipu, int) or not 0 <= ipu < self.num_stages:
+                raise ValueError(
+                    "execution.accumulate_outer_fragment_excluded_ipus must be IPU indices in [0, %d), got %r"
+                    % (self.num_stages, self.accumulate_outer_fragment_excluded_ipus)
+                )
+        if not isinstance(self.engine_options, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.engine_options.items()
+        ):
+            raise ValueError("execution.engine_options must map strings to strings, got %r" % (self.engine_options,))
+        self.engine_options = dict(self.engine_options)
 
     # ---- derived values (the only place they are computed) -------------------------------------------
 
@@ -166,6 +258,22 @@ class ExecutionConfig:
     def optimizer_steps_per_call(self) -> int:
         """Optimizer steps one ``runner.train_step`` runs (device iterations on poptorch, else 1)."""
         return self.device_iterations if self.backend == "poptorch" else 1
+
+    @property
+    def accumulator_type(self) -> str:
+        """Gradient accumulator type as run: ``gradient_accumulator_type``, or the weights' type if None."""
+        if self.gradient_accumulator_type is not None:
+            return self.gradient_accumulator_type
+        return "fp16" if self.precision == "fp16" else "fp32"
+
+    @property
+    def output_sum_count(self) -> int:
+        """Micro batches summed into each value a poptorch host call returns per replica: gradient
+        accumulation x device iterations under output_mode "sum", else 1. Dividing a returned value's mean
+        by it gives the mean per micro batch for every output mode."""
+        if self.output_mode == "sum":
+            return self.gradient_accumulation * self.device_iterations
+        return 1
 
     def memory_proportion_for(self, ipu: int) -> Optional[float]:
         """availableMemoryProportion for ``ipu`` (None: Poplar default)."""

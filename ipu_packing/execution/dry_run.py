@@ -1,26 +1,34 @@
-"""Dry run: what a config would place where, how much weight memory each IPU/stage needs, and the batch
-sizes in packs and in sequences. Arithmetic only: needs neither poptorch nor a model instance.
+"""Dry run: what a config would place where, how much memory each IPU/stage needs, and the batch sizes in
+packs and in sequences. Arithmetic only: needs neither poptorch nor a model instance.
 
 Parameter counts follow transformers' BertForPreTraining exactly (tests check the total against it); the
-MLM decoder weight is tied to the word embedding and counted once, with the embeddings. Memory counted:
+MLM decoder weight is tied to the word embedding and counted once, with the embeddings. Per IPU (poptorch)
+the table has, in bytes (legend: B micro batch in packs, S sequence length, H hidden, I intermediate,
+N attention heads, L_g encoder layers in a pipeline group, d_g its stash depth, b bytes per activation):
 
-- weights, at the precision the model runs in (fp16: 2 bytes, else 4; bf16 autocast keeps fp32 weights);
-- gradient accumulators, one per weight at the same precision (poptorch keeps them only when accumulating
-  gradients over micro batches; torch always holds ``.grad``);
-- optimizer state in fp32: 2 tensors per weight for LAMB/AdamW/Adam (first and second moments), 1 for SGD;
-  on chip unless ``optimizer_state_offchip`` (the default, as in the published IPU BERT app) moves it to
-  streaming memory, and divided by the replication factor under replicated tensor sharding.
+- weights, at the model's precision (fp16: 2 bytes, else 4); exact;
+- gradient accumulators, one per weight at ``ExecutionConfig.accumulator_type`` (the ``accum_type`` the
+  adapter gives poptorch.optim; PopTorch's own default is fp32, optim.py:733-734), only when accumulating
+  over micro batches (PopART keeps none otherwise); exact;
+- optimizer state: first and second moments (SGD: velocity) at their configured types, divided by the
+  replication factor under replicated tensor sharding; on chip, or in streaming memory when
+  ``optimizer_state_offchip``; exact;
+- stream buffer (estimate): with the state off chip, the weight update brings each tensor's state on chip
+  to update it; at least the largest tensor's state (its shard under sharding) is on chip at once;
+- stash (estimate): see ``stash_depths`` and ``activation_bytes``;
+- activations (estimate): what is live while the recomputed unit runs its backward.
 
-Not counted: activations, pipeline stashes, code and exchange buffers, which need whatever is left of the
-900 MB.
+Not counted: code, exchange and IPU-copy buffers, matmul temporaries (bounded by availableMemoryProportion),
+the heads' (B, M, V) logits, host-stream buffers. IPUs whose counted total passes 900 MB are flagged.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from .config import IPU_MEMORY_BYTES, ExecutionConfig
+from .config import IPU_MEMORY_BYTES, TYPE_BYTES, ExecutionConfig
 from .placement import Placement, plan_placement
+from .poptorch_backend import describe_options
 
 OPTIMIZER_STATES = {"lamb": 2, "adamw": 2, "adam": 2, "sgd": 1}
 
@@ -39,6 +47,19 @@ def module_parameters(model_config) -> Dict[str, int]:
     return counts
 
 
+def largest_tensors(model_config) -> Dict[str, int]:
+    """Elements of the largest parameter tensor of every placed module (the tied decoder weight counted with
+    the embeddings)."""
+    H, I, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
+    P = model_config.max_position_embeddings
+    largest = {"bert.embeddings": max(V, P, model_config.type_vocab_size) * H}
+    for i in range(model_config.num_hidden_layers):
+        largest["bert.encoder.layer.%d" % i] = max(H * H, H * I)
+    largest["bert.pooler"] = H * H
+    largest["cls"] = max(H * H, V, 2 * H)
+    return largest
+
+
 def _fmt_bytes(n: float) -> str:
     return "%.1f MB" % (n / 1e6)
 
@@ -47,49 +68,221 @@ def _fmt_count(n: float) -> str:
     return "%.2fM" % (n / 1e6) if n >= 1e5 else "%d" % n
 
 
+def pipeline_groups(plan: List[Placement]) -> List[Tuple[int, List[Placement]]]:
+    """The forward pass as PopART runs it: consecutive placed modules on the same IPU form one group.
+
+    With ``AutoStage.AutoIncrement`` every block is its own pipeline stage; PopART executes consecutive
+    stages on the same virtual graph together (``Pipeline::withStages``, popart willow/src/transforms/
+    pipeline.cpp:985-1035), so they count as one independent stage. Returns (IPU, modules) in order."""
+    groups = []  # type: List[Tuple[int, List[Placement]]]
+    for p in plan:
+        if groups and groups[-1][0] == p.ipu:
+            groups[-1][1].append(p)
+        else:
+            groups.append((p.ipu, [p]))
+    return groups
+
+
+def stash_depths(num_groups: int) -> List[int]:
+    """Micro batches in flight, hence stash entries, for a tensor made in forward group g of a pipeline of
+    ``num_groups`` (G) groups: 2 (G - g) - 1.
+
+    Why: after autodiff the last forward group also runs its own backward, and the backward of group g is
+    stage 2G-2-g, so the pipeline has 2G-1 independent stages. PopART sizes a stash as the number of
+    independent stages from the stashing stage to its last restoring stage, inclusive
+    (``Pipeline::getStashSize`` -> ``numIndependentStages(stashStage, maxRestoreStage + 1)``,
+    pipeline.cpp:1477-1482, 2314-2321): (2G-2-g) - g + 1. The last group needs no stash (its forward and
+    backward are one stage): depth 1 means nothing is stashed. For Graphcore's layout, heads back on IPU 0,
+    a 4-IPU pipeline has G = 5 groups (IPU 0, 1, 2, 3, 0): depths 9, 7, 5, 3, 1."""
+    return [2 * (num_groups - g) - 1 for g in range(num_groups)]
+
+
+def min_gradient_accumulation(num_groups: int) -> int:
+    """Smallest accumulation PopART accepts for a pipeline of ``num_groups`` groups: the main phase needs at
+    least one cycle after the fill and flush of 2G-2 cycles (``PipelineInfo``, pipeline.cpp:2286-2300)."""
+    return 2 * num_groups - 1 if num_groups > 1 else 1
+
+
+def layer_activation_elements(model_config, micro_batch: int, seq_len: int) -> Tuple[int, int]:
+    """(kept, peak) activation elements of one encoder layer (estimate): ``kept`` is what its backward reads
+    (q, k, v, context, attention-output LayerNorm input and output, FFN input to the second LayerNorm: 7 of
+    (B, S, H); the FFN's pre- and post-GELU (B, S, I); the attention probabilities (B, N, S, S)); ``peak`` adds
+    the two (B, N, S, S) gradients (of the probabilities and of the scores) live in the attention backward."""
+    B, S = micro_batch, seq_len
+    H, I, N = model_config.hidden_size, model_config.intermediate_size, model_config.num_attention_heads
+    kept = B * S * (7 * H + 2 * I) + B * N * S * S
+    return kept, kept + 2 * B * N * S * S
+
+
+def activation_bytes(
+    model_config, execution: ExecutionConfig, plan: List[Placement], seq_len: int
+) -> Tuple[List[float], List[float], List[int]]:
+    """(stash bytes, live activation bytes, stash depth) per IPU (estimates).
+
+    Pipelined (more than one IPU), PopTorch turns on PopART's pipeline recomputation (poptorch
+    popart_compiler/source/Compiler.cpp:571-578): in the backward each stage recomputes its forward from
+    what it stashed. A group stashes, per micro batch in flight (``stash_depths``):
+    - with a recomputation checkpoint on every layer: each layer's output (B, S, H), plus its input (B, S, H)
+      when that arrives from another IPU; without: only that input, and the whole group is recomputed;
+    - the additive attention mask (B, S, S), fp32 as the model builds it, when the group has layers.
+    Live activations: one layer's peak (checkpoints), or all the group's layers kept plus one peak.
+    Without pipelining nothing is recomputed and every layer's activations live until its backward."""
+    B, S = execution.micro_batch_size, seq_len
+    H = model_config.hidden_size
+    b = 2 if execution.precision == "fp16" else 4
+    kept, peak = layer_activation_elements(model_config, B, S)
+    n = execution.num_stages
+    stash, live, depth = [0.0] * n, [0.0] * n, [1] * n
+    if n == 1:
+        live[0] = float(b * (kept * max(0, model_config.num_hidden_layers - 1) + peak))
+        return stash, live, depth
+    groups = pipeline_groups(plan)
+    for (ipu, modules), d in zip(groups, stash_depths(len(groups))):
+        layers = [p for p in modules if p.module.startswith("bert.encoder.layer.")]
+        if not layers:
+            continue
+        received = modules[0] in layers  # its first layer's input is copied from another IPU
+        if execution.recompute_checkpoint_every_layer:
+            tensors, unit = len(layers) + int(received), peak
+        else:
+            tensors, unit = int(received), kept * (len(layers) - 1) + peak
+        depth[ipu] = max(depth[ipu], d)
+        if d > 1:
+            stash[ipu] += d * (tensors * B * S * H * b + B * S * S * 4)
+        live[ipu] = max(live[ipu], float(unit * b))
+    return stash, live, depth
+
+
 def memory_per_device(
-    model_config, execution: ExecutionConfig, optimizer: str = "lamb"
+    model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None
 ) -> Tuple[List[Placement], List[Dict[str, float]]]:
-    """(placement, one dict per IPU/stage: params, weights, gradients, optimizer, total bytes)."""
+    """(placement, one dict per IPU/stage of bytes: params, weights, gradients, optimizer (on chip),
+    optimizer_offchip, stream_buffer, stash, activations, total (on chip), stash_depth)."""
     optimizer = optimizer.lower()
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError("optimizer must be one of %s, got %r" % (sorted(OPTIMIZER_STATES), optimizer))
+    seq_len = int(sequence_length or model_config.max_position_embeddings)
     plan = plan_placement(model_config.num_hidden_layers, execution)
     counts = module_parameters(model_config)
+    largest_of = largest_tensors(model_config)
     ipu = execution.backend == "poptorch"
     where = [(p.ipu if ipu else p.stage) for p in plan]
     params = [0] * execution.num_stages
+    largest = [0] * execution.num_stages
     for p, d in zip(plan, where):
         params[d] += counts[p.module]
+        largest[d] = max(largest[d], largest_of[p.module])
     if not ipu and execution.num_stages > 1:
         # torch pipeline: the heads' stage holds its own copy of the tied word embedding
         params[execution.num_stages - 1] += model_config.vocab_size * model_config.hidden_size
-    weight_bytes = 2 if (ipu and execution.precision == "fp16") else 4  # torch autocast keeps fp32 weights
-    keeps_grads = (not ipu) or execution.gradient_accumulation > 1
-    offchip = ipu and execution.optimizer_state_offchip
-    shards = execution.replication_factor if (ipu and execution.replicated_tensor_sharding) else 1
+    if not ipu:
+        rows = []
+        for n in params:  # torch: .grad and optimizer state at the weights' fp32 (autocast keeps fp32 weights)
+            row = {"params": float(n), "weights": 4.0 * n, "gradients": 4.0 * n,
+                   "optimizer": 4.0 * n * OPTIMIZER_STATES[optimizer], "optimizer_offchip": 0.0}
+            row["total"] = row["weights"] + row["gradients"] + row["optimizer"]
+            rows.append(row)
+        return plan, rows
+    e = execution
+    weight_bytes = 2 if e.precision == "fp16" else 4
+    accum_bytes = TYPE_BYTES[e.accumulator_type] if e.gradient_accumulation > 1 else 0
+    state_bytes = TYPE_BYTES[e.first_order_momentum_type]
+    if OPTIMIZER_STATES[optimizer] == 2:
+        state_bytes += TYPE_BYTES[e.second_order_momentum_type]
+    shards = e.replication_factor if e.replicated_tensor_sharding else 1
+    stash, live, depth = activation_bytes(model_config, e, plan, seq_len)
     rows = []
-    for n in params:
-        state = float(n * 4 * OPTIMIZER_STATES[optimizer]) / shards
+    for d, n in enumerate(params):
+        state = float(n * state_bytes) / shards
         row = {
             "params": float(n),
             "weights": float(n * weight_bytes),
-            "gradients": float(n * weight_bytes if keeps_grads else 0),
-            "optimizer": 0.0 if offchip else state,
-            "optimizer_offchip": state if offchip else 0.0,
+            "gradients": float(n * accum_bytes),
+            "optimizer": 0.0 if e.optimizer_state_offchip else state,
+            "optimizer_offchip": state if e.optimizer_state_offchip else 0.0,
+            "stream_buffer": float(largest[d] * state_bytes) / shards if e.optimizer_state_offchip else 0.0,
+            "stash": stash[d],
+            "activations": live[d],
+            "stash_depth": float(depth[d]),
         }
-        row["total"] = row["weights"] + row["gradients"] + row["optimizer"]
+        row["total"] = sum(row[k] for k in ("weights", "gradients", "optimizer", "stream_buffer", "stash",
+                                            "activations"))
         rows.append(row)
     return plan, rows
 
 
+def ipu_memory_lines(
+    model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None
+) -> List[str]:
+    """The per-IPU memory table (one column per IPU), its flags and the PopART pipeline constraint."""
+    e = execution
+    seq_len = int(sequence_length or model_config.max_position_embeddings)
+    plan, rows = memory_per_device(model_config, e, optimizer, seq_len)
+    shards = ", /%d" % e.replication_factor if e.replicated_tensor_sharding else ""
+    moments = e.first_order_momentum_type
+    if OPTIMIZER_STATES[optimizer.lower()] == 2:
+        moments += "+" + e.second_order_momentum_type
+    groups = pipeline_groups(plan) if e.num_stages > 1 else []
+    if not groups:
+        live = "no pipeline: all layers"
+    else:
+        live = "1 layer recomputed" if e.recompute_checkpoint_every_layer else "stage recomputed"
+    state = "%s %s%s" % (optimizer.lower(), moments, shards)
+    table = [
+        ("params", "params", _fmt_count),
+        ("weights (%s)" % ("fp16" if e.precision == "fp16" else "fp32"), "weights", _fmt_bytes),
+        ("grad accumulators (%s)" % (e.accumulator_type if e.gradient_accumulation > 1 else "none"), "gradients",
+         _fmt_bytes),
+        ("optimizer state (%s)" % ("off chip" if e.optimizer_state_offchip else state), "optimizer", _fmt_bytes),
+        ("* stream buffer (largest tensor%s)" % shards, "stream_buffer", _fmt_bytes),
+        ("* stash (depth x B %d x S %d)" % (e.micro_batch_size, seq_len), "stash", _fmt_bytes),
+        ("* live activations (%s)" % live, "activations", _fmt_bytes),
+        ("total counted", "total", _fmt_bytes),
+        ("  of 900 MB", "total", lambda v: "%.1f%%" % (100.0 * v / IPU_MEMORY_BYTES)),
+        ("off chip: optimizer (%s)" % state if e.optimizer_state_offchip else "off chip: nothing",
+         "optimizer_offchip", _fmt_bytes),
+    ]
+    width = 44
+    lines = ["Memory per IPU (* = estimate; /R = sharded over R replicas; see ipu_packing/execution/dry_run.py)"]
+    lines.append("  %-*s" % (width, "") + "".join("%11s" % ("IPU %d" % d) for d in range(len(rows))))
+    for label, key, fmt in table:
+        lines.append("  %-*s" % (width, label) + "".join("%11s" % fmt(r[key]) for r in rows))
+    amps = [e.memory_proportion_for(d) for d in range(len(rows))]
+    if amps[0] is not None:
+        lines.append("  %-*s" % (width, "availableMemoryProportion (not counted)")
+                     + "".join("%11.2f" % a for a in amps))
+    for d, r in enumerate(rows):
+        if r["total"] > IPU_MEMORY_BYTES:
+            lines.append("  ABOVE 900 MB: IPU %d counts %s before code and exchange buffers"
+                         % (d, _fmt_bytes(r["total"])))
+    if groups:
+        need = min_gradient_accumulation(len(groups))
+        lines.append(
+            "  pipeline: %d groups of consecutive blocks on one IPU (IPUs %s), stash depths %s"
+            % (len(groups), ", ".join(str(i) for i, _ in groups), ", ".join(str(d) for d in stash_depths(len(groups))))
+        )
+        lines.append(
+            "  PopART needs gradient_accumulation >= %d; this config has %d%s"
+            % (need, e.gradient_accumulation,
+               "" if e.gradient_accumulation >= need else ": TOO SMALL, PopART refuses it")
+        )
+    lines.append("  not counted: code, exchange and IPU-copy buffers, matmul temporaries, MLM logits, host streams")
+    return lines
+
+
 def dry_run_report(
-    model_config, execution: ExecutionConfig, sequences_per_pack: float = 1.0, optimizer: str = "lamb"
+    model_config,
+    execution: ExecutionConfig,
+    sequences_per_pack: float = 1.0,
+    optimizer: str = "lamb",
+    sequence_length: Optional[int] = None,
 ) -> str:
-    """The placement of every layer, weight/optimizer memory per IPU (vs 900 MB) and the batch sizes."""
+    """The placement of every layer, memory per IPU (vs 900 MB) or stage, the PopTorch options asked for,
+    and the batch sizes. ``sequence_length`` (S of the packs; default the model's max_position_embeddings)
+    sizes the activation estimates."""
     if not sequences_per_pack >= 1.0:
         raise ValueError("sequences per pack must be >= 1, got %r" % (sequences_per_pack,))
-    plan, rows = memory_per_device(model_config, execution, optimizer)
+    plan, rows = memory_per_device(model_config, execution, optimizer, sequence_length)
     counts = module_parameters(model_config)
     ipu = execution.backend == "poptorch"
     e = execution
@@ -124,29 +317,20 @@ def dry_run_report(
                _fmt_count(counts[p.module]), note)
         )
     lines.append("")
-    lines.append(
-        "Memory per %s: weights (%s), %s, %s optimizer state (fp32%s); activations, stashes and code not counted"
-        % (unit, "fp16" if (ipu and e.precision == "fp16") else "fp32", "gradient accumulators" if ipu else "gradients",
-           optimizer.lower(), ", off chip" if ipu and e.optimizer_state_offchip else "")
-    )
     if ipu:
-        lines.append("  %-5s %9s %10s %10s %10s %10s %9s %12s" % (unit, "params", "weights", "grads", "optimizer",
-                                                                   "on chip", "of 900MB", "off chip"))
+        lines += ipu_memory_lines(model_config, e, optimizer, sequence_length)
+        lines.append("")
+        lines.append("PopTorch options (build_options, translate_optimizer, DataLoader; describe_options)")
+        for key, value in describe_options(e).items():
+            lines.append("  %-52s %s" % (key, value))
     else:
+        lines.append("Memory per stage: weights (fp32), gradients, %s optimizer state (fp32); activations not counted"
+                     % optimizer.lower())
         lines.append("  %-5s %9s %10s %10s %10s %10s" % (unit, "params", "weights", "grads", "optimizer", "total"))
-    for d, r in enumerate(rows):
-        cells = (d, _fmt_count(r["params"]), _fmt_bytes(r["weights"]), _fmt_bytes(r["gradients"]),
-                 _fmt_bytes(r["optimizer"]), _fmt_bytes(r["total"]))
-        if not ipu:
-            lines.append("  %-5d %9s %10s %10s %10s %10s" % cells)
-            continue
-        share = r["total"] / IPU_MEMORY_BYTES
-        flag = "  EXCEEDS the IPU's memory" if share > 1 else ""
-        lines.append("  %-5d %9s %10s %10s %10s %10s %8.1f%% %12s%s"
-                     % (cells + (100 * share, _fmt_bytes(r["optimizer_offchip"]), flag)))
-        amp = e.memory_proportion_for(d) if ipu else None
-        if amp is not None:
-            lines[-1] += "  (availableMemoryProportion %.2f)" % amp
+        for d, r in enumerate(rows):
+            lines.append("  %-5d %9s %10s %10s %10s %10s"
+                         % (d, _fmt_count(r["params"]), _fmt_bytes(r["weights"]), _fmt_bytes(r["gradients"]),
+                            _fmt_bytes(r["optimizer"]), _fmt_bytes(r["total"])))
     if not ipu and e.num_stages > 1 and e.replication_factor > 1:
         lines.append("  note: backend torch runs DDP replication or a pipeline, not both: make_runner refuses this config")
     if not ipu and e.num_stages > 1:

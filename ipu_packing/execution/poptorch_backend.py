@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from .config import ExecutionConfig
+from .config import ACCUMULATE_OUTER_FRAGMENT_SCHEDULES, SUBGRAPH_COPYING_STRATEGIES, ExecutionConfig
 from .placement import Placement, plan_placement
 from .runner_common import BATCH_FIELDS, StepMetrics, count_batch
 
@@ -37,7 +37,8 @@ def import_poptorch():
 
 
 def build_options(config: ExecutionConfig, poptorch) -> Any:
-    """poptorch.Options for ``config`` (training)."""
+    """poptorch.Options for ``config`` (training): the calls of Graphcore's BERT app (graphcore/examples
+    nlp/bert/pytorch/ipu_options.py), each from an ExecutionConfig field."""
     opts = poptorch.Options()
     opts.autoRoundNumIPUs(True)
     opts.randomSeed(config.seed)
@@ -46,8 +47,9 @@ def build_options(config: ExecutionConfig, poptorch) -> Any:
     opts.Training.gradientAccumulation(config.gradient_accumulation)
     # Mean over micro batches and replicas, so the update does not depend on how the global batch is split.
     opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Mean)
-    # One result per micro batch: the runner averages losses/accuracies over them on the host.
-    opts.outputMode(poptorch.OutputMode.All)
+    # Sum (Graphcore's choice): one value per replica per host call, summed over its micro batches; the
+    # runner divides by config.output_sum_count. All/Final return per-micro-batch values.
+    opts.outputMode(getattr(poptorch.OutputMode, _OUTPUT_MODES[config.output_mode]))
     if config.num_stages > 1:
         opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
     opts.TensorLocations.setOptimizerLocation(
@@ -68,7 +70,110 @@ def build_options(config: ExecutionConfig, poptorch) -> Any:
     if config.precision == "fp16" and not config.use_ipu_model:
         # Recommended for fp16 training on hardware (the IPU Model does not model stochastic rounding).
         opts.Precision.enableStochasticRounding(True)
+    if _half_partials(config):
+        opts.Precision.setPartialsType(torch.float16)
+    for key, value in popart_options(config).items():
+        opts._Popart.set(key, value)
+    opts._Popart.setPatterns(popart_patterns(config))
     return opts
+
+
+_OUTPUT_MODES = {"sum": "Sum", "all": "All", "final": "Final"}  # ExecutionConfig.output_mode -> poptorch.OutputMode
+# ExecutionConfig.dataloader_mode -> poptorch.DataLoaderMode
+_DATALOADER_MODES = {"sync": "Sync", "async": "Async", "async_rebatched": "AsyncRebatched"}
+_TORCH_TYPES = {"fp16": torch.float16, "fp32": torch.float32}
+# poptorch.optim class -> its (accumulator, first moment, second moment) keyword names (poptorch python/optim.py:
+# SGD 209-210 (velocity is its only state), Adam 342-344, AdamW 461-463, LAMB 694-696)
+_PRECISION_KWARGS = {
+    "LAMB": ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type"),
+    "AdamW": ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type"),
+    "Adam": ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type"),
+    "SGD": ("accum_type", "velocity_accum_type"),
+}
+
+
+def _half_partials(config: ExecutionConfig) -> bool:
+    return config.half_partials and config.precision == "fp16"
+
+
+def popart_options(config: ExecutionConfig) -> Dict[str, Any]:
+    """The ``opts._Popart.set(key, value)`` calls of Graphcore's ipu_options.py:104-132, as {key: value}.
+    PopART enums go as their integer value (poptorch options.py:384-385); every key is one that PopTorch
+    forwards to popart::SessionOptions (poptorch popart_compiler/source/SessionOptions.cpp)."""
+    d = {
+        "disableGradAccumulationTensorStreams": bool(config.disable_grad_accumulation_tensor_streams),
+        "subgraphCopyingStrategy": SUBGRAPH_COPYING_STRATEGIES.index(config.subgraph_copying_strategy),
+        "scheduleNonWeightUpdateGradientConsumersEarly": bool(
+            config.schedule_non_weight_update_gradient_consumers_early
+        ),
+    }  # type: Dict[str, Any]
+    if config.num_stages > 1:
+        # The accumulate outer fragment (the weight update after the accumulation loop) is scheduled across
+        # IPUs only in pipelined mode (popart sessionoptions.hpp:580-583).
+        d["accumulateOuterFragmentSettings.schedule"] = ACCUMULATE_OUTER_FRAGMENT_SCHEDULES.index(
+            config.accumulate_outer_fragment_schedule
+        )
+        d["accumulateOuterFragmentSettings.excludedVirtualGraphs"] = [
+            str(i) for i in config.accumulate_outer_fragment_excluded_ipus
+        ]
+    if config.engine_options:
+        d["engineOptions"] = dict(config.engine_options)
+    return d
+
+
+def popart_patterns(config: ExecutionConfig) -> Dict[str, bool]:
+    """``opts._Popart.setPatterns(...)`` of Graphcore's ipu_options.py:115."""
+    return {
+        "TiedGather": bool(config.tied_gather),
+        "TiedGatherAccumulate": bool(config.tied_gather),
+        "UpdateInplacePrioritiesForIpu": bool(config.update_inplace_priorities_for_ipu),
+    }
+
+
+def optimizer_precision_kwargs(config: ExecutionConfig, optimizer: str) -> Dict[str, torch.dtype]:
+    """Accumulator and optimizer-state types for poptorch.optim.``optimizer`` (its class name), as
+    Graphcore's optimization.py:54,76-78 passes them: gradient accumulators in ``config.accumulator_type``,
+    first moment (SGD: velocity) in ``first_order_momentum_type``, second moment in
+    ``second_order_momentum_type``. translate_optimizer passes them on."""
+    if optimizer not in _PRECISION_KWARGS:
+        raise ValueError("no poptorch.optim precision arguments for %r (supported: %s)"
+                         % (optimizer, sorted(_PRECISION_KWARGS)))
+    types = (config.accumulator_type, config.first_order_momentum_type, config.second_order_momentum_type)
+    return {k: _TORCH_TYPES[t] for k, t in zip(_PRECISION_KWARGS[optimizer], types)}
+
+
+def dataloader_kwargs(config: ExecutionConfig, poptorch) -> Dict[str, Any]:
+    """Extra poptorch.DataLoader arguments: ``mode`` (Graphcore's pretraining_data.py:260)."""
+    return {"mode": getattr(poptorch.DataLoaderMode, _DATALOADER_MODES[config.dataloader_mode])}
+
+
+def serialize_tied_decoder(model: torch.nn.Module, config: ExecutionConfig, poptorch) -> Any:
+    """Run the MLM decoder (the one nn.Linear whose weight is an nn.Embedding's) as
+    ``poptorch.serializedMatMul(x, weight.t(), OutputChannels, factor)`` + bias: ``factor`` matmuls over
+    slices of the vocabulary, one after another, so the (tokens x vocab) product and its gradient are never
+    live whole. This is what Graphcore's PipelinedBertForPretraining.parallelize does by swapping in its
+    SerializedLinear (modeling.py:161-171, 43-76). Only the module's forward changes: parameters, their
+    names and the tie are untouched. Returns the decoder, or None when the factor is 1."""
+    factor = config.embedding_serialization_factor
+    if factor == 1:
+        return None
+    tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    decoders = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and any(m.weight is w for w in tables)]
+    if len(decoders) != 1:
+        raise ValueError("execution.embedding_serialization_factor %d needs exactly one decoder tied to an "
+                         "embedding, found %d" % (factor, len(decoders)))
+    decoder = decoders[0]
+    if decoder.out_features % factor:
+        raise ValueError("execution.embedding_serialization_factor %d must divide the vocabulary size %d"
+                         % (factor, decoder.out_features))
+    mode = poptorch.MatMulSerializationMode.OutputChannels
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        out = poptorch.serializedMatMul(x, decoder.weight.t(), mode, factor)  # (B, M, V)
+        return out if decoder.bias is None else out + decoder.bias
+
+    decoder.forward = forward
+    return decoder
 
 
 def _module(root: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -130,6 +235,7 @@ def translate_optimizer(optimizer: torch.optim.Optimizer, config: ExecutionConfi
             value = optimizer.defaults.get(attr)
         if value is not None:
             kwargs[attr] = value
+    kwargs.update(optimizer_precision_kwargs(config, target))  # accumulator and moment types
     return getattr(poptorch.optim, target)(groups, loss_scaling=float(config.loss_scaling), **kwargs)
 
 
@@ -160,6 +266,7 @@ class PoptorchRunner:
         self.scheduler = scheduler
         self.options = build_options(config, self.poptorch)
         self.placement = apply_placement(model, config, self.poptorch)
+        serialize_tied_decoder(model, config, self.poptorch)  # execution.embedding_serialization_factor
         if config.precision == "fp16":
             model.half()
         elif config.precision == "bf16":
@@ -183,6 +290,7 @@ class PoptorchRunner:
             shuffle=shuffle,
             num_workers=num_workers,
             drop_last=True,
+            **dataloader_kwargs(self.config, self.poptorch),  # execution.dataloader_mode
         )
 
     def _args(self, batch) -> List[torch.Tensor]:
@@ -196,8 +304,9 @@ class PoptorchRunner:
         if self.config.compile_only:
             raise RuntimeError("execution.compile_only: call runner.compile(batch), nothing can run on an offline target")
         outputs = self.executor(*self._args(batch))
-        # OutputMode.All: one value per micro batch (x device iterations x replicas); average them.
-        means = [float(torch.as_tensor(t).detach().float().mean()) for t in outputs]
+        # Mean of what came back, divided by the micro batches summed into each value (output_mode "sum").
+        summed = self.config.output_sum_count
+        means = [float(torch.as_tensor(t).detach().float().mean()) / summed for t in outputs]
         steps = self.config.device_iterations
         if self.scheduler is not None:
             with warnings.catch_warnings():
@@ -237,16 +346,35 @@ def make_poptorch_runner(model, optimizer, config: ExecutionConfig, scheduler=No
 
 
 def describe_options(config: ExecutionConfig) -> Dict[str, Any]:
-    """What build_options asks PopTorch for, as plain values (used by the dry run)."""
+    """What build_options, translate_optimizer, dataloader_kwargs and serialize_tied_decoder ask PopTorch
+    for, as plain values (printed by the dry run; tests check they agree with the calls)."""
     d = {
         "replicationFactor": config.replication_factor,
         "deviceIterations": config.device_iterations,
         "Training.gradientAccumulation": config.gradient_accumulation,
         "pipelined": config.num_stages > 1,
+        "outputMode": _OUTPUT_MODES[config.output_mode],
         "availableMemoryProportion": {
             "IPU%d" % i: config.memory_proportion_for(i) for i in range(config.ipus_per_replica)
         }
         if config.available_memory_proportion
+        else None,
+        "TensorLocations.setOptimizerLocation": {
+            "useOnChipStorage": not config.optimizer_state_offchip,
+            "useReplicatedTensorSharding": config.replicated_tensor_sharding,
+        },
+        "Precision.enableStochasticRounding": config.precision == "fp16" and not config.use_ipu_model,
+        "Precision.setPartialsType": "half" if _half_partials(config) else None,
+        "_Popart.set": popart_options(config),
+        "_Popart.setPatterns": popart_patterns(config),
+        "optimizer types": {
+            "accum_type": config.accumulator_type,
+            "first_order_momentum_accum_type": config.first_order_momentum_type,
+            "second_order_momentum_accum_type": config.second_order_momentum_type,
+        },
+        "DataLoader mode": _DATALOADER_MODES[config.dataloader_mode],
+        "serializedMatMul(tied MLM decoder, OutputChannels)": config.embedding_serialization_factor
+        if config.embedding_serialization_factor > 1
         else None,
         "executableCache": config.executable_cache_dir,
         "useIpuModel": config.use_ipu_model,
@@ -262,8 +390,13 @@ __all__ = [
     "SDK_MESSAGE",
     "apply_placement",
     "build_options",
+    "dataloader_kwargs",
     "describe_options",
     "import_poptorch",
     "make_poptorch_runner",
+    "optimizer_precision_kwargs",
+    "popart_options",
+    "popart_patterns",
+    "serialize_tied_decoder",
     "translate_optimizer",
 ]
