@@ -15,7 +15,7 @@ import json
 import sys
 from typing import List, Optional
 
-from .cli import _Parser, _UsageError, parse_length, parse_limit
+from .cli import _Parser, _UsageError, add_lp_arguments, parse_length, parse_limit
 from .io import load_histogram
 from .plan import ALGORITHMS, plan_packing
 
@@ -29,6 +29,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per algorithm, one per line")
     parser.add_argument("--assign", action="store_true",
                         help="also time assign_sequences for the optimal plan on synthetic lengths with these counts")
+    add_lp_arguments(parser)
     try:
         args = parser.parse_args(argv)
         counts, file_length = load_histogram(args.histogram)
@@ -43,7 +44,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         order = ["optimal"] + [n for n in names if n != "optimal"]
         plans = {}
         for name in order:
-            plans[name] = plan_packing(counts, length, args.max_sequences_per_pack, name)
+            plans[name] = plan_packing(counts, length, args.max_sequences_per_pack, name,
+                                       max_rounds=args.lp_max_rounds, time_limit=args.lp_time_limit)
     except (_UsageError, ValueError) as exc:
         sys.stderr.write("error: %s\n" % (str(exc).splitlines()[0] if str(exc) else "bad input"))
         return 2

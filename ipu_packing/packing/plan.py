@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -49,6 +50,8 @@ class PackingPlan:
     repeats: np.ndarray  # (P,) int64
     lower_bound_packs: Optional[float] = None  # LP bound on packs of any packing, where computed
     seconds: float = 0.0
+    lp_rounds: Optional[int] = None  # optimal: rounds of column generation run
+    stopped_by: Optional[str] = None  # optimal: why column generation stopped (optimal.STOP_REASONS)
 
     @property
     def num_sequences(self) -> int:
@@ -135,6 +138,8 @@ class PackingPlan:
             "lower_bound_packs": self.lower_bound_packs,
             "lower_bound_integer": self.lower_bound_integer,
             "packs_above_bound": self.packs_above_bound,
+            "lp_rounds": self.lp_rounds,
+            "stopped_by": self.stopped_by,
             "seconds": self.seconds,
         }
         if top_strategies:
@@ -228,28 +233,28 @@ def _normalise(strategies, repeats, hist: np.ndarray) -> Tuple[Tuple[Tuple[int, 
     return tuple(k for k, _ in ordered), np.array([c for _, c in ordered], dtype=np.int64)
 
 
-def _run(algorithm: str, hist: np.ndarray, size: int, limit: int, time_limit: float):
-    """Returns (strategies, repeats, lower bound or None) for one algorithm."""
+def _run(algorithm: str, hist: np.ndarray, size: int, limit: int, max_rounds: int, time_limit: Optional[float]):
+    """Returns (strategies, repeats, lower bound or None, LP rounds or None, stop reason or None)."""
     if algorithm == "spfhp":
-        return heuristics.spfhp(hist, size, limit) + (None,)
+        return heuristics.spfhp(hist, size, limit) + (None, None, None)
     if algorithm == "lpfhp":
-        return heuristics.lpfhp(hist, size, limit) + (None,)
+        return heuristics.lpfhp(hist, size, limit) + (None, None, None)
     if algorithm == "nnlshp":
-        return _nnlshp.nnlshp(hist, size, limit) + (None,)
+        return _nnlshp.nnlshp(hist, size, limit) + (None, None, None)
     # optimal: the best of the cheap algorithms, then the LP unless they are already optimal.
     candidates = [heuristics.spfhp(hist, size, limit), heuristics.lpfhp(hist, size, limit)]
     strategies, _ = _nnlshp.exact_fit_strategies(hist, size, limit)
     if size * len(strategies) <= NNLSHP_IN_OPTIMAL:
         candidates.append(_nnlshp.nnlshp(hist, size, limit))
     best = min((_normalise(s, r, hist) for s, r in candidates), key=lambda p: int(p[1].sum()))
-    lp_strategies, lp_repeats, bound = _optimal.optimal(
-        hist, size, limit, time_limit=time_limit, upper_bound=int(best[1].sum())
+    lp = _optimal.optimal(
+        hist, size, limit, max_rounds=max_rounds, time_limit=time_limit, upper_bound=int(best[1].sum())
     )
-    if lp_strategies is not None:
-        lp = _normalise(lp_strategies, lp_repeats, hist)
-        if int(lp[1].sum()) < int(best[1].sum()):
-            best = lp
-    return best[0], best[1], bound
+    if lp.strategies is not None:
+        candidate = _normalise(lp.strategies, lp.repeats, hist)
+        if int(candidate[1].sum()) < int(best[1].sum()):
+            best = candidate
+    return best[0], best[1], lp.lower_bound, lp.rounds, lp.stopped_by
 
 
 def plan_packing(
@@ -257,22 +262,43 @@ def plan_packing(
     max_sequence_length: int,
     max_sequences_per_pack: Optional[int] = None,
     algorithm: str = "optimal",
-    time_limit: float = 8.0,
+    max_rounds: int = _optimal.MAX_ROUNDS,
+    time_limit: Optional[float] = _optimal.TIME_LIMIT,
 ) -> PackingPlan:
     """Plan packs for a histogram of sequence lengths.
 
     histogram: counts, bin i = sequences of length i + 1 (at most max_sequence_length bins).
     max_sequences_per_pack: an int >= 1, or None for unbounded.
     algorithm: one of ALGORITHMS.
-    time_limit: seconds of column generation for `optimal` (it stops early with a valid,
-        possibly weaker, bound); the other algorithms ignore it.
+    max_rounds: rounds of column generation for `optimal` at most; it then stops with a valid,
+        possibly weaker, bound. This is the stopping rule: the same input gives the same plan on
+        any machine. The other algorithms ignore it.
+    time_limit: seconds of column generation for `optimal` at most (a safety net), or None for
+        no limit. A plan cut short by it depends on the machine's speed: ``stopped_by`` is then
+        "time_limit" and a warning says so.
     Raises ValueError on bad input.
     """
     start = time.perf_counter()
     hist = _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm)
     size = int(max_sequence_length)
     limit = size if max_sequences_per_pack is None else int(min(max_sequences_per_pack, size))
-    strategies, repeats, bound = _run(algorithm, hist, size, limit, float(time_limit))
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, numbers.Integral) or max_rounds < 1:
+        raise ValueError("max_rounds must be an integer >= 1, got %r" % (max_rounds,))
+    if time_limit is not None:
+        if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) or not (
+            0 < time_limit < math.inf
+        ):
+            raise ValueError("time_limit must be a number of seconds > 0, got %r" % (time_limit,))
+        time_limit = float(time_limit)
+    strategies, repeats, bound, rounds, stopped_by = _run(algorithm, hist, size, limit, int(max_rounds), time_limit)
+    if stopped_by == "time_limit":
+        warnings.warn(
+            "the packing LP stopped at its %g s time limit after %d rounds: this plan depends on the "
+            "machine's speed (raise the time limit, or lower max_rounds, for a reproducible plan)"
+            % (time_limit, rounds),
+            RuntimeWarning,
+            stacklevel=2,
+        )
     strategies, repeats = _normalise(strategies, repeats, hist)
     return PackingPlan(
         algorithm=algorithm,
@@ -283,4 +309,6 @@ def plan_packing(
         repeats=repeats,
         lower_bound_packs=None if bound is None else float(bound),
         seconds=time.perf_counter() - start,
+        lp_rounds=rounds,
+        stopped_by=stopped_by,
     )
