@@ -31,6 +31,12 @@ ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "optimal")
 # optimal also runs nnlshp when S x (its number of strategies) is at most this (~2 s of NNLS;
 # the Wikipedia histogram at K >= 3 needs 512 x 22,102 = 11.3M, ~20 s)
 NNLSHP_IN_OPTIMAL = 1500000
+# Limits that keep every count exact. The LP works in float64, which holds integers exactly below
+# 2**53; token totals are int64 products. S is bounded so that a typo is refused before the
+# (S,)-sized arrays are allocated.
+MAX_COUNT = 2**53
+MAX_TOKENS = 2**62
+MAX_SEQUENCE_LENGTH = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,8 @@ def _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm)
         raise ValueError("max_sequence_length must be an integer, got %r" % (max_sequence_length,))
     if max_sequence_length < 1:
         raise ValueError("max_sequence_length must be >= 1, got %d" % max_sequence_length)
+    if max_sequence_length > MAX_SEQUENCE_LENGTH:
+        raise ValueError("max_sequence_length must be at most %d, got %d" % (MAX_SEQUENCE_LENGTH, max_sequence_length))
     if max_sequences_per_pack is not None:
         if isinstance(max_sequences_per_pack, bool) or not isinstance(max_sequences_per_pack, numbers.Integral):
             raise ValueError("max_sequences_per_pack must be an integer >= 1 or None, got %r" % (max_sequences_per_pack,))
@@ -174,14 +182,18 @@ def _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm)
     if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)):
         raise ValueError("histogram counts must be numbers, got dtype %s" % raw.dtype)
     if np.issubdtype(raw.dtype, np.floating):
-        if not np.isfinite(raw).all() or (raw != np.round(raw)).any():
+        if not np.isfinite(raw).all():
+            raise ValueError("histogram counts must be finite")
+        if (raw != np.round(raw)).any():
             raise ValueError("histogram counts must be whole numbers")
-        if raw.max() >= 2.0**62:
-            raise ValueError("histogram counts are too large")
+    if (raw < 0).any():
+        first = int(np.flatnonzero(raw < 0)[0])
+        raise ValueError("histogram has a negative count (%d at length %d)" % (raw[first], first + 1))
+    if (raw >= MAX_COUNT).any():  # compared before any cast, so uint64 and huge floats cannot wrap
+        first = int(np.flatnonzero(raw >= MAX_COUNT)[0])
+        raise ValueError("histogram count %d at length %d is too large (counts must be below 2**53)"
+                         % (int(raw[first]), first + 1))
     hist = raw.astype(np.int64)
-    if (hist < 0).any():
-        first = int(np.flatnonzero(hist < 0)[0])
-        raise ValueError("histogram has a negative count (%d at length %d)" % (hist[first], first + 1))
     if len(hist) > max_sequence_length:
         raise ValueError(
             "histogram has %d bins but max_sequence_length is %d (bin i counts length i + 1)"
@@ -189,6 +201,10 @@ def _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm)
         )
     if hist.sum() == 0:
         raise ValueError("histogram has no sequences (all counts are zero)")
+    present = np.flatnonzero(hist)
+    tokens = sum(int(hist[i]) * (int(i) + 1) for i in present)  # Python ints: exact at any size
+    if tokens >= MAX_TOKENS or int(hist.sum()) >= MAX_TOKENS:
+        raise ValueError("histogram holds %d tokens: totals must stay below 2**62" % tokens)
     out = np.zeros(max_sequence_length, dtype=np.int64)
     out[: len(hist)] = hist
     return out
