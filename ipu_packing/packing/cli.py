@@ -3,28 +3,20 @@
     python -m ipu_packing.packing --histogram FILE --max-sequence-length N \\
         --max-sequences-per-pack K|max --algorithm NAME [--json]
 
-Bad input gets one line on stderr and exit code 2 (no traceback, nothing on stdout).
+Bad input gets one line on stderr and exit code 2 (no traceback, nothing on stdout), through
+ipu_packing.errors.run_command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import List, Optional
 
+from ..errors import ArgumentParser, InputError, run_command
 from .io import load_histogram
 from .optimal import MAX_ROUNDS, TIME_LIMIT
 from .plan import ALGORITHMS, PackingPlan, plan_packing
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        raise _UsageError(message)
 
 
 def parse_limit(text: str) -> Optional[int]:
@@ -84,7 +76,7 @@ def add_lp_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m ipu_packing.packing", description="Plan sequence packing for a length histogram.")
+    parser = ArgumentParser(prog="python -m ipu_packing.packing", description="Plan sequence packing for a length histogram.")
     parser.add_argument("--histogram", required=True, help=".npy, .txt (one count per line) or .json; bin i = length i + 1")
     parser.add_argument("--max-sequence-length", type=parse_length, default=None,
                         help="pack size in tokens (default: the JSON file's max_sequence_length)")
@@ -100,7 +92,7 @@ def load_and_plan(args) -> PackingPlan:
     counts, file_length = load_histogram(args.histogram)
     length = args.max_sequence_length if args.max_sequence_length is not None else file_length
     if length is None:
-        raise ValueError("--max-sequence-length is required (the file does not give one)")
+        raise InputError("--max-sequence-length is required (the file does not give one)")
     return plan_packing(counts, length, args.max_sequences_per_pack, args.algorithm,
                         max_rounds=args.lp_max_rounds, time_limit=args.lp_time_limit)
 
@@ -136,15 +128,12 @@ def format_table(plan: PackingPlan, top: int) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        plan = load_and_plan(args)
-    except (_UsageError, ValueError) as exc:
-        sys.stderr.write("error: %s\n" % str(exc).splitlines()[0] if str(exc) else "error: bad input\n")
-        return 2
-    if args.json:
-        print(json.dumps(plan.to_dict()))
-    else:
-        print(format_table(plan, args.top))
+def _main(argv: Optional[List[str]]) -> int:
+    args = build_parser().parse_args(argv)
+    plan = load_and_plan(args)
+    print(json.dumps(plan.to_dict()) if args.json else format_table(plan, args.top))
     return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_command(_main, argv)

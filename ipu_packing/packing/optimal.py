@@ -45,6 +45,8 @@ from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from ..errors import InputError
+
 from .heuristics import lpfhp, spfhp
 
 REDUCED_COST_TOL = 1e-9
@@ -364,9 +366,9 @@ def optimal(
         integer bound proves that packing optimal; strategies are then None).
     """
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-        raise ValueError("max_rounds must be an integer >= 1, got %r" % (max_rounds,))
+        raise InputError("max_rounds must be an integer >= 1, got %r" % (max_rounds,))
     if time_limit is not None and not (float(time_limit) > 0 and np.isfinite(time_limit)):
-        raise ValueError("time_limit must be a number of seconds > 0, got %r" % (time_limit,))
+        raise InputError("time_limit must be a number of seconds > 0, got %r" % (time_limit,))
     start = time.perf_counter()
     size, limit = max_sequence_length, max_sequences_per_pack
     hist = np.asarray(histogram, dtype=np.int64)

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import InputError
 from . import heuristics, nnlshp as _nnlshp, optimal as _optimal
 
 ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "optimal")
@@ -159,52 +160,52 @@ class PackingPlan:
 def _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm) -> np.ndarray:
     """Checks the input and returns the histogram as (S,) int64."""
     if algorithm not in ALGORITHMS:
-        raise ValueError("unknown packing algorithm %r (choose from %s)" % (algorithm, ", ".join(ALGORITHMS)))
+        raise InputError("unknown packing algorithm %r (choose from %s)" % (algorithm, ", ".join(ALGORITHMS)))
     if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, numbers.Integral):
-        raise ValueError("max_sequence_length must be an integer, got %r" % (max_sequence_length,))
+        raise InputError("max_sequence_length must be an integer, got %r" % (max_sequence_length,))
     if max_sequence_length < 1:
-        raise ValueError("max_sequence_length must be >= 1, got %d" % max_sequence_length)
+        raise InputError("max_sequence_length must be >= 1, got %d" % max_sequence_length)
     if max_sequence_length > MAX_SEQUENCE_LENGTH:
-        raise ValueError("max_sequence_length must be at most %d, got %d" % (MAX_SEQUENCE_LENGTH, max_sequence_length))
+        raise InputError("max_sequence_length must be at most %d, got %d" % (MAX_SEQUENCE_LENGTH, max_sequence_length))
     if max_sequences_per_pack is not None:
         if isinstance(max_sequences_per_pack, bool) or not isinstance(max_sequences_per_pack, numbers.Integral):
-            raise ValueError("max_sequences_per_pack must be an integer >= 1 or None, got %r" % (max_sequences_per_pack,))
+            raise InputError("max_sequences_per_pack must be an integer >= 1 or None, got %r" % (max_sequences_per_pack,))
         if max_sequences_per_pack < 1:
-            raise ValueError("max_sequences_per_pack must be >= 1, got %d" % max_sequences_per_pack)
+            raise InputError("max_sequences_per_pack must be >= 1, got %d" % max_sequences_per_pack)
     try:
         raw = np.asarray(histogram)
     except (TypeError, ValueError) as exc:
-        raise ValueError("histogram is not an array of counts: %s" % exc)
+        raise InputError("histogram is not an array of counts: %s" % exc)
     if raw.ndim != 1:
-        raise ValueError("histogram must be one-dimensional, got shape %s" % (raw.shape,))
+        raise InputError("histogram must be one-dimensional, got shape %s" % (raw.shape,))
     if raw.size == 0:
-        raise ValueError("histogram is empty")
+        raise InputError("histogram is empty")
     if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)):
-        raise ValueError("histogram counts must be numbers, got dtype %s" % raw.dtype)
+        raise InputError("histogram counts must be numbers, got dtype %s" % raw.dtype)
     if np.issubdtype(raw.dtype, np.floating):
         if not np.isfinite(raw).all():
-            raise ValueError("histogram counts must be finite")
+            raise InputError("histogram counts must be finite")
         if (raw != np.round(raw)).any():
-            raise ValueError("histogram counts must be whole numbers")
+            raise InputError("histogram counts must be whole numbers")
     if (raw < 0).any():
         first = int(np.flatnonzero(raw < 0)[0])
-        raise ValueError("histogram has a negative count (%d at length %d)" % (raw[first], first + 1))
+        raise InputError("histogram has a negative count (%d at length %d)" % (raw[first], first + 1))
     if (raw >= MAX_COUNT).any():  # compared before any cast, so uint64 and huge floats cannot wrap
         first = int(np.flatnonzero(raw >= MAX_COUNT)[0])
-        raise ValueError("histogram count %d at length %d is too large (counts must be below 2**53)"
+        raise InputError("histogram count %d at length %d is too large (counts must be below 2**53)"
                          % (int(raw[first]), first + 1))
     hist = raw.astype(np.int64)
     if len(hist) > max_sequence_length:
-        raise ValueError(
+        raise InputError(
             "histogram has %d bins but max_sequence_length is %d (bin i counts length i + 1)"
             % (len(hist), max_sequence_length)
         )
     if hist.sum() == 0:
-        raise ValueError("histogram has no sequences (all counts are zero)")
+        raise InputError("histogram has no sequences (all counts are zero)")
     present = np.flatnonzero(hist)
     tokens = sum(int(hist[i]) * (int(i) + 1) for i in present)  # Python ints: exact at any size
     if tokens >= MAX_TOKENS or int(hist.sum()) >= MAX_TOKENS:
-        raise ValueError("histogram holds %d tokens: totals must stay below 2**62" % tokens)
+        raise InputError("histogram holds %d tokens: totals must stay below 2**62" % tokens)
     out = np.zeros(max_sequence_length, dtype=np.int64)
     out[: len(hist)] = hist
     return out
@@ -292,19 +293,19 @@ def plan_packing(
     time_limit: seconds of column generation for `optimal` at most (a safety net), or None for
         no limit. A plan cut short by it depends on the machine's speed: ``stopped_by`` is then
         "time_limit" and a warning says so.
-    Raises ValueError on bad input.
+    Raises InputError (a ValueError) on bad input.
     """
     start = time.perf_counter()
     hist = _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm)
     size = int(max_sequence_length)
     limit = size if max_sequences_per_pack is None else int(min(max_sequences_per_pack, size))
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, numbers.Integral) or max_rounds < 1:
-        raise ValueError("max_rounds must be an integer >= 1, got %r" % (max_rounds,))
+        raise InputError("max_rounds must be an integer >= 1, got %r" % (max_rounds,))
     if time_limit is not None:
         if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) or not (
             0 < time_limit < math.inf
         ):
-            raise ValueError("time_limit must be a number of seconds > 0, got %r" % (time_limit,))
+            raise InputError("time_limit must be a number of seconds > 0, got %r" % (time_limit,))
         time_limit = float(time_limit)
     strategies, repeats, bound, rounds, stopped_by = _run(algorithm, hist, size, limit, int(max_rounds), time_limit)
     if stopped_by == "time_limit":
