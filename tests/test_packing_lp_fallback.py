@@ -44,7 +44,7 @@ def _solve_all():
     for hist, size, limit in CASES:
         plan = plan_packing(hist, size, limit)
         check_plan(plan, hist, size, limit)
-        strategies, repeats, bound = optimal_module.optimal(hist, size, limit or size)
+        strategies, repeats, bound, _, _ = optimal_module.optimal(hist, size, limit or size)
         placed = np.zeros(size, dtype=np.int64)
         for strategy, count in zip(strategies, repeats):
             assert sum(strategy) <= size and len(strategy) <= (limit or size)

@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..packing.cli import add_lp_arguments
 from .errors import DataError
 
 
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-predictions-per-seq", type=int, default=None, help="default ceil(masked_lm_prob * S)")
     p.add_argument("--whole-word-masking", action="store_true")
     p.add_argument("--packing-algorithm", default=defaults.packing_algorithm)
+    add_lp_arguments(p)
     p.add_argument("--shard-mb", type=float, default=defaults.shard_bytes / 2.0 ** 20, help="output shard size")
     p.add_argument("--no-padded", action="store_true", help="skip the padded baseline")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -84,7 +86,8 @@ def _prepare(args: argparse.Namespace) -> None:
         lower_case=args.lower_case, format=args.format, seed=args.seed, workers=args.workers,
         dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, masked_lm_prob=args.masked_lm_prob,
         max_predictions_per_seq=args.max_predictions_per_seq, whole_word_masking=args.whole_word_masking,
-        packing_algorithm=args.packing_algorithm, shard_bytes=max(1, int(args.shard_mb * 2 ** 20)),
+        packing_algorithm=args.packing_algorithm, lp_max_rounds=args.lp_max_rounds,
+        lp_time_limit=args.lp_time_limit, shard_bytes=max(1, int(args.shard_mb * 2 ** 20)),
         padded=not args.no_padded, progress=not args.quiet)
     result = prepare(config)
     packed, padded, seconds = result.packed, result.padded, result.seconds

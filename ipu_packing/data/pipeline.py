@@ -34,6 +34,7 @@ from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
+from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
 from .errors import DataError
 from .format import FORMAT_VERSION, VOCAB, sha256_file, write_manifest
@@ -74,6 +75,10 @@ class PrepareConfig:
     whole_word_masking: bool = False
     packing_algorithm: str = "optimal"
     """Algorithm of ipu_packing.packing.plan_packing."""
+    lp_max_rounds: int = LP_MAX_ROUNDS
+    """optimal: rounds of column generation at most (its stopping rule; see packing/optimal.py)."""
+    lp_time_limit: Optional[float] = LP_TIME_LIMIT
+    """optimal: safety-net seconds, or None; a plan it cuts short depends on the machine's speed."""
     shard_chars: int = 1 << 17
     """Characters of text per instance-building shard (the unit of work and of RNG seeding)."""
     shard_bytes: int = 64 << 20
@@ -391,7 +396,8 @@ def prepare(config: PrepareConfig) -> PrepareResult:
 
             histogram = histogram_from_lengths(store.lengths, config.max_seq_length)
             k = config.max_sequences_per_pack
-            plan = plan_packing(histogram, config.max_seq_length, k, algorithm=config.packing_algorithm)
+            plan = plan_packing(histogram, config.max_seq_length, k, algorithm=config.packing_algorithm,
+                                max_rounds=config.lp_max_rounds, time_limit=config.lp_time_limit)
             assignment = assign_sequences(plan, store.lengths, derived_seed(config.seed, 0))
             members = np.asarray(assignment.indices, dtype=np.int64)
             offsets = np.asarray(assignment.offsets, dtype=np.int64)

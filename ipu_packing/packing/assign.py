@@ -23,23 +23,25 @@ from typing import Iterator
 
 import numpy as np
 
+from ..errors import InputError
+
 from .plan import PackingPlan
 
 
 def histogram_from_lengths(lengths, max_sequence_length: int) -> np.ndarray:
     """(S,) int64 histogram; bin i counts sequences of length i + 1.
 
-    Raises ValueError if a length is < 1 or > max_sequence_length.
+    Raises InputError (a ValueError) if a length is < 1 or > max_sequence_length.
     """
     lengths = np.asarray(lengths)
     if lengths.ndim != 1:
-        raise ValueError("lengths must be one-dimensional, got shape %s" % (lengths.shape,))
+        raise InputError("lengths must be one-dimensional, got shape %s" % (lengths.shape,))
     if lengths.size and not np.issubdtype(lengths.dtype, np.integer):
-        raise ValueError("lengths must be integers, got dtype %s" % lengths.dtype)
+        raise InputError("lengths must be integers, got dtype %s" % lengths.dtype)
     if lengths.size:
         low, high = int(lengths.min()), int(lengths.max())
         if low < 1 or high > max_sequence_length:
-            raise ValueError(
+            raise InputError(
                 "sequence lengths must lie in 1..%d, found %d"
                 % (max_sequence_length, low if low < 1 else high)
             )
@@ -80,7 +82,7 @@ def _key_dtype(max_sequence_length: int):
 def assign_sequences(plan: PackingPlan, lengths, seed: int) -> PackAssignment:
     """Place each real sequence (by index into `lengths`) into a pack of the plan.
 
-    lengths: (N,) ints whose histogram equals plan.histogram (else ValueError).
+    lengths: (N,) ints whose histogram equals plan.histogram (else InputError).
     seed: the only source of randomness; the same inputs give byte-identical outputs.
     """
     size = plan.max_sequence_length
@@ -88,7 +90,7 @@ def assign_sequences(plan: PackingPlan, lengths, seed: int) -> PackAssignment:
     hist = histogram_from_lengths(lengths, size)
     if not np.array_equal(hist, plan.histogram):
         diff = np.flatnonzero(hist != plan.histogram)
-        raise ValueError(
+        raise InputError(
             "lengths do not match the plan's histogram (first difference at length %d: %d given, %d planned)"
             % (diff[0] + 1, hist[diff[0]], plan.histogram[diff[0]])
         )

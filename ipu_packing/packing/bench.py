@@ -10,18 +10,22 @@ that bound), and wall-clock seconds of planning. Timings depend on the machine's
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import List, Optional
 
-from .cli import _Parser, _UsageError, parse_length, parse_limit
+from ..errors import ArgumentParser, InputError, run_command
+from .cli import add_lp_arguments, parse_length, parse_limit
 from .io import load_histogram
 from .plan import ALGORITHMS, plan_packing
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = _Parser(prog="python -m ipu_packing.packing.bench", description=__doc__.split("\n")[0])
+    return run_command(_main, argv)
+
+
+def _main(argv: Optional[List[str]]) -> int:
+    parser = ArgumentParser(prog="python -m ipu_packing.packing.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--histogram", required=True)
     parser.add_argument("--max-sequence-length", type=parse_length, default=None)
     parser.add_argument("--max-sequences-per-pack", type=parse_limit, default=None, help="K >= 1, or 'max' (default)")
@@ -29,24 +33,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per algorithm, one per line")
     parser.add_argument("--assign", action="store_true",
                         help="also time assign_sequences for the optimal plan on synthetic lengths with these counts")
-    try:
-        args = parser.parse_args(argv)
-        counts, file_length = load_histogram(args.histogram)
-        length = args.max_sequence_length if args.max_sequence_length is not None else file_length
-        if length is None:
-            raise ValueError("--max-sequence-length is required (the file does not give one)")
-        names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-        for name in names:
-            if name not in ALGORITHMS:
-                raise ValueError("unknown algorithm %r (choose from %s)" % (name, ", ".join(ALGORITHMS)))
-        # optimal first: its bound is the yardstick for the others
-        order = ["optimal"] + [n for n in names if n != "optimal"]
-        plans = {}
-        for name in order:
-            plans[name] = plan_packing(counts, length, args.max_sequences_per_pack, name)
-    except (_UsageError, ValueError) as exc:
-        sys.stderr.write("error: %s\n" % (str(exc).splitlines()[0] if str(exc) else "bad input"))
-        return 2
+    add_lp_arguments(parser)
+    args = parser.parse_args(argv)
+    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    if not names:
+        raise InputError("--algorithms names no algorithm (choose from %s)" % ", ".join(ALGORITHMS))
+    for name in names:
+        if name not in ALGORITHMS:
+            raise InputError("unknown algorithm %r (choose from %s)" % (name, ", ".join(ALGORITHMS)))
+    counts, file_length = load_histogram(args.histogram)
+    length = args.max_sequence_length if args.max_sequence_length is not None else file_length
+    if length is None:
+        raise InputError("--max-sequence-length is required (the file does not give one)")
+    # optimal first: its bound is the yardstick for the others
+    order = ["optimal"] + [n for n in names if n != "optimal"]
+    plans = {}
+    for name in order:
+        plans[name] = plan_packing(counts, length, args.max_sequences_per_pack, name,
+                                   max_rounds=args.lp_max_rounds, time_limit=args.lp_time_limit)
     bound = plans["optimal"].lower_bound_integer
     assignment = _time_assignment(plans["optimal"]) if args.assign else None
     k = "max" if args.max_sequences_per_pack is None else str(args.max_sequences_per_pack)

@@ -3,27 +3,20 @@
     python -m ipu_packing.packing --histogram FILE --max-sequence-length N \\
         --max-sequences-per-pack K|max --algorithm NAME [--json]
 
-Bad input gets one line on stderr and exit code 2 (no traceback, nothing on stdout).
+Bad input gets one line on stderr and exit code 2 (no traceback, nothing on stdout), through
+ipu_packing.errors.run_command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import List, Optional
 
+from ..errors import ArgumentParser, InputError, run_command
 from .io import load_histogram
+from .optimal import MAX_ROUNDS, TIME_LIMIT
 from .plan import ALGORITHMS, PackingPlan, plan_packing
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        raise _UsageError(message)
 
 
 def parse_limit(text: str) -> Optional[int]:
@@ -49,8 +42,41 @@ def parse_length(text: str) -> int:
     return value
 
 
+def parse_rounds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be an integer >= 1, got %r" % text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1, got %d" % value)
+    return value
+
+
+def parse_seconds(text: str) -> Optional[float]:
+    """'none' -> None (no limit), else a finite number of seconds > 0."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a number of seconds or 'none', got %r" % text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError("must be > 0 and finite, got %r" % text)
+    return value
+
+
+def add_lp_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `optimal` planner's stopping rule, shared by every command that plans."""
+    parser.add_argument("--lp-max-rounds", type=parse_rounds, default=MAX_ROUNDS,
+                        help="optimal: rounds of column generation at most; the stopping rule, so the same "
+                             "input gives the same plan on any machine (default %(default)s)")
+    parser.add_argument("--lp-time-limit", type=parse_seconds, default=TIME_LIMIT,
+                        help="optimal: safety-net seconds of column generation, or 'none'; a plan it cuts "
+                             "short depends on machine speed and is reported (default %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m ipu_packing.packing", description="Plan sequence packing for a length histogram.")
+    parser = ArgumentParser(prog="python -m ipu_packing.packing", description="Plan sequence packing for a length histogram.")
     parser.add_argument("--histogram", required=True, help=".npy, .txt (one count per line) or .json; bin i = length i + 1")
     parser.add_argument("--max-sequence-length", type=parse_length, default=None,
                         help="pack size in tokens (default: the JSON file's max_sequence_length)")
@@ -58,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="optimal")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--top", type=int, default=10, help="strategies to list in the table")
+    add_lp_arguments(parser)
     return parser
 
 
@@ -65,8 +92,9 @@ def load_and_plan(args) -> PackingPlan:
     counts, file_length = load_histogram(args.histogram)
     length = args.max_sequence_length if args.max_sequence_length is not None else file_length
     if length is None:
-        raise ValueError("--max-sequence-length is required (the file does not give one)")
-    return plan_packing(counts, length, args.max_sequences_per_pack, args.algorithm)
+        raise InputError("--max-sequence-length is required (the file does not give one)")
+    return plan_packing(counts, length, args.max_sequences_per_pack, args.algorithm,
+                        max_rounds=args.lp_max_rounds, time_limit=args.lp_time_limit)
 
 
 def format_table(plan: PackingPlan, top: int) -> str:
@@ -87,6 +115,8 @@ def format_table(plan: PackingPlan, top: int) -> str:
             ("packs above the bound", "{:,}".format(plan.packs_above_bound)),
             ("best possible efficiency", "{:.4%}".format(plan.efficiency_bound)),
         ]
+    if plan.lp_rounds is not None:
+        rows.append(("LP rounds (stopped by)", "%d (%s)" % (plan.lp_rounds, plan.stopped_by)))
     rows += [("strategies", "{:,}".format(len(plan.strategies))), ("seconds", "{:.3f}".format(plan.seconds))]
     width = max(len(name) for name, _ in rows)
     lines = ["%-*s  %s" % (width, name, value) for name, value in rows]
@@ -98,15 +128,12 @@ def format_table(plan: PackingPlan, top: int) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        plan = load_and_plan(args)
-    except (_UsageError, ValueError) as exc:
-        sys.stderr.write("error: %s\n" % str(exc).splitlines()[0] if str(exc) else "error: bad input\n")
-        return 2
-    if args.json:
-        print(json.dumps(plan.to_dict()))
-    else:
-        print(format_table(plan, args.top))
+def _main(argv: Optional[List[str]]) -> int:
+    args = build_parser().parse_args(argv)
+    plan = load_and_plan(args)
+    print(json.dumps(plan.to_dict()) if args.json else format_table(plan, args.top))
     return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_command(_main, argv)

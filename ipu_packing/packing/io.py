@@ -8,9 +8,11 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from ..errors import InputError
+
 
 def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
-    """Returns (counts, max_sequence_length or None). Raises ValueError on unreadable input.
+    """Returns (counts, max_sequence_length or None). Raises InputError (a ValueError) on unreadable input.
 
     - .npy: a one-dimensional array of counts.
     - .txt: one count per line (blank lines and lines starting with # are skipped).
@@ -20,10 +22,13 @@ def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
     """
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".npy", ".txt", ".json"):
-        raise ValueError("histogram file must end in .npy, .txt or .json: %s" % path)
+        raise InputError("histogram file must end in .npy, .txt or .json: %s" % path)
     try:
         if ext == ".npy":
-            data = np.load(path, allow_pickle=False)
+            try:
+                data = np.load(path, allow_pickle=False)
+            except (ValueError, EOFError) as exc:  # pickled, truncated or not a .npy at all
+                raise InputError("%s is not a readable .npy array of counts: %s" % (path, " ".join(str(exc).split())))
             max_length = None
         elif ext == ".txt":
             with open(path) as f:
@@ -35,24 +40,24 @@ def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
                 obj = json.load(f)
             if isinstance(obj, dict):
                 if "histogram" not in obj:
-                    raise ValueError("%s: JSON object has no \"histogram\" key" % path)
+                    raise InputError("%s: JSON object has no \"histogram\" key" % path)
                 data = obj["histogram"]
                 max_length = obj.get("max_sequence_length")
                 if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)):
-                    raise ValueError("%s: \"max_sequence_length\" must be an integer" % path)
+                    raise InputError("%s: \"max_sequence_length\" must be an integer" % path)
             else:
                 data = obj
                 max_length = None
     except OSError as exc:
-        raise ValueError("cannot read %s: %s" % (path, exc.strerror or exc))
+        raise InputError("cannot read %s: %s" % (path, exc.strerror or exc))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError("%s is not valid JSON: %s" % (path, exc))
+        raise InputError("%s is not valid JSON: %s" % (path, exc))
     if isinstance(data, list) and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data):
-        raise ValueError("%s: histogram must be a list of numbers" % path)
+        raise InputError("%s: histogram must be a list of numbers" % path)
     try:
         counts = np.asarray(data)
     except (ValueError, TypeError) as exc:  # pragma: no cover - ragged input
-        raise ValueError("%s: histogram is not an array of counts: %s" % (path, exc))
+        raise InputError("%s: histogram is not an array of counts: %s" % (path, exc))
     return counts, max_length
 
 
@@ -63,4 +68,4 @@ def _number(text: str, path: str, line: int):
         try:
             return float(text)
         except ValueError:
-            raise ValueError("%s line %d: not a count: %r" % (path, line, text[:40]))
+            raise InputError("%s line %d: not a count: %r" % (path, line, text[:40]))

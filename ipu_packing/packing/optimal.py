@@ -27,18 +27,25 @@ whose columns A[:, j] range over all feasible patterns (far too many to list).
    optionally the fractional patterns with the largest fractional parts are rounded up while
    they still cover residual demand; whatever demand is left (a few sequences per basic
    pattern) goes to the greedy heuristics. The cheaper of the two variants wins. Over-covered
-   slots are removed afterwards by plan.py (never adding packs). Everything is deterministic:
-   the only time limit guards column generation on huge inputs.
-4. plan.py finally keeps the best of this result and the other algorithms' results, so
+   slots are removed afterwards by plan.py (never adding packs).
+4. Stopping. Column generation ends when the LP is solved, when the bound proves the
+   current packing optimal, or after ``max_rounds`` rounds of pricing. These rules depend
+   only on the input, so the same histogram gives the same plan on any machine at any load.
+   The wall-clock ``time_limit`` is only a safety net for pathological inputs; when it
+   fires, the result says so (``stopped_by == "time_limit"``), because that plan then
+   depends on the machine's speed.
+5. plan.py finally keeps the best of this result and the other algorithms' results, so
    `optimal` is never worse than them.
 """
 
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
+
+from ..errors import InputError
 
 from .heuristics import lpfhp, spfhp
 
@@ -46,6 +53,13 @@ REDUCED_COST_TOL = 1e-9
 NEW_COLUMNS_PER_ROUND = 64  # best patterns per round from leading pairs (and as many from single leads)
 PAIR_LEADS_MAX = 1500  # frontier size above which only single leading items are tried
 SMOOTHING = 0.9  # Wentges smoothing weight of the dual centre
+# Rounds of column generation before it stops with its current (valid) bound. The Wikipedia
+# histogram at S=512 converges in 13-46 rounds (K=max..3); the same lengths spread over
+# S=2048 need 269, so 300 lets such inputs converge too (rounds grow dearer as the master
+# grows: that case takes about 80 s). The time limit is only a safety net above that.
+MAX_ROUNDS = 300
+TIME_LIMIT = 600.0
+STOP_REASONS = ("lp_optimal", "bound", "known_optimal", "max_rounds", "time_limit", "stalled")
 # Appending columns keeps the basis primal feasible: primal simplex from it, no presolve.
 MASTER_OPTIONS = (("presolve", "off"), ("simplex_strategy", 4), ("threads", 1))
 
@@ -323,18 +337,38 @@ def _round(x: np.ndarray, master: "_Master", lengths: np.ndarray, size: int, lim
     return whole, floor_strategies, floor_repeats
 
 
+class LPResult(NamedTuple):
+    strategies: Optional[List[List[int]]]
+    """Lengths in each pack pattern; None when ``upper_bound``'s packing was proved optimal."""
+    repeats: Optional[List[int]]
+    lower_bound: float
+    """Valid lower bound on the packs of any packing of the histogram."""
+    rounds: int
+    """Rounds of column generation run (master LP solves)."""
+    stopped_by: str
+    """Why column generation stopped: one of STOP_REASONS."""
+
+
 def optimal(
     histogram: np.ndarray,
     max_sequence_length: int,
     max_sequences_per_pack: int,
-    time_limit: float = 8.0,
+    max_rounds: int = MAX_ROUNDS,
+    time_limit: Optional[float] = TIME_LIMIT,
     upper_bound: Optional[int] = None,
-):
-    """Returns (strategies, repeats, lower_bound_packs).
+) -> LPResult:
+    """Near-optimal plan and its LP lower bound.
 
+    max_rounds: rounds of column generation at most (the deterministic stopping rule).
+    time_limit: seconds of column generation at most, or None (no limit); a plan cut short by
+        it depends on machine speed, and says so in ``stopped_by``.
     upper_bound: packs of a packing already known (column generation stops once its
-    integer bound proves that packing optimal; strategies are then None).
+        integer bound proves that packing optimal; strategies are then None).
     """
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+        raise InputError("max_rounds must be an integer >= 1, got %r" % (max_rounds,))
+    if time_limit is not None and not (float(time_limit) > 0 and np.isfinite(time_limit)):
+        raise InputError("time_limit must be a number of seconds > 0, got %r" % (time_limit,))
     start = time.perf_counter()
     size, limit = max_sequence_length, max_sequences_per_pack
     hist = np.asarray(histogram, dtype=np.int64)
@@ -345,7 +379,7 @@ def optimal(
     trivial = max(tokens / size, float(demand.sum()) / limit)
     bound = trivial
     if upper_bound is not None and upper_bound <= np.ceil(trivial * (1 - 1e-12) - 1e-9):
-        return None, None, trivial  # the known packing is already provably optimal
+        return LPResult(None, None, trivial, 0, "known_optimal")  # already provably optimal
 
     index = np.zeros(size + 1, dtype=np.int64)  # (S + 1,) row of each present length
     index[lengths] = np.arange(n)
@@ -364,8 +398,10 @@ def optimal(
     # does, the point moves towards y; at y itself "none" proves the LP optimal.
     centre = lengths / float(size)  # (n,)
     centre_bound = float(centre @ demand)
+    rounds = 0
     while True:
         x, objective, duals = master.solve()
+        rounds += 1
         alpha = SMOOTHING
         while True:
             point = alpha * centre + (1.0 - alpha) * duals
@@ -379,14 +415,24 @@ def optimal(
             alpha = alpha - 0.3 if alpha > 0.3 else 0.0
         bound = max(bound, centre_bound)
         integer_bound = np.ceil(bound * (1 - 1e-12) - 1e-9)
-        if not improving or integer_bound >= np.ceil(objective * (1 - 1e-12) - 1e-9):
-            break  # LP solved, or it cannot raise the integer bound any further
+        if not improving:
+            stopped_by = "lp_optimal"
+            break
+        if integer_bound >= np.ceil(objective * (1 - 1e-12) - 1e-9):
+            stopped_by = "bound"  # the LP cannot raise the integer bound any further
+            break
         if upper_bound is not None and upper_bound <= integer_bound:
-            break  # the known packing is optimal
-        if time.perf_counter() - start > time_limit:
+            stopped_by = "known_optimal"
+            break
+        if rounds >= max_rounds:
+            stopped_by = "max_rounds"
+            break
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            stopped_by = "time_limit"
             break
         if not master.add(improving):
-            break  # numerically stuck: nothing new to add
+            stopped_by = "stalled"  # numerically stuck: nothing new to add
+            break
 
     whole, strategies, repeats = _round(x, master, lengths, size, limit)
     strategies = list(strategies)
@@ -396,4 +442,4 @@ def optimal(
         strategies.append([int(lengths[r]) for r, c in zip(rows, counts) for _ in range(int(c))])
         repeats.append(int(whole[j]))
     # A hair below the computed bound guards against rounding in b.y (relative 1e-12).
-    return strategies, repeats, bound * (1 - 1e-12)
+    return LPResult(strategies, repeats, bound * (1 - 1e-12), rounds, stopped_by)

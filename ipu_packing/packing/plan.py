@@ -19,17 +19,25 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import InputError
 from . import heuristics, nnlshp as _nnlshp, optimal as _optimal
 
 ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "optimal")
 # optimal also runs nnlshp when S x (its number of strategies) is at most this (~2 s of NNLS;
 # the Wikipedia histogram at K >= 3 needs 512 x 22,102 = 11.3M, ~20 s)
 NNLSHP_IN_OPTIMAL = 1500000
+# Limits that keep every count exact. The LP works in float64, which holds integers exactly below
+# 2**53; token totals are int64 products. S is bounded so that a typo is refused before the
+# (S,)-sized arrays are allocated.
+MAX_COUNT = 2**53
+MAX_TOKENS = 2**62
+MAX_SEQUENCE_LENGTH = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,8 @@ class PackingPlan:
     repeats: np.ndarray  # (P,) int64
     lower_bound_packs: Optional[float] = None  # LP bound on packs of any packing, where computed
     seconds: float = 0.0
+    lp_rounds: Optional[int] = None  # optimal: rounds of column generation run
+    stopped_by: Optional[str] = None  # optimal: why column generation stopped (optimal.STOP_REASONS)
 
     @property
     def num_sequences(self) -> int:
@@ -135,6 +145,8 @@ class PackingPlan:
             "lower_bound_packs": self.lower_bound_packs,
             "lower_bound_integer": self.lower_bound_integer,
             "packs_above_bound": self.packs_above_bound,
+            "lp_rounds": self.lp_rounds,
+            "stopped_by": self.stopped_by,
             "seconds": self.seconds,
         }
         if top_strategies:
@@ -148,42 +160,52 @@ class PackingPlan:
 def _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm) -> np.ndarray:
     """Checks the input and returns the histogram as (S,) int64."""
     if algorithm not in ALGORITHMS:
-        raise ValueError("unknown packing algorithm %r (choose from %s)" % (algorithm, ", ".join(ALGORITHMS)))
+        raise InputError("unknown packing algorithm %r (choose from %s)" % (algorithm, ", ".join(ALGORITHMS)))
     if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, numbers.Integral):
-        raise ValueError("max_sequence_length must be an integer, got %r" % (max_sequence_length,))
+        raise InputError("max_sequence_length must be an integer, got %r" % (max_sequence_length,))
     if max_sequence_length < 1:
-        raise ValueError("max_sequence_length must be >= 1, got %d" % max_sequence_length)
+        raise InputError("max_sequence_length must be >= 1, got %d" % max_sequence_length)
+    if max_sequence_length > MAX_SEQUENCE_LENGTH:
+        raise InputError("max_sequence_length must be at most %d, got %d" % (MAX_SEQUENCE_LENGTH, max_sequence_length))
     if max_sequences_per_pack is not None:
         if isinstance(max_sequences_per_pack, bool) or not isinstance(max_sequences_per_pack, numbers.Integral):
-            raise ValueError("max_sequences_per_pack must be an integer >= 1 or None, got %r" % (max_sequences_per_pack,))
+            raise InputError("max_sequences_per_pack must be an integer >= 1 or None, got %r" % (max_sequences_per_pack,))
         if max_sequences_per_pack < 1:
-            raise ValueError("max_sequences_per_pack must be >= 1, got %d" % max_sequences_per_pack)
+            raise InputError("max_sequences_per_pack must be >= 1, got %d" % max_sequences_per_pack)
     try:
         raw = np.asarray(histogram)
     except (TypeError, ValueError) as exc:
-        raise ValueError("histogram is not an array of counts: %s" % exc)
+        raise InputError("histogram is not an array of counts: %s" % exc)
     if raw.ndim != 1:
-        raise ValueError("histogram must be one-dimensional, got shape %s" % (raw.shape,))
+        raise InputError("histogram must be one-dimensional, got shape %s" % (raw.shape,))
     if raw.size == 0:
-        raise ValueError("histogram is empty")
+        raise InputError("histogram is empty")
     if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)):
-        raise ValueError("histogram counts must be numbers, got dtype %s" % raw.dtype)
+        raise InputError("histogram counts must be numbers, got dtype %s" % raw.dtype)
     if np.issubdtype(raw.dtype, np.floating):
-        if not np.isfinite(raw).all() or (raw != np.round(raw)).any():
-            raise ValueError("histogram counts must be whole numbers")
-        if raw.max() >= 2.0**62:
-            raise ValueError("histogram counts are too large")
+        if not np.isfinite(raw).all():
+            raise InputError("histogram counts must be finite")
+        if (raw != np.round(raw)).any():
+            raise InputError("histogram counts must be whole numbers")
+    if (raw < 0).any():
+        first = int(np.flatnonzero(raw < 0)[0])
+        raise InputError("histogram has a negative count (%d at length %d)" % (raw[first], first + 1))
+    if (raw >= MAX_COUNT).any():  # compared before any cast, so uint64 and huge floats cannot wrap
+        first = int(np.flatnonzero(raw >= MAX_COUNT)[0])
+        raise InputError("histogram count %d at length %d is too large (counts must be below 2**53)"
+                         % (int(raw[first]), first + 1))
     hist = raw.astype(np.int64)
-    if (hist < 0).any():
-        first = int(np.flatnonzero(hist < 0)[0])
-        raise ValueError("histogram has a negative count (%d at length %d)" % (hist[first], first + 1))
     if len(hist) > max_sequence_length:
-        raise ValueError(
+        raise InputError(
             "histogram has %d bins but max_sequence_length is %d (bin i counts length i + 1)"
             % (len(hist), max_sequence_length)
         )
     if hist.sum() == 0:
-        raise ValueError("histogram has no sequences (all counts are zero)")
+        raise InputError("histogram has no sequences (all counts are zero)")
+    present = np.flatnonzero(hist)
+    tokens = sum(int(hist[i]) * (int(i) + 1) for i in present)  # Python ints: exact at any size
+    if tokens >= MAX_TOKENS or int(hist.sum()) >= MAX_TOKENS:
+        raise InputError("histogram holds %d tokens: totals must stay below 2**62" % tokens)
     out = np.zeros(max_sequence_length, dtype=np.int64)
     out[: len(hist)] = hist
     return out
@@ -228,28 +250,28 @@ def _normalise(strategies, repeats, hist: np.ndarray) -> Tuple[Tuple[Tuple[int, 
     return tuple(k for k, _ in ordered), np.array([c for _, c in ordered], dtype=np.int64)
 
 
-def _run(algorithm: str, hist: np.ndarray, size: int, limit: int, time_limit: float):
-    """Returns (strategies, repeats, lower bound or None) for one algorithm."""
+def _run(algorithm: str, hist: np.ndarray, size: int, limit: int, max_rounds: int, time_limit: Optional[float]):
+    """Returns (strategies, repeats, lower bound or None, LP rounds or None, stop reason or None)."""
     if algorithm == "spfhp":
-        return heuristics.spfhp(hist, size, limit) + (None,)
+        return heuristics.spfhp(hist, size, limit) + (None, None, None)
     if algorithm == "lpfhp":
-        return heuristics.lpfhp(hist, size, limit) + (None,)
+        return heuristics.lpfhp(hist, size, limit) + (None, None, None)
     if algorithm == "nnlshp":
-        return _nnlshp.nnlshp(hist, size, limit) + (None,)
+        return _nnlshp.nnlshp(hist, size, limit) + (None, None, None)
     # optimal: the best of the cheap algorithms, then the LP unless they are already optimal.
     candidates = [heuristics.spfhp(hist, size, limit), heuristics.lpfhp(hist, size, limit)]
     strategies, _ = _nnlshp.exact_fit_strategies(hist, size, limit)
     if size * len(strategies) <= NNLSHP_IN_OPTIMAL:
         candidates.append(_nnlshp.nnlshp(hist, size, limit))
     best = min((_normalise(s, r, hist) for s, r in candidates), key=lambda p: int(p[1].sum()))
-    lp_strategies, lp_repeats, bound = _optimal.optimal(
-        hist, size, limit, time_limit=time_limit, upper_bound=int(best[1].sum())
+    lp = _optimal.optimal(
+        hist, size, limit, max_rounds=max_rounds, time_limit=time_limit, upper_bound=int(best[1].sum())
     )
-    if lp_strategies is not None:
-        lp = _normalise(lp_strategies, lp_repeats, hist)
-        if int(lp[1].sum()) < int(best[1].sum()):
-            best = lp
-    return best[0], best[1], bound
+    if lp.strategies is not None:
+        candidate = _normalise(lp.strategies, lp.repeats, hist)
+        if int(candidate[1].sum()) < int(best[1].sum()):
+            best = candidate
+    return best[0], best[1], lp.lower_bound, lp.rounds, lp.stopped_by
 
 
 def plan_packing(
@@ -257,22 +279,43 @@ def plan_packing(
     max_sequence_length: int,
     max_sequences_per_pack: Optional[int] = None,
     algorithm: str = "optimal",
-    time_limit: float = 8.0,
+    max_rounds: int = _optimal.MAX_ROUNDS,
+    time_limit: Optional[float] = _optimal.TIME_LIMIT,
 ) -> PackingPlan:
     """Plan packs for a histogram of sequence lengths.
 
     histogram: counts, bin i = sequences of length i + 1 (at most max_sequence_length bins).
     max_sequences_per_pack: an int >= 1, or None for unbounded.
     algorithm: one of ALGORITHMS.
-    time_limit: seconds of column generation for `optimal` (it stops early with a valid,
-        possibly weaker, bound); the other algorithms ignore it.
-    Raises ValueError on bad input.
+    max_rounds: rounds of column generation for `optimal` at most; it then stops with a valid,
+        possibly weaker, bound. This is the stopping rule: the same input gives the same plan on
+        any machine. The other algorithms ignore it.
+    time_limit: seconds of column generation for `optimal` at most (a safety net), or None for
+        no limit. A plan cut short by it depends on the machine's speed: ``stopped_by`` is then
+        "time_limit" and a warning says so.
+    Raises InputError (a ValueError) on bad input.
     """
     start = time.perf_counter()
     hist = _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm)
     size = int(max_sequence_length)
     limit = size if max_sequences_per_pack is None else int(min(max_sequences_per_pack, size))
-    strategies, repeats, bound = _run(algorithm, hist, size, limit, float(time_limit))
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, numbers.Integral) or max_rounds < 1:
+        raise InputError("max_rounds must be an integer >= 1, got %r" % (max_rounds,))
+    if time_limit is not None:
+        if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) or not (
+            0 < time_limit < math.inf
+        ):
+            raise InputError("time_limit must be a number of seconds > 0, got %r" % (time_limit,))
+        time_limit = float(time_limit)
+    strategies, repeats, bound, rounds, stopped_by = _run(algorithm, hist, size, limit, int(max_rounds), time_limit)
+    if stopped_by == "time_limit":
+        warnings.warn(
+            "the packing LP stopped at its %g s time limit after %d rounds: this plan depends on the "
+            "machine's speed (raise the time limit, or lower max_rounds, for a reproducible plan)"
+            % (time_limit, rounds),
+            RuntimeWarning,
+            stacklevel=2,
+        )
     strategies, repeats = _normalise(strategies, repeats, hist)
     return PackingPlan(
         algorithm=algorithm,
@@ -283,4 +326,6 @@ def plan_packing(
         repeats=repeats,
         lower_bound_packs=None if bound is None else float(bound),
         seconds=time.perf_counter() - start,
+        lp_rounds=rounds,
+        stopped_by=stopped_by,
     )

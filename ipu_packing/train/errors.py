@@ -1,4 +1,4 @@
-"""Errors the application turns into a one-line message.
+"""Errors the application turns into a one-line message (the convention: ipu_packing/errors.py).
 
 `UserError` (and its subclasses) means the input is wrong: the command prints one line naming the
 cause and exits with status 2, before anything is written. `TrainingError` means the run itself
@@ -7,18 +7,17 @@ failed (for example a non-finite loss): one line, exit status 1, the last good c
 
 from __future__ import annotations
 
-
-class UserError(Exception):
-    """Bad user input: a config, a dataset, a checkpoint. Exit status 2."""
-
-    exit_code = 2
+from ..errors import UserError
 
 
 class ConfigError(UserError):
     """A config file or override is wrong; the message names the key."""
 
 
-class TrainingError(Exception):
+class TrainingError(UserError):
     """The run failed while training (non-finite loss). Exit status 1."""
 
     exit_code = 1
+
+
+__all__ = ["ConfigError", "TrainingError", "UserError"]
