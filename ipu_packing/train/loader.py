@@ -17,7 +17,9 @@ dataset's packing factor are derived later (`PretrainingConfig.batch_accounting`
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import typing
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -39,6 +41,26 @@ _SECTIONS = {
     "logging": LoggingConfig,
 }
 _TOP_KEYS = ("base", "model", "execution") + tuple(_SECTIONS)
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader that reads numbers as people write them.
+
+    PyYAML follows YAML 1.1, whose float pattern needs a dot and a signed exponent, so ``1e-4`` and
+    ``1.0e30`` load as *strings* and ``optimizer.lr=1e-4`` would be refused as "not a number". YAML
+    1.2 (the current spec) reads them as floats; this loader adds that rule for plain scalars.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _yaml_load(stream):
+    return yaml.load(stream, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def available_configs() -> List[str]:
@@ -103,7 +125,7 @@ def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
         raise ConfigError("config %s extends itself (base cycle)" % (path,))
     try:
         with open(path, "r", encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            raw = _yaml_load(f)
     except yaml.YAMLError as exc:
         raise ConfigError("config %s is not valid YAML: %s" % (path, " ".join(str(exc).split())))
     except UnicodeDecodeError as exc:
@@ -147,7 +169,7 @@ def _apply_override(raw: Dict[str, Any], item: str) -> None:
     if section not in _TOP_KEYS or section == "base":
         raise ConfigError("unknown config section %r in override %r" % (section, item))
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = _yaml_load(text) if text.strip() else None
     except yaml.YAMLError:
         raise ConfigError("override %r: value is not valid YAML" % (item,))
     target = dict(raw.get(section) or {})
@@ -189,6 +211,8 @@ def _parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
         if default is None:  # classifier_dropout: a number or null
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ConfigError("model.%s must be a number or null, got %r" % (key, value))
+            if value is not None:
+                value = _finite("model." + key, value)
         elif value is None:
             raise ConfigError("model.%s must not be null" % (key,))
         elif isinstance(default, bool):
@@ -202,7 +226,7 @@ def _parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
         elif isinstance(default, float):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError("model.%s must be a number, got %r" % (key, value))
-            value = float(value)
+            value = _finite("model." + key, value)
         elif isinstance(default, str):
             if not isinstance(value, str):
                 raise ConfigError("model.%s must be a string, got %r" % (key, value))
@@ -210,7 +234,21 @@ def _parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
         if key in out and out[key] < 1:
             raise ConfigError("model.%s must be >= 1, got %r" % (key, out[key]))
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+        if out.get(key) is not None and not 0.0 <= out[key] <= 1.0:
+            raise ConfigError("model.%s is a probability: it must be in [0, 1], got %r" % (key, out[key]))
+    if "layer_norm_eps" in out and not out["layer_norm_eps"] > 0:
+        raise ConfigError("model.layer_norm_eps must be > 0, got %r" % (out["layer_norm_eps"],))
+    if "initializer_range" in out and out["initializer_range"] < 0:
+        raise ConfigError("model.initializer_range must be >= 0, got %r" % (out["initializer_range"],))
     return out
+
+
+def _finite(key: str, value: Any) -> float:
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError("%s must be a finite number, got %r" % (key, value))
+    return value
 
 
 def _build(section: str, cls: type, raw: Dict[str, Any]):
@@ -265,7 +303,7 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError("%s must be a number, got %r" % (key, value))
-        return float(value)
+        return _finite(key, value)
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError("%s must be a string, got %r" % (key, value))

@@ -128,6 +128,8 @@ class TrainingConfig:
         _choice("training.batch_accounting", self.batch_accounting, BATCH_ACCOUNTING)
         if self.num_threads < 0:
             raise ConfigError("training.num_threads must be >= 0, got %r" % (self.num_threads,))
+        if not 0 <= self.seed < 2**63:  # numpy, torch and Python generators all take it
+            raise ConfigError("training.seed must be in [0, 2**63), got %r" % (self.seed,))
 
     # Batch arithmetic, beside the fields it derives from (as litgpt's TrainArgs keeps batch sizes).
 

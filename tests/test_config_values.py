@@ -1,0 +1,57 @@
+"""Config values as users write them: YAML 1.2 numbers, finite floats, probabilities, seed range."""
+
+import os
+
+import pytest
+
+from ipu_packing.train import load_config
+from ipu_packing.train.errors import ConfigError
+from ipu_packing.train.loader import CONFIG_DIR, _yaml_load
+
+
+@pytest.mark.parametrize("text, value", [("1e-4", 1e-4), ("1.0e30", 1.0e30), ("2E-3", 2e-3), (".5e1", 5.0),
+                                         ("-3e+2", -300.0), ("7", 7), ("0.002828", 0.002828)])
+def test_numbers_parse_as_written(text, value):
+    parsed = _yaml_load(text)
+    assert parsed == value and type(parsed) is type(value)
+
+
+@pytest.mark.parametrize("text", ["1e", "e5", "-e5", ".e5", "1e-4x", "v1e4"])
+def test_what_is_not_a_number_stays_a_string(text):
+    assert _yaml_load(text) == text
+
+
+def test_exponent_in_an_override_a_file_and_a_list(tmp_path):
+    assert load_config("demo", ["optimizer.lr=1e-4"]).optimizer.lr == 1e-4
+    path = tmp_path / "c.yaml"
+    path.write_text("base: %s\noptimizer:\n  lr: 5e-4\n  betas: [0.9, 9.99e-1]\n" % os.path.join(CONFIG_DIR, "demo.yaml"))
+    config = load_config(str(path))
+    assert config.optimizer.lr == 5e-4
+    assert list(config.optimizer.betas) == [0.9, 0.999]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optimizer.lr=.inf", "finite"),
+        ("optimizer.lr=-.inf", "finite"),
+        ("optimizer.lr=.nan", "finite"),
+        ("optimizer.weight_decay=.nan", "finite"),
+        ("model.layer_norm_eps=.inf", "finite"),
+        ("model.layer_norm_eps=0", "> 0"),
+        ("model.layer_norm_eps=-1e-12", "> 0"),
+        ("model.hidden_dropout_prob=5", r"\[0, 1\]"),
+        ("model.attention_probs_dropout_prob=-0.1", r"\[0, 1\]"),
+        ("model.classifier_dropout=1.5", r"\[0, 1\]"),
+        ("training.seed=-1", "training.seed"),
+        ("training.seed=%d" % 2**70, "training.seed"),
+        ("optimizer.lr=1e", "number"),  # not a number in any YAML: stays a string, refused
+    ],
+)
+def test_refused_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("demo", [override])
+
+
+def test_largest_seed_is_accepted():
+    assert load_config("demo", ["training.seed=%d" % (2**63 - 1)]).training.seed == 2**63 - 1
