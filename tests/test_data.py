@@ -13,7 +13,7 @@ from ipu_packing.data import FIELDS, DataError, open_dataset
 from ipu_packing.data.corpus import read_documents, split_sentences
 from ipu_packing.data.instances import (RecipeConfig, Uniforms, Vocabulary, create_instances, tokenize_documents,
                                         truncation_counts)
-from ipu_packing.data.packs import mlm_slots
+from ipu_packing.data.format import mlm_slots
 from ipu_packing.data.pipeline import PrepareConfig, prepare
 from ipu_packing.data.vocab import load_tokenizer, train_default_vocab
 
@@ -243,9 +243,9 @@ def test_mlm_slots_is_the_exact_bound():
             for combo in itertools.combinations_with_replacement(lengths.tolist(), n):
                 if sum(combo) <= 24:
                     best = max(best, sum(gain[l] for l in combo))
-        assert mlm_slots(recipe, k) == best
-    paper = RecipeConfig(max_seq_length=128, max_predictions_per_seq=20)
-    assert mlm_slots(paper, 1) == 19 and mlm_slots(paper, 3) <= 20 + 3 - 1
+        assert mlm_slots(24, k, max_predictions_per_seq=3) == best
+    assert mlm_slots(128, 1, max_predictions_per_seq=20) == 19 and mlm_slots(128, 3, max_predictions_per_seq=20) == 20
+    assert (mlm_slots(128, 3), mlm_slots(512, 3), mlm_slots(128, 1), mlm_slots(512, 1)) == (20, 78, 19, 77)
 
 
 def test_uniforms_randint_covers_both_ends():

@@ -36,9 +36,9 @@ import numpy as np
 
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
 from .errors import DataError
-from .format import FORMAT_VERSION, VOCAB, sha256_file, write_manifest
+from .format import FORMAT_VERSION, VOCAB, mlm_slots, sha256_file, write_manifest
 from .instances import RecipeConfig, Vocabulary, create_instances, tokenize_documents
-from .packs import InstanceStore, PackLayout, ShardTask, mlm_slots, save_instances, shard_tasks, write_shard
+from .packs import InstanceStore, PackLayout, ShardTask, save_instances, shard_tasks, write_shard
 from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer, train_default_vocab
 
 
@@ -283,7 +283,9 @@ def _check_output(path: str) -> None:
 def _dataset_tasks(directory: str, members: np.ndarray, offsets: np.ndarray, pack_order: np.ndarray, k: int,
                    config: PrepareConfig):
     os.makedirs(directory)
-    layout = PackLayout(config.max_seq_length, k, mlm_slots(config.recipe, k))
+    recipe = config.recipe
+    layout = PackLayout(config.max_seq_length, k, mlm_slots(config.max_seq_length, k, recipe.masked_lm_prob,
+                                                            recipe.max_predictions))
     return layout, shard_tasks(members, offsets, pack_order, layout, directory, config.shard_bytes)
 
 
