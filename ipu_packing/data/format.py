@@ -235,6 +235,26 @@ MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
 }
 
 
+def pack_statistics(lengths: np.ndarray, mlm_counts: np.ndarray, sequences_per_pack: np.ndarray,
+                    max_seq_length: int, max_sequences_per_pack: int) -> Dict[str, Any]:
+    """The manifest's counts for packs holding sequences of `lengths` with `mlm_counts` predictions,
+    `sequences_per_pack` of them in each pack: num_sequences ... sequences_per_pack_histogram."""
+    num_sequences, num_packs = len(lengths), len(sequences_per_pack)
+    num_tokens = int(np.sum(lengths))
+    return {
+        "num_sequences": num_sequences,
+        "num_packs": num_packs,
+        "num_tokens": num_tokens,
+        "num_masked_tokens": int(np.sum(mlm_counts)),
+        "packing_efficiency": num_tokens / float(max(1, num_packs) * max_seq_length),
+        "packing_factor": num_sequences / float(max(1, num_packs)),
+        "sequence_length_histogram": np.bincount(np.asarray(lengths) - 1, minlength=max_seq_length).tolist(),
+        "sequences_per_pack_histogram": (np.bincount(np.asarray(sequences_per_pack) - 1,
+                                                     minlength=max_sequences_per_pack).tolist()
+                                         if num_packs else [0] * max_sequences_per_pack),
+    }
+
+
 def write_manifest(directory: str, manifest: Dict[str, Any]) -> None:
     unknown = sorted(set(manifest) - set(MANIFEST_KEYS))
     missing = sorted(set(MANIFEST_KEYS) - set(manifest))
