@@ -325,7 +325,7 @@ def _round(x: np.ndarray, master: "_Master", lengths: np.ndarray, size: int, lim
 
 def optimal(
     histogram: np.ndarray,
-    max_sequence_length: int,
+    max_seq_length: int,
     max_sequences_per_pack: int,
     time_limit: float = 8.0,
     upper_bound: Optional[int] = None,
@@ -336,7 +336,7 @@ def optimal(
     integer bound proves that packing optimal; strategies are then None).
     """
     start = time.perf_counter()
-    size, limit = max_sequence_length, max_sequences_per_pack
+    size, limit = max_seq_length, max_sequences_per_pack
     hist = np.asarray(histogram, dtype=np.int64)
     lengths = np.flatnonzero(hist) + 1  # (n,) ascending
     demand = hist[lengths - 1]  # (n,)
