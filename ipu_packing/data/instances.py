@@ -325,7 +325,7 @@ def _choose_whole_words(ids: np.ndarray, candidate: np.ndarray, budget: np.ndarr
 def _smallest_keys(keys: np.ndarray, budget: np.ndarray) -> np.ndarray:
     """(N, W) bool: the budget[i] smallest keys of each row i (on a tie, the leftmost), as a stable
     argsort of each row would choose them. A partial sort finds each row's budget-th smallest key,
-    which is ~5x faster than sorting whole rows; rows where that threshold is shared by several keys
+    which is much cheaper than sorting whole rows; rows where that threshold is shared by several keys
     (ties: not expected from random floats) are redone by the full sort."""
     n, width = keys.shape
     kth = min(max(1, int(budget.max(initial=0))), width)
