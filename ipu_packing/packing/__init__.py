@@ -1,6 +1,6 @@
 """Histogram packing: histogram -> plan -> assignment of real sequences.
 
-Public API (the contract other packages use; keep it stable):
+Public API:
 
     plan = plan_packing(histogram, max_seq_length, max_sequences_per_pack, algorithm="optimal")
     packs = assign_sequences(plan, lengths, seed)
