@@ -36,8 +36,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-FIELDS = ("input_ids", "token_type_ids", "position_ids", "sequence_ids", "mlm_positions", "mlm_labels", "cls_positions", "nsp_labels")
-PAD, CLS, SEP, MASK, FIRST_WORD = 0, 2, 3, 4, 5
+from .bench_report import Result, draw_plot, format_result
+from .data.format import (CLS_ID, FIRST_WORD_ID, IGNORE_INDEX, MASK_ID, SEP_ID, Instance, as_batch, mlm_slots,
+                          pack_sequences)
 
 MODEL_PRESETS = {
     # name: transformers.BertConfig overrides
@@ -53,7 +54,7 @@ class BenchError(Exception):
 
 @dataclass
 class Layout:
-    """Rows of one layout in the pack format: arrays (P, S) / (P, M) / (P, K), int64."""
+    """Rows of one layout: the pack fields of data/format.py as int64 arrays (P, S) / (P, M) / (P, K)."""
 
     name: str
     arrays: Dict[str, np.ndarray]
@@ -64,16 +65,14 @@ class Layout:
 
     @property
     def sequences(self) -> int:
-        return int((self.arrays["nsp_labels"] != -100).sum())
+        return int((self.arrays["nsp_labels"] != IGNORE_INDEX).sum())
 
     @property
     def tokens(self) -> int:
         return int((self.arrays["sequence_ids"] != 0).sum())
 
 
-# --------------------------------------------------------------------------------------------
-# Lengths
-# --------------------------------------------------------------------------------------------
+# -- lengths -----------------------------------------------------------------------------------
 
 
 def shared_dir() -> str:
@@ -87,20 +86,19 @@ def shared_dir() -> str:
 
 
 def read_histogram_file(path: str, max_seq_length: Optional[int]) -> np.ndarray:
+    """(S,) counts from a histogram file (packing.io.load_histogram's formats), S = --max-seq-length,
+    else the file's max_sequence_length, else its number of bins."""
+    from .packing.io import load_histogram
+
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            raw = json.load(f)
-    except OSError as exc:
-        raise BenchError("histogram file %s: %s" % (path, exc.strerror or exc))
+        counts, declared = load_histogram(path)
     except ValueError as exc:
-        raise BenchError("histogram file %s is not valid JSON (%s)" % (path, exc))
-    hist = raw.get("histogram") if isinstance(raw, dict) else raw
-    if not isinstance(hist, list) or not hist or not all(isinstance(v, (int, float)) and v >= 0 for v in hist):
-        raise BenchError("histogram file %s: field 'histogram' must be a list of counts (bin i = length i+1)" % (path,))
-    hist = np.asarray(hist, dtype=np.float64)
-    declared = raw.get("max_sequence_length") if isinstance(raw, dict) else None
+        raise BenchError(str(exc).splitlines()[0])
+    hist = np.asarray(counts, dtype=np.float64).ravel()
+    if not len(hist) or (hist < 0).any():
+        raise BenchError("histogram file %s: must be a list of counts (bin i = length i+1)" % (path,))
     S = max_seq_length or declared or len(hist)
-    if len(hist) > S and hist[S:].sum() > 0:
+    if hist[S:].sum() > 0:
         raise BenchError("histogram file %s has sequences longer than --max-seq-length %d" % (path, S))
     out = np.zeros(S, dtype=np.float64)
     out[: min(S, len(hist))] = hist[:S]
@@ -108,84 +106,52 @@ def read_histogram_file(path: str, max_seq_length: Optional[int]) -> np.ndarray:
 
 
 def read_dataset_histogram(directory: str) -> np.ndarray:
+    """The sequence_length_histogram of prepared data (prepare's --output DIR, or one dataset directory)."""
+    from .data.errors import DataError
+    from .data.format import MANIFEST, read_manifest
+
     for candidate in (os.path.join(directory, "padded"), os.path.join(directory, "packed"), directory):
-        manifest = os.path.join(candidate, "manifest.json")
-        if os.path.isfile(manifest):
+        if os.path.isfile(os.path.join(candidate, MANIFEST)):
             try:
-                with open(manifest, "r", encoding="utf-8") as f:
-                    raw = json.load(f)
-                hist = np.asarray(raw["sequence_length_histogram"], dtype=np.float64)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise BenchError("dataset manifest %s is unusable (%s)" % (manifest, type(exc).__name__))
-            return hist
+                return np.asarray(read_manifest(candidate)["sequence_length_histogram"], dtype=np.float64)
+            except DataError as exc:
+                raise BenchError(str(exc))
     raise BenchError("no prepared dataset at %s (no manifest.json in it, or in its packed/ or padded/)" % (directory,))
 
 
-# --------------------------------------------------------------------------------------------
-# Layouts
-# --------------------------------------------------------------------------------------------
+# -- layouts -----------------------------------------------------------------------------------
 
 
-def max_predictions(S: int) -> int:
-    return max(1, int(round(0.15 * S)))
-
-
-def make_sequences(lengths: np.ndarray, vocab_size: int, seed: int) -> List[Dict[str, np.ndarray]]:
+def make_sequences(lengths: np.ndarray, vocab_size: int, seed: int) -> List[Instance]:
     """Random NSP/MLM instances of exactly the given lengths: [CLS] A [SEP] B [SEP] (from 5 tokens),
-    floor(15%) of the word tokens masked, so a pack's masked tokens never exceed 15% of S."""
+    floor(15%) of the word tokens masked, which never exceeds the recipe's count, so M fits."""
     rng = np.random.default_rng(seed + 1)
     out = []
     for n in lengths:
         n = int(n)
-        tokens = rng.integers(FIRST_WORD, vocab_size, size=n)
+        tokens = rng.integers(FIRST_WORD_ID, vocab_size, size=n)
         types = np.zeros(n, dtype=np.int64)
-        tokens[0] = CLS
+        tokens[0] = CLS_ID
         if n >= 2:
-            tokens[n - 1] = SEP
+            tokens[n - 1] = SEP_ID
         if n >= 5:
             a = int(rng.integers(1, n - 3))
-            tokens[1 + a] = SEP
+            tokens[1 + a] = SEP_ID
             types[2 + a :] = 1
-        words = np.flatnonzero(tokens >= FIRST_WORD)
+        words = np.flatnonzero(tokens >= FIRST_WORD_ID)
         k = int(np.floor(0.15 * len(words)))
         positions = np.sort(rng.choice(words, size=k, replace=False)) if k else np.zeros(0, dtype=np.int64)
         labels = tokens[positions].copy()
-        tokens[positions] = MASK
-        out.append(dict(tokens=tokens, types=types, positions=positions, labels=labels, nsp=int(rng.integers(0, 2))))
+        tokens[positions] = MASK_ID
+        out.append(Instance(tokens, types, positions, labels, int(rng.integers(0, 2))))
     return out
 
 
-def build_layout(name: str, sequences, groups: Sequence[Sequence[int]], S: int, K: int, M: int) -> Layout:
-    P = len(groups)
-    arrays = {
-        "input_ids": np.zeros((P, S), np.int64),
-        "token_type_ids": np.zeros((P, S), np.int64),
-        "position_ids": np.zeros((P, S), np.int64),
-        "sequence_ids": np.zeros((P, S), np.int64),
-        "mlm_positions": np.zeros((P, M), np.int64),
-        "mlm_labels": np.full((P, M), -100, np.int64),
-        "cls_positions": np.zeros((P, K), np.int64),
-        "nsp_labels": np.full((P, K), -100, np.int64),
-    }
-    for p, group in enumerate(groups):
-        offset, slot = 0, 0
-        if len(group) > K:
-            raise AssertionError("pack %d holds %d sequences, more than K=%d" % (p, len(group), K))
-        for k, idx in enumerate(group):
-            seq = sequences[idx]
-            n, m = len(seq["tokens"]), len(seq["positions"])
-            if offset + n > S or slot + m > M:
-                raise AssertionError("pack %d overflows S=%d or M=%d" % (p, S, M))
-            arrays["input_ids"][p, offset : offset + n] = seq["tokens"]
-            arrays["token_type_ids"][p, offset : offset + n] = seq["types"]
-            arrays["position_ids"][p, offset : offset + n] = np.arange(n)
-            arrays["sequence_ids"][p, offset : offset + n] = k + 1
-            arrays["mlm_positions"][p, slot : slot + m] = seq["positions"] + offset
-            arrays["mlm_labels"][p, slot : slot + m] = seq["labels"]
-            arrays["cls_positions"][p, k] = offset
-            arrays["nsp_labels"][p, k] = seq["nsp"]
-            offset, slot = offset + n, slot + m
-    return Layout(name, arrays)
+def build_layout(name: str, sequences: Sequence[Instance], groups: Sequence[Sequence[int]], S: int, K: int,
+                 M: int) -> Layout:
+    """Pack p holds sequences[i] for i in groups[p], laid out by format.pack_sequences."""
+    packs = pack_sequences([[sequences[i] for i in group] for group in groups], S, K, M)
+    return Layout(name, as_batch(packs, np.int64))
 
 
 def plan_histogram(histogram: np.ndarray, S: int, K: int, algorithm: Optional[str]):
@@ -217,42 +183,21 @@ def select_packs(plan, count: Optional[int], seed: int) -> List[Tuple[int, ...]]
     return [strategies[int(j)][0] for j in np.searchsorted(ends, targets, side="right")]
 
 
-# --------------------------------------------------------------------------------------------
-# Timing
-# --------------------------------------------------------------------------------------------
+def timed_layouts(plan, S: int, K: int, timed_packs: Optional[int], vocab_size: int, seed: int) -> Tuple[Layout, Layout]:
+    """(padded, packed): the sequences of `timed_packs` packs of the plan, one per row and as the plan
+    packs them, with M sized as the data pipeline sizes it (format.mlm_slots)."""
+    chosen = select_packs(plan, timed_packs, seed)
+    sequences = make_sequences(np.asarray([n for pack in chosen for n in pack], dtype=np.int64), vocab_size, seed)
+    starts = np.cumsum([0] + [len(pack) for pack in chosen]).tolist()
+    groups = [list(range(a, b)) for a, b in zip(starts[:-1], starts[1:])]
+    padded = build_layout("padded", sequences, [[i] for i in range(len(sequences))], S, 1, mlm_slots(S, 1))
+    packed = build_layout("packed", sequences, groups, S, K, mlm_slots(S, K))
+    if packed.sequences != padded.sequences or packed.tokens != padded.tokens:
+        raise AssertionError("packed and padded layouts hold different sequences")
+    return padded, packed
 
 
-@dataclass
-class Result:
-    padded_sequences_per_second: float
-    packed_sequences_per_second: float
-    padded_tokens_per_second: float
-    packed_tokens_per_second: float
-    speedup: float
-    theoretical_speedup: float
-    """Padded rows / packs of the timed sequences."""
-    overhead: float
-    plan_sequences: int
-    plan_packs: int
-    plan_theoretical_speedup: float
-    """Sequences / packs of the whole plan (the dataset's theoretical speed-up)."""
-    num_sequences: int
-    padded_rows: int
-    num_packs: int
-    num_tokens: int
-    max_seq_length: int
-    max_sequences_per_pack: int
-    packing_algorithm: str
-    packing_efficiency: float
-    packing_plan_seconds: float
-    padded_seconds_per_row: List[float]
-    packed_seconds_per_row: List[float]
-    micro_batch_size: int
-    repeats: int
-    model: Dict[str, object]
-    attention: str
-    torch_threads: int
-    plot: Optional[str] = None
+# -- timing ------------------------------------------------------------------------------------
 
 
 def _train_batch(model, optimizer, batch) -> None:
@@ -260,11 +205,6 @@ def _train_batch(model, optimizer, batch) -> None:
     out = model(**batch)
     out.loss.backward()
     optimizer.step()
-
-
-def _time_pass(model, optimizer, layout: Layout, batch_size: int, torch) -> float:
-    """Seconds per row for one training pass over all full micro batches of the layout."""
-    return _time_interleaved(model, optimizer, [layout], batch_size, torch)[layout.name]
 
 
 def _time_interleaved(model, optimizer, layouts: Sequence[Layout], batch_size: int, torch) -> Dict[str, float]:
@@ -310,19 +250,8 @@ def run_bench(
     model_kwargs = dict(MODEL_PRESETS[model_preset])
     model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)
     plan = plan_histogram(histogram, S, K, algorithm)
-    plan_theoretical = plan.num_sequences / float(plan.num_packs)
-    chosen = select_packs(plan, timed_packs, seed)
-    lengths = np.asarray([n for pack in chosen for n in pack], dtype=np.int64)
-    groups, offset = [], 0
-    for pack in chosen:
-        groups.append(list(range(offset, offset + len(pack))))
-        offset += len(pack)
-    sequences = make_sequences(lengths, model_kwargs["vocab_size"], seed)
-    M = max_predictions(S)
-    padded = build_layout("padded", sequences, [[i] for i in range(len(sequences))], S, 1, M)
-    packed = build_layout("packed", sequences, groups, S, K, M + K - 1)
-    if packed.sequences != padded.sequences or packed.tokens != padded.tokens:
-        raise AssertionError("packed and padded layouts hold different sequences")
+    plan_theoretical = plan.theoretical_speedup
+    padded, packed = timed_layouts(plan, S, K, timed_packs, model_kwargs["vocab_size"], seed)
     if min(padded.rows, packed.rows) < micro_batch_size:
         raise BenchError("--micro-batch-size %d is more than the %d timed packs" % (micro_batch_size, packed.rows))
     log(
@@ -338,8 +267,9 @@ def run_bench(
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = LAMB(parameter_groups(model, 0.01), lr=1e-4)
     # warm-up: one step of each layout (allocator, kernels), then restore the weights
-    _time_pass(model, optimizer, Layout("warm", {k: v[:micro_batch_size] for k, v in padded.arrays.items()}), micro_batch_size, torch)
-    _time_pass(model, optimizer, Layout("warm", {k: v[:micro_batch_size] for k, v in packed.arrays.items()}), micro_batch_size, torch)
+    for layout in (padded, packed):
+        warm = Layout("warm", {k: v[:micro_batch_size] for k, v in layout.arrays.items()})
+        _time_interleaved(model, optimizer, [warm], micro_batch_size, torch)
     model.load_state_dict(initial)
 
     per_row = {"padded": [], "packed": []}
@@ -383,66 +313,6 @@ def run_bench(
         model=dict(model_kwargs, preset=model_preset),
         attention=model.attention_implementation if hasattr(model, "attention_implementation") else str(attention),
         torch_threads=torch.get_num_threads(),
-    )
-
-
-def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    names = ["padded", "packed", "padded x theoretical"]
-    values = [
-        result.padded_sequences_per_second,
-        result.packed_sequences_per_second,
-        result.padded_sequences_per_second * result.theoretical_speedup,
-    ]
-    bars = left.bar(names, values, color=["#999999", "#1f77b4", "#c6dbef"])
-    for bar, value in zip(bars, values):
-        left.text(bar.get_x() + bar.get_width() / 2, value, "%.1f" % value, ha="center", va="bottom")
-    left.set_ylabel("sequences / s (training steps)")
-    left.set_title(
-        "S=%d: speed-up %.2fx measured, %.2fx theoretical, overhead %.1f%%"
-        % (result.max_seq_length, result.speedup, result.theoretical_speedup, 100 * result.overhead),
-        fontsize=9,
-    )
-    right.bar(np.arange(1, len(histogram) + 1), histogram / max(histogram.sum(), 1), width=1.0, color="#1f77b4")
-    right.set_xlabel("sequence length (tokens)")
-    right.set_ylabel("fraction of sequences")
-    right.set_yscale("log")
-    right.set_title(
-        "%d sequences -> %d packs (%.3fx); timed: %d rows vs %d packs"
-        % (result.plan_sequences, result.plan_packs, result.plan_theoretical_speedup, result.padded_rows, result.num_packs),
-        fontsize=9,
-    )
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
-
-
-def format_result(r: Result) -> str:
-    return "\n".join(
-        [
-            "model %s (hidden %d, %d layers, vocab %d), attention %s, micro batch %d, %d torch threads, %d repeats"
-            % (r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"], r.model["vocab_size"], r.attention, r.micro_batch_size, r.torch_threads, r.repeats),
-            "plan: %d sequences -> %d packs (K=%d, %s): theoretical speed-up %.3fx"
-            % (r.plan_sequences, r.plan_packs, r.max_sequences_per_pack, r.packing_algorithm, r.plan_theoretical_speedup),
-            "timed: %d sequences (%d real tokens), S=%d; %d padded rows vs %d packs (efficiency %.2f%%)"
-            % (r.num_sequences, r.num_tokens, r.max_seq_length, r.padded_rows, r.num_packs, 100 * r.packing_efficiency),
-            "padded: %10.2f sequences/s %12.1f tokens/s" % (r.padded_sequences_per_second, r.padded_tokens_per_second),
-            "packed: %10.2f sequences/s %12.1f tokens/s" % (r.packed_sequences_per_second, r.packed_tokens_per_second),
-            "measured speed-up:    %.3fx" % r.speedup,
-            "theoretical speed-up: %.3fx (padded rows / packs)" % r.theoretical_speedup,
-            "packing overhead:     %.2f%% (time per pack / time per padded row - 1)" % (100 * r.overhead),
-        ]
-        + (["plot: %s" % r.plot] if r.plot else [])
     )
 
 
@@ -494,8 +364,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 )
             histogram = read_histogram_file(path, args.max_seq_length)
         S = len(histogram)
-        if args.model not in MODEL_PRESETS:
-            raise BenchError("unknown model preset %r" % (args.model,))
         if args.threads:
             import torch
 

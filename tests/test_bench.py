@@ -57,6 +57,18 @@ def test_padded_and_packed_layouts_hold_the_same_sequences():
             assert np.array_equal(a["mlm_labels"][p][own], b["mlm_labels"][i][theirs])
 
 
+def test_timed_layouts_size_M_as_the_data_pipeline():
+    from ipu_packing.data.format import mlm_slots
+
+    for S, expected in ((128, 20), (512, 78)):
+        hist = np.zeros(S)
+        hist[[S // 8, S // 2, S - 1]] = [40, 20, 10]
+        padded, packed = bench.timed_layouts(bench.plan_histogram(hist, S, 3, "lpfhp"), S, 3, 16, 1000, seed=0)
+        assert packed.arrays["mlm_labels"].shape[1] == mlm_slots(S, 3) == expected  # the prepared data's M
+        assert padded.arrays["mlm_labels"].shape[1] == mlm_slots(S, 1)
+        assert padded.sequences == packed.sequences and padded.tokens == packed.tokens
+
+
 def run_main(args):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

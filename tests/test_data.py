@@ -13,7 +13,7 @@ from ipu_packing.data import FIELDS, DataError, open_dataset
 from ipu_packing.data.corpus import read_documents, split_sentences
 from ipu_packing.data.instances import (RecipeConfig, Uniforms, Vocabulary, create_instances, tokenize_documents,
                                         truncation_counts)
-from ipu_packing.data.packs import mlm_slots
+from ipu_packing.data.format import mlm_slots
 from ipu_packing.data.pipeline import PrepareConfig, prepare
 from ipu_packing.data.vocab import load_tokenizer, train_default_vocab
 
@@ -37,7 +37,7 @@ def prepared(tmp_path_factory):
 
 
 def _rows(directory):
-    ds = open_dataset(directory, shuffle=False, as_tensors=False)
+    ds = open_dataset(directory, as_tensors=False)
     return ds, [ds[i] for i in range(len(ds))]
 
 
@@ -142,7 +142,7 @@ def test_same_seed_same_bytes_any_workers_and_other_seed_differs(tmp_path, prepa
 
 
 def test_shards_open_with_numpy_alone(prepared):
-    ds = open_dataset(os.path.join(prepared, "packed"), shuffle=False)
+    ds = open_dataset(os.path.join(prepared, "packed"))
     first = np.load(os.path.join(prepared, "packed", "shard-00000.npy"), mmap_mode="r")
     assert first["input_ids"].shape == (first.shape[0], S) and first["input_ids"].dtype == np.int32
     assert first["mlm_positions"].shape[1] == ds.manifest["mlm_slots"] == ds.mlm_slots
@@ -150,30 +150,18 @@ def test_shards_open_with_numpy_alone(prepared):
     assert (ds[0]["input_ids"].numpy() == first["input_ids"][0]).all()
 
 
-def test_dataset_with_dataloader_shuffles_per_epoch_and_shards_replicas(prepared):
+def test_dataset_serves_stored_packs_through_a_dataloader(prepared):
     directory = os.path.join(prepared, "packed")
     ds = open_dataset(directory)
     batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
     assert sorted(batch) == sorted(FIELDS)
     assert all(v.dtype == torch.int32 for v in batch.values())
     assert batch["input_ids"].shape == (4, S) and batch["nsp_labels"].shape == (4, K)
-    order0 = [ds.pack_index(i) for i in range(len(ds))]
-    ds.set_epoch(1)
-    order1 = [ds.pack_index(i) for i in range(len(ds))]
-    assert sorted(order0) == sorted(order1) == list(range(ds.num_packs)) and order0 != order1
-    ds.set_epoch(0)
-    assert [ds.pack_index(i) for i in range(len(ds))] == order0
-    replicas = [open_dataset(directory, rank=r, num_replicas=3, verify=False) for r in range(3)]
-    for r in replicas:
-        r.set_epoch(4)
-    n = ds.num_packs
-    assert all(len(r) == -(-n // 3) for r in replicas)
-    seen = [r.pack_index(i) for r in replicas for i in range(len(r))]
-    assert set(seen) == set(range(n)) and len(seen) - n == (-n) % 3
-    loaded = torch.utils.data.DataLoader(replicas[0], batch_size=8, num_workers=2)
+    assert len(ds) == ds.num_packs
+    stored = np.concatenate([np.load(os.path.join(directory, shard["file"])) for shard in ds.manifest["shards"]])
+    loaded = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2)
     ids = torch.cat([b["input_ids"] for b in loaded])
-    direct = torch.stack([replicas[0][i]["input_ids"] for i in range(len(replicas[0]))])
-    assert torch.equal(ids, direct)
+    assert np.array_equal(ids.numpy(), stored["input_ids"])  # item i is stored pack i, in every worker
 
 
 def test_corrupt_shard_or_manifest_is_refused_naming_it(tmp_path, prepared):
@@ -243,9 +231,9 @@ def test_mlm_slots_is_the_exact_bound():
             for combo in itertools.combinations_with_replacement(lengths.tolist(), n):
                 if sum(combo) <= 24:
                     best = max(best, sum(gain[l] for l in combo))
-        assert mlm_slots(recipe, k) == best
-    paper = RecipeConfig(max_seq_length=128, max_predictions_per_seq=20)
-    assert mlm_slots(paper, 1) == 19 and mlm_slots(paper, 3) <= 20 + 3 - 1
+        assert mlm_slots(24, k, max_predictions_per_seq=3) == best
+    assert mlm_slots(128, 1, max_predictions_per_seq=20) == 19 and mlm_slots(128, 3, max_predictions_per_seq=20) == 20
+    assert (mlm_slots(128, 3), mlm_slots(512, 3), mlm_slots(128, 1), mlm_slots(512, 1)) == (20, 78, 19, 77)
 
 
 def test_uniforms_randint_covers_both_ends():

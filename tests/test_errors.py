@@ -72,7 +72,7 @@ def test_closed_pipe_is_silent(tmp_path):
     hist = tmp_path / "h.txt"
     hist.write_text("\n".join(["5"] * 64))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ipu_packing.packing", "--histogram", str(hist), "--max-sequence-length", "64",
+        [sys.executable, "-m", "ipu_packing.packing", "--histogram", str(hist), "--max-seq-length", "64",
          "--top", "1000"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )

@@ -1,10 +1,8 @@
-"""A small pack builder for the model tests, and tests that it follows the pack-field semantics.
+"""Packs for the model tests, laid out by the pack format's reference builder (data/format.py).
 
-The data pipeline builds real packs; the model tests need packs whose every sequence is also known on its
-own, so they can run transformers' BertForPreTraining on the same sequences unpacked. Field semantics
-(as in the data issue): position_ids restart at 0 at each [CLS]; sequence_ids is 0 for padding and k for
-the k-th sequence (1-based); cls_positions[k-1] is the index of sequence k's first token; unused MLM / NSP
-slots hold -100 labels (and, here, deliberately arbitrary positions).
+The model tests need packs whose every sequence is also known on its own, so they can run
+transformers' BertForPreTraining on the same sequences unpacked. The field meanings are format.py's;
+on top of them, unused MLM / NSP slots here get arbitrary positions, to prove the model never reads them.
 """
 
 from __future__ import annotations
@@ -14,21 +12,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 import torch
 
-IGNORE = -100
-
-
-class Instance:
-    """One NSP instance: tokens, segment ids, masked positions (within the sequence) and labels."""
-
-    def __init__(self, input_ids, token_type_ids, mlm_positions, mlm_labels, nsp_label):
-        self.input_ids = np.asarray(input_ids, dtype=np.int64)  # (L,)
-        self.token_type_ids = np.asarray(token_type_ids, dtype=np.int64)  # (L,)
-        self.mlm_positions = np.asarray(mlm_positions, dtype=np.int64)  # (P,)
-        self.mlm_labels = np.asarray(mlm_labels, dtype=np.int64)  # (P,)
-        self.nsp_label = int(nsp_label)
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
+from ipu_packing.data.format import IGNORE_INDEX, Instance, as_batch, pack_sequences
 
 
 def random_sequence(rng: np.random.Generator, length: int, vocab_size: int, max_masked: int = 3) -> Instance:
@@ -39,50 +23,19 @@ def random_sequence(rng: np.random.Generator, length: int, vocab_size: int, max_
     count = int(min(length - 1, rng.integers(1, max_masked + 1)))
     positions = np.sort(rng.choice(np.arange(1, length), size=count, replace=False))
     labels = rng.integers(0, vocab_size, size=count)
-    return Instance(ids, types, positions, labels, rng.integers(0, 2))
+    return Instance(ids, types, positions, labels, int(rng.integers(0, 2)))
 
 
 def build_packs(
     packs: Sequence[Sequence[Instance]], seq_len: int, max_sequences: int, mlm_slots: int, rng: np.random.Generator
 ) -> Dict[str, np.ndarray]:
-    """Pack each group of sequences into one row; int32 arrays (B, S), (B, M), (B, K) as the data issue fixes.
-
-    Unused MLM / CLS slots get label -100 and a random position (in or out of range) to prove that the model
-    never reads them.
-    """
-    batch = len(packs)
-    out = {
-        "input_ids": np.zeros((batch, seq_len), np.int32),
-        "token_type_ids": np.zeros((batch, seq_len), np.int32),
-        "position_ids": np.zeros((batch, seq_len), np.int32),
-        "sequence_ids": np.zeros((batch, seq_len), np.int32),
-        "mlm_positions": rng.integers(-200, 200, size=(batch, mlm_slots)).astype(np.int32),
-        "mlm_labels": np.full((batch, mlm_slots), IGNORE, np.int32),
-        "cls_positions": rng.integers(-200, 200, size=(batch, max_sequences)).astype(np.int32),
-        "nsp_labels": np.full((batch, max_sequences), IGNORE, np.int32),
-    }
-    for row, group in enumerate(packs):
-        if len(group) > max_sequences:
-            raise ValueError("pack %d holds %d sequences > K=%d" % (row, len(group), max_sequences))
-        start, slot = 0, 0
-        for k, seq in enumerate(group):
-            end = start + len(seq)
-            if end > seq_len:
-                raise ValueError("pack %d overflows S=%d" % (row, seq_len))
-            out["input_ids"][row, start:end] = seq.input_ids
-            out["token_type_ids"][row, start:end] = seq.token_type_ids
-            out["position_ids"][row, start:end] = np.arange(len(seq))
-            out["sequence_ids"][row, start:end] = k + 1
-            out["cls_positions"][row, k] = start
-            out["nsp_labels"][row, k] = seq.nsp_label
-            for position, label in zip(seq.mlm_positions, seq.mlm_labels):
-                if slot >= mlm_slots:
-                    raise ValueError("pack %d overflows M=%d" % (row, mlm_slots))
-                out["mlm_positions"][row, slot] = start + position
-                out["mlm_labels"][row, slot] = label
-                slot += 1
-            start = end
-    return out
+    """pack_sequences(packs, S, K, M) as int32 arrays (B, S), (B, M), (B, K), except that unused MLM / CLS
+    slots get a random position (in or out of range): the model must never read them."""
+    batch = as_batch(pack_sequences(packs, seq_len, max_sequences, mlm_slots))
+    for positions, labels in (("mlm_positions", "mlm_labels"), ("cls_positions", "nsp_labels")):
+        noise = rng.integers(-200, 200, size=batch[positions].shape).astype(np.int32)
+        batch[positions] = np.where(batch[labels] == IGNORE_INDEX, noise, batch[positions])
+    return batch
 
 
 def to_torch(batch: Dict[str, np.ndarray], dtype: torch.dtype = torch.int64) -> Dict[str, torch.Tensor]:
@@ -96,7 +49,7 @@ def padded_hf_inputs(sequences: List[Instance]) -> Dict[str, torch.Tensor]:
     input_ids = torch.zeros((count, width), dtype=torch.long)
     token_type_ids = torch.zeros((count, width), dtype=torch.long)
     attention_mask = torch.zeros((count, width), dtype=torch.long)
-    labels = torch.full((count, width), IGNORE, dtype=torch.long)
+    labels = torch.full((count, width), IGNORE_INDEX, dtype=torch.long)
     for row, seq in enumerate(sequences):
         length = len(seq)
         input_ids[row, :length] = torch.as_tensor(seq.input_ids)
@@ -119,7 +72,7 @@ def random_packs(rng: np.random.Generator, lengths: Sequence[Sequence[int]], voc
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The helper itself must follow the field semantics, or every model test built on it proves nothing.
+# The helper must keep the field meanings, or every model test built on it proves nothing.
 
 
 def test_build_packs_follows_field_semantics():
@@ -139,9 +92,9 @@ def test_build_packs_follows_field_semantics():
     assert batch["cls_positions"][:, :1].tolist() == [[0], [0], [0]]
     assert batch["cls_positions"][1, :2].tolist() == [0, 3]
     assert batch["cls_positions"][2].tolist() == [0, 2, 5]
-    assert batch["nsp_labels"][0, 1:].tolist() == [IGNORE, IGNORE]
+    assert batch["nsp_labels"][0, 1:].tolist() == [IGNORE_INDEX, IGNORE_INDEX]
     for row, group in enumerate(groups):
-        valid = batch["mlm_labels"][row] != IGNORE
+        valid = batch["mlm_labels"][row] != IGNORE_INDEX
         assert int(valid.sum()) == sum(len(seq.mlm_positions) for seq in group)
         for k, seq in enumerate(group):  # unpacking by sequence_ids gives back each sequence
             tokens = batch["input_ids"][row][batch["sequence_ids"][row] == k + 1]

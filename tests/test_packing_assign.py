@@ -23,8 +23,8 @@ def check_assignment(packs, plan, lengths):
     used = {}
     for pack in packs:
         key = tuple(int(v) for v in lengths[pack])
-        assert sum(key) <= plan.max_sequence_length
-        assert len(key) <= (plan.max_sequences_per_pack or plan.max_sequence_length)
+        assert sum(key) <= plan.max_seq_length
+        assert len(key) <= (plan.max_sequences_per_pack or plan.max_seq_length)
         used[key] = used.get(key, 0) + 1
     assert used == {s: int(r) for s, r in zip(plan.strategies, plan.repeats)}
 

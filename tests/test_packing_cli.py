@@ -13,8 +13,8 @@ from ipu_packing.packing.cli import main
 REPO = Path(__file__).resolve().parents[1]
 HIST = np.array([0, 5, 0, 7, 3, 0, 2, 9, 1, 0, 4, 6], dtype=np.int64)  # bins 1..12
 KEYS = {
-    "algorithm", "max_sequence_length", "max_sequences_per_pack", "num_sequences", "num_packs",
-    "efficiency", "packing_factor", "theoretical_speedup", "lower_bound_packs", "seconds",
+    "algorithm", "max_seq_length", "max_sequences_per_pack", "num_sequences", "num_packs",
+    "efficiency", "theoretical_speedup", "lower_bound_packs", "seconds",
 }
 
 
@@ -40,19 +40,19 @@ def files(tmp_path):
     [("h.npy", "optimal", "3"), ("h.txt", "lpfhp", "max"), ("list.json", "optimal", "max"), ("obj.json", "nnlshp", "2")],
 )
 def test_json_output_matches_the_library(files, name, algorithm, limit):
-    proc = run("--histogram", files / name, "--max-sequence-length", 16,
+    proc = run("--histogram", files / name, "--max-seq-length", 16,
                "--max-sequences-per-pack", limit, "--algorithm", algorithm, "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert KEYS <= set(out)
     expected = plan_packing(HIST, 16, None if limit == "max" else int(limit), algorithm)
     assert out["algorithm"] == algorithm
-    assert out["max_sequence_length"] == 16
+    assert out["max_seq_length"] == 16
     assert out["max_sequences_per_pack"] == (None if limit == "max" else int(limit))
     assert out["num_sequences"] == int(HIST.sum()) == expected.num_sequences
     assert out["num_packs"] == expected.num_packs
     assert abs(out["efficiency"] - expected.efficiency) < 1e-12
-    assert abs(out["packing_factor"] - expected.packing_factor) < 1e-12
+    assert abs(out["theoretical_speedup"] - expected.theoretical_speedup) < 1e-12
     assert abs(out["theoretical_speedup"] - expected.theoretical_speedup) < 1e-12
     if algorithm == "optimal":
         assert out["lower_bound_packs"] <= out["num_packs"]
@@ -64,11 +64,11 @@ def test_json_output_matches_the_library(files, name, algorithm, limit):
 def test_json_file_supplies_the_max_length(files):
     proc = run("--histogram", files / "obj.json", "--algorithm", "spfhp", "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["max_sequence_length"] == 16
+    assert json.loads(proc.stdout)["max_seq_length"] == 16
 
 
 def test_table_output(files):
-    proc = run("--histogram", files / "h.npy", "--max-sequence-length", 16, "--max-sequences-per-pack", 3)
+    proc = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--max-sequences-per-pack", 3)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert len(proc.stdout.splitlines()) > 10
@@ -88,19 +88,19 @@ def bad_files(tmp_path):
 @pytest.mark.parametrize(
     "args",
     [
-        ["--histogram", "{d}/neg.txt", "--max-sequence-length", "16"],
-        ["--histogram", "{d}/empty.json", "--max-sequence-length", "16"],
-        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "8"],  # histogram has 12 bins
-        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "16", "--max-sequences-per-pack", "0"],
-        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "16", "--max-sequences-per-pack", "lots"],
-        ["--histogram", "{d}/missing.npy", "--max-sequence-length", "16"],
-        ["--histogram", "{d}/garbage.npy", "--max-sequence-length", "16"],
-        ["--histogram", "{d}/bad.json", "--max-sequence-length", "16"],
-        ["--histogram", "{d}/word.txt", "--max-sequence-length", "16"],
-        ["--histogram", "{d}/h.csv", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/neg.txt", "--max-seq-length", "16"],
+        ["--histogram", "{d}/empty.json", "--max-seq-length", "16"],
+        ["--histogram", "{d}/ok.npy", "--max-seq-length", "8"],  # histogram has 12 bins
+        ["--histogram", "{d}/ok.npy", "--max-seq-length", "16", "--max-sequences-per-pack", "0"],
+        ["--histogram", "{d}/ok.npy", "--max-seq-length", "16", "--max-sequences-per-pack", "lots"],
+        ["--histogram", "{d}/missing.npy", "--max-seq-length", "16"],
+        ["--histogram", "{d}/garbage.npy", "--max-seq-length", "16"],
+        ["--histogram", "{d}/bad.json", "--max-seq-length", "16"],
+        ["--histogram", "{d}/word.txt", "--max-seq-length", "16"],
+        ["--histogram", "{d}/h.csv", "--max-seq-length", "16"],
         ["--histogram", "{d}/ok.npy"],  # no max length anywhere
-        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "16", "--algorithm", "ffd"],
-        ["--max-sequence-length", "16"],
+        ["--histogram", "{d}/ok.npy", "--max-seq-length", "16", "--algorithm", "ffd"],
+        ["--max-seq-length", "16"],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args):
@@ -115,9 +115,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args):
 @pytest.mark.parametrize(
     "args",
     [
-        ["--histogram", "{d}/neg.txt", "--max-sequence-length", "16"],
-        ["--histogram", "{d}/ok.npy", "--max-sequence-length", "16", "--max-sequences-per-pack", "0"],
-        ["--histogram", "{d}/missing.npy", "--max-sequence-length", "16"],
+        ["--histogram", "{d}/neg.txt", "--max-seq-length", "16"],
+        ["--histogram", "{d}/ok.npy", "--max-seq-length", "16", "--max-sequences-per-pack", "0"],
+        ["--histogram", "{d}/missing.npy", "--max-seq-length", "16"],
     ],
 )
 def test_bad_input_exit_code_of_the_process(tmp_path, args):
@@ -130,7 +130,7 @@ def test_bad_input_exit_code_of_the_process(tmp_path, args):
 
 
 def test_bench_prints_every_algorithm(files):
-    proc = run("--histogram", files / "h.npy", "--max-sequence-length", 16, "--max-sequences-per-pack", 3,
+    proc = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--max-sequences-per-pack", 3,
                "--json", module="ipu_packing.packing.bench")
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -138,3 +138,11 @@ def test_bench_prints_every_algorithm(files):
     best = min(r["num_packs"] for r in rows)
     assert rows[-1]["num_packs"] == best
     assert all(r["packs_above_lp_bound"] >= 0 for r in rows)
+
+
+def test_the_earlier_spelling_of_S_still_parses():
+    from ipu_packing.packing.cli import build_parser
+
+    assert build_parser().parse_args(["--histogram", "h.npy", "--max-sequence-length", "16"]).max_seq_length == 16
+    assert build_parser().parse_args(["--histogram", "h.npy", "--max-seq-length", "16"]).max_seq_length == 16
+    assert build_parser().parse_args(["--histogram", "h.npy"]).max_seq_length is None

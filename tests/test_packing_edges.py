@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ipu_packing.packing import plan_packing
-from ipu_packing.packing.plan import MAX_SEQUENCE_LENGTH
+from ipu_packing.packing.plan import MAX_SEQ_LENGTH
 
 from test_packing_plan import check_plan
 
@@ -18,7 +18,7 @@ from test_packing_plan import check_plan
         ([2.0**60], 8, "too large"),
         ([2**53 - 1] * 600, 600, "below 2\\*\\*62"),  # each count exact, the token total is not
         ([1, float("inf")], 8, "finite"),
-        ([1], MAX_SEQUENCE_LENGTH + 1, "at most"),
+        ([1], MAX_SEQ_LENGTH + 1, "at most"),
         ([1], 10**11, "at most"),  # refused before an (S,) array is allocated
     ],
 )

@@ -5,19 +5,19 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ipu_packing.packing import ALGORITHMS, plan_packing
 
 
-def check_plan(plan, histogram, max_sequence_length, max_sequences_per_pack):
+def check_plan(plan, histogram, max_seq_length, max_sequences_per_pack):
     """Asserts that a plan holds exactly the histogram within the limits."""
-    hist = np.zeros(max_sequence_length, dtype=np.int64)
+    hist = np.zeros(max_seq_length, dtype=np.int64)
     hist[: len(histogram)] = histogram
-    limit = max_sequences_per_pack or max_sequence_length
-    placed = np.zeros(max_sequence_length, dtype=np.int64)
+    limit = max_sequences_per_pack or max_seq_length
+    placed = np.zeros(max_seq_length, dtype=np.int64)
     tokens = 0
     assert len(plan.strategies) == len(plan.repeats)
     assert len(set(plan.strategies)) == len(plan.strategies)
     for strategy, count in zip(plan.strategies, plan.repeats):
         assert count >= 1
         assert 1 <= len(strategy) <= limit
-        assert sum(strategy) <= max_sequence_length
+        assert sum(strategy) <= max_seq_length
         assert list(strategy) == sorted(strategy, reverse=True)
         for length in strategy:
             placed[length - 1] += count
@@ -27,8 +27,8 @@ def check_plan(plan, histogram, max_sequence_length, max_sequences_per_pack):
     assert plan.num_packs == int(np.asarray(plan.repeats).sum())
     assert plan.num_sequences == int(hist.sum())
     assert plan.num_tokens == tokens
-    assert abs(plan.efficiency - tokens / (plan.num_packs * max_sequence_length)) < 1e-12
-    assert abs(plan.packing_factor - hist.sum() / plan.num_packs) < 1e-12
+    assert abs(plan.efficiency - tokens / (plan.num_packs * max_seq_length)) < 1e-12
+    assert abs(plan.theoretical_speedup - hist.sum() / plan.num_packs) < 1e-12
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -77,17 +77,17 @@ def test_unbounded_and_large_counts():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(histogram=[], max_sequence_length=8), "empty"),
-        (dict(histogram=[1, -2, 3], max_sequence_length=8), "negative"),
-        (dict(histogram=[0, 0], max_sequence_length=8), "no sequences"),
-        (dict(histogram=[1] * 9, max_sequence_length=8), "9 bins"),
-        (dict(histogram=[1, 2], max_sequence_length=8, max_sequences_per_pack=0), ">= 1"),
-        (dict(histogram=[1, 2], max_sequence_length=8, max_sequences_per_pack=True), "integer"),
-        (dict(histogram=[1, 2], max_sequence_length=8, max_sequences_per_pack=2.5), "integer"),
-        (dict(histogram=[1, 2], max_sequence_length=0), ">= 1"),
-        (dict(histogram=[1.5, 2], max_sequence_length=8), "whole numbers"),
-        (dict(histogram=[[1, 2]], max_sequence_length=8), "one-dimensional"),
-        (dict(histogram=[1, 2], max_sequence_length=8, algorithm="ffd"), "unknown packing algorithm"),
+        (dict(histogram=[], max_seq_length=8), "empty"),
+        (dict(histogram=[1, -2, 3], max_seq_length=8), "negative"),
+        (dict(histogram=[0, 0], max_seq_length=8), "no sequences"),
+        (dict(histogram=[1] * 9, max_seq_length=8), "9 bins"),
+        (dict(histogram=[1, 2], max_seq_length=8, max_sequences_per_pack=0), ">= 1"),
+        (dict(histogram=[1, 2], max_seq_length=8, max_sequences_per_pack=True), "integer"),
+        (dict(histogram=[1, 2], max_seq_length=8, max_sequences_per_pack=2.5), "integer"),
+        (dict(histogram=[1, 2], max_seq_length=0), ">= 1"),
+        (dict(histogram=[1.5, 2], max_seq_length=8), "whole numbers"),
+        (dict(histogram=[[1, 2]], max_seq_length=8), "one-dimensional"),
+        (dict(histogram=[1, 2], max_seq_length=8, algorithm="ffd"), "unknown packing algorithm"),
     ],
 )
 def test_bad_input_raises_value_error(kwargs, message):

@@ -90,14 +90,14 @@ def test_bad_limits_are_refused(kwargs):
 def test_cli_exposes_the_rule(tmp_path, capsys):
     path = tmp_path / "h.txt"
     path.write_text("\n".join(str(int(c)) for c in _histogram()))
-    assert packing_main(["--histogram", str(path), "--max-sequence-length", str(S),
+    assert packing_main(["--histogram", str(path), "--max-seq-length", str(S),
                          "--max-sequences-per-pack", str(K), "--lp-max-rounds", "2", "--json"]) == 0
     import json
 
     row = json.loads(capsys.readouterr().out)
     assert row["lp_rounds"] == 2 and row["stopped_by"] == "max_rounds"
     for bad in (["--lp-max-rounds", "0"], ["--lp-time-limit", "-1"], ["--lp-time-limit", "inf"]):
-        assert packing_main(["--histogram", str(path), "--max-sequence-length", str(S)] + bad) == 2
+        assert packing_main(["--histogram", str(path), "--max-seq-length", str(S)] + bad) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1
 

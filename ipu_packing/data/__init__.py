@@ -1,8 +1,5 @@
 """Pretraining data: raw text -> NSP/MLM instances -> fixed-shape packs -> memory-mapped shards.
 
-Contract (other packages code against this; keep it stable)
-------------------------------------------------------------
-
 Command line::
 
     python -m ipu_packing.data prepare --input PATH|default --output DIR \\
@@ -15,41 +12,28 @@ the vocabulary as vocab.txt (so a tokenizer can be exported from the data direct
 to write into an existing non-empty DIR, and leaves nothing behind on failure. Same input, options
 and seed give byte-identical files, whatever --workers is.
 
-Pack fields, int32, fixed shapes (S = max_seq_length, M = mlm_slots, K = max_sequences_per_pack)::
-
-    input_ids, token_type_ids, position_ids, sequence_ids   (S,)
-    mlm_positions, mlm_labels                               (M,)
-    cls_positions, nsp_labels                               (K,)
-
-position_ids restart at 0 at each sequence's [CLS]; sequence_ids is k (1-based) for the k-th
-sequence and 0 on padding, so the attention mask is (sequence_ids[q] == sequence_ids[k]) &
-(sequence_ids[q] != 0). Unused label slots hold -100 (mlm_labels, nsp_labels); unused position slots
-hold 0 (mlm_positions, cls_positions). nsp_labels: 0 = B follows A, 1 = B is random. mlm_labels are the
-original token ids at mlm_positions (positions within the pack).
+The pack fields, their shapes and meanings, IGNORE_INDEX, the special-token ids and M's sizing are
+defined once, in format.py.
 
 Python::
 
     from ipu_packing.data import open_dataset, DataError
-    ds = open_dataset("DIR/packed", shuffle=True, seed=None, rank=0, num_replicas=1, drop_last=False)
-    len(ds); ds[0]            # dict with exactly the eight fields above, int32 torch tensors
-    ds.set_epoch(epoch)       # seeded reshuffle (seed defaults to the manifest's)
-    ds.manifest               # manifest.json as a dict (also attribute access): max_seq_length,
-                              # max_sequences_per_pack, mlm_slots, vocab_size, vocab_checksum,
-                              # num_sequences, num_packs, num_tokens, packing_algorithm,
-                              # packing_efficiency, packing_factor, seed, shards, special_token_ids, ...
+    ds = open_dataset("DIR/packed")
+    len(ds); ds[i]            # pack i: dict with exactly the eight fields, int32 torch tensors
+    ds.manifest               # manifest.json as a dict (also attribute access; keys: format.MANIFEST_KEYS)
     ds.packing_factor         # num_sequences / num_packs (1.0 for padded/)
     ds.vocab_path             # DIR/packed/vocab.txt
 
-It is a map-style torch Dataset: use it with torch.utils.data.DataLoader or poptorch.DataLoader; the
-default collation gives a dict of (B, ...) int32 tensors for `model(**batch)`. DataLoader workers
-each get their own indices from the sampler and open their own memory maps.
+It is a map-style torch Dataset in the order the packs are stored; the training loop decides the
+order of each epoch (train/data.py, TrainingData.epoch_order) and hands the DataLoader a sampler.
 
 Errors caused by the user (missing input, bad UTF-8 naming file and line, bad vocabulary, corrupt
 shard or manifest naming the shard and the field, non-empty output) raise `DataError`, whose message
 is one line; the command line prints it and exits with status 2.
 
-Modules: corpus (text -> documents), vocab (tokenizers), instances (the recipe), packs (M and pack
-writing), pipeline (prepare: orchestration), format (on-disk format, numpy only), dataset (torch Dataset), cli.
+Modules: format (the pack format and its reference builder, numpy only), corpus (text -> documents),
+vocab (tokenizers), instances (the recipe), packs (the vectorised pack writer), pipeline (prepare:
+orchestration), dataset (torch Dataset), cli.
 """
 
 from .errors import DataError

@@ -59,10 +59,9 @@ def _keep_freed_memory() -> None:
     """Let glibc's malloc reuse freed memory instead of returning it to the kernel.
 
     The pipeline allocates and frees many short-lived arrays of tens of MB. By default glibc serves
-    each with a fresh mmap and unmaps it on free, so every new array pays its page faults again
-    (measured: 72k minor faults per run of the side-by-side benchmark, 17k with this; 0.1-0.4 s of
-    system time). Raising the mmap and trim thresholds keeps freed blocks in the heap for the next
-    array; forked worker processes inherit the setting. Only the command does this (it is
+    each with a fresh mmap and unmaps it on free, so every new array pays its page faults again.
+    Raising the mmap and trim thresholds keeps freed blocks in the heap for the next array; forked
+    worker processes inherit the setting. Only the command does this (it is
     process-wide); it changes no output. Skipped where there is no glibc.
     """
     try:

@@ -183,7 +183,7 @@ def stdlib_files() -> List[str]:
 # Every triple-quoted string literal, in order, so that one string's closing quotes are never taken
 # for the next one's opening. A literal is prose to keep when only blanks and a string prefix stand
 # before it on its line (a docstring, or another bare string statement); prefixes with b (bytes) are
-# not prose. (One expression with an optional line-start group did the same, 5x slower: it cannot
+# not prose. (One expression with an optional line-start group would do the same, slower: it cannot
 # jump to the next quotes.)
 _TRIPLE_QUOTED = re.compile(r"(\"\"\"|\'\'\')(.*?)\1", re.DOTALL)
 _LEAD = re.compile(r"[ \t]*([rRbBuU]{0,2})")

@@ -1,18 +1,23 @@
-"""On-disk format of a prepared dataset directory (numpy only, no torch).
+"""The pack format: one owner for the fields, their meaning, the ids, M, and how a pack is laid out.
+
+Everything that makes or reads packs (the data pipeline, the benches, the synthetic packs of the
+execution checks, the test fixtures, the model's loss) takes its definitions from here. numpy only.
 
 A dataset directory holds
 
-    manifest.json          what is in the directory, with a checksum for every file
+    manifest.json          what is in the directory, with a checksum for every file (MANIFEST_KEYS)
     vocab.txt              the vocabulary the token ids refer to (one token a line, id = line number)
     shard-00000.npy ...    fixed-shape packs, one numpy structured array per shard
 
-Each shard is a 1-D numpy array of records, one record per pack, written with `numpy.save`, so a user
-can open it with numpy alone and memory-map it:
+Each shard is a .npy file holding a 1-D array of records, one record per pack, so a user can open it
+with numpy alone and memory-map it:
 
     packs = numpy.load("shard-00000.npy", mmap_mode="r")
     packs["input_ids"]          # (P, S) int32
 
-Record fields (legend: S = max_seq_length, M = mlm_slots, K = max_sequences_per_pack), all int32:
+Fields of a pack (legend: P packs, S = max_seq_length tokens per pack, M = mlm_slots masked-token slots
+per pack, K = max_sequences_per_pack sequence slots per pack), all int32. These are the field meanings;
+other modules point here rather than repeat them.
 
     input_ids       (S,)  token ids after masking; 0 ([PAD]) after the last sequence
     token_type_ids  (S,)  0 for [CLS] A [SEP], 1 for B [SEP], 0 on padding
@@ -20,19 +25,23 @@ Record fields (legend: S = max_seq_length, M = mlm_slots, K = max_sequences_per_
     sequence_ids    (S,)  k for the k-th sequence of the pack (1-based), 0 on padding;
                           attention mask = (sequence_ids[q] == sequence_ids[k]) & (sequence_ids[q] != 0)
     mlm_positions   (M,)  positions (in the pack) of the masked tokens, ascending per sequence; 0 if unused
-    mlm_labels      (M,)  original token id at that position; -100 if unused
+    mlm_labels      (M,)  original token id at that position; IGNORE_INDEX (-100) if unused
     cls_positions   (K,)  position of each sequence's [CLS]; 0 if unused
-    nsp_labels      (K,)  0 = B follows A in the document, 1 = B is a random segment; -100 if unused
+    nsp_labels      (K,)  0 = B follows A in the document, 1 = B is a random segment; IGNORE_INDEX if unused
 
-A record is contiguous on disk, so reading one pack is one small sequential read.
+A batch is the same fields stacked: (B, S), (B, M), (B, K), in the order of FIELDS, which is also the
+order of the model's forward arguments. A record is contiguous on disk, so reading one pack is one
+small sequential read. The padded baseline is the same format with K = 1.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-from typing import Any, Dict, List, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -41,12 +50,23 @@ from .errors import DataError
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 VOCAB = "vocab.txt"
+
 IGNORE_INDEX = -100
+"""Label of an unused MLM or NSP slot (torch's cross-entropy default ignore_index)."""
 
 TOKEN_FIELDS = ("input_ids", "token_type_ids", "position_ids", "sequence_ids")  # (S,)
 MLM_FIELDS = ("mlm_positions", "mlm_labels")  # (M,)
 SEQUENCE_FIELDS = ("cls_positions", "nsp_labels")  # (K,)
 FIELDS = TOKEN_FIELDS + MLM_FIELDS + SEQUENCE_FIELDS
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+"""Tokens every vocabulary must have. A dataset records their ids in its manifest (special_token_ids);
+the default vocabulary, data/synthetic.py's and every synthetic pack put them first, in this order:"""
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
+FIRST_WORD_ID = len(SPECIAL_TOKENS)
+"""Synthetic sequences draw their word tokens from [FIRST_WORD_ID, vocab_size)."""
+
+MIN_SEQ_LENGTH = 5  # the shortest instance: [CLS] a [SEP] b [SEP]
 
 
 def pack_dtype(max_seq_length: int, mlm_slots: int, max_sequences_per_pack: int) -> np.dtype:
@@ -55,12 +75,122 @@ def pack_dtype(max_seq_length: int, mlm_slots: int, max_sequences_per_pack: int)
     return np.dtype([(name, "<i4", (width,)) for name, width in zip(FIELDS, widths)])
 
 
-def empty_packs(num_packs: int, max_seq_length: int, mlm_slots: int, max_sequences_per_pack: int) -> np.ndarray:
-    """(P,) records with every slot unused: zeros, and -100 in the label slots."""
-    packs = np.zeros(num_packs, dtype=pack_dtype(max_seq_length, mlm_slots, max_sequences_per_pack))
+# ---------------------------------------------------------------------------------------------------
+# M: masked-token slots per pack
+
+
+def max_predictions(max_seq_length: int, masked_lm_prob: float = 0.15,
+                    max_predictions_per_seq: Optional[int] = None) -> int:
+    """Cap on predictions per sequence: max_predictions_per_seq, else ceil(masked_lm_prob * S)."""
+    if max_predictions_per_seq is not None:
+        return max_predictions_per_seq
+    return int(math.ceil(masked_lm_prob * max_seq_length - 1e-9))
+
+
+def num_to_predict(lengths: np.ndarray, masked_lm_prob: float, cap: int) -> np.ndarray:
+    """(N,) int64 predictions a sequence of each length gets: the reference's
+    min(cap, max(1, round(masked_lm_prob * length))), and never more than its candidates (length - 3)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    wanted = np.maximum(1, np.rint(lengths * masked_lm_prob).astype(np.int64))
+    return np.minimum(np.minimum(wanted, cap), np.maximum(lengths - 3, 0))
+
+
+def mlm_slots(max_seq_length: int, max_sequences_per_pack: int, masked_lm_prob: float = 0.15,
+              max_predictions_per_seq: Optional[int] = None) -> int:
+    """M: the most predictions any pack of K sequences within S tokens can hold.
+
+    A sequence of length l gets f(l) = num_to_predict(l) predictions, so M is the exact maximum of
+    f(l_1) + ... + f(l_k) over k <= K and l_1 + ... + l_k <= S, found by a small dynamic programme
+    over lengths (K * S^2 steps). That is at most the paper's max_predictions + K - 1 and often less
+    (20 at S=128, K=3; 78 at S=512, K=3; 19 and 77 for the padded K=1), so no slot is one that no
+    pack can ever use. Every builder still checks each pack against M and raises on overflow.
+    """
+    s = max_seq_length
+    lengths = np.arange(MIN_SEQ_LENGTH, s + 1)
+    gains = num_to_predict(lengths, masked_lm_prob, max_predictions(s, masked_lm_prob, max_predictions_per_seq))
+    best = np.full(s + 1, -1, dtype=np.int64)  # best[t]: most predictions with exactly t tokens so far
+    best[0] = 0
+    overall = 0
+    for _ in range(max_sequences_per_pack):
+        new = np.full(s + 1, -1, dtype=np.int64)
+        for length, gain in zip(lengths.tolist(), gains.tolist()):
+            prev = best[: s + 1 - length]
+            cand = np.where(prev >= 0, prev + gain, -1)
+            np.maximum(new[length:], cand, out=new[length:])
+        best = new
+        overall = max(overall, int(best.max()))
+    return max(1, overall)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the reference builder
+
+
+@dataclass
+class Instance:
+    """One NSP/MLM training instance, [CLS] A [SEP] B [SEP] after masking (bert's TrainingInstance)."""
+
+    input_ids: np.ndarray  # (L,) token ids after masking
+    token_type_ids: np.ndarray  # (L,) 0 for [CLS] A [SEP], 1 for B [SEP]
+    mlm_positions: np.ndarray  # (Q,) masked positions within the instance, ascending
+    mlm_labels: np.ndarray  # (Q,) the original token id at each
+    nsp_label: int  # 0: B follows A; 1: B is random
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def pack_sequences(sequences: Sequence[Sequence[Instance]], S: int, K: int, M: int) -> np.ndarray:
+    """Lay out instances as packs: (P,) records of pack_dtype(S, M, K); pack p holds sequences[p].
+
+    This is the plain statement of the format; data/packs.py's build_packs writes the same bytes
+    with vectorised scatters, and a test holds the two equal. Which sequences share a pack is the
+    packing engine's decision (ipu_packing.packing), not this function's.
+    """
+    packs = np.zeros(len(sequences), dtype=pack_dtype(S, M, K))
     packs["mlm_labels"] = IGNORE_INDEX
     packs["nsp_labels"] = IGNORE_INDEX
+    for p, group in enumerate(sequences):
+        # We DON'T concatenate the sequences into one long text: each keeps its own world inside the
+        # pack. They are laid back to back from position 0, in the order given, and the rest of the
+        # row stays padding (zeros). sequence_ids tells each token which sequence it belongs to, so
+        # attention never crosses from one sequence to another; position ids restart at 0 at every
+        # [CLS], so a sequence sees exactly the positions it would see alone.
+        #
+        # The heads work per sequence too. Sequence k's masked tokens take the next free MLM slots
+        # (their positions shifted by where the sequence starts), and its NSP label takes slot k and
+        # is read at its own [CLS], never at the pack's first one.
+        #
+        # A pack that would hold more than K sequences, S tokens or M predictions is an error, not
+        # a truncation: the plan and M are sized so that it never happens.
+        start, slot = 0, 0
+        if len(group) > K:
+            raise DataError("pack %d would hold %d sequences, more than the %d it has room for (refusing to truncate)"
+                            % (p, len(group), K))
+        for k, sequence in enumerate(group):
+            end = start + len(sequence)
+            q = len(sequence.mlm_positions)
+            if end > S:
+                raise DataError("pack %d would hold %d tokens, more than the %d it has room for (refusing to truncate)"
+                                % (p, sum(len(s) for s in group), S))
+            if slot + q > M:
+                raise DataError("pack %d would hold %d MLM predictions, more than the %d it has room for (refusing "
+                                "to truncate)" % (p, sum(len(s.mlm_positions) for s in group), M))
+            packs["input_ids"][p, start:end] = sequence.input_ids
+            packs["token_type_ids"][p, start:end] = sequence.token_type_ids
+            packs["position_ids"][p, start:end] = np.arange(len(sequence))
+            packs["sequence_ids"][p, start:end] = k + 1
+            packs["mlm_positions"][p, slot:slot + q] = np.asarray(sequence.mlm_positions) + start
+            packs["mlm_labels"][p, slot:slot + q] = sequence.mlm_labels
+            packs["cls_positions"][p, k] = start
+            packs["nsp_labels"][p, k] = sequence.nsp_label
+            start, slot = end, slot + q
     return packs
+
+
+def as_batch(packs: np.ndarray, dtype: Any = None) -> Dict[str, np.ndarray]:
+    """(P,) records -> {field: (P, width) contiguous array}, optionally cast to `dtype`."""
+    return {name: np.ascontiguousarray(packs[name], dtype=dtype) for name in FIELDS}
 
 
 def sha256_file(path: str, chunk: int = 1 << 22) -> str:
@@ -103,6 +233,26 @@ MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
     "corpus": (dict, "where the text came from, and its checksum"),
     "shards": (list, "[{file, num_packs, sha256}] in order"),
 }
+
+
+def pack_statistics(lengths: np.ndarray, mlm_counts: np.ndarray, sequences_per_pack: np.ndarray,
+                    max_seq_length: int, max_sequences_per_pack: int) -> Dict[str, Any]:
+    """The manifest's counts for packs holding sequences of `lengths` with `mlm_counts` predictions,
+    `sequences_per_pack` of them in each pack: num_sequences ... sequences_per_pack_histogram."""
+    num_sequences, num_packs = len(lengths), len(sequences_per_pack)
+    num_tokens = int(np.sum(lengths))
+    return {
+        "num_sequences": num_sequences,
+        "num_packs": num_packs,
+        "num_tokens": num_tokens,
+        "num_masked_tokens": int(np.sum(mlm_counts)),
+        "packing_efficiency": num_tokens / float(max(1, num_packs) * max_seq_length),
+        "packing_factor": num_sequences / float(max(1, num_packs)),
+        "sequence_length_histogram": np.bincount(np.asarray(lengths) - 1, minlength=max_seq_length).tolist(),
+        "sequences_per_pack_histogram": (np.bincount(np.asarray(sequences_per_pack) - 1,
+                                                     minlength=max_sequences_per_pack).tolist()
+                                         if num_packs else [0] * max_sequences_per_pack),
+    }
 
 
 def write_manifest(directory: str, manifest: Dict[str, Any]) -> None:

@@ -50,7 +50,6 @@ convention).
 from __future__ import annotations
 
 import itertools
-import math
 from bisect import bisect_left
 from dataclasses import dataclass
 from typing import List, Optional
@@ -58,8 +57,7 @@ from typing import List, Optional
 import numpy as np
 
 from .errors import DataError
-
-MIN_SEQ_LENGTH = 5  # [CLS] a [SEP] b [SEP]
+from .format import max_predictions, num_to_predict
 
 
 @dataclass
@@ -93,16 +91,11 @@ class RecipeConfig:
 
     @property
     def max_predictions(self) -> int:
-        if self.max_predictions_per_seq is not None:
-            return self.max_predictions_per_seq
-        return int(math.ceil(self.masked_lm_prob * self.max_seq_length - 1e-9))
+        return max_predictions(self.max_seq_length, self.masked_lm_prob, self.max_predictions_per_seq)
 
     def num_to_predict(self, lengths: np.ndarray) -> np.ndarray:
-        """(N,) int64 predictions an instance of each length gets (the reference's formula); never
-        more than its candidates (length - 3)."""
-        lengths = np.asarray(lengths, dtype=np.int64)
-        wanted = np.maximum(1, np.rint(lengths * self.masked_lm_prob).astype(np.int64))
-        return np.minimum(np.minimum(wanted, self.max_predictions), np.maximum(lengths - 3, 0))
+        """(N,) int64 predictions an instance of each length gets (format.num_to_predict)."""
+        return num_to_predict(lengths, self.masked_lm_prob, self.max_predictions)
 
 
 class Uniforms:
@@ -332,7 +325,7 @@ def _choose_whole_words(ids: np.ndarray, candidate: np.ndarray, budget: np.ndarr
 def _smallest_keys(keys: np.ndarray, budget: np.ndarray) -> np.ndarray:
     """(N, W) bool: the budget[i] smallest keys of each row i (on a tie, the leftmost), as a stable
     argsort of each row would choose them. A partial sort finds each row's budget-th smallest key,
-    which is ~5x faster than sorting whole rows; rows where that threshold is shared by several keys
+    which is much cheaper than sorting whole rows; rows where that threshold is shared by several keys
     (ties: not expected from random floats) are redone by the full sort."""
     n, width = keys.shape
     kth = min(max(1, int(budget.max(initial=0))), width)

@@ -1,18 +1,12 @@
-"""Instances -> fixed-shape packs, written shard by shard.
+"""Instances -> fixed-shape packs, written shard by shard: the vectorised builder of the pack format.
 
-The per-shard instance files (written by the workers) are memory-mapped; the only corpus-sized
-arrays held in memory are a few integers per sequence (length, counts, where it lives). Each output
-shard is built in memory (bounded by `shard_bytes`), filled with vectorised scatters, saved with
-`numpy.save` and hashed.
-
-MLM slots per pack (M). A pack holds at most K sequences whose lengths add up to at most S, and a
-sequence of length l gets at most f(l) = min(max_predictions, max(1, round(masked_lm_prob * l)), l - 3)
-predictions (see RecipeConfig.num_to_predict). M is the exact maximum of f(l_1) + ... + f(l_k) over
-k <= K and l_1 + ... + l_k <= S, computed by a small dynamic programme over lengths (K * S^2 steps).
-It is at most the paper's max_predictions + K - 1 for the recipe's usual settings and often smaller
-(S=128, K=3, 20 predictions: 20 instead of 22; S=512, K=3, 77 predictions: 78 instead of 79; a test
-checks the programme against brute force), so there is no slot that no pack can ever use. The writer still checks every pack against M and raises on overflow: a pack is never
-silently truncated.
+The format, its fields and M's sizing belong to format.py, whose `pack_sequences` is the plain
+reference; `build_packs` here writes the same records (a test holds them equal) with vectorised
+scatters. The per-shard instance files (written by the workers) are memory-mapped; the only
+corpus-sized arrays held in memory are a few integers per sequence (length, counts, where it lives).
+Each output shard file is sized, memory-mapped and filled in place (see `write_shard`), then hashed
+from the mapping. The writer checks every pack against S, K and M and raises on overflow: a pack is
+never silently truncated.
 """
 
 from __future__ import annotations
@@ -28,28 +22,9 @@ import numpy as np
 
 from .errors import DataError
 from .format import IGNORE_INDEX, pack_dtype
-from .instances import MIN_SEQ_LENGTH, RecipeConfig, _ranges
+from .instances import _ranges
 
 INSTANCE_FILES = ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions", "mlm_labels")
-
-
-def mlm_slots(recipe: RecipeConfig, max_sequences_per_pack: int) -> int:
-    """M: the most predictions any pack of K sequences within S tokens can hold (see module notes)."""
-    s = recipe.max_seq_length
-    lengths = np.arange(MIN_SEQ_LENGTH, s + 1)
-    gains = recipe.num_to_predict(lengths)
-    best = np.full(s + 1, -1, dtype=np.int64)  # best[t]: most predictions with exactly t tokens so far
-    best[0] = 0
-    overall = 0
-    for _ in range(max_sequences_per_pack):
-        new = np.full(s + 1, -1, dtype=np.int64)
-        for length, gain in zip(lengths.tolist(), gains.tolist()):
-            prev = best[: s + 1 - length]
-            cand = np.where(prev >= 0, prev + gain, -1)
-            np.maximum(new[length:], cand, out=new[length:])
-        best = new
-        overall = max(overall, int(best.max()))
-    return max(1, overall)
 
 
 def save_instances(directory: str, instances) -> None:

@@ -10,6 +10,8 @@ word list; a few long words are not in the vocabulary, so they split into "##" p
 import os
 import random
 
+from .format import SPECIAL_TOKENS
+
 WORDS = ("the a of to and in is was for on that with as by it at from his her an were are which this be "
          "or has had not but one their also its after first new two they who been have more other all "
          "time there when into would she only most about over years may many some between during under "
@@ -18,7 +20,7 @@ LONG_WORDS = ["packing", "sequences", "attention", "tokenizer", "wordpiece", "ma
 
 
 def write_vocab(path):
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"]
+    specials = list(SPECIAL_TOKENS) + ["[unused0]"]  # first, so their ids are format.py's
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [".", ","]
     tokens = specials + letters + ["##" + c for c in letters] + WORDS + ["pack", "##ing", "sequence", "##s"]
     seen, unique = set(), []

@@ -28,9 +28,9 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .errors import DataError
+from .format import SPECIAL_TOKENS
 from .instances import _ranges
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 DEFAULT_VOCAB_SIZE = 8192
 LOWER_CASE_CHOICES = ("auto", "yes", "no")
 _BRACKETED = re.compile(r"^\[[^\]]*\]$")

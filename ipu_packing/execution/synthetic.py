@@ -1,10 +1,9 @@
 """Synthetic packed batches for execution checks (shape, compile and equivalence checks; never training data).
 
-A pack is a row of S tokens holding up to K sequences back to back; ``sequence_ids`` numbers them 1..K and
-marks padding 0, ``position_ids`` restart at 0 for every sequence, each sequence has one [CLS] slot for NSP
-and its masked tokens take MLM slots. Unused MLM/NSP slots have label -100 and position 0. The padded
-baseline is the same thing with K = 1; ``trim_to_longest`` turns a batch of those into the
-"pad to the longest sequence in the batch" layout whose shape changes from batch to batch.
+Packs of random sequences in the pack format of data/format.py (fields and meanings are defined
+there), laid out by its reference builder. The padded baseline is the same thing with K = 1;
+``trim_to_longest`` turns a batch of those into the "pad to the longest sequence in the batch"
+layout whose shape changes from batch to batch.
 """
 
 from __future__ import annotations
@@ -13,10 +12,7 @@ from typing import Dict, List
 
 import numpy as np
 
-CLS_ID = 2
-SEP_ID = 3
-MASK_ID = 4
-FIRST_WORD_ID = 5
+from ..data.format import CLS_ID, FIRST_WORD_ID, MASK_ID, SEP_ID, TOKEN_FIELDS, Instance, pack_sequences
 
 
 def synthetic_packs(
@@ -28,7 +24,8 @@ def synthetic_packs(
     rng: np.random.Generator,
     min_sequence_length: int = 8,
 ) -> List[Dict[str, np.ndarray]]:
-    """``num_packs`` packs of random sequences; M = ``max_masked`` MLM slots, K = ``max_sequences_per_pack``."""
+    """``num_packs`` packs of random sequences; S = ``seq_len``, K = ``max_sequences_per_pack``,
+    M = ``max_masked`` MLM slots (a pack keeps its first M masked positions)."""
     if vocab_size <= FIRST_WORD_ID:
         raise ValueError("vocab_size must exceed %d" % FIRST_WORD_ID)
     packs = []
@@ -40,39 +37,30 @@ def synthetic_packs(
         cuts = np.sort(rng.integers(0, budget + 1, size=k))
         extra = np.diff(np.concatenate([[0], cuts]))
         lengths = (extra + min_sequence_length).astype(int)
-        pack = {
-            "input_ids": np.zeros(S, np.int32),
-            "token_type_ids": np.zeros(S, np.int32),
-            "position_ids": np.zeros(S, np.int32),
-            "sequence_ids": np.zeros(S, np.int32),
-            "mlm_positions": np.zeros(M, np.int32),
-            "mlm_labels": np.full(M, -100, np.int32),
-            "cls_positions": np.zeros(K, np.int32),
-            "nsp_labels": np.full(K, -100, np.int32),
-        }
-        start, masked = 0, []
-        for j, n in enumerate(lengths):
+        drawn, masked = [], []
+        for n in lengths:
             tokens = rng.integers(FIRST_WORD_ID, vocab_size, size=n)
             tokens[0] = CLS_ID
             tokens[n // 2] = SEP_ID
             tokens[-1] = SEP_ID
-            sl = slice(start, start + n)
-            pack["input_ids"][sl] = tokens
-            pack["token_type_ids"][start + n // 2 + 1 : start + n] = 1
-            pack["position_ids"][sl] = np.arange(n)
-            pack["sequence_ids"][sl] = j + 1
-            pack["cls_positions"][j] = start
-            pack["nsp_labels"][j] = int(rng.integers(0, 2))
-            candidates = [start + i for i in range(1, n) if tokens[i] != SEP_ID]
+            nsp = int(rng.integers(0, 2))
+            candidates = [i for i in range(1, n) if tokens[i] != SEP_ID]
             want = max(1, int(round(0.15 * n)))
-            masked += list(rng.choice(candidates, size=min(want, len(candidates)), replace=False))
-            start += n
-        masked = sorted(masked)[:M]
-        for slot, pos in enumerate(masked):
-            pack["mlm_positions"][slot] = pos
-            pack["mlm_labels"][slot] = pack["input_ids"][pos]
-            pack["input_ids"][pos] = MASK_ID
-        packs.append(pack)
+            chosen = rng.choice(candidates, size=min(want, len(candidates)), replace=False)
+            masked.append(np.sort(chosen))
+            drawn.append((tokens, nsp))
+        # The pack keeps its first M masked positions, in pack order.
+        keep = M
+        sequences = []
+        for (tokens, nsp), positions in zip(drawn, masked):
+            positions = positions[:max(0, keep)]
+            keep -= len(positions)
+            labels = tokens[positions].copy()
+            tokens[positions] = MASK_ID
+            types = (np.arange(len(tokens)) > len(tokens) // 2).astype(np.int64)
+            sequences.append(Instance(tokens, types, positions, labels, nsp))
+        record = pack_sequences([sequences], S, K, M)[0]
+        packs.append({name: np.array(record[name]) for name in record.dtype.names})
     return packs
 
 
@@ -85,7 +73,7 @@ def trim_to_longest(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """The padded, unpacked alternative: cut the token axis to the longest real sequence in the batch."""
     longest = int((batch["sequence_ids"] != 0).sum(1).max())
     out = dict(batch)
-    for k in ("input_ids", "token_type_ids", "position_ids", "sequence_ids"):
+    for k in TOKEN_FIELDS:
         out[k] = batch[k][:, :longest]
     return out
 

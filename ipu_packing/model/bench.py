@@ -1,12 +1,14 @@
 """Packing overhead of the model: step time (forward + backward) per pack, packed against padded.
 
-    python -m ipu_packing.model.bench [--preset small|base] [--seq-len 128] [--batch 8] ...
+    python -m ipu_packing.model.bench [--preset small|base] [--max-seq-length 128] [--batch 8] ...
 
 Both runs have the same shape (B, S) and the same code path; they differ only in what the rows hold:
 
-- packed: each row is a pack of K sequences (block-diagonal mask, positions restarting, NSP at K [CLS]
-  positions, M = max_predictions + K - 1 MLM slots, as the data pipeline sizes them);
-- padded: each row holds one sequence followed by padding (K = 1, M = max_predictions).
+- packed: each row is a pack of K sequences that fill it (block-diagonal mask, positions restarting, NSP at
+  K [CLS] positions, M MLM slots as the data pipeline sizes them, data/format.py's mlm_slots);
+- padded: each row holds one sequence of 3/4 S tokens followed by padding (K = 1, M = mlm_slots(S, 1)).
+
+Rows are laid out by the pack format's reference builder (data/format.py, pack_sequences).
 
 The encoder costs the same in both (the dense mask is (B, 1, S, S) either way); the overhead of packing is
 what the pretraining heads do on more slots, and building the mask. A packed step processes K sequences per
@@ -27,7 +29,10 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
+
+from ..data.format import IGNORE_INDEX, Instance, as_batch, mlm_slots, pack_sequences
 
 PRESETS = {
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4),
@@ -45,10 +50,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = _Parser(prog="python -m ipu_packing.model.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model size (default small)")
     parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--seq-len", type=int, default=128, help="S, tokens per row")
+    parser.add_argument("--max-seq-length", type=int, default=128, help="S, tokens per row")
+    parser.add_argument("--seq-len", dest="max_seq_length", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=8, help="B, rows (packs) per step")
-    parser.add_argument("--sequences-per-pack", type=int, default=3, help="K of the packed run")
-    parser.add_argument("--max-predictions", type=int, default=20, help="MLM slots per sequence")
+    parser.add_argument("--max-sequences-per-pack", type=int, default=3, help="K of the packed run")
+    parser.add_argument("--max-predictions-per-seq", type=int, default=20, help="cap on MLM predictions per sequence")
     parser.add_argument("--attention", choices=("dense", "sdpa", "flex"), default="dense")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -57,14 +63,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for name in ("vocab_size", "seq_len", "batch", "sequences_per_pack", "max_predictions", "steps"):
+    for name in ("vocab_size", "max_seq_length", "batch", "max_sequences_per_pack", "max_predictions_per_seq", "steps"):
         if getattr(args, name) < 1:
             parser.error("--%s must be >= 1, got %d" % (name.replace("_", "-"), getattr(args, name)))
     for name in ("warmup", "threads"):
         if getattr(args, name) < 0:
             parser.error("--%s must be >= 0, got %d" % (name, getattr(args, name)))
-    if args.seq_len < 2 * args.sequences_per_pack:
-        parser.error("--seq-len %d cannot hold %d sequences of length >= 2" % (args.seq_len, args.sequences_per_pack))
+    if args.max_seq_length < 2 * args.max_sequences_per_pack:
+        parser.error("--max-seq-length %d cannot hold %d sequences of length >= 2"
+                     % (args.max_seq_length, args.max_sequences_per_pack))
     if args.device.split(":")[0] not in ("cpu", "cuda"):
         parser.error("--device must be cpu or cuda[:N], got %r" % args.device)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -75,39 +82,32 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def make_batch(
     batch: int, seq_len: int, sequences: int, slots_per_sequence: int, vocab_size: int, generator: torch.Generator
 ) -> Dict[str, torch.Tensor]:
-    """Rows of ``sequences`` random sequences; sequences == 1 gives the padded baseline (3/4 of S real)."""
-    max_predictions = slots_per_sequence + sequences - 1
-    fields = {
-        "input_ids": torch.randint(1, vocab_size, (batch, seq_len), generator=generator),
-        "token_type_ids": torch.zeros(batch, seq_len, dtype=torch.long),
-        "position_ids": torch.zeros(batch, seq_len, dtype=torch.long),
-        "sequence_ids": torch.zeros(batch, seq_len, dtype=torch.long),
-        "mlm_positions": torch.zeros(batch, max_predictions, dtype=torch.long),
-        "mlm_labels": torch.full((batch, max_predictions), -100, dtype=torch.long),
-        "cls_positions": torch.zeros(batch, sequences, dtype=torch.long),
-        "nsp_labels": torch.randint(0, 2, (batch, sequences), generator=generator),
-    }
+    """Rows of ``sequences`` random sequences; sequences == 1 gives the padded baseline (3/4 of S real).
+    ``slots_per_sequence`` caps each sequence's predictions; M is mlm_slots(S, K) with that cap."""
+    max_predictions = mlm_slots(seq_len, sequences, max_predictions_per_seq=slots_per_sequence)
+    input_ids = torch.randint(1, vocab_size, (batch, seq_len), generator=generator)
+    nsp_labels = torch.randint(0, 2, (batch, sequences), generator=generator)
     real = seq_len if sequences > 1 else (3 * seq_len) // 4
+    packs = []
     for row in range(batch):
         # split `real` tokens into `sequences` lengths >= 2; the rest of the row is padding
-        fields["input_ids"][row, real:] = 0
         cuts = torch.randint(0, real - 2 * sequences + 1, (sequences - 1,), generator=generator).sort().values
         bounds = [0] + [int(c) + 2 * (i + 1) for i, c in enumerate(cuts)] + [real]
-        slot = 0
+        group, slot = [], 0
         for k in range(sequences):
             start, end = bounds[k], bounds[k + 1]
-            fields["position_ids"][row, start:end] = torch.arange(end - start)
-            fields["sequence_ids"][row, start:end] = k + 1
-            fields["token_type_ids"][row, start + (end - start) // 2 : end] = 1
-            fields["cls_positions"][row, k] = start
-            masked = max(1, min(slots_per_sequence, (end - start) * 15 // 100))
-            masked = min(masked, end - start - 1, max_predictions - slot)
-            chosen = torch.randperm(end - start - 1, generator=generator)[:masked] + start + 1
-            fields["mlm_positions"][row, slot : slot + masked] = chosen
+            n = end - start
+            masked = max(1, min(slots_per_sequence, n * 15 // 100))
+            masked = min(masked, n - 1, max_predictions - slot)
+            chosen = torch.randperm(n - 1, generator=generator)[:masked].sort().values + 1
             labels = torch.randint(0, vocab_size, (masked,), generator=generator)
-            fields["mlm_labels"][row, slot : slot + masked] = labels
+            types = (np.arange(n) >= n // 2).astype(np.int64)
+            group.append(Instance(input_ids[row, start:end].numpy(), types, chosen.numpy(), labels.numpy(),
+                                  int(nsp_labels[row, k])))
             slot += masked
-    return fields
+        packs.append(group)
+    return {k: torch.from_numpy(v) for k, v in as_batch(pack_sequences(packs, seq_len, sequences, max_predictions),
+                                                        np.int64).items()}
 
 
 def count_flops(step: Callable[[Dict[str, torch.Tensor]], Any], fields: Dict[str, torch.Tensor]) -> float:
@@ -135,7 +135,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     config = transformers.BertConfig(
         vocab_size=args.vocab_size,
         intermediate_size=4 * shape["hidden_size"],
-        max_position_embeddings=max(512, args.seq_len),
+        max_position_embeddings=max(512, args.max_seq_length),
         **shape,
     )
     device = torch.device(args.device)
@@ -143,9 +143,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     generator = torch.Generator().manual_seed(args.seed)
     workloads = {
         "packed": make_batch(
-            args.batch, args.seq_len, args.sequences_per_pack, args.max_predictions, args.vocab_size, generator
+            args.batch, args.max_seq_length, args.max_sequences_per_pack, args.max_predictions_per_seq, args.vocab_size,
+            generator
         ),
-        "padded": make_batch(args.batch, args.seq_len, 1, args.max_predictions, args.vocab_size, generator),
+        "padded": make_batch(args.batch, args.max_seq_length, 1, args.max_predictions_per_seq, args.vocab_size, generator),
     }
     workloads = {name: {k: v.to(device) for k, v in fields.items()} for name, fields in workloads.items()}
     autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
@@ -176,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     median = {name: statistics.median(values) for name, values in times.items()}
     cpu_median = {name: statistics.median(values) for name, values in cpu_times.items()}
-    sequences = {name: int((fields["nsp_labels"] != -100).sum()) for name, fields in workloads.items()}
+    sequences = {name: int((fields["nsp_labels"] != IGNORE_INDEX).sum()) for name, fields in workloads.items()}
     tokens = {name: int((fields["sequence_ids"] != 0).sum()) for name, fields in workloads.items()}
     print(
         "model: preset=%s (H=%d, L=%d, heads=%d, V=%d), attention=%s, precision=%s, device=%s, threads=%d"
@@ -185,8 +186,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     )
     print(
         "shape: B=%d S=%d; packed K=%d M=%d; padded K=1 M=%d; %d timed steps each (median), %d warm-up"
-        % (args.batch, args.seq_len, args.sequences_per_pack, args.max_predictions + args.sequences_per_pack - 1,
-           args.max_predictions, args.steps, args.warmup)
+        % (args.batch, args.max_seq_length, args.max_sequences_per_pack,
+           workloads["packed"]["mlm_labels"].shape[1], workloads["padded"]["mlm_labels"].shape[1], args.steps, args.warmup)
     )
     fastest = {name: min(values) for name, values in times.items()}
     print("%-8s %14s %14s %14s %12s %14s" % ("run", "median ms/pack", "min ms/pack", "cpu ms/pack", "seq/s",

@@ -14,10 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.format import IGNORE_INDEX  # the pack format's label of an unused slot (numpy only)
 from .attention import CONFIG_ATTRIBUTE, attend, build_mask, resolve_attention
-
-IGNORE_INDEX = -100
-"""Label of an unused MLM or NSP slot (and ignore_index of the losses)."""
 
 
 class PackedBertOutput(NamedTuple):

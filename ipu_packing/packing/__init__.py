@@ -1,8 +1,8 @@
 """Histogram packing: histogram -> plan -> assignment of real sequences.
 
-Public API (the contract other packages use; keep it stable):
+Public API:
 
-    plan = plan_packing(histogram, max_sequence_length, max_sequences_per_pack, algorithm="optimal")
+    plan = plan_packing(histogram, max_seq_length, max_sequences_per_pack, algorithm="optimal")
     packs = assign_sequences(plan, lengths, seed)
 
 `histogram[i]` counts sequences of length i + 1. `max_sequences_per_pack` is an int >= 1

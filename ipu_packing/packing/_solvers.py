@@ -7,6 +7,11 @@ Each is loaded from its file under its own module name and registered in sys.mod
 `import scipy.optimize` finds and reuses it (a pybind11 module must never be loaded twice). If
 scipy.optimize is already imported, or anything here fails, the ordinary import is used: the
 same compiled code either way, so the results are identical.
+
+Why not the public `highspy` package: it would be a new dependency that covers only HiGHS (NNLS
+would still come from scipy), and its HiGHS build is not scipy's, so plans, and with them the
+prepared data's bytes, could change; loading scipy's own modules keeps one solver build and no
+new requirement.
 """
 
 from __future__ import annotations

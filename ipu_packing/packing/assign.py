@@ -28,10 +28,10 @@ from ..errors import InputError
 from .plan import PackingPlan
 
 
-def histogram_from_lengths(lengths, max_sequence_length: int) -> np.ndarray:
+def histogram_from_lengths(lengths, max_seq_length: int) -> np.ndarray:
     """(S,) int64 histogram; bin i counts sequences of length i + 1.
 
-    Raises InputError (a ValueError) if a length is < 1 or > max_sequence_length.
+    Raises InputError (a ValueError) if a length is < 1 or > max_seq_length.
     """
     lengths = np.asarray(lengths)
     if lengths.ndim != 1:
@@ -40,12 +40,12 @@ def histogram_from_lengths(lengths, max_sequence_length: int) -> np.ndarray:
         raise InputError("lengths must be integers, got dtype %s" % lengths.dtype)
     if lengths.size:
         low, high = int(lengths.min()), int(lengths.max())
-        if low < 1 or high > max_sequence_length:
+        if low < 1 or high > max_seq_length:
             raise InputError(
                 "sequence lengths must lie in 1..%d, found %d"
-                % (max_sequence_length, low if low < 1 else high)
+                % (max_seq_length, low if low < 1 else high)
             )
-    counts = np.bincount(lengths.astype(np.int64) - 1, minlength=max_sequence_length)
+    counts = np.bincount(lengths.astype(np.int64) - 1, minlength=max_seq_length)
     return counts.astype(np.int64)
 
 
@@ -75,8 +75,8 @@ class PackAssignment:
         return np.diff(self.offsets)
 
 
-def _key_dtype(max_sequence_length: int):
-    return np.int16 if max_sequence_length < 2**15 else np.int32
+def _key_dtype(max_seq_length: int):
+    return np.int16 if max_seq_length < 2**15 else np.int32
 
 
 def assign_sequences(plan: PackingPlan, lengths, seed: int) -> PackAssignment:
@@ -85,7 +85,7 @@ def assign_sequences(plan: PackingPlan, lengths, seed: int) -> PackAssignment:
     lengths: (N,) ints whose histogram equals plan.histogram (else InputError).
     seed: the only source of randomness; the same inputs give byte-identical outputs.
     """
-    size = plan.max_sequence_length
+    size = plan.max_seq_length
     lengths = np.asarray(lengths)
     hist = histogram_from_lengths(lengths, size)
     if not np.array_equal(hist, plan.histogram):

@@ -1,15 +1,16 @@
 """Benchmark: every packing algorithm side by side on one histogram (not a test).
 
-    python -m ipu_packing.packing.bench --histogram FILE --max-sequence-length N \\
+    python -m ipu_packing.packing.bench --histogram FILE --max-seq-length N \\
         [--max-sequences-per-pack K|max] [--json]
 
-Columns: efficiency (real tokens / pack tokens), packing factor (sequences per pack),
+Columns: efficiency (real tokens / pack tokens), theoretical speed-up (sequences per pack),
 packs above the LP lower bound that `optimal` proves (no packing can have fewer packs than
 that bound), and wall-clock seconds of planning. Timings depend on the machine's load.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import List, Optional
@@ -27,7 +28,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _main(argv: Optional[List[str]]) -> int:
     parser = ArgumentParser(prog="python -m ipu_packing.packing.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--histogram", required=True)
-    parser.add_argument("--max-sequence-length", type=parse_length, default=None)
+    parser.add_argument("--max-seq-length", type=parse_length, default=None, help="S, pack size in tokens")
+    parser.add_argument("--max-sequence-length", dest="max_seq_length", type=parse_length, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # the earlier spelling
     parser.add_argument("--max-sequences-per-pack", type=parse_limit, default=None, help="K >= 1, or 'max' (default)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated subset")
     parser.add_argument("--json", action="store_true", help="one JSON object per algorithm, one per line")
@@ -42,9 +45,9 @@ def _main(argv: Optional[List[str]]) -> int:
         if name not in ALGORITHMS:
             raise InputError("unknown algorithm %r (choose from %s)" % (name, ", ".join(ALGORITHMS)))
     counts, file_length = load_histogram(args.histogram)
-    length = args.max_sequence_length if args.max_sequence_length is not None else file_length
+    length = args.max_seq_length if args.max_seq_length is not None else file_length
     if length is None:
-        raise InputError("--max-sequence-length is required (the file does not give one)")
+        raise InputError("--max-seq-length is required (the file does not give one)")
     # optimal first: its bound is the yardstick for the others
     order = ["optimal"] + [n for n in names if n != "optimal"]
     plans = {}
@@ -66,13 +69,13 @@ def _main(argv: Optional[List[str]]) -> int:
     print("%s sequences; LP lower bound %s packs (best possible efficiency %.4f%%)" % (
         "{:,}".format(plans["optimal"].num_sequences), "{:,}".format(bound), 100 * plans["optimal"].efficiency_bound))
     print()
-    header = "| algorithm | efficiency | packing factor | packs | packs above LP bound | seconds |"
+    header = "| algorithm | efficiency | theoretical speed-up | packs | packs above LP bound | seconds |"
     print(header)
     print("|---|---:|---:|---:|---:|---:|")
     for name in names:
         plan = plans[name]
         print("| %s | %.4f%% | %.5f | %s | %s | %.2f |" % (
-            name, 100 * plan.efficiency, plan.packing_factor, "{:,}".format(plan.num_packs),
+            name, 100 * plan.efficiency, plan.theoretical_speedup, "{:,}".format(plan.num_packs),
             "{:,}".format(plan.num_packs - bound), plan.seconds))
     if assignment is not None:
         print()
@@ -92,7 +95,7 @@ def _time_assignment(plan) -> dict:
 
     from .assign import assign_sequences
 
-    lengths = np.repeat(np.arange(1, plan.max_sequence_length + 1, dtype=np.int64), plan.histogram)  # (N,)
+    lengths = np.repeat(np.arange(1, plan.max_seq_length + 1, dtype=np.int64), plan.histogram)  # (N,)
     np.random.default_rng(0).shuffle(lengths)
     tracemalloc.start()
     start = time.perf_counter()

@@ -1,6 +1,6 @@
 """Command line: plan a packing for a histogram file and print it.
 
-    python -m ipu_packing.packing --histogram FILE --max-sequence-length N \\
+    python -m ipu_packing.packing --histogram FILE --max-seq-length N \\
         --max-sequences-per-pack K|max --algorithm NAME [--json]
 
 Bad input gets one line on stderr and exit code 2 (no traceback, nothing on stdout), through
@@ -78,8 +78,10 @@ def add_lp_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m ipu_packing.packing", description="Plan sequence packing for a length histogram.")
     parser.add_argument("--histogram", required=True, help=".npy, .txt (one count per line) or .json; bin i = length i + 1")
-    parser.add_argument("--max-sequence-length", type=parse_length, default=None,
-                        help="pack size in tokens (default: the JSON file's max_sequence_length)")
+    parser.add_argument("--max-seq-length", type=parse_length, default=None,
+                        help="S, pack size in tokens (default: the JSON file's max_sequence_length)")
+    parser.add_argument("--max-sequence-length", dest="max_seq_length", type=parse_length, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # the earlier spelling
     parser.add_argument("--max-sequences-per-pack", type=parse_limit, default=None, help="K >= 1, or 'max' (default)")
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="optimal")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -90,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_and_plan(args) -> PackingPlan:
     counts, file_length = load_histogram(args.histogram)
-    length = args.max_sequence_length if args.max_sequence_length is not None else file_length
+    length = args.max_seq_length if args.max_seq_length is not None else file_length
     if length is None:
-        raise InputError("--max-sequence-length is required (the file does not give one)")
+        raise InputError("--max-seq-length is required (the file does not give one)")
     return plan_packing(counts, length, args.max_sequences_per_pack, args.algorithm,
                         max_rounds=args.lp_max_rounds, time_limit=args.lp_time_limit)
 
@@ -101,12 +103,11 @@ def format_table(plan: PackingPlan, top: int) -> str:
     k = "max" if plan.max_sequences_per_pack is None else str(plan.max_sequences_per_pack)
     rows = [
         ("algorithm", plan.algorithm),
-        ("max sequence length", str(plan.max_sequence_length)),
+        ("max sequence length", str(plan.max_seq_length)),
         ("max sequences per pack", k),
         ("sequences", "{:,}".format(plan.num_sequences)),
         ("packs", "{:,}".format(plan.num_packs)),
         ("efficiency", "{:.4%}".format(plan.efficiency)),
-        ("packing factor", "{:.5f}".format(plan.packing_factor)),
         ("theoretical speed-up", "{:.5f}".format(plan.theoretical_speedup)),
     ]
     if plan.lower_bound_packs is not None:

@@ -81,9 +81,9 @@ class _OpenPacks:
         return [lengths for _, lengths in groups], [count for count, _ in groups]
 
 
-def spfhp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pack: int):
+def spfhp(histogram: np.ndarray, max_seq_length: int, max_sequences_per_pack: int):
     """Shortest-pack-first histogram packing. histogram: (S,) counts, bin i = length i + 1."""
-    size, limit = max_sequence_length, max_sequences_per_pack
+    size, limit = max_seq_length, max_sequences_per_pack
     open_packs = _OpenPacks(limit)
     place = open_packs.place
 
@@ -103,9 +103,9 @@ def spfhp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pac
     return open_packs.result()
 
 
-def lpfhp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pack: int):
+def lpfhp(histogram: np.ndarray, max_seq_length: int, max_sequences_per_pack: int):
     """Longest-pack-first (best-fit, distributing) histogram packing."""
-    size, limit = max_sequence_length, max_sequences_per_pack
+    size, limit = max_seq_length, max_sequences_per_pack
     open_packs = _OpenPacks(limit)
     place = open_packs.place
 

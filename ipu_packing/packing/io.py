@@ -12,12 +12,12 @@ from ..errors import InputError
 
 
 def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
-    """Returns (counts, max_sequence_length or None). Raises InputError (a ValueError) on unreadable input.
+    """Returns (counts, max_seq_length or None). Raises InputError (a ValueError) on unreadable input.
 
     - .npy: a one-dimensional array of counts.
     - .txt: one count per line (blank lines and lines starting with # are skipped).
     - .json: a list of counts, or an object with a "histogram" list and an optional
-      "max_sequence_length".
+      "max_sequence_length" (the key of the published histogram files; "max_seq_length" is read too).
     Bin i counts sequences of length i + 1.
     """
     ext = os.path.splitext(path)[1].lower()
@@ -42,7 +42,7 @@ def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
                 if "histogram" not in obj:
                     raise InputError("%s: JSON object has no \"histogram\" key" % path)
                 data = obj["histogram"]
-                max_length = obj.get("max_sequence_length")
+                max_length = obj.get("max_seq_length", obj.get("max_sequence_length"))
                 if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)):
                     raise InputError("%s: \"max_sequence_length\" must be an integer" % path)
             else:

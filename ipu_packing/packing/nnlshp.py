@@ -84,9 +84,9 @@ def exact_fit_strategies(histogram: np.ndarray, size: int, limit: int, cap: int 
     return chosen
 
 
-def nnlshp(histogram: np.ndarray, max_sequence_length: int, max_sequences_per_pack: int):
+def nnlshp(histogram: np.ndarray, max_seq_length: int, max_sequences_per_pack: int):
     """Returns (strategies, repeats) covering the histogram exactly (after padding removal)."""
-    size = max_sequence_length
+    size = max_seq_length
     hist = np.asarray(histogram, dtype=np.int64)
     strategies, _ = exact_fit_strategies(hist, size, max_sequences_per_pack)
     counts = np.zeros(len(strategies), dtype=np.int64)

@@ -351,7 +351,7 @@ class LPResult(NamedTuple):
 
 def optimal(
     histogram: np.ndarray,
-    max_sequence_length: int,
+    max_seq_length: int,
     max_sequences_per_pack: int,
     max_rounds: int = MAX_ROUNDS,
     time_limit: Optional[float] = TIME_LIMIT,
@@ -370,7 +370,7 @@ def optimal(
     if time_limit is not None and not (float(time_limit) > 0 and np.isfinite(time_limit)):
         raise InputError("time_limit must be a number of seconds > 0, got %r" % (time_limit,))
     start = time.perf_counter()
-    size, limit = max_sequence_length, max_sequences_per_pack
+    size, limit = max_seq_length, max_sequences_per_pack
     hist = np.asarray(histogram, dtype=np.int64)
     lengths = np.flatnonzero(hist) + 1  # (n,) ascending
     demand = hist[lengths - 1]  # (n,)

@@ -2,7 +2,7 @@
 
 ``plan_packing`` validates its input, runs one algorithm on the histogram and returns a
 ``PackingPlan`` that covers the histogram *exactly*: every sequence is placed once, no pack
-is longer than ``max_sequence_length`` and none holds more than ``max_sequences_per_pack``
+is longer than ``max_seq_length`` and none holds more than ``max_sequences_per_pack``
 sequences. The algorithms (see their modules):
 
 - ``spfhp``: shortest-pack-first histogram packing (heuristics.py).
@@ -37,7 +37,7 @@ NNLSHP_IN_OPTIMAL = 1500000
 # (S,)-sized arrays are allocated.
 MAX_COUNT = 2**53
 MAX_TOKENS = 2**62
-MAX_SEQUENCE_LENGTH = 1 << 20
+MAX_SEQ_LENGTH = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class PackingPlan:
     """
 
     algorithm: str
-    max_sequence_length: int
+    max_seq_length: int
     max_sequences_per_pack: Optional[int]  # None: unbounded
     histogram: np.ndarray  # (S,) int64, bin i counts sequences of length i + 1
     strategies: Tuple[Tuple[int, ...], ...]
@@ -75,17 +75,12 @@ class PackingPlan:
 
     @property
     def efficiency(self) -> float:
-        """Real tokens / (packs * max_sequence_length)."""
-        return self.num_tokens / float(self.num_packs * self.max_sequence_length)
-
-    @property
-    def packing_factor(self) -> float:
-        """Sequences per pack."""
-        return self.num_sequences / float(self.num_packs)
+        """Real tokens / (packs * max_seq_length)."""
+        return self.num_tokens / float(self.num_packs * self.max_seq_length)
 
     @property
     def theoretical_speedup(self) -> float:
-        """Padded rows (one per sequence) / packs."""
+        """Padded rows (one per sequence) / packs, i.e. sequences per pack (the paper's packing factor)."""
         return self.num_sequences / float(self.num_packs)
 
     @property
@@ -107,11 +102,11 @@ class PackingPlan:
         bound = self.lower_bound_integer
         if bound is None:
             return None
-        return self.num_tokens / float(bound * self.max_sequence_length)
+        return self.num_tokens / float(bound * self.max_seq_length)
 
     def placed_histogram(self) -> np.ndarray:
         """(S,) int64 sequences of each length the strategies hold (equals histogram)."""
-        out = np.zeros(self.max_sequence_length, dtype=np.int64)
+        out = np.zeros(self.max_seq_length, dtype=np.int64)
         for strategy, count in zip(self.strategies, self.repeats):
             for length in strategy:
                 out[length - 1] += count
@@ -119,7 +114,7 @@ class PackingPlan:
 
     def validate(self) -> None:
         """Raises ValueError unless the plan holds exactly its histogram within its limits."""
-        size = self.max_sequence_length
+        size = self.max_seq_length
         limit = self.max_sequences_per_pack or size
         if len(self.strategies) != len(self.repeats):
             raise ValueError("strategies and repeats differ in length")
@@ -133,14 +128,13 @@ class PackingPlan:
         """JSON-ready summary (the CLI's --json keys)."""
         out = {
             "algorithm": self.algorithm,
-            "max_sequence_length": self.max_sequence_length,
+            "max_seq_length": self.max_seq_length,
             "max_sequences_per_pack": self.max_sequences_per_pack,
             "num_sequences": self.num_sequences,
             "num_tokens": self.num_tokens,
             "num_packs": self.num_packs,
             "num_strategies": len(self.strategies),
             "efficiency": self.efficiency,
-            "packing_factor": self.packing_factor,
             "theoretical_speedup": self.theoretical_speedup,
             "lower_bound_packs": self.lower_bound_packs,
             "lower_bound_integer": self.lower_bound_integer,
@@ -157,16 +151,16 @@ class PackingPlan:
         return out
 
 
-def _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm) -> np.ndarray:
+def _validate(histogram, max_seq_length, max_sequences_per_pack, algorithm) -> np.ndarray:
     """Checks the input and returns the histogram as (S,) int64."""
     if algorithm not in ALGORITHMS:
         raise InputError("unknown packing algorithm %r (choose from %s)" % (algorithm, ", ".join(ALGORITHMS)))
-    if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, numbers.Integral):
-        raise InputError("max_sequence_length must be an integer, got %r" % (max_sequence_length,))
-    if max_sequence_length < 1:
-        raise InputError("max_sequence_length must be >= 1, got %d" % max_sequence_length)
-    if max_sequence_length > MAX_SEQUENCE_LENGTH:
-        raise InputError("max_sequence_length must be at most %d, got %d" % (MAX_SEQUENCE_LENGTH, max_sequence_length))
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, numbers.Integral):
+        raise InputError("max_seq_length must be an integer, got %r" % (max_seq_length,))
+    if max_seq_length < 1:
+        raise InputError("max_seq_length must be >= 1, got %d" % max_seq_length)
+    if max_seq_length > MAX_SEQ_LENGTH:
+        raise InputError("max_seq_length must be at most %d, got %d" % (MAX_SEQ_LENGTH, max_seq_length))
     if max_sequences_per_pack is not None:
         if isinstance(max_sequences_per_pack, bool) or not isinstance(max_sequences_per_pack, numbers.Integral):
             raise InputError("max_sequences_per_pack must be an integer >= 1 or None, got %r" % (max_sequences_per_pack,))
@@ -195,10 +189,10 @@ def _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm)
         raise InputError("histogram count %d at length %d is too large (counts must be below 2**53)"
                          % (int(raw[first]), first + 1))
     hist = raw.astype(np.int64)
-    if len(hist) > max_sequence_length:
+    if len(hist) > max_seq_length:
         raise InputError(
-            "histogram has %d bins but max_sequence_length is %d (bin i counts length i + 1)"
-            % (len(hist), max_sequence_length)
+            "histogram has %d bins but max_seq_length is %d (bin i counts length i + 1)"
+            % (len(hist), max_seq_length)
         )
     if hist.sum() == 0:
         raise InputError("histogram has no sequences (all counts are zero)")
@@ -206,7 +200,7 @@ def _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm)
     tokens = sum(int(hist[i]) * (int(i) + 1) for i in present)  # Python ints: exact at any size
     if tokens >= MAX_TOKENS or int(hist.sum()) >= MAX_TOKENS:
         raise InputError("histogram holds %d tokens: totals must stay below 2**62" % tokens)
-    out = np.zeros(max_sequence_length, dtype=np.int64)
+    out = np.zeros(max_seq_length, dtype=np.int64)
     out[: len(hist)] = hist
     return out
 
@@ -276,7 +270,7 @@ def _run(algorithm: str, hist: np.ndarray, size: int, limit: int, max_rounds: in
 
 def plan_packing(
     histogram: Sequence[int],
-    max_sequence_length: int,
+    max_seq_length: int,
     max_sequences_per_pack: Optional[int] = None,
     algorithm: str = "optimal",
     max_rounds: int = _optimal.MAX_ROUNDS,
@@ -284,7 +278,7 @@ def plan_packing(
 ) -> PackingPlan:
     """Plan packs for a histogram of sequence lengths.
 
-    histogram: counts, bin i = sequences of length i + 1 (at most max_sequence_length bins).
+    histogram: counts, bin i = sequences of length i + 1 (at most max_seq_length bins).
     max_sequences_per_pack: an int >= 1, or None for unbounded.
     algorithm: one of ALGORITHMS.
     max_rounds: rounds of column generation for `optimal` at most; it then stops with a valid,
@@ -296,8 +290,8 @@ def plan_packing(
     Raises InputError (a ValueError) on bad input.
     """
     start = time.perf_counter()
-    hist = _validate(histogram, max_sequence_length, max_sequences_per_pack, algorithm)
-    size = int(max_sequence_length)
+    hist = _validate(histogram, max_seq_length, max_sequences_per_pack, algorithm)
+    size = int(max_seq_length)
     limit = size if max_sequences_per_pack is None else int(min(max_sequences_per_pack, size))
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, numbers.Integral) or max_rounds < 1:
         raise InputError("max_rounds must be an integer >= 1, got %r" % (max_rounds,))
@@ -319,7 +313,7 @@ def plan_packing(
     strategies, repeats = _normalise(strategies, repeats, hist)
     return PackingPlan(
         algorithm=algorithm,
-        max_sequence_length=size,
+        max_seq_length=size,
         max_sequences_per_pack=None if max_sequences_per_pack is None else int(max_sequences_per_pack),
         histogram=hist,
         strategies=strategies,

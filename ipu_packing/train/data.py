@@ -113,7 +113,7 @@ def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
         except ImportError:
             raise UserError("cannot read %s: ipu_packing.data.open_dataset is not available" % (data.path,))
     try:
-        dataset = open_dataset(data.path, shuffle=False)  # the loop orders packs itself (seeded per epoch)
+        dataset = open_dataset(data.path)  # in stored order; the loop orders packs itself (epoch_order)
     except UserError:
         raise
     except Exception as exc:  # DataError, and anything a corrupt file raises while loading

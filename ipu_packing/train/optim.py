@@ -42,9 +42,6 @@ class LAMB(torch.optim.Optimizer):
         self.bias_correction = bool(bias_correction)
         super().__init__(params, defaults)
 
-    def __setstate__(self, state):
-        super().__setstate__(state)
-
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

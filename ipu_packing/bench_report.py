@@ -1,0 +1,102 @@
+"""What the packed-vs-padded bench (ipu_packing/bench.py) reports: its result, as a table and a plot."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import numpy as np
+
+
+@dataclass
+class Result:
+    padded_sequences_per_second: float
+    packed_sequences_per_second: float
+    padded_tokens_per_second: float
+    packed_tokens_per_second: float
+    speedup: float
+    theoretical_speedup: float
+    """Padded rows / packs of the timed sequences."""
+    overhead: float
+    plan_sequences: int
+    plan_packs: int
+    plan_theoretical_speedup: float
+    """Sequences / packs of the whole plan (the dataset's theoretical speed-up)."""
+    num_sequences: int
+    padded_rows: int
+    num_packs: int
+    num_tokens: int
+    max_seq_length: int
+    max_sequences_per_pack: int
+    packing_algorithm: str
+    packing_efficiency: float
+    packing_plan_seconds: float
+    padded_seconds_per_row: List[float]
+    packed_seconds_per_row: List[float]
+    micro_batch_size: int
+    repeats: int
+    model: Dict[str, object]
+    attention: str
+    torch_threads: int
+    plot: Optional[str] = None
+
+
+def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names = ["padded", "packed", "padded x theoretical"]
+    values = [
+        result.padded_sequences_per_second,
+        result.packed_sequences_per_second,
+        result.padded_sequences_per_second * result.theoretical_speedup,
+    ]
+    bars = left.bar(names, values, color=["#999999", "#1f77b4", "#c6dbef"])
+    for bar, value in zip(bars, values):
+        left.text(bar.get_x() + bar.get_width() / 2, value, "%.1f" % value, ha="center", va="bottom")
+    left.set_ylabel("sequences / s (training steps)")
+    left.set_title(
+        "S=%d: speed-up %.2fx measured, %.2fx theoretical, overhead %.1f%%"
+        % (result.max_seq_length, result.speedup, result.theoretical_speedup, 100 * result.overhead),
+        fontsize=9,
+    )
+    right.bar(np.arange(1, len(histogram) + 1), histogram / max(histogram.sum(), 1), width=1.0, color="#1f77b4")
+    right.set_xlabel("sequence length (tokens)")
+    right.set_ylabel("fraction of sequences")
+    right.set_yscale("log")
+    right.set_title(
+        "%d sequences -> %d packs (%.3fx); timed: %d rows vs %d packs"
+        % (result.plan_sequences, result.plan_packs, result.plan_theoretical_speedup, result.padded_rows, result.num_packs),
+        fontsize=9,
+    )
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def format_result(r: Result) -> str:
+    return "\n".join(
+        [
+            "model %s (hidden %d, %d layers, vocab %d), attention %s, micro batch %d, %d torch threads, %d repeats"
+            % (r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"], r.model["vocab_size"], r.attention, r.micro_batch_size, r.torch_threads, r.repeats),
+            "plan: %d sequences -> %d packs (K=%d, %s): theoretical speed-up %.3fx"
+            % (r.plan_sequences, r.plan_packs, r.max_sequences_per_pack, r.packing_algorithm, r.plan_theoretical_speedup),
+            "timed: %d sequences (%d real tokens), S=%d; %d padded rows vs %d packs (efficiency %.2f%%)"
+            % (r.num_sequences, r.num_tokens, r.max_seq_length, r.padded_rows, r.num_packs, 100 * r.packing_efficiency),
+            "padded: %10.2f sequences/s %12.1f tokens/s" % (r.padded_sequences_per_second, r.padded_tokens_per_second),
+            "packed: %10.2f sequences/s %12.1f tokens/s" % (r.packed_sequences_per_second, r.packed_tokens_per_second),
+            "measured speed-up:    %.3fx" % r.speedup,
+            "theoretical speed-up: %.3fx (padded rows / packs)" % r.theoretical_speedup,
+            "packing overhead:     %.2f%% (time per pack / time per padded row - 1)" % (100 * r.overhead),
+        ]
+        + (["plot: %s" % r.plot] if r.plot else [])
+    )
