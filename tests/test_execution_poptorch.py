@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -49,6 +50,8 @@ def shipped_ipu_configs():
 SHIPPED = shipped_ipu_configs()
 TINY = dict(backend="poptorch", micro_batch_size=2, gradient_accumulation=3, layers_per_ipu=[1, 1], use_ipu_model=True,
             device_iterations=2, optimizer_state_offchip=False)
+CASES = dict({n: (sum(c.layers_per_ipu), asdict(c)) for n, c in SHIPPED.items()}, tiny_ipu_model=(2, TINY))
+"""name -> (encoder layers, ExecutionConfig fields): every IPU config these tests use (the dry-run tests too)."""
 
 
 def _runner(config, num_layers=None, optimizer_cls=LAMB, scheduler=None, seed=0):
