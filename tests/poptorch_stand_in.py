@@ -29,12 +29,12 @@ def load_stand_in():
     return module
 
 
-def tiny_model(num_layers: int, seed: int = 0, attention: str = "dense") -> PackedBertForPreTraining:
+def tiny_model(num_layers: int, seed: int = 0, attention: str = "dense", dropout: float = 0.1) -> PackedBertForPreTraining:
     """A BERT of ``num_layers`` layers, hidden 16: a shipped config's split at a size a test can trace."""
     torch.manual_seed(seed)
     config = transformers.BertConfig(
         vocab_size=V, hidden_size=16, num_hidden_layers=num_layers, num_attention_heads=2, intermediate_size=32,
-        max_position_embeddings=S, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+        max_position_embeddings=S, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
     )
     return PackedBertForPreTraining(config, attention=attention)
 
