@@ -11,7 +11,6 @@ import torch
 from .config import ExecutionConfig
 from .placement import model_stages, owner_stage, plan_placement, torch_stages
 from .runner_common import (
-    BATCH_FIELDS,
     METRICS,
     StepBatchSampler,
     StepMetrics,
@@ -103,6 +102,7 @@ class PipelineRunner:
         stages = model_stages(num_layers, config)
         part_stage = torch_stages(stages, self.world)
         self.plan = plan_placement(num_layers, config)
+        self.inputs = tuple(stages.inputs)  # the model's forward arguments, in its order
         self.stage_modules = [_Stage(model, stages, part_stage, s, self.world, config, self.device) for s in range(self.world)]
         self.stage_module = self.stage_modules[self.rank]
         self._scale = float(config.loss_scaling) if config.precision == "fp16" else 1.0
@@ -123,7 +123,7 @@ class PipelineRunner:
         part = micro_batches(batch, cfg.micro_batch_size, 1, self.device)[0]
         devices = [self.device] if self.device.type == "cuda" else []  # CPU generator only, or it and this GPU's
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            args = tuple(part[k] for k in BATCH_FIELDS)  # type: Tuple[torch.Tensor, ...]
+            args = tuple(part[k] for k in self.inputs)  # type: Tuple[torch.Tensor, ...]
             inputs = args
             for stage in self.stage_modules[: self.rank + 1]:
                 inputs, out = args, stage(*args)
@@ -172,7 +172,7 @@ class PipelineRunner:
         self.optimizer.zero_grad(set_to_none=True)
         self.stage_module.records = []
         if self.stage_module.first:
-            args = [torch.as_tensor(batch[k]).to(self.device) for k in BATCH_FIELDS]
+            args = [torch.as_tensor(batch[k]).to(self.device) for k in self.inputs]
             self.schedule.step(*args)
         elif self.stage_module.last:
             target = torch.zeros(cfg.packs_per_replica_step, device=self.device)  # the loss needs no target
