@@ -109,3 +109,15 @@ def test_compile_only_without_poptorch_is_the_one_line_sdk_error(tmp_path):
     done = _run_cli(["--config", "bert_large_512_pod16", "execution.compile_only=true"], tmp_path, stand_in=False)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "Poplar SDK" in done.stderr
+
+
+def test_compile_only_with_a_prepared_dataset_compiles_for_its_first_batch(poptorch, data_dir, tmp_path):
+    config = _config(data_dir, str(tmp_path / "run"), "execution.compile_only=true", "execution.use_ipu_model=false",
+                     "execution.executable_cache_dir=%s" % (tmp_path / "cache"))
+    lines = []
+    summary = loop.compile_only(config, log=lines.append, open_dataset=fx.open_dataset_or_fixture())
+    (executor,) = poptorch.executors
+    assert executor.isCompiled() and executor.calls == 0 and not executor.isAttachedToDevice()  # offline target
+    assert "for the first batch of %s" % config.data.path in lines[0]
+    assert lines[-1] == "executable cache: %s" % (tmp_path / "cache") and summary["executable_cache"]
+    assert not os.path.exists(str(tmp_path / "run"))

@@ -281,6 +281,21 @@ def recomputationCheckpoint(*tensors):
     return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
 
+def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializationMode, factor: int = 0,
+                     keep_precision: bool = False) -> torch.Tensor:
+    if not isinstance(mode, MatMulSerializationMode):
+        raise ValueError("mode must be a poptorch.MatMulSerializationMode")
+    _record_poptorch_op("poptorch.serialized_matmul")
+    return torch.matmul(lhs, rhs)
+
+
+def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float) -> torch.Tensor:
+    if not 0.0 < available_memory_proportion <= 1.0:
+        raise ValueError("available_memory_proportion must be in (0, 1]")
+    _record_poptorch_op("poptorch.set_available_memory")
+    return tensor
+
+
 def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
     assert reduction in ("sum", "mean", "none"), "Unsupported reduction type!"
     _record_poptorch_op("poptorch.identity_loss")
