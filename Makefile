@@ -34,3 +34,12 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(OUT)
+
+# `make test-ipu`: the `ipu`-marked tests on the IPU Model, with the Python of an activated Poplar SDK
+# environment where Graphcore's poptorch wheel is installed (IPU_PYTHON=...); skipped where poptorch is absent.
+IPU_PYTHON ?= python3
+
+.PHONY: test-ipu
+test-ipu:
+	@$(IPU_PYTHON) -m pytest -q -rs -m ipu tests/test_execution_ipu.py; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "test-ipu: nothing ran: poptorch does not import with $(IPU_PYTHON)"; exit 1; fi; exit $$rc

@@ -1,325 +1,333 @@
-"""PopTorch contract: a recording stand-in for the documented poptorch calls checks, for every IPU config,
-that the options and the block placement the adapter emits are the ones the config asks for.
-
-The stand-in accepts only method names that poptorch documents (python/options.py, ops.py, optim.py) so a
-misspelt or invented call fails here; it cannot tell whether Poplar accepts the resulting program, which
-only the ``ipu``-marked tests (tests/test_execution_ipu.py) and real hardware can.
+"""The PopTorch adapter against a semantic stand-in of PopTorch (tests/fake_poptorch, see its docstring):
+every shipped IPU config, at a tiny hidden size with the config's own ``layers_per_ipu``, is traced as
+PopTorch would trace its training step, and must pass PopART's compile-time rules (every weight on one IPU
+while pipelining, every op in a block, inputs on one IPU, enough micro batches, supported ops only, the loss
+through identity_loss). What the stand-in cannot tell (memory, tile mapping, numerics) only the ``ipu``-marked
+tests (tests/test_execution_ipu.py, IPU Model) and hardware can.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import asdict
 import glob
 import os
 import sys
-import types
+from dataclasses import asdict
 
 import pytest
 import torch
-from ipu_packing.execution import ExecutionConfig, make_runner
-from ipu_packing.train import load_config
-from ipu_packing.execution.poptorch_backend import SDK_MESSAGE, BackendUnavailable
-from ipu_packing.execution.synthetic import PackDataset
 
-from test_execution_fixtures import build_model, make_packs
+from ipu_packing.execution import ExecutionConfig, make_runner
+from ipu_packing.execution.placement import model_stages
+from ipu_packing.execution.poptorch_backend import SDK_MESSAGE, BackendUnavailable, make_poptorch_runner
+from ipu_packing.execution.synthetic import PackDataset
+from ipu_packing.model.stages import parameter_owners
+from ipu_packing.train import load_config
+from ipu_packing.train.optim import LAMB
+
+import poptorch_stand_in as si
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Documented poptorch.Options methods (graphcore/poptorch python/options.py) the stand-in accepts.
-DOCUMENTED = {
-    "": {
-        "autoRoundNumIPUs", "randomSeed", "replicationFactor", "deviceIterations", "outputMode",
-        "setExecutionStrategy", "setAvailableMemoryProportion", "enableExecutableCaching", "useIpuModel",
-        "useOfflineIpuTarget", "connectionType", "enableSyntheticData", "logDir", "modelName",
-    },
-    "Training.": {"gradientAccumulation", "accumulationAndReplicationReductionType", "setAutomaticLossScaling"},
-    "Precision.": {"enableStochasticRounding", "setPartialsType", "halfFloatCasting"},
-    "TensorLocations.": {"setOptimizerLocation", "setWeightLocation", "setActivationLocation", "numIOTiles"},
-    "TensorLocationSettings.": {"useOnChipStorage", "useReplicatedTensorSharding", "minElementsForOffChip"},
-    "_Popart.": {"set", "setPatterns"},
-}
-
-
-class _Recording:
-    def __init__(self, log, prefix):
-        self._log, self._prefix = log, prefix
-
-    def __getattr__(self, name):
-        if name.startswith("_") or name not in DOCUMENTED[self._prefix]:
-            raise AttributeError("poptorch.Options has no documented method %s%s" % (self._prefix, name))
-
-        def call(*args, **kwargs):
-            self._log.append((self._prefix + name, args, kwargs))
-            return self
-
-        return call
-
-
-class FakeOptions(_Recording):
-    def __init__(self):
-        super().__init__([], "")
-        self.calls = self._log
-        self.Training = _Recording(self._log, "Training.")
-        self.Precision = _Recording(self._log, "Precision.")
-        self.TensorLocations = _Recording(self._log, "TensorLocations.")
-        self._Popart = _Recording(self._log, "_Popart.")
-
-    def value(self, name, default=None):
-        found = [a for n, a, _ in self.calls if n == name]
-        if not found:
-            return default
-        return found[-1][0] if found[-1] else ()
-
-
-class FakeOptimizer:
-    def __init__(self, params, **kwargs):
-        self.param_groups = [dict(g) for g in params]
-        self.kwargs = kwargs
-
-
-class FakeExecutor:
-    def __init__(self, module, options, optimizer, poptorch):
-        self.module, self.options, self.optimizer, self.poptorch = module, options, optimizer, poptorch
-        self.set_optimizer_lrs = []
-        self.compiled = False
-
-    def __call__(self, *args):
-        return self.module(*args)  # the host runs the wrapped model once: enough to trace hooks and outputs
-
-    def compile(self, *args):
-        self.compiled = True
-
-    def setOptimizer(self, optimizer):
-        self.set_optimizer_lrs.append([g["lr"] for g in optimizer.param_groups])
-
-    def copyWeightsToHost(self):
-        pass
-
-    def detachFromDevice(self):
-        pass
-
-
-def make_fake_poptorch():
-    pt = types.ModuleType("poptorch")
-    pt.blocks, pt.checkpoints, pt.executors, pt.strategies, pt.loaders = [], [], [], [], []
-    pt.ReductionType = enum.Enum("ReductionType", "Sum Mean NoReduction")
-    pt.OutputMode = enum.Enum("OutputMode", "Final EveryN All Sum Default")
-    pt.AutoStage = enum.Enum("AutoStage", "SameAsIpu AutoIncrement")
-    pt.DataLoaderMode = enum.Enum("DataLoaderMode", "Sync Async AsyncRebatched")
-    pt.MatMulSerializationMode = enum.Enum("MatMulSerializationMode",
-                                           "InputChannels ReducingDim OutputChannels Disabled")
-    pt.serializedMatMul = lambda lhs, rhs, mode, factor=0, keep_precision=False: lhs @ rhs
-    pt.Options = FakeOptions
-    pt.TensorLocationSettings = lambda: _Recording([], "TensorLocationSettings.")
-
-    def BeginBlock(layer_to_call, user_id=None, ipu_id=None):
-        assert isinstance(layer_to_call, torch.nn.Module)
-        pt.blocks.append((layer_to_call, user_id, ipu_id))
-        return layer_to_call
-
-    def recomputationCheckpoint(*tensors):
-        pt.checkpoints.append(tuple(t.shape for t in tensors))
-        return tensors[0] if len(tensors) == 1 else tensors
-
-    def identity_loss(x, reduction):
-        assert reduction in ("sum", "mean", "none")
-        return x
-
-    def PipelinedExecution(*args):
-        pt.strategies.append(args)
-        return ("PipelinedExecution", args)
-
-    def trainingModel(model, options=None, optimizer=None):
-        ex = FakeExecutor(model, options, optimizer, pt)
-        pt.executors.append(ex)
-        return ex
-
-    def DataLoader(options, dataset, batch_size=1, shuffle=None, num_workers=0, drop_last=True, **kwargs):
-        combined = (
-            batch_size
-            * options.value("deviceIterations", 1)
-            * options.value("replicationFactor", 1)
-            * options.value("Training.gradientAccumulation", 1)
-        )
-        pt.loaders.append(dict(batch_size=batch_size, combined=combined))
-        return torch.utils.data.DataLoader(dataset, batch_size=combined, drop_last=drop_last, num_workers=num_workers)
-
-    pt.BeginBlock, pt.recomputationCheckpoint, pt.identity_loss = BeginBlock, recomputationCheckpoint, identity_loss
-    pt.PipelinedExecution, pt.trainingModel, pt.DataLoader = PipelinedExecution, trainingModel, DataLoader
-    pt.optim = types.SimpleNamespace(
-        **{name: type(name, (FakeOptimizer,), {}) for name in ("LAMB", "AdamW", "Adam", "SGD")}
-    )
-    return pt
-
 
 @pytest.fixture
-def fake_poptorch(monkeypatch):
-    pt = make_fake_poptorch()
+def poptorch(monkeypatch):
+    pt = si.load_stand_in()
     monkeypatch.setitem(sys.modules, "poptorch", pt)
     return pt
 
 
-class LAMB(torch.optim.Optimizer):
-    """Stands for the application's torch LAMB (same class name and hyperparameters)."""
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, bias_correction=False):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_weight_norm=None))
-        self.bias_correction = bias_correction  # optimizer-wide, as the application's LAMB keeps it
-
-
-# ---- configs: the shipped ones, plus BERT-Base/Large POD16/POD64 shapes from the published IPU app --------
-
-INLINE = {
-    "base_pod16": (12, dict(backend="poptorch", micro_batch_size=32, gradient_accumulation=256, replication_factor=4,
-                            layers_per_ipu=[0, 4, 4, 4], available_memory_proportion=[0.25], precision="fp16",
-                            loss_scaling=16384.0, device_iterations=1)),
-    "large_pod16": (24, dict(backend="poptorch", micro_batch_size=8, gradient_accumulation=1024, replication_factor=4,
-                             layers_per_ipu=[3, 7, 7, 7], available_memory_proportion=[0.15, 0.25, 0.25, 0.25],
-                             precision="fp16", loss_scaling=4096.0, executable_cache_dir="/tmp/ipu_cache")),
-    "large_pod64": (24, dict(backend="poptorch", micro_batch_size=8, gradient_accumulation=256, replication_factor=16,
-                             layers_per_ipu=[3, 7, 7, 7], available_memory_proportion=[0.14, 0.19, 0.19, 0.19],
-                             precision="fp16", loss_scaling=32768.0, device_iterations=2,
-                             recompute_checkpoint_every_layer=True, replicated_tensor_sharding=True)),
-    "tiny_ipu_model": (2, dict(backend="poptorch", micro_batch_size=2, gradient_accumulation=3, layers_per_ipu=[1, 1],
-                               use_ipu_model=True, recompute_checkpoint_every_layer=False, device_iterations=2,
-                               optimizer_state_offchip=False)),
-    "tiny_single_ipu_compile_only": (2, dict(backend="poptorch", micro_batch_size=2, compile_only=True)),
-}
-
-
 def shipped_ipu_configs():
-    """configs/*.yaml for the poptorch backend, loaded by the application's own loader, so each case is the
-    ExecutionConfig as run (gradient accumulation derived from the global batch and the packing factor)."""
+    """configs/bert_*pod*.yaml as run: the ExecutionConfig the application derives (accumulation from the
+    global batch and the config's packing factor estimate)."""
     found = {}
-    for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))):
+    for path in sorted(glob.glob(os.path.join(REPO, "configs", "bert_*pod*.yaml"))):
         config = load_config(path)
-        if config.execution.backend == "poptorch":
-            found[os.path.basename(path)] = (config.bert_config().num_hidden_layers, asdict(config.execution))
+        assert config.execution_spec.backend == "poptorch", path
+        found[os.path.basename(path)] = config.batch_accounting(config.data.packing_factor_estimate).execution
     return found
 
 
-CASES = dict(INLINE, **shipped_ipu_configs())
+SHIPPED = shipped_ipu_configs()
+TINY = dict(backend="poptorch", micro_batch_size=2, gradient_accumulation=3, layers_per_ipu=[1, 1], use_ipu_model=True,
+            device_iterations=2, optimizer_state_offchip=False)
+CASES = dict({n: (sum(c.layers_per_ipu), asdict(c)) for n, c in SHIPPED.items()}, tiny_ipu_model=(2, TINY))
+"""name -> (encoder layers, ExecutionConfig fields): every IPU config these tests use (the dry-run tests too)."""
 
 
-def _runner(case, optimizer_cls=LAMB, scheduler=None):
-    layers, kwargs = CASES[case]
-    config = ExecutionConfig(**kwargs)
-    model = build_model(layers)
+def _runner(config, num_layers=None, optimizer_cls=LAMB, scheduler=None, seed=0):
+    model = si.tiny_model(num_layers or sum(config.layers_per_ipu) or 2, seed=seed)
     optimizer = optimizer_cls(model.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01)
     if scheduler is not None:
         scheduler = scheduler(optimizer)
-    return config, model, make_runner(model, optimizer, config, scheduler=scheduler)
+    return model, make_runner(model, optimizer, config, scheduler=scheduler)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_options_are_what_the_config_asks_for(fake_poptorch, case):
-    config, _, runner = _runner(case)
+def _compiled(poptorch, config, **kwargs):
+    model, runner = _runner(config, **kwargs)
+    runner.compile(si.host_call_batch(config.combined_batch_packs))
+    (executor,) = poptorch.executors
+    return model, runner, executor
+
+
+def test_the_shipped_ipu_configs_are_found():
+    assert sorted(SHIPPED) == sorted(
+        "bert_%s_512_pod%d%s.yaml" % (m, p, v) for m in ("base", "large") for p in (16, 64) for v in ("", "_padded")
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_ipu_config_compiles_as_popart_would(poptorch, name):
+    config = SHIPPED[name]
+    model, runner, executor = _compiled(poptorch, config)
+    trace = executor.trace
+    # Every op ran in a block on a real IPU of the replica, and every one of its IPUs runs something.
+    assert all(ipu is not None for _, ipu, _ in trace.ops)
+    assert {ipu for _, ipu, _ in trace.ops} == set(range(config.ipus_per_replica))
+    # The parts the model declares, in order; embeddings and both heads on IPU 0, layers as the config says.
+    ipu_of_layer = [ipu for ipu, n in enumerate(config.layers_per_ipu) for _ in range(n)]
+    expected = [("Embedding", 0)] + [("Encoder%d" % i, ipu) for i, ipu in enumerate(ipu_of_layer)] + [("Heads", 0)]
+    assert [b for b in dict.fromkeys(trace.block_order)] == expected
+    heads = {ipu for op, ipu, block in trace.ops if block == "Heads"}
+    assert heads == {0} and any(op == "nll_loss_forward" for op, _, b in trace.ops if b == "Heads")
+    # The loss marked for PopTorch's backward, one recomputation checkpoint per layer when asked.
+    assert [op for op, _, _ in trace.ops].count("poptorch.identity_loss") == 1
+    assert trace.checkpoints == (len(ipu_of_layer) if config.recompute_checkpoint_every_layer else 0)
+    assert executor.isCompiled() and executor.isAttachedToDevice()
+
+
+def test_a_weight_on_two_ipus_is_refused_as_today_s_placement_was(poptorch, monkeypatch):
+    """The placement this adapter used to apply, on the model as it used to run its heads: blocks on the
+    embeddings, every layer, the pooler and ``cls``, whose forward was never called (the heads were called
+    one by one). The tied MLM decoder then read the word embedding while the last layer's block was current,
+    so that weight was consumed on IPU 0 and IPU 1: PopART refuses to copy a variable between IPUs."""
+    config = ExecutionConfig(**TINY)
+    model = si.tiny_model(2)
+
+    def heads_called_one_by_one(h, mlm_positions, mlm_labels, cls_positions, nsp_labels):
+        from ipu_packing.model import modeling as mm
+
+        mlm_labels, nsp_labels = mlm_labels.long(), nsp_labels.long()
+        mlm_valid, nsp_valid = mlm_labels != -100, nsp_labels != -100
+        mlm_logits = model.cls.predictions(mm._gather(h, mlm_positions, mlm_valid))
+        nsp_logits = model.cls.seq_relationship(model.bert.pooler(mm._gather(h, cls_positions, nsp_valid)))
+        mlm_loss, mlm_acc, mlm_n = mm._mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid)
+        nsp_loss, nsp_acc, nsp_n = mm._mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid)
+        return mm.PackedBertOutput(mlm_loss + nsp_loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, mlm_acc, nsp_acc,
+                                   mlm_n, nsp_n)
+
+    model.pretraining_heads = heads_called_one_by_one
+    old_plan = [("bert.embeddings", "Embedding", 0), ("bert.encoder.layer.0", "Encoder0", 0),
+                ("bert.encoder.layer.1", "Encoder1", 1), ("bert.pooler", "Pooler", 0), ("cls", "Classifier", 0)]
+    import ipu_packing.execution.poptorch_backend as backend
+
+    def old_apply_placement(model, config, poptorch):
+        for path, block, ipu in old_plan:
+            poptorch.BeginBlock(model.get_submodule(path), block, ipu_id=ipu)
+        return old_plan
+
+    monkeypatch.setattr(backend, "apply_placement", old_apply_placement)
+    runner = make_runner(model, LAMB(model.parameters()), config)
+    with pytest.raises(poptorch.Error, match=r"Can not copy variable tensor .*word_embeddings.weight between virtual "
+                                             r"graphs when pipelining.*IPUs \[0, 1\]"):
+        runner.compile(si.host_call_batch(config.combined_batch_packs))
+
+
+def test_a_block_context_around_the_heads_leaves_the_loss_outside_any_block(poptorch):
+    """Why the heads' block begins on a module (a pre-hook with no end) and not with ``poptorch.Block`` /
+    ``BlockFunction`` around the heads call: leaving the context ends the block, so identity_loss runs in no
+    block and PopART refuses a graph where some ops have an IPU and others none."""
+    config = ExecutionConfig(**TINY)
+    model, runner = _runner(config)
+    poptorch.removeBlocks(model.cls)
+    heads = model.pretraining_heads
+    model.pretraining_heads = poptorch.BlockFunction("Heads", ipu_id=0)(heads)
+    with pytest.raises(poptorch.Error, match="Either all Ops must have their virtual graph ids set.*identity_loss"):
+        runner.compile(si.host_call_batch(config.combined_batch_packs))
+
+
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+def test_every_parameter_is_consumed_on_exactly_one_ipu_for_any_split(poptorch, num_layers):
+    for split in si.splits(num_layers, 4):
+        poptorch.executors.clear()
+        config = ExecutionConfig(backend="poptorch", micro_batch_size=1, gradient_accumulation=2 * len(split) + 1,
+                                 layers_per_ipu=split)
+        model, runner = _runner(config, num_layers=num_layers)
+        runner.compile(si.host_call_batch(config.combined_batch_packs))  # raises on a weight used on two IPUs
+        owners = parameter_owners(model, model_stages(num_layers, config))  # one part owns each parameter
+        assert owners["bert.embeddings.word_embeddings.weight"].device == 0
+        (executor,) = poptorch.executors
+        assert {ipu for _, ipu, _ in executor.trace.ops} <= set(range(len(split)))
+
+
+def test_too_few_micro_batches_for_the_pipeline_is_refused(poptorch):
+    # Embedding+Encoder0 on IPU 0, Encoder1 on IPU 1, Heads on IPU 0: 3 pipeline stages after merging.
+    config = ExecutionConfig(**dict(TINY, gradient_accumulation=2))
+    _, runner = _runner(config)
+    with pytest.raises(poptorch.Error, match=r"depth \(gradient accumulation factor\) must equal at least the number "
+                                             r"of pipeline stages \(3\)"):
+        runner.compile(si.host_call_batch(config.combined_batch_packs))
+
+
+def test_an_op_poptorch_does_not_support_is_refused(poptorch):
+    config = ExecutionConfig(**TINY)
+    model = si.tiny_model(2, attention="sdpa")
+    runner = make_poptorch_runner(model, LAMB(model.parameters()), config, poptorch=poptorch)  # past check_backend
+    with pytest.raises(poptorch.Error, match="unsupported operation"):
+        runner.compile(si.host_call_batch(config.combined_batch_packs))
+
+
+def test_a_loss_not_marked_with_identity_loss_is_refused(poptorch):
+    class Unmarked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return (self.linear(x).mean(),)
+
+    model = Unmarked()
+    executor = poptorch.trainingModel(model, poptorch.Options(), poptorch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="identity_loss"):
+        executor.compile(torch.zeros(2, 4))
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_options_are_what_the_config_asks_for(poptorch, name):
+    config = SHIPPED[name]
+    _, runner = _runner(config)
     opts = runner.options
     assert opts.value("replicationFactor") == config.replication_factor
     assert opts.value("deviceIterations") == config.device_iterations
     assert opts.value("Training.gradientAccumulation") == config.gradient_accumulation
-    assert opts.value("Training.accumulationAndReplicationReductionType") == fake_poptorch.ReductionType.Mean
+    assert opts.value("Training.accumulationAndReplicationReductionType") == poptorch.ReductionType.Mean
     assert opts.value("autoRoundNumIPUs") is True
     assert opts.value("randomSeed") == config.seed
-    if config.num_stages > 1:
-        assert opts.value("setExecutionStrategy") == ("PipelinedExecution", (fake_poptorch.AutoStage.AutoIncrement,))
-    else:
-        assert opts.value("setExecutionStrategy") is None
-    if config.available_memory_proportion:
-        expected = {"IPU%d" % i: config.memory_proportion_for(i) for i in range(config.num_stages)}
-        assert opts.value("setAvailableMemoryProportion") == expected
-    else:
-        assert opts.value("setAvailableMemoryProportion") is None
+    strategy = opts.value("setExecutionStrategy")
+    assert isinstance(strategy, poptorch.PipelinedExecution) and strategy.args == (poptorch.AutoStage.AutoIncrement,)
+    expected = {"IPU%d" % i: config.memory_proportion_for(i) for i in range(config.num_stages)}
+    assert opts.value("setAvailableMemoryProportion") == expected
     assert opts.value("enableExecutableCaching") == config.executable_cache_dir
-    assert opts.value("useIpuModel") == (True if config.use_ipu_model else None)
-    assert opts.value("useOfflineIpuTarget") == (() if config.compile_only else None)
-    settings = opts.value("TensorLocations.setOptimizerLocation")
-    assert settings._log == [
-        ("TensorLocationSettings.useOnChipStorage", (not config.optimizer_state_offchip,), {}),
-        ("TensorLocationSettings.useReplicatedTensorSharding", (config.replicated_tensor_sharding,), {}),
-    ]
+    assert opts.value("useIpuModel") is None and opts.value("useOfflineIpuTarget") is None
     fp16_hw = config.precision == "fp16" and not config.use_ipu_model
     assert opts.value("Precision.enableStochasticRounding") == (True if fp16_hw else None)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_block_placement_is_what_the_config_asks_for(fake_poptorch, case):
-    config, model, runner = _runner(case)
-    layers = model.bert.encoder.layer
-    expected = [(model.bert.embeddings, "Embedding", 0)]
-    ipu_of_layer = [ipu for ipu, n in enumerate(config.layers_per_ipu or [len(layers)]) for _ in range(n)]
-    expected += [(layer, "Encoder%d" % i, ipu_of_layer[i]) for i, layer in enumerate(layers)]
-    # Pooler and pretraining heads (MLM decoder tied to the word embedding) back on IPU 0, as published.
-    expected += [(model.bert.pooler, "Pooler", 0), (model.cls, "Classifier", 0)]
-    got = fake_poptorch.blocks
-    assert [(b, u, i) for b, u, i in got] == expected  # identity of modules, names, IPUs, order
-    assert sorted(set(i for _, _, i in got)) == list(range(config.num_stages))
-    # One recomputation checkpoint per layer output when asked, none otherwise (hooks fire in forward).
-    if config.compile_only or config.precision == "fp16":
-        return
-    batch = next(iter(runner.dataloader(PackDataset(make_packs(config.combined_batch_packs)))))
-    runner.train_step(batch)
-    assert len(fake_poptorch.checkpoints) == (len(layers) if config.recompute_checkpoint_every_layer else 0)
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_precision_optimizer_and_loss_scaling(fake_poptorch, case):
-    config, model, runner = _runner(case)
-    (ex,) = fake_poptorch.executors
-    assert type(ex.optimizer).__name__ == "LAMB"
-    assert ex.optimizer.kwargs["loss_scaling"] == config.loss_scaling
-    assert ex.optimizer.kwargs["lr"] == 1e-3 and ex.optimizer.kwargs["betas"] == (0.9, 0.99)
-    assert ex.optimizer.kwargs["weight_decay"] == 0.01 and ex.optimizer.kwargs["eps"] == 1e-6
-    assert ex.optimizer.kwargs["bias_correction"] is False and "max_weight_norm" not in ex.optimizer.kwargs
-    assert all("bias_correction" not in g for g in ex.optimizer.param_groups)  # not a per-group variable
-    assert sum(len(g["params"]) for g in ex.optimizer.param_groups) == len(list(model.parameters()))
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_precision_optimizer_and_loss_scaling(poptorch, name):
+    config = SHIPPED[name]
+    model, runner = _runner(config)
+    (ex,) = poptorch.executors
+    opt = ex._optimizer
+    assert type(opt).__name__ == "LAMB" and opt is runner.ipu_optimizer
+    assert opt.kwargs["loss_scaling"] == config.loss_scaling
+    assert opt.kwargs["lr"] == 1e-3 and opt.kwargs["betas"] == (0.9, 0.99)
+    assert opt.kwargs["weight_decay"] == 0.01 and opt.kwargs["eps"] == 1e-6
+    assert opt.kwargs["bias_correction"] is True and "max_weight_norm" not in opt.kwargs
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
     want = torch.float16 if config.precision == "fp16" else torch.float32
     assert {p.dtype for p in model.parameters()} == {want}
-    assert ex.module.model is model and runner.model is model
+    assert ex._user_model.model is model and runner.model is model
 
 
-def test_adamw_translates_to_poptorch_adamw(fake_poptorch):
-    _, _, runner = _runner("tiny_ipu_model", optimizer_cls=torch.optim.AdamW)
-    opt = fake_poptorch.executors[0].optimizer
-    assert type(opt).__name__ == "AdamW" and opt.kwargs["betas"] == (0.9, 0.99)
+def test_constructor_defaults_come_from_the_optimizer_not_its_first_group(poptorch):
+    config = ExecutionConfig(**TINY)
+    model = si.tiny_model(2)
+    params = list(model.parameters())
+    optimizer = LAMB([{"params": params[:1], "weight_decay": 0.0, "max_weight_norm": 0.0},
+                      {"params": params[1:]}], lr=1e-3, weight_decay=0.01)
+    runner = make_runner(model, optimizer, config)
+    opt = runner.ipu_optimizer
+    assert opt.kwargs["weight_decay"] == 0.01 and "max_weight_norm" not in opt.kwargs
+    assert opt.param_groups[0]["weight_decay"] == 0.0 and opt.param_groups[0]["max_weight_norm"] == 0.0
 
 
-def test_unknown_optimizer_is_a_clear_error(fake_poptorch):
+def test_adamw_translates_to_poptorch_adamw(poptorch):
+    _, runner = _runner(ExecutionConfig(**TINY), optimizer_cls=torch.optim.AdamW)
+    assert type(runner.ipu_optimizer).__name__ == "AdamW" and runner.ipu_optimizer.kwargs["betas"] == (0.9, 0.99)
+
+
+def test_unknown_optimizer_is_a_clear_error(poptorch):
     with pytest.raises(ValueError, match="no poptorch.optim equivalent for optimizer 'Adagrad'"):
-        _runner("tiny_ipu_model", optimizer_cls=lambda p, **kw: torch.optim.Adagrad(p, lr=kw["lr"]))
+        _runner(ExecutionConfig(**TINY), optimizer_cls=lambda p, **kw: torch.optim.Adagrad(p, lr=kw["lr"]))
 
 
-def test_dataloader_combined_batch_and_lr_schedule(fake_poptorch):
+def test_dataloader_combined_batch_and_lr_schedule(poptorch):
     sched = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5**step)  # noqa: E731
-    config, _, runner = _runner("tiny_ipu_model", scheduler=sched)
+    config = ExecutionConfig(**TINY)
+    _, runner = _runner(config, scheduler=sched)
     # combined batch = micro x device iterations x replication x accumulation
     assert config.combined_batch_packs == 2 * 2 * 1 * 3
-    loader = runner.dataloader(PackDataset(make_packs(3 * config.combined_batch_packs)))
-    assert fake_poptorch.loaders == [dict(batch_size=2, combined=12)]
+    loader = runner.dataloader(PackDataset(si.packs(3 * config.combined_batch_packs)))
     batches = list(loader)
-    assert len(batches) == 3 and batches[0]["input_ids"].shape[0] == 12
+    assert len(batches) == 3 and batches[0]["input_ids"].shape[0] == 12 and loader.micro_batch_size == 2
     metrics = [runner.train_step(b) for b in batches]
     # One host call = device_iterations optimizer steps: the scheduler steps twice per call, and the new
     # learning rate reaches the IPU through setOptimizer after every call that changed it.
+    (ex,) = poptorch.executors
     assert [m.optimizer_steps for m in metrics] == [2, 2, 2]
-    assert fake_poptorch.executors[0].set_optimizer_lrs == [[1e-3 * 0.5**2], [1e-3 * 0.5**4], [1e-3 * 0.5**6]]
+    assert [lrs[0] for lrs in ex.set_optimizer_lrs] == [1e-3, 1e-3 * 0.5**2, 1e-3 * 0.5**4, 1e-3 * 0.5**6]
     assert metrics[0].sequences == int((batches[0]["nsp_labels"] != -100).sum())
-    assert metrics[0].loss > 0
+    assert metrics[0].loss > 0 and ex.calls == 3
 
 
-def test_compile_only_compiles_and_refuses_to_train(fake_poptorch):
-    config, _, runner = _runner("tiny_single_ipu_compile_only")
-    batch = next(iter(runner.dataloader(PackDataset(make_packs(config.combined_batch_packs)))))
+def test_compile_only_compiles_into_the_cache_and_refuses_to_run(poptorch, tmp_path):
+    config = ExecutionConfig(backend="poptorch", micro_batch_size=2, gradient_accumulation=4, layers_per_ipu=[1, 1],
+                             compile_only=True, executable_cache_dir=str(tmp_path / "cache"))
+    batch = si.host_call_batch(config.combined_batch_packs)
+    _, runner = _runner(config)
     runner.compile(batch)
-    assert fake_poptorch.executors[0].compiled
+    first = poptorch.executors[-1]
+    assert first.isCompiled() and not first.isAttachedToDevice() and not first.loaded_from_cache
+    assert os.listdir(str(tmp_path / "cache")) == [os.path.basename(first.cache_file)]
     with pytest.raises(RuntimeError, match="compile_only"):
         runner.train_step(batch)
+    _, again = _runner(config)  # a second compile of the same program loads it from the cache
+    again.compile(batch)
+    assert poptorch.executors[-1].loaded_from_cache
+
+
+def test_the_ipu_optimizer_state_is_read_back_and_handed_to_a_resumed_run(poptorch):
+    config = ExecutionConfig(**TINY)
+    loader = lambda r: r.dataloader(PackDataset(si.packs(2 * config.combined_batch_packs)))  # noqa: E731
+    _, first = _runner(config)
+    assert first.optimizer_state_dict()["ipu_state"] is None  # nothing ran: no IPU state yet
+    for batch in loader(first):
+        first.train_step(batch)
+    saved = first.optimizer_state_dict()  # read back from the device after the executor ran
+    assert int(saved["ipu_state"]["step"]) == 2 * config.device_iterations
+    assert set(saved["ipu_param"]) == {"model." + n for n, _ in first.model.named_parameters()}
+    assert len(saved["param_groups"]) == len(first.optimizer.param_groups)
+
+    _, resumed = _runner(config, seed=1)
+    resumed.load_optimizer_state_dict(saved)
+    batch = next(iter(loader(resumed)))
+    resumed.train_step(batch)
+    (written,) = poptorch.executors[-1].written_states  # written to the device on attach, before the first run
+    assert written["ipu_state"] is not saved["ipu_state"] and int(written["ipu_state"]["step"]) == 4
+    assert int(resumed.optimizer_state_dict()["ipu_state"]["step"]) == 3 * config.device_iterations
+
+
+def test_a_state_without_ipu_moments_restores_only_the_param_groups(poptorch):
+    config = ExecutionConfig(**TINY)
+    model, runner = _runner(config)
+    state = LAMB(model.parameters(), lr=5e-4).state_dict()
+    runner.load_optimizer_state_dict(state)
+    assert runner.optimizer.param_groups[0]["lr"] == 5e-4
+    runner.train_step(next(iter(runner.dataloader(PackDataset(si.packs(config.combined_batch_packs))))))
+    assert poptorch.executors[-1].written_states == []
 
 
 def test_without_poptorch_the_error_names_the_sdk(monkeypatch):
     monkeypatch.setitem(sys.modules, "poptorch", None)  # import poptorch -> ImportError
-    model = build_model()
+    model = si.tiny_model(2)
     with pytest.raises(BackendUnavailable, match="Poplar SDK") as err:
         make_runner(model, LAMB(model.parameters()), ExecutionConfig(backend="poptorch"))
     assert str(err.value) == SDK_MESSAGE
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_attention_other_than_dense_is_refused_on_poptorch(poptorch, attention):
+    model = si.tiny_model(2)
+    model.bert.attention_implementation = attention
+    with pytest.raises(ValueError, match="runs attention 'dense' only.*got '%s'" % attention):
+        make_runner(model, LAMB(model.parameters()), ExecutionConfig(backend="poptorch"))

@@ -119,7 +119,8 @@ def test_scheduler_drives_lr_and_saves_state():
 
 
 def test_poptorch_translation_keeps_lamb_groups():
-    """The PopTorch runner builds poptorch.optim.LAMB from our optimizer: first group = defaults."""
+    """The PopTorch runner builds poptorch.optim.LAMB from our optimizer: the constructor takes the torch
+    optimizer's defaults and every group spells out its own values, so group order does not matter."""
     import types
 
     from ipu_packing.execution import ExecutionConfig
@@ -139,6 +140,7 @@ def test_poptorch_translation_keeps_lamb_groups():
     translate_optimizer(optimizer, ExecutionConfig(backend="poptorch", precision="fp16", loss_scaling=128.0), fake)
     kwargs, groups = recorded["kwargs"], recorded["groups"]
     assert kwargs["bias_correction"] is False and kwargs["loss_scaling"] == 128.0
-    assert kwargs["lr"] == 0.002828 and kwargs["betas"] == (0.81, 0.998) and kwargs["weight_decay"] == 0.01
+    assert kwargs["lr"] == 0.002828 and kwargs["betas"] == (0.81, 0.998) and kwargs["weight_decay"] == 0.0
     assert "max_weight_norm" not in kwargs  # default None: the trust ratio applies to matrices
+    assert groups[0]["weight_decay"] == 0.01 and "max_weight_norm" not in groups[0]  # matrices
     assert groups[2]["max_weight_norm"] == 0.0 and groups[2]["weight_decay"] == 0.0  # biases

@@ -1,24 +1,26 @@
-"""Where every part of the packed BERT runs: one plan, read by the PopTorch adapter, the torch pipeline and
-the dry run, so the three cannot disagree.
+"""Where every part of the model runs: the model declares its parts (ipu_packing/model/stages.py), this file
+maps them onto IPUs and onto the processes of a torch pipeline. The PopTorch adapter, the torch pipeline and
+the dry run all read this one plan.
 
-IPU placement follows Graphcore's published BERT pretraining app (graphcore/examples, nlp/bert/pytorch):
-the embeddings open the pipeline on IPU 0, encoder layer i runs on the IPU that ``layers_per_ipu`` gives it,
-and the pooler and the pretraining heads (MLM head, whose decoder weight is tied to the word embedding, and
-NSP head) come back to IPU 0. The tied weight therefore lives on one IPU only: its two uses are two pipeline
-stages on the same chip, and its gradient is accumulated in one place. Each block gets its own name (and,
-with ``AutoStage.AutoIncrement``, its own pipeline stage), as in the published app.
+On IPUs each part is a PopTorch block on the device the model gives it, as in Graphcore's BERT app
+(graphcore/examples nlp/bert/pytorch): embeddings on IPU 0, encoder layers where ``layers_per_ipu`` puts
+them, the heads back on IPU 0 with the word embedding their decoder is tied to, so that weight is used on
+one IPU only (PopART refuses a variable copied between IPUs while pipelining). With
+``AutoStage.AutoIncrement`` every block is its own pipeline stage.
 
-The torch pipeline (one process per stage, ``torch.distributed.pipelining``) cannot send the last
-computation back to the first process without an interleaved schedule, so there the heads run on the last
-stage and the tied weight has a copy on the first and on the last stage; the runner sums the two partial
-gradients across those two processes before every optimizer step, so both copies receive the same update and
-stay identical (what Megatron-LM does for its tied embeddings).
+A torch pipeline (one process per stage, ``torch.distributed.pipelining``) only flows forward: a part whose
+device comes before the previous part's runs on the previous part's process, and the part that produces the
+loss runs on the last process (the schedule takes the loss there). The heads therefore run on the last
+stage, which holds its own copy of the tied word embedding; the runner sums the copies' gradients before
+every optimizer step, so both receive the same update (as Megatron-LM does for tied embeddings).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Tuple
+
+from ipu_packing.model.stages import Part, Stages, pretraining_stages
 
 from .config import ExecutionConfig
 
@@ -26,44 +28,52 @@ from .config import ExecutionConfig
 @dataclass(frozen=True)
 class Placement:
     module: str
-    """Dotted path in PackedBertForPreTraining (transformers' BertForPreTraining names)."""
+    """Module path whose parameters this row places (one row per module of every part)."""
     block: str
-    """poptorch BeginBlock user id."""
+    """Name of the part = poptorch block id."""
     ipu: int
     """IPU within a replica (poptorch)."""
     stage: int
     """Pipeline stage = process within a torch pipeline."""
     recompute: bool
-    """poptorch recomputation checkpoint on the module's output."""
+    """poptorch recomputation checkpoint on the part's output."""
 
 
-HEAD_MODULES = ("bert.pooler", "cls")
-"""Modules after the encoder, placed as one group (pooler, MLM + NSP heads)."""
+def model_stages(num_layers: int, config: ExecutionConfig) -> Stages:
+    """The model's parts for ``config.layers_per_ipu`` (one-line error when the split does not fit)."""
+    config.layer_stages(num_layers)
+    return pretraining_stages(num_layers, config.layers_per_ipu)
+
+
+def torch_stages(stages: Stages, num_stages: int) -> List[int]:
+    """Process of every part in a forward-only torch pipeline of ``num_stages`` processes."""
+    out, current = [], 0
+    for part in stages.parts:
+        current = max(current, part.device)
+        out.append(current)
+    out[-1] = num_stages - 1
+    return out
+
+
+def ipu_blocks(stages: Stages, config: ExecutionConfig) -> List[Tuple[Part, bool]]:
+    """(part, recomputation checkpoint at its output) for every PopTorch block, in execution order."""
+    recompute = bool(config.recompute_checkpoint_every_layer)
+    return [(p, recompute and p.checkpoint_output) for p in stages.parts]
 
 
 def plan_placement(num_layers: int, config: ExecutionConfig) -> List[Placement]:
-    """Placement of embeddings, every encoder layer and the heads, in execution order."""
-    layer_stage = config.layer_stages(num_layers)
-    last = config.num_stages - 1
-    plan = [Placement("bert.embeddings", "Embedding", ipu=0, stage=0, recompute=False)]
-    for i, s in enumerate(layer_stage):
-        plan.append(
-            Placement(
-                "bert.encoder.layer.%d" % i,
-                "Encoder%d" % i,
-                ipu=s,
-                stage=s,
-                recompute=bool(config.recompute_checkpoint_every_layer),
-            )
-        )
-    plan.append(Placement("bert.pooler", "Pooler", ipu=0, stage=last, recompute=False))
-    plan.append(Placement("cls", "Classifier", ipu=0, stage=last, recompute=False))
+    """One row per module of every part, in execution order."""
+    stages = model_stages(num_layers, config)
+    plan = []
+    for (part, recompute), stage in zip(ipu_blocks(stages, config), torch_stages(stages, config.num_stages)):
+        for module in part.modules:
+            plan.append(Placement(module, part.name, ipu=part.device, stage=stage, recompute=recompute))
     return plan
 
 
 def owner_stage(param_name: str, plan: List[Placement]) -> int:
     """torch pipeline stage that owns parameter/buffer ``param_name``: the stage of the longest placed
-    module path that prefixes it; anything outside the encoder and embeddings belongs to the heads (last)."""
+    module path that prefixes it."""
     best, stage = -1, plan[-1].stage
     for p in plan:
         if (param_name == p.module or param_name.startswith(p.module + ".")) and len(p.module) > best:

@@ -1,10 +1,12 @@
 """PopTorch adapter: a thin translation of ExecutionConfig into the documented PopTorch API.
 
 Written against graphcore/poptorch ``python/options.py`` (Options, Training, Precision, PipelinedExecution),
-``python/ops.py`` (BeginBlock, recomputationCheckpoint, identity_loss), ``python/optim.py`` (LAMB, AdamW)
-and the user guide (batching: the DataLoader's combined batch). poptorch ships only with Graphcore's Poplar
-SDK, so it is imported lazily, when the poptorch backend is chosen; CI exercises this file only against a
-recording stand-in (tests/test_execution_poptorch.py), never on IPU hardware.
+``python/ops.py`` (BeginBlock, recomputationCheckpoint, identity_loss), ``python/optim.py`` (LAMB, AdamW),
+``python/_poplar_executor.py`` (compile, optimizer state) and the user guide (batching: the DataLoader's
+combined batch). poptorch ships only with Graphcore's Poplar SDK, so it is imported lazily, when the poptorch
+backend is chosen. CI checks this file against a semantic stand-in of PopTorch (tests/fake_poptorch: blocks,
+the IPU of every op, the weight-on-one-IPU rule, supported ops, optimizer state); only the IPU Model
+(``make test-ipu``) and hardware run it for real.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Dict, List
 import torch
 
 from .config import ACCUMULATE_OUTER_FRAGMENT_SCHEDULES, SUBGRAPH_COPYING_STRATEGIES, ExecutionConfig
-from .placement import Placement, plan_placement
+from .placement import ipu_blocks, model_stages
 from .runner_common import BATCH_FIELDS, StepMetrics, count_batch
 
 SDK_MESSAGE = (
@@ -34,6 +36,18 @@ def import_poptorch():
     except ImportError as exc:
         raise BackendUnavailable(SDK_MESSAGE) from exc
     return poptorch
+
+
+def check_backend(attention: str) -> None:
+    """What refuses a poptorch run before any model exists: an attention PopTorch cannot trace, no poptorch.
+    Raises ValueError or BackendUnavailable, each with a one-line message."""
+    if attention != "dense":
+        raise ValueError(
+            "execution.backend 'poptorch' runs attention 'dense' only (PopTorch's supported operations include "
+            "neither scaled_dot_product_attention nor FlexAttention), got %r: set model.packed_attention=dense"
+            % (attention,)
+        )
+    import_poptorch()
 
 
 def build_options(config: ExecutionConfig, poptorch) -> Any:
@@ -176,19 +190,18 @@ def serialize_tied_decoder(model: torch.nn.Module, config: ExecutionConfig, popt
     return decoder
 
 
-def _module(root: torch.nn.Module, path: str) -> torch.nn.Module:
-    return root.get_submodule(path)
-
-
-def apply_placement(model: torch.nn.Module, config: ExecutionConfig, poptorch) -> List[Placement]:
-    """BeginBlock every placed module on its IPU and add the per-layer recomputation checkpoints."""
-    plan = plan_placement(len(model.bert.encoder.layer), config)
-    for p in plan:
-        module = _module(model, p.module)
-        poptorch.BeginBlock(module, p.block, ipu_id=p.ipu)
-        if p.recompute:
+def apply_placement(model: torch.nn.Module, config: ExecutionConfig, poptorch) -> list:
+    """One PopTorch block per part the model declares (model/stages.py), begun by a ``BeginBlock`` forward
+    pre-hook on the part's entry module, whose forward runs every op of the part, so no op runs outside a
+    block and every weight is used on the one IPU of its part. Adds the per-layer recomputation checkpoints.
+    Returns [(part, recompute)] in execution order."""
+    blocks = ipu_blocks(model_stages(int(model.config.num_hidden_layers), config), config)
+    for part, recompute in blocks:
+        module = model.get_submodule(part.entry)
+        poptorch.BeginBlock(module, part.name, ipu_id=part.device)
+        if recompute:
             module.register_forward_hook(_RecomputeCheckpoint(poptorch))
-    return plan
+    return blocks
 
 
 class _RecomputeCheckpoint:
@@ -213,10 +226,11 @@ _OPTIMIZERS = {
 
 
 def translate_optimizer(optimizer: torch.optim.Optimizer, config: ExecutionConfig, poptorch):
-    """The poptorch.optim equivalent of a torch optimizer: same class name, same param groups and
-    per-group hyperparameters, optimizer-wide flags kept as attributes of the torch optimizer (the
-    application's LAMB keeps ``bias_correction`` there), plus the static loss scale (poptorch applies it
-    inside the optimizer)."""
+    """The poptorch.optim equivalent of a torch optimizer: same class name, same param groups with every
+    per-group hyperparameter spelled out, the torch optimizer's defaults as constructor arguments (so the
+    order of the groups does not matter), optimizer-wide flags kept as attributes of the torch optimizer
+    (the application's LAMB keeps ``bias_correction`` there), plus the static loss scale (poptorch applies
+    it inside the optimizer)."""
     name = type(optimizer).__name__
     if name not in _OPTIMIZERS:
         raise ValueError("no poptorch.optim equivalent for optimizer %r (supported: %s)" % (name, sorted(_OPTIMIZERS)))
@@ -228,7 +242,10 @@ def translate_optimizer(optimizer: torch.optim.Optimizer, config: ExecutionConfi
             if group.get(k) is not None:
                 g[k] = tuple(group[k]) if k == "betas" else group[k]
         groups.append(g)
-    kwargs = {k: v for k, v in groups[0].items() if k != "params"}
+    kwargs = {}  # type: Dict[str, Any]
+    for k in keys:
+        if optimizer.defaults.get(k) is not None:
+            kwargs[k] = tuple(optimizer.defaults[k]) if k == "betas" else optimizer.defaults[k]
     for attr in attributes:
         value = getattr(optimizer, attr, None)
         if value is None:
@@ -259,7 +276,10 @@ class PoptorchRunner:
     """One ``train_step`` = one host call = ``device_iterations`` optimizer steps on every replica."""
 
     def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None) -> None:
-        self.poptorch = poptorch or import_poptorch()
+        if poptorch is None:
+            check_backend(getattr(model, "attention_implementation", "dense"))
+            poptorch = import_poptorch()
+        self.poptorch = poptorch
         self.config = config
         self.model = model
         self.optimizer = optimizer
@@ -281,13 +301,13 @@ class PoptorchRunner:
     def _current_lrs(self) -> List[float]:
         return [float(g["lr"]) for g in self.optimizer.param_groups]
 
-    def dataloader(self, dataset, num_workers: int = 0, shuffle: bool = False):
+    def dataloader(self, dataset, num_workers: int = 0):
         """poptorch.DataLoader: batch_size is the micro batch; each item is the combined batch of a host call."""
         return self.poptorch.DataLoader(
             self.options,
             dataset,
             batch_size=self.config.micro_batch_size,
-            shuffle=shuffle,
+            shuffle=False,  # the training loop hands over its epoch order
             num_workers=num_workers,
             drop_last=True,
             **dataloader_kwargs(self.config, self.poptorch),  # execution.dataloader_mode
@@ -336,6 +356,21 @@ class PoptorchRunner:
     def sync_model(self) -> None:
         """Copy the IPU weights back into ``self.model`` (e.g. before saving a checkpoint)."""
         self.executor.copyWeightsToHost()
+
+    def optimizer_state_dict(self) -> Dict[str, Any]:
+        """The optimizer state to checkpoint: poptorch's, which holds the IPU state ("ipu_state",
+        "ipu_param": LAMB/Adam moments and step) next to torch's param groups. Once the executor has run,
+        ``state_dict()`` reads the state back from the IPUs (PoplarExecutor._get_optim_state_dict ->
+        readOptimizerState); the torch optimizer never steps on this path and holds no moments."""
+        return self.ipu_optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore a checkpoint's optimizer state before the first host call: poptorch writes an IPU state
+        loaded before the run to the device when it attaches (PoplarExecutor._on_device_attach). A state
+        without IPU moments (saved before any step, or by a torch run) restores the param groups only."""
+        self.optimizer.load_state_dict(state)
+        if state.get("ipu_state") is not None and state.get("ipu_param") is not None:
+            self.ipu_optimizer.load_state_dict(state)
 
     def close(self) -> None:
         self.executor.detachFromDevice()
@@ -389,6 +424,7 @@ __all__ = [
     "PoptorchRunner",
     "SDK_MESSAGE",
     "apply_placement",
+    "check_backend",
     "build_options",
     "dataloader_kwargs",
     "describe_options",

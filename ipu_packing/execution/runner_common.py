@@ -1,9 +1,12 @@
-"""Pieces every runner shares: the batch fields, the step metrics, and counting what a batch holds."""
+"""Pieces the runners share: the batch fields, the step metrics, counting what a batch holds, and the torch
+runners' process group, sampler, micro batches and precision helpers."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
-from typing import Mapping, Tuple
+from typing import Dict, Iterator, List, Mapping, Tuple
 
 import torch
 
@@ -32,3 +35,93 @@ def count_batch(batch: Mapping[str, torch.Tensor]) -> Tuple[int, int]:
     sequences = int((torch.as_tensor(batch["nsp_labels"]) != IGNORE_INDEX).sum())
     tokens = int((torch.as_tensor(batch["sequence_ids"]) != 0).sum())
     return sequences, tokens
+
+
+# ---- helpers of the torch runners (runner_ddp.py, runner_pipeline.py) ------------------------------------
+
+METRICS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+"""The StepMetrics averaged over micro batches (and replicas)."""
+
+
+def init_distributed(config) -> Tuple[int, int, torch.device]:
+    """(rank, world size, device) for this process; joins the torchrun process group when the config
+    needs more than one process (reads RANK, WORLD_SIZE, LOCAL_RANK; gloo on CPU, NCCL on CUDA)."""
+    world = config.world_size
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if config.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("execution.device is 'cuda' but torch sees no CUDA device")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world == 1:
+        return 0, 1, device
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise RuntimeError(
+                "this config needs %d processes (replication %d x stages %d): launch it with "
+                "`torchrun --nproc-per-node %d ...`" % (world, config.replication_factor, config.num_stages, world)
+            )
+        dist.init_process_group("nccl" if config.device == "cuda" else "gloo")
+    if dist.get_world_size() != world:
+        raise RuntimeError(
+            "this config needs %d processes (replication %d x stages %d), torchrun started %d"
+            % (world, config.replication_factor, config.num_stages, dist.get_world_size())
+        )
+    return dist.get_rank(), world, device
+
+
+class StepBatchSampler(torch.utils.data.Sampler):
+    """Index lists for one process, in dataset order (the training loop decides the order: it hands over
+    a Subset in its epoch order). Optimizer step s takes packs [s*G, (s+1)*G), G = packs per step over all
+    replicas; replica r takes its contiguous slice [r*P, (r+1)*P) of them, P = packs per replica step.
+    Every replica therefore sees different packs and one process with replication 1 and the same global
+    batch sees exactly their union, in micro-batch order."""
+
+    def __init__(self, num_items: int, config, rank: int) -> None:
+        self.num_items = num_items
+        self.step_packs = config.global_batch_packs
+        self.replica_packs = config.packs_per_replica_step
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return self.num_items // self.step_packs
+
+    def __iter__(self) -> Iterator[List[int]]:
+        for s in range(len(self)):
+            start = s * self.step_packs + self.rank * self.replica_packs
+            yield list(range(start, start + self.replica_packs))
+
+
+def micro_batches(batch, micro: int, count: int, device: torch.device) -> List[Dict[str, torch.Tensor]]:
+    return [
+        {k: torch.as_tensor(batch[k])[i * micro : (i + 1) * micro].to(device) for k in BATCH_FIELDS}
+        for i in range(count)
+    ]
+
+
+def autocast(config, device: torch.device):
+    if config.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.float16 if config.precision == "fp16" else torch.bfloat16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def unscale(params, scale: float) -> None:
+    if scale != 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(scale)
+
+
+def metrics_from(stats: torch.Tensor) -> StepMetrics:
+    """StepMetrics from [METRICS..., sequences, tokens]."""
+    values = stats.tolist()
+    return StepMetrics(
+        sequences=int(round(values[-2])),
+        tokens=int(round(values[-1])),
+        **dict(zip(METRICS, values[: len(METRICS)])),
+    )

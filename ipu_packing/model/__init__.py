@@ -35,9 +35,10 @@ Composition (forward is exactly this; split it for pipelining):
         h = layer(h, mask)                                               # (B, S, H) tensor
     out = model.pretraining_heads(h, mlm_positions, mlm_labels, cls_positions, nsp_labels)
 
-``pretraining_heads`` uses model.bert.pooler (at each cls position), model.cls.seq_relationship, and
-model.cls.predictions (MLM gather first, then transform + decoder tied to the word embeddings: a stage that
-runs the heads needs the word-embedding weight too).
+``pretraining_heads`` is one call of ``model.cls`` (its forward gathers, runs model.bert.pooler at each cls
+position, model.cls.seq_relationship, and model.cls.predictions: transform + decoder tied to the word
+embeddings, so the part that runs the heads needs the word-embedding weight too). The pipeline parts of a
+``layers_per_ipu`` split, with the modules and fields of each, are declared in ``stages.py``.
 
 Attention (constructor argument ``attention``, else ``config.packed_attention``, else "dense"):
   "dense"  matmul + additive float32 mask (B, 1, S, S), 0 or -10000; the default, for IPUs / static graphs.

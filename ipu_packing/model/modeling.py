@@ -235,10 +235,51 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertPreTrainingHeads(nn.Module):
+    """MLM and NSP heads with their losses. Its forward runs every op after the encoder, so a pipeline
+    block placed on this module covers all of them (see stages.py)."""
+
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.predictions = BertLMPredictionHead(config)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        pooler: nn.Module,
+        mlm_positions: torch.Tensor,
+        mlm_labels: torch.Tensor,
+        cls_positions: torch.Tensor,
+        nsp_labels: torch.Tensor,
+    ) -> "PackedBertOutput":
+        """Final hidden states (B, S, H), the pooler (kept at ``bert.pooler``, transformers' name) and the
+        label fields -> ``PackedBertOutput``.
+
+        Pooler + NSP head at each sequence's [CLS] (``cls_positions``, (B, K)); MLM transform + tied decoder
+        only at ``mlm_positions`` (B, M), never over all S tokens; losses and accuracies over valid slots.
+        """
+        mlm_labels = mlm_labels.long()
+        nsp_labels = nsp_labels.long()
+        mlm_valid = mlm_labels != IGNORE_INDEX  # (B, M)
+        nsp_valid = nsp_labels != IGNORE_INDEX  # (B, K)
+
+        mlm_logits = self.predictions(_gather(h, mlm_positions, mlm_valid))  # (B, M, V)
+        pooled = pooler(_gather(h, cls_positions, nsp_valid))  # (B, K, H)
+        nsp_logits = self.seq_relationship(pooled)  # (B, K, 2)
+
+        mlm_loss, mlm_accuracy, mlm_count = _mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid)
+        nsp_loss, nsp_accuracy, nsp_count = _mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid)
+        return PackedBertOutput(
+            loss=mlm_loss + nsp_loss,
+            mlm_loss=mlm_loss,
+            nsp_loss=nsp_loss,
+            mlm_logits=mlm_logits,
+            nsp_logits=nsp_logits,
+            mlm_accuracy=mlm_accuracy,
+            nsp_accuracy=nsp_accuracy,
+            mlm_count=mlm_count,
+            nsp_count=nsp_count,
+        )
 
 
 def _gather(h: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -312,33 +353,9 @@ class PackedBertForPreTraining(nn.Module):
         cls_positions: torch.Tensor,
         nsp_labels: torch.Tensor,
     ) -> PackedBertOutput:
-        """Final hidden states (B, S, H) and the label fields -> ``PackedBertOutput``.
-
-        Pooler + NSP head at each sequence's [CLS] (``cls_positions``, (B, K)); MLM transform + tied decoder
-        only at ``mlm_positions`` (B, M), never over all S tokens; losses and accuracies over valid slots.
-        """
-        mlm_labels = mlm_labels.long()
-        nsp_labels = nsp_labels.long()
-        mlm_valid = mlm_labels != IGNORE_INDEX  # (B, M)
-        nsp_valid = nsp_labels != IGNORE_INDEX  # (B, K)
-
-        mlm_logits = self.cls.predictions(_gather(h, mlm_positions, mlm_valid))  # (B, M, V)
-        pooled = self.bert.pooler(_gather(h, cls_positions, nsp_valid))  # (B, K, H)
-        nsp_logits = self.cls.seq_relationship(pooled)  # (B, K, 2)
-
-        mlm_loss, mlm_accuracy, mlm_count = _mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid)
-        nsp_loss, nsp_accuracy, nsp_count = _mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid)
-        return PackedBertOutput(
-            loss=mlm_loss + nsp_loss,
-            mlm_loss=mlm_loss,
-            nsp_loss=nsp_loss,
-            mlm_logits=mlm_logits,
-            nsp_logits=nsp_logits,
-            mlm_accuracy=mlm_accuracy,
-            nsp_accuracy=nsp_accuracy,
-            mlm_count=mlm_count,
-            nsp_count=nsp_count,
-        )
+        """Final hidden states (B, S, H) and the label fields -> ``PackedBertOutput``: ``self.cls`` with the
+        pooler (one module call, so a pipeline block on ``cls`` holds every op of the heads)."""
+        return self.cls(h, self.bert.pooler, mlm_positions, mlm_labels, cls_positions, nsp_labels)
 
     def forward(
         self,

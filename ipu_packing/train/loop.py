@@ -1,9 +1,11 @@
 """The pretraining run: validate everything, then train, checkpoint, log and export.
 
-`plan_run(config)` does every check that can fail on user input (config, dataset, phase-1
+`plan_run(config)` does every check that can fail on user input (backend, config, dataset, phase-1
 weights, resume checkpoint) and writes nothing. `execute(plan)` then trains. A run is
 deterministic given the config: weights are seeded, each epoch's pack order depends only on
-(training.seed, epoch), and checkpoints carry the RNG states and the data position.
+(training.seed, epoch), and checkpoints carry the RNG states, the data position and the optimizer
+state as the runner keeps it (on IPUs: read back from the device). `compile_only(config)` compiles
+the training step, or loads it from the executable cache, and stops.
 """
 
 from __future__ import annotations
@@ -60,8 +62,24 @@ def _model_class():
     return PackedBertForPreTraining
 
 
+def check_backend(config: PretrainingConfig) -> None:
+    """Refuse, before any model is built, a backend this machine or this model cannot run (poptorch
+    without the Poplar SDK, or with an attention PopTorch cannot trace): one-line UserError."""
+    if config.execution_spec.backend != "poptorch":
+        return
+    from ipu_packing.execution.poptorch_backend import BackendUnavailable
+    from ipu_packing.execution.poptorch_backend import check_backend as check_poptorch
+    from ipu_packing.model.attention import resolve_attention
+
+    try:
+        check_poptorch(resolve_attention(config.bert_config()))
+    except (BackendUnavailable, ValueError) as exc:
+        raise UserError(str(exc))
+
+
 def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None) -> RunPlan:
     """Check inputs and build model, optimizer and schedule. Writes nothing."""
+    check_backend(config)
     data = read_training_data(config.data.path)
     check_data_matches(config, data)
     accounting = config.batch_accounting(data.packing_factor)
@@ -168,6 +186,11 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
     runner = make_runner(plan.model, plan.optimizer, accounting.execution, scheduler=plan.scheduler)
     rank = int(getattr(runner, "rank", 0))
     if plan.resume_state is not None:
+        # Before the first step: on IPUs, poptorch writes the restored moments to the device when it attaches.
+        try:
+            runner.load_optimizer_state_dict(plan.resume_state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise UserError("checkpoint %s does not fit this config (%s)" % (plan.resume_path, " ".join(str(exc).split())[:200]))
         per_rank = plan.resume_state.get("rng_per_rank") or [plan.resume_state["rng"]]
         ckpt.set_rng_state(per_rank[rank] if rank < len(per_rank) else plan.resume_state["rng"])
     # Under torchrun every process runs this loop; only the first writes files and logs.
@@ -240,7 +263,7 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
                 every = config.checkpoint.every_steps
                 if step >= total or (every and step // every > (step - calls) // every):
                     getattr(runner, "sync_model", lambda: None)()  # pipelined: gather every stage's weights
-                    optimizer_state = _gathered_optimizer_state(plan, runner)
+                    optimizer_state = runner.optimizer_state_dict()  # a collective under torchrun
                     rng_states = _gathered(runner, ckpt.rng_state())
                     if main:
                         last_saved = _save(plan, runner, step, epoch, position, record, optimizer_state, rng_states)
@@ -282,20 +305,6 @@ def _gathered(runner, obj) -> list:
     parts = [None] * world
     dist.all_gather_object(parts, obj)
     return parts
-
-
-def _gathered_optimizer_state(plan: RunPlan, runner) -> Dict[str, Any]:
-    """The optimizer state of every parameter. A pipelined torch run keeps each stage's moments on
-    the process of that stage, so they are gathered (a collective: every process calls this)."""
-    state = plan.optimizer.state_dict()
-    execution = plan.accounting.execution
-    world = int(getattr(runner, "world", 1))
-    if execution.backend == "torch" and execution.num_stages > 1 and world > 1:
-        merged = {}
-        for part in _gathered(runner, state["state"]):
-            merged.update(part)
-        state["state"] = merged
-    return state
 
 
 def _save(plan: RunPlan, runner, step: int, epoch: int, position: int, record: StepRecord, optimizer_state, rng_states) -> str:
@@ -366,6 +375,61 @@ def _summary_line(s: Dict[str, Any]) -> str:
     )
 
 
+def compile_only(
+    config: PretrainingConfig,
+    log: Callable[[str], None] = print,
+    make_runner: Optional[Callable] = None,
+    open_dataset: Optional[Callable] = None,
+) -> Dict[str, Any]:
+    """Compile the training step, or load it from the executable cache, then stop: no step runs and
+    nothing but the cache is written (Graphcore's run_pretraining.py --compile-only does the same).
+
+    The step is compiled for the shapes the run will feed it: the first host call's batch of the
+    prepared dataset when it exists; otherwise a generated batch of the config's S and K and the M
+    of the default masking recipe (Graphcore compiles on a generated batch too), with the
+    accumulation the config's packing_factor_estimate gives."""
+    check_backend(config)
+    data = None
+    if os.path.isfile(os.path.join(config.data.path, "manifest.json")):
+        data = open_shards(read_training_data(config.data.path), open_dataset)
+        check_data_matches(config, data)
+    accounting = config.batch_accounting(data.packing_factor if data is not None else config.data.packing_factor_estimate)
+    _seed_everything(config.training.seed)
+    model = _model_class()(config.bert_config())
+    optimizer = build_optimizer(model, config.optimizer, accounting.betas)
+    scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)
+    if make_runner is None:
+        from ipu_packing.execution import make_runner
+    runner = make_runner(model, optimizer, accounting.execution, scheduler=scheduler)
+    if data is not None:
+        batch = next(iter(runner.dataloader(data.dataset, num_workers=0)))
+        source = "the first batch of %s" % (data.path,)
+    else:
+        batch = _generated_batch(config, accounting.execution.packs_per_loader_item)
+        source = "a generated batch (S=%d, K=%d, M=%d; no dataset at %s)" % (
+            config.data.max_seq_length, config.data.expected_sequences_per_pack, batch["mlm_positions"].shape[1], config.data.path)
+    start = time.perf_counter()
+    runner.compile(batch)
+    seconds = time.perf_counter() - start
+    cache = accounting.execution.executable_cache_dir
+    log("compile only: compiled (or loaded) the training step of %s for %s in %.1f s" % (config.name, source, seconds))
+    log("executable cache: %s" % (os.path.abspath(cache) if cache else "none (execution.executable_cache_dir is empty: nothing kept)"))
+    return {"config": config.name, "executable_cache": cache, "compile_seconds": seconds}
+
+
+def _generated_batch(config: PretrainingConfig, packs: int) -> Dict[str, torch.Tensor]:
+    """A host call's batch of all-zero packs of the run's shapes: shapes and dtypes are all a compile sees."""
+    import numpy as np
+
+    from ipu_packing.data.format import as_batch, mlm_slots, pack_dtype
+
+    S, K = config.data.max_seq_length, config.data.expected_sequences_per_pack
+    records = np.zeros(packs, dtype=pack_dtype(S, mlm_slots(S, K), K))
+    return {name: torch.from_numpy(array) for name, array in as_batch(records).items()}
+
+
 def run(config: PretrainingConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Validate (no writes), then train."""
+    """Validate (no writes), then train; or, with execution.compile_only, compile and stop."""
+    if config.execution_spec.compile_only:
+        return compile_only(config, log=log)
     return execute(plan_run(config), log=log)

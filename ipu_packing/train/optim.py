@@ -1,8 +1,8 @@
 """LAMB (You et al., arXiv 1904.00962) for the torch backend, parameter groups, and the schedule.
 
 The class is named `LAMB` and keeps its hyperparameters in `param_groups` (lr, betas, eps,
-weight_decay, max_weight_norm) so that the PopTorch runner can hand the same groups to
-`poptorch.optim.LAMB`. Per parameter w with gradient g, at step t:
+weight_decay, max_weight_norm) and its defaults in `defaults`, the torch way; the PopTorch runner
+translates them into `poptorch.optim.LAMB`. Per parameter w with gradient g, at step t:
 
     m = beta1 * m + (1 - beta1) * g            v = beta2 * v + (1 - beta2) * g * g
     m_hat = m / (1 - beta1 ** t)               v_hat = v / (1 - beta2 ** t)      (bias_correction)
@@ -98,8 +98,7 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float, trust_ratio_on
             vectors.append(p)
         else:
             matrices.append(p)
-    # Matrices first: the PopTorch runner takes the optimizer-wide defaults from the first group, and
-    # a group without max_weight_norm must keep the default (None: trust ratio on).
+    # A group without max_weight_norm keeps the default (None: trust ratio on).
     groups = [
         {"params": matrices, "weight_decay": weight_decay},
         {"params": vectors, "weight_decay": 0.0},

@@ -1,0 +1,98 @@
+"""``TorchRunner``: the packed model in one process, or DistributedDataParallel with one replica per process
+(``torchrun``; gloo on CPU, NCCL on CUDA). Gradient accumulation runs the micro batches with DDP's
+``no_sync`` until the last one; the step's gradient is the mean of the micro batches' (and replicas')."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict
+
+import torch
+
+from .config import ExecutionConfig
+from .runner_common import (
+    METRICS,
+    StepBatchSampler,
+    StepMetrics,
+    autocast,
+    count_batch,
+    init_distributed,
+    metrics_from,
+    micro_batches,
+    unscale,
+)
+
+
+class TorchRunner:
+    """Single process, or DistributedDataParallel with one replica per process."""
+
+    def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None) -> None:
+        if config.num_stages != 1:
+            raise ValueError("TorchRunner runs one stage; use PipelineRunner for layers_per_ipu %r" % config.layers_per_ipu)
+        self.config = config
+        self.rank, self.world, self.device = init_distributed(config)
+        self.model = model.to(self.device)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.ddp = None
+        self._forward = self.model
+        if self.world > 1:
+            if config.torch_compile:
+                raise ValueError("execution.torch_compile is supported for a single process only")
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+            self._forward = self.ddp
+        elif config.torch_compile:
+            # Packs have one shape (micro_batch, S), so the whole forward+loss is one static graph.
+            self._forward = torch.compile(
+                self.model, fullgraph=True, dynamic=False, backend=config.torch_compile_backend
+            )
+
+    def dataloader(self, dataset, num_workers: int = 0):
+        sampler = StepBatchSampler(len(dataset), self.config, self.rank)
+        return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
+
+    def compile(self, batch) -> None:
+        """Nothing to do ahead of time on torch (torch.compile compiles on the first step)."""
+
+    def train_step(self, batch) -> StepMetrics:
+        cfg = self.config
+        accumulation = cfg.gradient_accumulation
+        scale = float(cfg.loss_scaling) if cfg.precision == "fp16" else 1.0
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(len(METRICS), dtype=torch.float64)
+        for i, part in enumerate(micro_batches(batch, cfg.micro_batch_size, accumulation, self.device)):
+            last = i == accumulation - 1
+            sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
+            with sync:
+                with autocast(cfg, self.device):
+                    out = self._forward(**part)
+                (out.loss.float() * (scale / accumulation)).backward()
+            sums += torch.stack([getattr(out, k).detach().double().cpu() for k in METRICS])
+        unscale(self.model.parameters(), scale)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        sequences, tokens = count_batch(batch)
+        stats = torch.cat([sums / accumulation, torch.tensor([sequences, tokens], dtype=torch.float64)])
+        if self.world > 1:
+            import torch.distributed as dist
+
+            stats = stats.to(self.device)
+            dist.all_reduce(stats)
+            stats = stats.cpu()
+            stats[: len(METRICS)] /= self.world
+        return metrics_from(stats)
+
+    def sync_model(self) -> None:
+        """Every process already holds every weight."""
+
+    def optimizer_state_dict(self) -> Dict[str, Any]:
+        """The optimizer state to checkpoint (every process holds all of it)."""
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, state: Dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)

@@ -1,0 +1,135 @@
+"""The packed BERT's pipeline stages, declared by the model: which modules form which part of the forward
+pass, on which device of a ``layers_per_ipu`` split, and which tensors each part reads and writes.
+
+Execution applies this description (execution/placement.py): PopTorch blocks on IPUs, processes of a
+``torch.distributed.pipelining`` schedule. It never needs the model's module paths or batch fields itself.
+
+The parts, in the order the forward runs them:
+
+    Embedding   bert.embeddings                 device 0; reads input_ids, token_type_ids, position_ids
+    EncoderN    bert.encoder.layer.N            the device layers_per_ipu gives layer N; reads sequence_ids
+                                                (each device builds the attention mask from it)
+    Heads       cls (+ bert.pooler, called      device 0: the MLM decoder's weight is the word embedding,
+                inside cls.forward)             so the heads sit with the embeddings and that weight is used
+                                                on one device only; reads the four label fields
+
+Each part has an ``entry`` module whose forward runs every op of the part, so a PopTorch ``BeginBlock`` on
+it (a forward pre-hook that opens a block and never closes it) covers exactly that part: the embeddings'
+forward, then the attention mask; each layer's forward; ``cls.forward``, which gathers, runs the pooler,
+both heads and the losses (``pretraining_heads`` is one call of ``cls``). Every parameter belongs to the
+``modules`` of exactly one part.
+
+Imports no poptorch and nothing from execution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, MutableMapping, Sequence, Tuple
+
+import torch
+
+HIDDEN = "hidden_states"
+"""Name of the (B, S, H) activation that flows from part to part."""
+
+OUTPUT = "output"
+"""Name under which the last part leaves the ``PackedBertOutput``."""
+
+INPUTS = (
+    "input_ids",
+    "token_type_ids",
+    "position_ids",
+    "sequence_ids",
+    "mlm_positions",
+    "mlm_labels",
+    "cls_positions",
+    "nsp_labels",
+)
+"""The forward's batch fields, in its argument order (shapes: see the package docstring)."""
+
+_EMBEDDING_FIELDS = INPUTS[:3]
+_MASK_FIELD = INPUTS[3]
+_LABEL_FIELDS = INPUTS[4:]
+_MASK = "_attention_mask"  # built once per device from sequence_ids; never sent between devices
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of the forward pass."""
+
+    name: str
+    """Block id ("Embedding", "Encoder3", "Heads")."""
+    entry: str
+    """Module whose forward runs every op of this part (where a PopTorch block begins)."""
+    modules: Tuple[str, ...]
+    """Modules whose parameters this part consumes; together the parts own every parameter once."""
+    device: int
+    """Device (IPU) within one replica."""
+    reads: Tuple[str, ...]
+    """Tensors it takes: batch fields and/or ``HIDDEN``."""
+    writes: Tuple[str, ...]
+    """Tensors it leaves: ``HIDDEN`` or ``OUTPUT``."""
+    checkpoint_output: bool = False
+    """A recomputation checkpoint at its output is worthwhile (encoder layers)."""
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Every part of the forward, in execution order, for one split."""
+
+    parts: Tuple[Part, ...]
+    inputs: Tuple[str, ...] = INPUTS
+    output: str = OUTPUT
+
+    @property
+    def num_devices(self) -> int:
+        return max(p.device for p in self.parts) + 1
+
+    def run(self, model: torch.nn.Module, part: Part, state: MutableMapping[str, object]) -> None:
+        """Run ``part`` of ``model`` on ``state`` (name -> tensor), adding what it writes. Running every part
+        in order on the batch fields is exactly ``model(**fields)``."""
+        module = model.get_submodule(part.entry)
+        if part.writes == (OUTPUT,):
+            state[OUTPUT] = model.pretraining_heads(*(state[k] for k in part.reads))
+        elif HIDDEN in part.reads:
+            if _MASK not in state:
+                state[_MASK] = model.bert.get_attention_mask(state[_MASK_FIELD])
+            state[HIDDEN] = module(state[HIDDEN], state[_MASK])
+        else:
+            state[HIDDEN] = module(*(state[k] for k in part.reads))
+
+
+def pretraining_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
+    """The parts of ``PackedBertForPreTraining`` with ``num_layers`` encoder layers, split as
+    ``layers_per_ipu`` (encoder layers per device, in order; empty: all on device 0)."""
+    counts = list(layers_per_ipu) or [num_layers]
+    if sum(counts) != num_layers or any(n < 0 for n in counts):
+        raise ValueError(
+            "layers_per_ipu %r places %d encoder layers but the model has %d" % (list(layers_per_ipu), sum(counts), num_layers)
+        )
+    parts = [Part("Embedding", "bert.embeddings", ("bert.embeddings",), 0, _EMBEDDING_FIELDS, (HIDDEN,))]
+    layer = 0
+    for device, n in enumerate(counts):
+        for _ in range(n):
+            path = "bert.encoder.layer.%d" % layer
+            parts.append(
+                Part("Encoder%d" % layer, path, (path,), device, (HIDDEN, _MASK_FIELD), (HIDDEN,), checkpoint_output=True)
+            )
+            layer += 1
+    parts.append(Part("Heads", "cls", ("bert.pooler", "cls"), 0, (HIDDEN,) + _LABEL_FIELDS, (OUTPUT,)))
+    return Stages(tuple(parts))
+
+
+def parameter_owners(model: torch.nn.Module, stages: Stages) -> Dict[str, Part]:
+    """Parameter name (``named_parameters``, tied weights once) -> the one part whose modules hold it."""
+    owners = {}  # type: Dict[str, Part]
+    for name, _ in model.named_parameters():
+        found = [p for p in stages.parts for m in p.modules if name == m or name.startswith(m + ".")]
+        if len(found) != 1:
+            raise ValueError("parameter %s belongs to %d parts, not 1" % (name, len(found)))
+        owners[name] = found[0]
+    return owners
+
+
+__all__ = ["HIDDEN", "INPUTS", "OUTPUT", "Part", "Stages", "parameter_owners", "pretraining_stages"]
+

@@ -1,0 +1,694 @@
+"""A semantic stand-in for PopTorch 3.x, for tests only (never installed; tests put it in
+``sys.modules['poptorch']`` or on PYTHONPATH). It models what PopTorch and PopART do with a training model,
+as read in graphcore/poptorch and graphcore/popart (PopTorch 3.4 sources):
+
+- ``BeginBlock(module, id, ipu_id)`` registers a forward *pre*-hook that begins a block and never ends it;
+  ``Block`` is a context manager whose exit ends the block (no block is current afterwards);
+  ``BlockFunction`` wraps a function in a ``Block`` (python/ops.py). Blocks act only while the model is traced.
+- While ``compile`` traces the training step, a ``TorchDispatchMode`` records every aten op with the IPU
+  current at that moment. Like PopART it then refuses:
+  * a weight (parameter) consumed on two IPUs while pipelining ("Can not copy variable tensor ... between
+    virtual graphs when pipelining", willow/src/transforms/pipeline.cpp);
+  * a mix of ops with and without an IPU ("Either all Ops must have their virtual graph ids set, or none
+    must", willow/src/ir.cpp);
+  * an input (stream) tensor consumed on two IPUs while pipelining (pipeline.cpp check 4);
+  * fewer micro batches than pipeline stages, consecutive stages on one IPU merged (pipeline.cpp check 5);
+  * an op outside PopTorch's supported-ops list (tests/assets/poptorch_supported_ops.txt);
+  * a training step whose loss did not pass through ``identity_loss``.
+- ``Options`` accepts only the methods python/options.py defines (tests/assets/poptorch_options_api.txt)
+  and records every call.
+- ``trainingModel`` returns an executor with compile / __call__ / copyWeightsToHost / setOptimizer /
+  detachFromDevice, and the optimizer state semantics of python/_poplar_executor.py and python/optim.py:
+  a poptorch optimizer's ``state_dict()`` reads the IPU state back once the executor has run; a
+  ``load_state_dict()`` of an IPU state before the first run is written to the device on attach.
+  Compiling writes (or, when present, loads) a file in the executable cache directory.
+
+It does not model Poplar's memory, tile mapping, numerics or the LAMB arithmetic on the device: the
+"device" keeps an optimizer step counter and the weights it was given, and the host model computes the
+outputs. Only the ``ipu``-marked tests (IPU Model) and hardware check the rest.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import hashlib
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__version__ = "3.4.0+stand-in"
+__stand_in__ = True
+
+_ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
+
+
+def _read_list(name: str) -> List[str]:
+    with open(os.path.join(_ASSETS, name), encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
+OPTIONS_API = frozenset(_read_list("poptorch_options_api.txt"))
+SUPPORTED_OPS = tuple(_read_list("poptorch_supported_ops.txt"))
+
+
+class Error(RuntimeError):
+    """What PopTorch / PopART raise at compile time (poptorch.Error)."""
+
+
+# ---- enums (python/enums.py) --------------------------------------------------------------------------
+
+
+class ReductionType(enum.IntEnum):
+    Sum = 0
+    Mean = 1
+    NoReduction = 2
+
+
+class MeanReductionStrategy(enum.IntEnum):
+    Running = 0
+    Post = 1
+    PostAndLoss = 2
+
+
+class OutputMode(enum.IntEnum):
+    Final = 0
+    EveryN = 1
+    All = 2
+    Sum = 3
+    Default = 4
+
+
+class AutoStage(enum.IntEnum):
+    SameAsIpu = 0
+    AutoIncrement = 1
+
+
+class DataLoaderMode(enum.IntEnum):
+    Sync = 0
+    Async = 1
+    AsyncRebatched = 2
+
+
+class MatMulSerializationMode(enum.Enum):
+    InputChannels = "input_channels"
+    ReducingDim = "reducing_dim"
+    OutputChannels = "output_channels"
+    Disabled = "none"
+
+
+class ConnectionType(enum.IntEnum):
+    Always = 0
+    OnDemand = 1
+    Never = 2
+
+
+# ---- options ------------------------------------------------------------------------------------------
+
+
+class _Group:
+    """One option group; records ``(group.method, args, kwargs)`` in a log shared with its Options."""
+
+    def __init__(self, log: list, group: str) -> None:
+        self._log, self._group = log, group
+
+    def __repr__(self) -> str:
+        return "%s%r" % (self._group, [(n, a, k) for n, a, k in self._log])
+
+    def __getattr__(self, name: str):
+        qualified = "%s.%s" % (self._group, name)
+        if name.startswith("__") or qualified not in OPTIONS_API:
+            raise AttributeError("poptorch has no %s (python/options.py)" % qualified)
+
+        def call(*args, **kwargs):
+            self._log.append((qualified, args, kwargs))
+            return self
+
+        return call
+
+
+class Options(_Group):
+    def __init__(self) -> None:
+        super().__init__([], "Options")
+        self.calls = self._log
+        self.Training = _Group(self._log, "Training")
+        self.Precision = _Group(self._log, "Precision")
+        self.TensorLocations = _Group(self._log, "TensorLocations")
+        self.Distributed = _Group(self._log, "Distributed")
+        self.Jit = _Group(self._log, "Jit")
+        self._Popart = _Group(self._log, "_Popart")
+
+    def value(self, name: str, default: Any = None) -> Any:
+        """The first argument of the last call of ``name`` ("replicationFactor", "Training.gradientAccumulation"):
+        a test helper, not PopTorch API. A call without arguments reads as ()."""
+        if "." not in name:
+            name = "Options." + name
+        found = [a for n, a, _ in self.calls if n == name]
+        if not found:
+            return default
+        return found[-1][0] if found[-1] else ()
+
+    def popart(self) -> Dict[str, Any]:
+        """Every ``_Popart.set(key, value)`` (test helper)."""
+        return {a[0]: a[1] for n, a, _ in self.calls if n == "_Popart.set"}
+
+    def _int(self, name: str) -> int:
+        return int(self.value(name, 1))
+
+
+def TensorLocationSettings() -> _Group:
+    return _Group([], "TensorLocationSettings")
+
+
+class PipelinedExecution:
+    def __init__(self, *args) -> None:
+        self.args = args
+        self.auto_stage = args[0] if args and isinstance(args[0], AutoStage) else AutoStage.SameAsIpu
+
+    def __repr__(self) -> str:
+        return "%s%r" % (type(self).__name__, self.args)
+
+
+class ShardedExecution(PipelinedExecution):
+    pass
+
+
+# ---- blocks (python/ops.py) -----------------------------------------------------------------------------
+
+
+class _Trace:
+    """The state of one traced training step."""
+
+    def __init__(self, auto_stage: AutoStage) -> None:
+        self.auto_stage = auto_stage
+        self.current = None  # type: Optional[Tuple[str, int]]  (block id, ipu)
+        self.stages = {}  # type: Dict[str, int]
+        self.ops = []  # type: List[Tuple[str, Optional[int], Optional[str]]]
+        self.losses = []  # type: List[torch.Tensor]
+        self.checkpoints = 0
+        self.block_order = []  # type: List[Tuple[str, int]]
+
+    def begin(self, user_id: Optional[str], ipu: Optional[int]) -> None:
+        user_id = user_id if user_id is not None else str(len(self.stages))
+        if user_id not in self.stages:
+            self.stages[user_id] = len(self.stages) if self.auto_stage == AutoStage.AutoIncrement else int(ipu or 0)
+        self.current = (user_id, int(ipu if ipu is not None else self.stages[user_id]))
+        self.block_order.append(self.current)
+
+    def end(self) -> None:
+        self.current = None
+
+
+_TRACE = None  # type: Optional[_Trace]
+
+
+class Block:
+    """Context manager: ops inside run in block ``user_id`` on ``ipu_id``; leaving it ends the block."""
+
+    def __init__(self, user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
+        self._user_id, self._ipu_id = user_id, ipu_id
+
+    def __enter__(self):
+        if _TRACE is not None:
+            _TRACE.begin(self._user_id, self._ipu_id)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if _TRACE is not None:
+            _TRACE.end()
+
+    @staticmethod
+    def useAutoId() -> None:
+        pass
+
+    @staticmethod
+    def start(user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
+        if _TRACE is not None:
+            _TRACE.begin(user_id, ipu_id)
+
+
+class _BlockHook:
+    def __init__(self, user_id, ipu_id) -> None:
+        self.user_id, self.ipu_id = user_id, ipu_id
+
+    def __call__(self, module, inputs) -> None:
+        if _TRACE is not None:
+            _TRACE.begin(self.user_id, self.ipu_id)
+
+
+def BeginBlock(layer_to_call, user_id: Optional[str] = None, ipu_id: Optional[int] = None):
+    if not isinstance(layer_to_call, torch.nn.Module):
+        raise Error("module is not an instance of torch.nn.Module or function.")
+    if any(isinstance(h, _BlockHook) for h in layer_to_call._forward_pre_hooks.values()):
+        raise Error("module has already been assigned to a block.")
+    layer_to_call.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
+    return layer_to_call
+
+
+def BlockFunction(user_id: Optional[str] = None, ipu_id: Optional[int] = None):
+    def decorator(func):
+        def wrapper(*args, **kwargs):
+            with Block(user_id, ipu_id):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def removeBlocks(module: torch.nn.Module) -> None:
+    for m in module.modules():
+        for key in [k for k, h in m._forward_pre_hooks.items() if isinstance(h, _BlockHook)]:
+            del m._forward_pre_hooks[key]
+
+
+def _record_poptorch_op(name: str) -> None:
+    if _TRACE is not None:
+        _TRACE.ops.append((name, _TRACE.current[1] if _TRACE.current else None, _TRACE.current[0] if _TRACE.current else None))
+
+
+def recomputationCheckpoint(*tensors):
+    if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
+        return type(tensors[0])(recomputationCheckpoint(*tensors[0]))
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise ValueError("All inputs must be tensors")
+    _record_poptorch_op("poptorch.recomputation_checkpoint")
+    if _TRACE is not None:
+        _TRACE.checkpoints += len(tensors)
+    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+
+def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializationMode, factor: int = 0,
+                     keep_precision: bool = False) -> torch.Tensor:
+    if not isinstance(mode, MatMulSerializationMode):
+        raise ValueError("mode must be a poptorch.MatMulSerializationMode")
+    _record_poptorch_op("poptorch.serialized_matmul")
+    return torch.matmul(lhs, rhs)
+
+
+def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float) -> torch.Tensor:
+    if not 0.0 < available_memory_proportion <= 1.0:
+        raise ValueError("available_memory_proportion must be in (0, 1]")
+    _record_poptorch_op("poptorch.set_available_memory")
+    return tensor
+
+
+def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
+    assert reduction in ("sum", "mean", "none"), "Unsupported reduction type!"
+    _record_poptorch_op("poptorch.identity_loss")
+    out = x.sum() if reduction == "sum" else x.mean() if reduction == "mean" else x
+    if _TRACE is not None:
+        _TRACE.losses.append(out)
+    return out
+
+
+# ---- supported operations ------------------------------------------------------------------------------
+
+# aten ops (what the dispatcher sees) that implement a documented operation under another name.
+_ATEN_TO_DOCUMENTED = {
+    "embedding": "torch.nn.Embedding",
+    "layer_norm": "torch.nn.LayerNorm",
+    "native_layer_norm": "torch.nn.LayerNorm",
+    "dropout": "torch.nn.dropout",
+    "native_dropout": "torch.nn.dropout",
+    "linear": "torch.nn.Linear",
+    "mm": "torch.matmul",
+    "gelu": "torch.nn.GELU",
+    "relu": "torch.nn.ReLU",
+    "silu": "torch.nn.SiLU",
+    "_softmax": "torch.nn.Softmax",
+    "softmax": "torch.nn.Softmax",
+    "_log_softmax": "torch.nn.LogSoftmax",
+    "log_softmax": "torch.nn.LogSoftmax",
+    "nll_loss_forward": "torch.nn.NLLLoss",
+    "nll_loss": "torch.nn.NLLLoss",
+    "cross_entropy_loss": "torch.nn.CrossEntropyLoss",
+    "clamp_min": "torch.clamp_min",
+    "rsub": "torch.sub",  # scalar - tensor
+    "where": "torch.where",
+    "scalar_tensor": "torch.full",
+}
+# Views, copies and casts: "executed before even reaching the IPU ... We will also create tensor views"
+# (supported_ops.rst, Tensor operations); casts are the `.float()` / `.half()` / `.long()` every model uses.
+_TENSOR_OPERATIONS = frozenset(
+    "view _unsafe_view reshape permute expand slice select alias detach clone t transpose unsqueeze squeeze "
+    "_to_copy to lift_fresh lift_fresh_copy contiguous copy_ empty_like zeros_like ones_like".split()
+)
+
+
+def documented_name(aten_name: str) -> Optional[str]:
+    """The supported_ops.rst entry an aten op stands for, or None when PopTorch does not list it."""
+    base = aten_name[:-1] if aten_name.endswith("_") and not aten_name.startswith("_") else aten_name
+    if base in _TENSOR_OPERATIONS:
+        return "Tensor operations"
+    if base in _ATEN_TO_DOCUMENTED:
+        return _ATEN_TO_DOCUMENTED[base]
+    for prefix in ("torch.", "tensor.", "torch.Tensor.", "torch.nn.functional."):
+        if prefix + base in SUPPORTED_OPS:
+            return prefix + base
+    return None
+
+
+# ---- tracing ----------------------------------------------------------------------------------------------
+
+
+class _IpuOps(TorchDispatchMode):
+    """Records every aten op with the current IPU, and which parameters / inputs each IPU consumes."""
+
+    def __init__(self, trace: _Trace, params: Dict[int, str], streams: Dict[int, str]) -> None:
+        super().__init__()
+        self.trace, self.params, self.streams = trace, params, streams
+        self.param_ipus = {}  # type: Dict[str, Dict[int, str]]
+        self.stream_ipus = {}  # type: Dict[str, Dict[int, str]]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        current = self.trace.current
+        ipu = current[1] if current else None
+        self.trace.ops.append((name, ipu, current[0] if current else None))
+        for t in _tensors(args) + _tensors(list(kwargs.values())):
+            key = _storage(t)
+            for table, seen in ((self.params, self.param_ipus), (self.streams, self.stream_ipus)):
+                if key in table and ipu is not None:
+                    seen.setdefault(table[key], {}).setdefault(ipu, "%s in block %s" % (name, current[0]))
+        return func(*args, **kwargs)
+
+
+def _tensors(values) -> List[torch.Tensor]:
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(_tensors(v))
+    return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, AttributeError):  # pragma: no cover - torch < 2.0
+        return t.storage().data_ptr()
+
+
+# ---- optimizers (python/optim.py) ---------------------------------------------------------------------
+
+
+class Optimizer(torch.optim.Optimizer):
+    """poptorch.optim.Optimizer: torch's param groups plus an IPU state ("ipu_state", "ipu_param")."""
+
+    _hyper = ()  # type: Tuple[str, ...]
+
+    def __init__(self, params, **kwargs) -> None:
+        unknown = set(kwargs) - set(self._hyper)
+        if unknown:
+            raise TypeError("poptorch.optim.%s got unexpected arguments %s" % (type(self).__name__, sorted(unknown)))
+        self.kwargs = kwargs
+        super().__init__(params, {k: v for k, v in kwargs.items() if v is not None})
+        self._state_dict = {"ipu_state": None, "ipu_param": None}  # type: Dict[str, Any]
+        self.ipu_state_is_dirty = False
+        self.host_state_is_dirty = False
+
+    def step(self, closure=None):  # pragma: no cover - the IPU steps, never the host
+        raise Error("poptorch optimizers step on the IPU")
+
+    def state_dict(self):
+        return self.get_state_dict()
+
+    def load_state_dict(self, state):
+        torch.optim.Optimizer.load_state_dict(self, state)
+        self.set_state_dict(state)
+
+    def get_state_dict(self):
+        return dict(self._state_dict, **torch.optim.Optimizer.state_dict(self))
+
+    def set_state_dict(self, state):
+        if not state:
+            raise RuntimeError("Cannot load optimizer state dictionary because it is empty.")
+        if not ("ipu_state" in state and "ipu_param" in state):
+            raise RuntimeError("Only IPU optimizer states can be loaded onto the IPU.")
+        self._state_dict = state
+        self.ipu_state_is_dirty = True
+        self.host_state_is_dirty = False
+
+    def has_state(self) -> bool:
+        return self._state_dict.get("ipu_state") is not None and self._state_dict.get("ipu_param") is not None
+
+
+def _optimizer(name: str, hyper: str):
+    return type(name, (Optimizer,), {"_hyper": tuple(hyper.split())})
+
+
+class optim:  # noqa: N801  (poptorch.optim is a module; a namespace class serves here)
+    _common = "lr weight_decay loss_scaling accum_type "
+    SGD = _optimizer("SGD", _common + "momentum dampening nesterov velocity_scaling use_combined_accum "
+                     "first_order_momentum_accum_type max_grad_norm")
+    Adam = _optimizer("Adam", _common + "betas eps amsgrad first_order_momentum_accum_type "
+                      "second_order_momentum_accum_type max_grad_norm")
+    AdamW = _optimizer("AdamW", _common + "betas eps amsgrad bias_correction first_order_momentum_accum_type "
+                       "second_order_momentum_accum_type max_grad_norm")
+    RMSprop = _optimizer("RMSprop", _common + "alpha eps momentum centered first_order_momentum_accum_type "
+                         "second_order_momentum_accum_type use_tf_variant")
+    LAMB = _optimizer("LAMB", _common + "betas eps bias_correction max_weight_norm first_order_momentum_accum_type "
+                      "second_order_momentum_accum_type")
+    Optimizer = Optimizer
+
+
+# ---- the executor (python/_poplar_executor.py) ----------------------------------------------------------
+
+
+class PoplarExecutor:
+    def __init__(self, model: torch.nn.Module, options: Options, optimizer=None, training: bool = True) -> None:
+        self._user_model = model
+        self._options = options or Options()
+        self._training = training
+        self._optimizer = None
+        self._compiled = False
+        self._attached = False
+        self._device_state = None  # type: Optional[Dict[str, Any]]
+        self.trace = None  # type: Optional[_Trace]
+        self.loaded_from_cache = False
+        self.cache_file = None  # type: Optional[str]
+        self.calls = 0
+        self.written_states = []  # type: List[Dict[str, Any]]  (what writeOptimizerState put on the device)
+        self.set_optimizer_lrs = []  # type: List[List[float]]
+        self.copies_to_host = 0
+        if optimizer is not None:
+            self.setOptimizer(optimizer)
+
+    # -- what PopTorch keeps on the device -----------------------------------------------------------
+
+    @property
+    def _offline(self) -> bool:
+        return self._options.value("useOfflineIpuTarget") is not None
+
+    def isCompiled(self) -> bool:
+        return self._compiled
+
+    def isAttachedToDevice(self) -> bool:
+        return self._attached
+
+    def _read_optim_state_dict_if_needed(self) -> None:
+        opt = self._optimizer
+        if not isinstance(opt, Optimizer) or not opt.host_state_is_dirty:
+            return
+        if not self._compiled:
+            raise Error("Model has not been compiled or has been destroyed.")
+        state = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._device_state.items()}
+        opt.set_state_dict(dict(state, **torch.optim.Optimizer.state_dict(opt)))
+        opt.ipu_state_is_dirty = False
+
+    def _write_optim_state_dict_if_needed(self) -> None:
+        opt = self._optimizer
+        if isinstance(opt, Optimizer) and opt.ipu_state_is_dirty:
+            if opt.has_state():
+                self._device_state = {"ipu_state": dict(opt._state_dict["ipu_state"]),
+                                      "ipu_param": dict(opt._state_dict["ipu_param"])}
+                self.written_states.append(copy.deepcopy(self._device_state))
+            opt.ipu_state_is_dirty = False
+
+    def _get_optim_state_dict(self):
+        self._read_optim_state_dict_if_needed()
+        return self._optimizer.get_state_dict()
+
+    def _on_device_attach(self) -> None:
+        self._attached = True
+        self._device_state = {
+            "ipu_state": {"step": torch.tensor(0)},
+            "ipu_param": {n: p.detach().clone() for n, p in self._user_model.named_parameters()},
+        }
+        opt = self._optimizer
+        if isinstance(opt, Optimizer):
+            if opt.has_state():
+                opt.ipu_state_is_dirty = True
+                self._write_optim_state_dict_if_needed()
+            else:
+                opt.host_state_is_dirty = True
+                opt.ipu_state_is_dirty = False
+
+    # -- compile ------------------------------------------------------------------------------------
+
+    def _micro_batch(self, args) -> Tuple[torch.Tensor, ...]:
+        opts = self._options
+        per_call = opts._int("deviceIterations") * opts._int("replicationFactor") * opts._int("Training.gradientAccumulation")
+        n = int(args[0].shape[0])
+        if n % per_call:
+            raise Error("the batch dimension (%d) is not a multiple of device iterations x replicas x accumulation (%d)"
+                        % (n, per_call))
+        return tuple(a[: n // per_call] for a in args)
+
+    def _trace(self, args) -> _Trace:
+        global _TRACE
+        strategy = self._options.value("setExecutionStrategy")
+        pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
+        trace = _Trace(strategy.auto_stage if isinstance(strategy, PipelinedExecution) else AutoStage.SameAsIpu)
+        params = {}  # type: Dict[int, str]
+        for name, p in self._user_model.named_parameters():
+            params.setdefault(_storage(p), name)
+        streams = {_storage(a): "input %d" % i for i, a in enumerate(args)}
+        mode = _IpuOps(trace, params, streams)
+        _TRACE = trace
+        try:
+            with mode:
+                outputs = self._user_model(*args)
+        finally:
+            _TRACE = None
+        self._check(trace, mode, outputs, pipelined)
+        return trace
+
+    def _check(self, trace: _Trace, mode: _IpuOps, outputs, pipelined: bool) -> None:
+        with_ipu = [op for op in trace.ops if op[1] is not None]
+        without = [op[0] for op in trace.ops if op[1] is None]
+        if with_ipu and without:
+            raise Error("Either all Ops must have their virtual graph ids set, or none must. Ops with no virtual "
+                        "graph id: %s" % ", ".join(sorted(set(without))))
+        if pipelined:
+            for name, ipus in mode.param_ipus.items():
+                if len(ipus) > 1:
+                    raise Error("Can not copy variable tensor %s between virtual graphs when pipelining. All pipeline "
+                                "stages using this tensor should be on the same graph. (used on IPUs %s: %s)"
+                                % (name, sorted(ipus), "; ".join("%d: %s" % kv for kv in sorted(ipus.items()))))
+            for name, ipus in mode.stream_ipus.items():
+                if len(ipus) > 1:
+                    raise Error("For pipelining, stream tensors can only be streamed directly onto a single IPU "
+                                "(%s used on IPUs %s)" % (name, sorted(ipus)))
+            stages = 0
+            previous = None
+            for _, ipu in trace.block_order:  # consecutive stages on one IPU are merged
+                if ipu != previous:
+                    stages += 1
+                previous = ipu
+            accumulation = self._options._int("Training.gradientAccumulation")
+            if accumulation < stages:
+                raise Error("For pipelining, depth (gradient accumulation factor) must equal at least the number of "
+                            "pipeline stages (%d)" % stages)
+        unsupported = sorted({op[0] for op in trace.ops if not op[0].startswith("poptorch.") and documented_name(op[0]) is None})
+        if unsupported:
+            raise Error("unsupported operation(s) (not in PopTorch's supported_ops.rst): %s" % ", ".join(unsupported))
+        if self._training:
+            first = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+            if not trace.losses or not any(first is loss for loss in trace.losses):
+                raise Error("a training model's loss must be marked with poptorch.identity_loss and returned")
+
+    def _cache_key(self, trace: _Trace) -> str:
+        text = repr([op[:2] for op in trace.ops]) + repr(sorted((n, repr(a)) for n, a, _ in self._options.calls))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def compile(self, *args) -> None:
+        self.trace = self._trace(self._micro_batch(args))
+        cache = self._options.value("enableExecutableCaching")
+        if cache:
+            os.makedirs(cache, exist_ok=True)
+            self.cache_file = os.path.join(cache, "%s.popef" % self._cache_key(self.trace))
+            self.loaded_from_cache = os.path.isfile(self.cache_file)
+            if not self.loaded_from_cache:
+                with open(self.cache_file, "w") as f:
+                    f.write("stand-in executable\n")
+        self._compiled = True
+        if not self._offline:
+            self._on_device_attach()
+
+    def loadExecutable(self, filename: str) -> None:
+        if not os.path.isfile(filename):
+            raise Error("no executable at %s" % filename)
+        self._compiled = True
+        if not self._offline:
+            self._on_device_attach()
+
+    # -- run ------------------------------------------------------------------------------------------
+
+    def __call__(self, *args):
+        if not self._compiled:
+            self.compile(*args)
+        if self._offline:
+            raise Error("Trying to attach to an offline device (ConnectionType.Never)")
+        if not self._attached:
+            raise Error("Device is not attached")
+        self._write_optim_state_dict_if_needed()
+        steps = self._options._int("deviceIterations")
+        micro = self._micro_batch(args)[0].shape[0]
+        n = int(args[0].shape[0]) // micro
+        with torch.no_grad():
+            per_micro = [self._user_model(*(a[i * micro : (i + 1) * micro] for a in args)) for i in range(n)]
+        self._device_state["ipu_state"]["step"] = self._device_state["ipu_state"]["step"] + steps
+        self.calls += 1
+        if isinstance(self._optimizer, Optimizer):
+            self._optimizer.host_state_is_dirty = True  # used on the IPU: the host copy is out of date
+        return tuple(torch.stack([torch.as_tensor(o[k]).reshape(()) for o in per_micro]) for k in range(len(per_micro[0])))
+
+    def copyWeightsToHost(self) -> None:
+        if not self._compiled:
+            raise Error("Model has not been compiled or has been destroyed.")
+        self.copies_to_host += 1
+
+    def setOptimizer(self, optimizer) -> None:
+        if self._compiled and optimizer is not self._optimizer:
+            if isinstance(self._optimizer, Optimizer):
+                self._read_optim_state_dict_if_needed()
+                self._optimizer.state_dict = self._optimizer.get_state_dict
+            if isinstance(optimizer, Optimizer):
+                optimizer.ipu_state_is_dirty = True
+        if isinstance(optimizer, Optimizer):
+            executor = self
+            optimizer.state_dict = lambda: executor._get_optim_state_dict()
+        self._optimizer = optimizer
+        self.set_optimizer_lrs.append([g["lr"] for g in optimizer.param_groups])
+        if self._attached:
+            self._write_optim_state_dict_if_needed()
+
+    def detachFromDevice(self) -> None:
+        if not self._compiled:
+            raise Error("Model has not been compiled or has been destroyed.")
+        if not self._attached:
+            raise Error("Device is not attached")
+        if self._training:
+            self._read_optim_state_dict_if_needed()
+        self._attached = False
+
+
+executors = []  # type: List[PoplarExecutor]
+"""Every executor trainingModel made (test helper)."""
+
+
+def trainingModel(model: torch.nn.Module, options: Optional[Options] = None, optimizer=None) -> PoplarExecutor:
+    executor = PoplarExecutor(model, options, optimizer=optimizer, training=True)
+    executors.append(executor)
+    return executor
+
+
+def DataLoader(options: Options, dataset, batch_size: int = 1, shuffle: bool = False, num_workers: int = 0,
+               drop_last: bool = True, persistent_workers=None, auto_distributed_partitioning: bool = True,
+               mode: DataLoaderMode = DataLoaderMode.Sync, async_options=None, rebatched_worker_size=None, **kwargs):
+    """poptorch.DataLoader: ``batch_size`` is the micro batch; one item is the combined batch of one host
+    call (micro x device iterations x replicas x accumulation)."""
+    combined = batch_size * options._int("deviceIterations") * options._int("replicationFactor") * options._int(
+        "Training.gradientAccumulation")
+    loader = torch.utils.data.DataLoader(dataset, batch_size=combined, shuffle=shuffle, drop_last=drop_last,
+                                         num_workers=num_workers, **kwargs)
+    loader.poptorch_mode = mode
+    loader.micro_batch_size = batch_size
+    return loader
