@@ -150,11 +150,11 @@ def test_finished_run_resumes_to_nothing_and_reports(workspace):
     assert [r["step"] for r in rows] == [1, 2]
 
 
-def test_rerunning_a_finished_run_trains_nothing(workspace):
-    metrics = open(os.path.join(workspace["run"], "metrics.jsonl")).read()
-    checkpoint = snapshot(os.path.join(workspace["run"], "checkpoints"))
+def test_rerunning_a_finished_run_trains_nothing_and_overwrites_nothing(workspace):
+    before = {k: v for k, v in snapshot(workspace["run"]).items() if k != "run.lock"}
+    assert json.load(open(os.path.join(workspace["run"], "summary.json")))["steps_this_run"] == 2
     proc = run_app(*base(workspace))
     assert proc.returncode == 0, proc.stderr
-    assert open(os.path.join(workspace["run"], "metrics.jsonl")).read() == metrics
-    assert snapshot(os.path.join(workspace["run"], "checkpoints")) == checkpoint
-    assert json.load(open(os.path.join(workspace["run"], "summary.json")))["steps_this_run"] == 0
+    assert "already finished" in proc.stdout
+    after = {k: v for k, v in snapshot(workspace["run"]).items() if k != "run.lock"}
+    assert after == before  # summary, metrics, config, checkpoints and export, byte for byte

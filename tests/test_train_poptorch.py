@@ -53,13 +53,17 @@ def _train(config):
 
 def test_checkpoints_hold_the_ipu_optimizer_state_and_a_resume_hands_it_back(poptorch, data_dir, tmp_path):
     run = str(tmp_path / "run")
-    _train(_config(data_dir, run, "training.steps=2", "checkpoint.every_steps=2"))
-    saved = ckpt.load_checkpoint(ckpt.latest_checkpoint(run))["optimizer"]
+    config = _config(data_dir, run, "training.steps=4", "checkpoint.every_steps=2")
+    _train(config)
+    first, last = ckpt.list_checkpoints(run)
+    saved = ckpt.load_checkpoint(first)["optimizer"]
     # Read back from the device after two steps (the torch LAMB never stepped on this path: no moments).
     assert int(saved["ipu_state"]["step"]) == 2 and saved["ipu_param"]
     assert saved["state"] == {}
 
-    _train(_config(data_dir, run, "training.steps=4", "checkpoint.every_steps=2"))
+    os.unlink(last)  # as if the run had been killed after step 2
+    os.unlink(os.path.join(run, "summary.json"))
+    _train(config)
     resumed = poptorch.executors[-1]
     (written,) = resumed.written_states  # the checkpoint's state, written to the IPU before the first step
     assert int(written["ipu_state"]["step"]) == 2

@@ -14,6 +14,12 @@ either the old set of checkpoints or the new one, never a torn file. It holds:
 
 Resuming restores all of it, which makes a resumed run bitwise identical to an uninterrupted
 one on CPU (tests/test_train_loop.py::test_resume_after_kill_gives_bitwise_the_same_losses).
+
+Safety: a checkpoint holds only tensors and plain Python values (the numpy generator state is stored
+as lists), so it is read with ``torch.load(weights_only=True)``: a crafted file given as
+``checkpoint.init_from`` or dropped into checkpoints/ cannot run code when loaded. Its fields are
+checked for type before use, and ``save_checkpoint`` refuses a state holding a non-finite tensor, so
+a diverged run never leaves a poisoned "last good" checkpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from ..fsutil import atomic_open, atomic_write_text, fsync_directory, remove_stale_temporaries
 from .errors import UserError
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -59,63 +66,104 @@ def latest_checkpoint(run_dir: str) -> Optional[str]:
 
 
 def rng_state() -> Dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, numpy and torch generator states, as tensors and plain values only (weights_only-safe)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    python = state["python"]
+    random.setstate((python[0], tuple(python[1]), python[2]))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, "wb") as f:
+        torch.save(obj, f)
 
 
-def atomic_write_text(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def non_finite_tensors(obj: Any, prefix: str = "") -> List[str]:
+    """Dotted names of the floating-point tensors in ``obj`` (nested dicts/lists) holding inf or NaN."""
+    found = []  # type: List[str]
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() and obj.numel() and not bool(torch.isfinite(obj).all()):
+            found.append(prefix or "<tensor>")
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            found += non_finite_tensors(value, "%s.%s" % (prefix, key) if prefix else str(key))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            found += non_finite_tensors(value, "%s[%d]" % (prefix, i))
+    return found
+
+
+class NonFiniteState(UserError):
+    """The state to save holds inf or NaN (the run diverged): it is not written."""
 
 
 def save_checkpoint(run_dir: str, state: Dict[str, Any], keep: int) -> str:
-    """Write state as step_<step>.pt atomically, then delete all but the newest `keep`."""
-    path = os.path.join(checkpoint_dir(run_dir), "step_%07d.pt" % int(state["step"]))
+    """Write state as step_<step>.pt atomically (fsync of file and directory), then delete all but the
+    newest `keep`. Raises NonFiniteState, writing nothing, if a model or optimizer tensor is not finite."""
+    bad = non_finite_tensors({"model": state["model"], "optimizer": state.get("optimizer")})
+    if bad:
+        raise NonFiniteState(
+            "step %d: %d tensors hold inf or NaN (first: %s)" % (int(state["step"]), len(bad), bad[0])
+        )
+    directory = checkpoint_dir(run_dir)
+    path = os.path.join(directory, "step_%07d.pt" % int(state["step"]))
     atomic_torch_save(state, path)
     for old in list_checkpoints(run_dir)[:-keep]:
         os.unlink(old)
+    fsync_directory(directory)
     return path
 
 
+def clean_run_directory(run_dir: str) -> int:
+    """Remove the temporary files a killed writer left in run_dir and its checkpoints/ (under the run lock)."""
+    return remove_stale_temporaries(run_dir) + remove_stale_temporaries(checkpoint_dir(run_dir))
+
+
+# field -> (accepted types, description), checked before a loaded checkpoint is used
+_FIELDS = {
+    "step": ((int,), "an integer"),
+    "model": ((dict,), "a state dict"),
+    "optimizer": ((dict,), "a state dict"),
+    "scheduler": ((dict,), "a state dict"),
+    "data": ((dict,), "a mapping"),
+    "rng": ((dict,), "a mapping"),
+}
+
+
 def load_checkpoint(path: str) -> Dict[str, Any]:
+    """A step checkpoint, read without running code (weights_only) and checked field by field."""
     if not os.path.isfile(path):
         raise UserError("checkpoint not found: %s" % (path,))
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a truncated or foreign file
-        raise UserError("checkpoint %s is unreadable (%s)" % (path, type(exc).__name__))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or foreign file, or a pickle that wants to run code
+        raise UserError("checkpoint %s is unreadable or not a plain tensor checkpoint (%s: %s)"
+                        % (path, type(exc).__name__, _one_line(exc)[:160]))
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise UserError("checkpoint %s is not a training checkpoint of this app" % (path,))
+    for name, (types, what) in _FIELDS.items():
+        value = state.get(name)
+        if name in ("optimizer", "scheduler", "data", "rng") and name not in state:
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise UserError("checkpoint %s: field %r must be %s, got %s" % (path, name, what, type(value).__name__))
+    if state["step"] < 0:
+        raise UserError("checkpoint %s: field 'step' must be >= 0, got %d" % (path, state["step"]))
+    bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if bad:
+        raise UserError("checkpoint %s: model entry %r is not a tensor" % (path, bad[0]))
+    data = state.get("data")
+    if data is not None:
+        for key in ("epoch", "step_in_epoch"):
+            if isinstance(data.get(key), bool) or not isinstance(data.get(key), int) or data[key] < 0:
+                raise UserError("checkpoint %s: field data.%s must be an integer >= 0" % (path, key))
     return state
 
 
@@ -194,6 +242,7 @@ def export_hf(model, directory: str, vocab_path: Optional[str] = None) -> str:
                 shutil.rmtree(old)
             os.replace(directory, old)
         os.replace(tmp, directory)
+        fsync_directory(parent)
         if old:
             shutil.rmtree(old)
     except BaseException:

@@ -2,7 +2,8 @@
 
 `UserError` (and its subclasses) means the input is wrong: the command prints one line naming the
 cause and exits with status 2, before anything is written. `TrainingError` means the run itself
-failed (for example a non-finite loss): one line, exit status 1, the last good checkpoint kept.
+stopped (for example it diverged): one line naming the last checkpoint that is finite throughout,
+exit status 2; nothing non-finite is ever saved.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ class ConfigError(UserError):
 
 
 class TrainingError(UserError):
-    """The run failed while training (non-finite loss). Exit status 1."""
-
-    exit_code = 1
+    """The run stopped while training (non-finite loss or weights). Exit status 2."""
 
 
 __all__ = ["ConfigError", "TrainingError", "UserError"]

@@ -15,8 +15,9 @@ import math
 import os
 import random
 import time
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from .data import TrainingData, batch_rows, check_data_matches, check_vocab_file
 from .errors import TrainingError, UserError
 from .metrics import MetricsLogger, StepRecord
 from .optim import build_optimizer, build_scheduler
+from .runlock import RunLock
 
 
 @dataclass
@@ -40,6 +42,8 @@ class RunPlan:
     resume_state: Optional[Dict[str, Any]]
     resume_path: Optional[str]
     steps_per_epoch: int
+    changed_on_resume: List[str] = dataclasses.field(default_factory=list)
+    """Keys a forced resume changed (checkpoint.resume=force); empty otherwise."""
 
     @property
     def run_dir(self) -> str:
@@ -101,8 +105,16 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
 
     resume_path = _resolve_resume(config)
     resume_state = ckpt.load_checkpoint(resume_path) if resume_path else None
+    changed = []  # type: List[str]
     if resume_state is not None:
         _check_resume_matches(config, data, resume_state, resume_path)
+        changed = _changed_keys(resume_state.get("config") or {}, config.to_dict())
+        if changed and config.checkpoint.resume != "force":
+            raise UserError(
+                "checkpoint %s was trained with other values of %s: resuming would mix two runs; use "
+                "another checkpoint.output_dir, or checkpoint.resume=force to continue with the new values"
+                % (resume_path, ", ".join(changed))
+            )
 
     init_from = config.checkpoint.init_from
     if init_from and resume_state is None:
@@ -124,11 +136,53 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
     if resume_state is not None:
         try:
             model.load_state_dict(resume_state["model"])
-            optimizer.load_state_dict(resume_state["optimizer"])
-            scheduler.load_state_dict(resume_state["scheduler"])
-        except (RuntimeError, ValueError, KeyError) as exc:
+            if changed:
+                _load_with_new_hyperparameters(optimizer, scheduler, resume_state)
+            else:
+                optimizer.load_state_dict(resume_state["optimizer"])
+                scheduler.load_state_dict(resume_state["scheduler"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
             raise UserError("checkpoint %s does not fit this config (%s)" % (resume_path, " ".join(str(exc).split())[:200]))
-    return RunPlan(config, data, accounting, model, optimizer, scheduler, resume_state, resume_path, steps_per_epoch)
+    return RunPlan(config, data, accounting, model, optimizer, scheduler, resume_state, resume_path, steps_per_epoch,
+                   changed)
+
+
+# What a resume may not change silently: the optimizer, the schedule, the length and the batch.
+_RESUME_KEYS = ("optimizer.", "schedule.", "training.steps", "training.global_batch_sequences",
+                "training.batch_accounting")
+
+
+def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out = {}  # type: Dict[str, Any]
+    for key, value in d.items():
+        name = prefix + str(key)
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _changed_keys(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
+    """Dotted keys among _RESUME_KEYS whose value differs between a checkpoint's config and this one."""
+    a, b = _flatten(old), _flatten(new)
+    keys = sorted(k for k in set(a) | set(b) if k.startswith(_RESUME_KEYS) and k in a and a.get(k) != b.get(k))
+    return keys
+
+
+def _load_with_new_hyperparameters(optimizer, scheduler, state: Dict[str, Any]) -> None:
+    """A forced resume: the moments and step counts come from the checkpoint, every hyperparameter (lr,
+    betas, eps, weight decay) and the schedule from the new config, fast-forwarded to the checkpoint's step."""
+    import warnings
+
+    fresh = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state["optimizer"])
+    for group, values in zip(optimizer.param_groups, fresh):
+        group.update(values)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+        for _ in range(int(state["step"])):
+            scheduler.step()
 
 
 def _steps_per_call(execution) -> int:
@@ -139,7 +193,7 @@ def _steps_per_call(execution) -> int:
 def _resolve_resume(config: PretrainingConfig) -> Optional[str]:
     mode = config.checkpoint.resume
     latest = ckpt.latest_checkpoint(config.run_dir)
-    if mode == "auto":
+    if mode in ("auto", "force"):
         return latest
     if mode == "never":
         if latest is not None:
@@ -171,20 +225,33 @@ def _check_resume_matches(config: PretrainingConfig, data: TrainingData, state: 
 
 
 def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Optional[Callable] = None) -> Dict[str, Any]:
-    """Train to config.training.steps. Returns a summary dict (also written to run_dir/summary.json)."""
-    config, data, accounting = plan.config, plan.data, plan.accounting
+    """Train to config.training.steps, holding the run directory's lock. Returns a summary dict (also
+    written to run_dir/summary.json; a finished run returns the one it wrote and writes nothing)."""
     if make_runner is None:
         from ipu_packing.execution import make_runner
     run_dir = plan.run_dir
-    total = config.training.steps
     step = plan.start_step
     epoch, position = 0, 0
     if plan.resume_state is not None:
         epoch = int(plan.resume_state["data"]["epoch"])
         position = int(plan.resume_state["data"]["step_in_epoch"])
 
-    runner = make_runner(plan.model, plan.optimizer, accounting.execution, scheduler=plan.scheduler)
+    runner = make_runner(plan.model, plan.optimizer, plan.accounting.execution, scheduler=plan.scheduler)
     rank = int(getattr(runner, "rank", 0))
+    lock = RunLock(run_dir) if rank == 0 else None
+    if lock is not None:
+        lock.acquire()  # before anything is written: a second run in this directory is refused here
+    try:
+        return _train(plan, runner, rank, step, epoch, position, log)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(plan: RunPlan, runner, rank: int, step: int, epoch: int, position: int, log) -> Dict[str, Any]:
+    config, data, accounting = plan.config, plan.data, plan.accounting
+    run_dir = plan.run_dir
+    total = config.training.steps
     if plan.resume_state is not None:
         # Before the first step: on IPUs, poptorch writes the restored moments to the device when it attaches.
         try:
@@ -198,8 +265,20 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
     if not main:
         log = lambda message: None  # noqa: E731
     jsonl = os.path.join(run_dir, "metrics.jsonl")
+    summary_path = os.path.join(run_dir, "summary.json")
+    if plan.resume_state is not None and step >= total and not plan.changed_on_resume and os.path.isfile(summary_path):
+        log("run %s already finished at step %d (%s): nothing to do, nothing written" % (run_dir, step, summary_path))
+        with open(summary_path, "r", encoding="utf-8") as f:
+            return json.load(f)
     if main:
         os.makedirs(run_dir, exist_ok=True)
+        ckpt.clean_run_directory(run_dir)
+        if plan.changed_on_resume:
+            # checkpoint.resume=force: keep the config the checkpoint was trained with beside the new one
+            before = os.path.join(run_dir, "config.before_step_%07d.json" % step)
+            ckpt.atomic_write_text(before, json.dumps(plan.resume_state.get("config"), indent=2, sort_keys=True) + "\n")
+            log("checkpoint.resume=force: continuing with new values of %s (the old config is in %s)"
+                % (", ".join(plan.changed_on_resume), before))
         ckpt.atomic_write_text(os.path.join(run_dir, "config.json"), json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
         if plan.resume_state is not None:
             ckpt.truncate_jsonl(jsonl, step)
@@ -235,8 +314,8 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
                 position += calls
                 if not math.isfinite(float(metrics.loss)):
                     raise TrainingError(
-                        "loss is %s at step %d: stopped; the last good checkpoint is %s"
-                        % (float(metrics.loss), step, last_saved or "none (no checkpoint was written yet)")
+                        "loss is %s at step %d: the run diverged and stopped; the last checkpoint finite "
+                        "throughout is %s" % (float(metrics.loss), step, last_saved or "none (no checkpoint was written yet)")
                     )
                 rows = batch_rows(batch)
                 record = StepRecord(
@@ -266,7 +345,13 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
                     optimizer_state = runner.optimizer_state_dict()  # a collective under torchrun
                     rng_states = _gathered(runner, ckpt.rng_state())
                     if main:
-                        last_saved = _save(plan, runner, step, epoch, position, record, optimizer_state, rng_states)
+                        try:
+                            last_saved = _save(plan, runner, step, epoch, position, record, optimizer_state, rng_states)
+                        except ckpt.NonFiniteState as exc:
+                            raise TrainingError(
+                                "the run diverged: %s; not saved. The last checkpoint finite throughout is %s"
+                                % (exc, last_saved or "none (no checkpoint was written yet)")
+                            )
                 if step >= total:
                     break
             if step < total and position != 0:  # the loader stopped early: its batches are not global_batch_packs
@@ -284,7 +369,7 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
         ckpt.export_hf(runner.model, export_dir, data.vocab_path)
         summary["export"] = export_dir
         log("exported the final model (Hugging Face BertForPreTraining) to %s" % (export_dir,))
-    ckpt.atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    ckpt.atomic_write_text(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     log(_summary_line(summary))
     return summary
 

@@ -173,7 +173,9 @@ class CheckpointConfig:
     """Phase-1 weights: a Hugging Face BERT directory (config.json + weights) or one of our
     checkpoints (a step_*.pt file or a run directory). Only the model weights are taken."""
     resume: str = "auto"
-    """"auto": continue from the run directory's latest checkpoint if there is one;
+    """"auto": continue from the run directory's latest checkpoint if there is one, refusing a
+    checkpoint trained with other optimizer, schedule, step-count or batch values;
+    "force": the same, but continue with the new values (both configs are kept in the run directory);
     "never": refuse to start in a run directory that has checkpoints; or a checkpoint path."""
     export: bool = True
     """Write the final model as a Hugging Face directory (run_dir/final)."""
