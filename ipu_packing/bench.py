@@ -37,6 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .bench_report import Result, draw_plot, format_result
+from .errors import ArgumentParser, UserError, run_command
 from .data.format import (CLS_ID, FIRST_WORD_ID, IGNORE_INDEX, MASK_ID, SEP_ID, Instance, as_batch, mlm_slots,
                           pack_sequences)
 
@@ -48,7 +49,7 @@ MODEL_PRESETS = {
 }
 
 
-class BenchError(Exception):
+class BenchError(UserError):
     """Bad input: printed as one line, exit status 2."""
 
 
@@ -316,14 +317,8 @@ def run_bench(
     )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        sys.stderr.write("error: %s (see --help)\n" % (message,))
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m ipu_packing.bench", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m ipu_packing.bench", description=__doc__.split("\n\n")[0])
     source = p.add_mutually_exclusive_group()
     source.add_argument("--histogram", help="length histogram JSON (key 'histogram', bin i = length i+1); default: the shared Wikipedia 512 one")
     source.add_argument("--data", help="prepared data (prepare's --output DIR, or one dataset directory)")
@@ -344,54 +339,73 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.timed_packs < 0:
-            raise BenchError("--timed-packs must be >= 0")
-        for name in ("micro_batch_size", "repeats", "max_sequences_per_pack"):
-            if getattr(args, name) < 1:
-                raise BenchError("--%s must be >= 1" % name.replace("_", "-"))
-        if args.data:
-            histogram = read_dataset_histogram(args.data)
-            if args.max_seq_length and args.max_seq_length != len(histogram):
-                raise BenchError("--max-seq-length %d differs from the dataset's S=%d" % (args.max_seq_length, len(histogram)))
-        else:
-            path = args.histogram or os.path.join(shared_dir(), "data", "wikipedia_512_histogram.json")
-            if not args.histogram and not os.path.isfile(path):
-                raise BenchError(
-                    "no length histogram: %s is absent (set IPU_PACKING_SHARED, or pass --histogram FILE or "
-                    "--data DIR, e.g. --data output/data/demo_128)" % (path,)
-                )
-            histogram = read_histogram_file(path, args.max_seq_length)
-        S = len(histogram)
-        if args.threads:
-            import torch
+    return run_command(_main, None if argv is None else list(argv))
 
-            torch.set_num_threads(args.threads)
-        log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
-        result = run_bench(
-            histogram,
-            S,
-            args.max_sequences_per_pack,
-            model_preset=args.model,
-            micro_batch_size=args.micro_batch_size,
-            repeats=args.repeats,
-            algorithm=args.algorithm,
-            attention=args.attention,
-            seed=args.seed,
-            timed_packs=args.timed_packs or None,
-            log=log,
-        )
-        if args.plot:
-            result.plot = draw_plot(result, histogram, args.plot)
-    except BenchError as exc:
-        sys.stderr.write("error: %s\n" % (exc,))
-        return 2
+
+def _main(argv: Optional[List[str]]) -> int:
+    args = build_parser().parse_args(argv)
+    # Every input is checked before anything is timed or written.
+    if args.timed_packs < 0:
+        raise BenchError("--timed-packs must be >= 0")
+    for name in ("micro_batch_size", "repeats", "max_sequences_per_pack"):
+        if getattr(args, name) < 1:
+            raise BenchError("--%s must be >= 1" % name.replace("_", "-"))
+    if args.data:
+        histogram = read_dataset_histogram(args.data)
+        if args.max_seq_length and args.max_seq_length != len(histogram):
+            raise BenchError("--max-seq-length %d differs from the dataset's S=%d" % (args.max_seq_length, len(histogram)))
+    else:
+        path = args.histogram or os.path.join(shared_dir(), "data", "wikipedia_512_histogram.json")
+        if not args.histogram and not os.path.isfile(path):
+            raise BenchError(
+                "no length histogram: %s is absent (set IPU_PACKING_SHARED, or pass --histogram FILE or "
+                "--data DIR, e.g. --data output/data/demo_128)" % (path,)
+            )
+        histogram = read_histogram_file(path, args.max_seq_length)
+    if args.plot:
+        check_writable(args.plot)
+    S = len(histogram)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
+    result = run_bench(
+        histogram,
+        S,
+        args.max_sequences_per_pack,
+        model_preset=args.model,
+        micro_batch_size=args.micro_batch_size,
+        repeats=args.repeats,
+        algorithm=args.algorithm,
+        attention=args.attention,
+        seed=args.seed,
+        timed_packs=args.timed_packs or None,
+        log=log,
+    )
+    if args.plot:
+        result.plot = draw_plot(result, histogram, args.plot)
     if args.json:
         print(json.dumps(asdict(result), sort_keys=True))
     else:
         print(format_result(result))
     return 0
+
+
+def check_writable(path: str) -> None:
+    """Refuse, before a long run, an output path whose directory cannot take a file (missing parent that
+    cannot be made, a file in the way, a read-only file system): by trying, since root passes os.access."""
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise BenchError("cannot write %s: %s" % (path, exc.strerror or exc))
+    if os.path.isdir(path):
+        raise BenchError("cannot write %s: it is a directory" % (path,))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ class InputError(UserError, ValueError):
     """An argument, option or input file is wrong. Also a ValueError: library callers may catch either."""
 
 
+class ConfigError(InputError):
+    """A config value is wrong (a YAML key, an override, a dataclass field); the message names the key."""
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises InputError (one line) instead of printing usage and exiting."""
 
@@ -102,6 +106,7 @@ def run_command(main: Callable[[Optional[List[str]]], int], argv: Optional[List[
 __all__ = [
     "ArgumentParser",
     "BROKEN_PIPE_EXIT",
+    "ConfigError",
     "INTERRUPTED_EXIT",
     "USER_ERROR_EXIT",
     "InputError",

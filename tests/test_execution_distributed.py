@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ipu_packing.errors import UserError
 from ipu_packing.execution import ExecutionConfig, make_runner
 from ipu_packing.execution.synthetic import PackDataset
 
@@ -121,5 +122,5 @@ def test_two_processes_match_one(distributed_runs, single_process, name):
 
 
 def test_config_asks_for_the_processes_it_needs():
-    with pytest.raises(RuntimeError, match="torchrun --nproc-per-node 2"):
+    with pytest.raises(UserError, match="torchrun --nproc-per-node 2"):
         make_runner(build_model(), torch.optim.SGD(build_model().parameters(), lr=0.1), ExecutionConfig(replication_factor=2))

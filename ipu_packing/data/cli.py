@@ -7,26 +7,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import List, Optional
 
 import numpy as np
 
+from ..errors import ArgumentParser, run_command
 from ..packing.cli import add_lp_arguments
 from .errors import DataError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of usage + message
-        raise DataError("%s: %s" % (self.prog, message))
 
 
 def _parser() -> argparse.ArgumentParser:
     from .pipeline import PrepareConfig
 
     defaults = PrepareConfig(input="default", output="-")
-    parser = _Parser(prog="python -m ipu_packing.data", description=__doc__)
-    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
+    parser = ArgumentParser(prog="python -m ipu_packing.data", description=__doc__)
+    commands = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
     commands.required = True
     p = commands.add_parser("prepare", help="corpus -> packed/ and padded/ datasets")
     p.add_argument("--input", required=True, help='file, directory, glob, or "default" (embedded corpus)')
@@ -137,17 +132,14 @@ def _inspect(args: argparse.Namespace) -> None:
           % (manifest["num_masked_tokens"], manifest["num_masked_tokens"] / float(max(1, n)), manifest["mlm_slots"]))
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        args = _parser().parse_args(argv)
-        if args.command == "prepare":
-            _prepare(args)
-        else:
-            _inspect(args)
-    except DataError as error:
-        print("error: %s" % error, file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+def _main(argv: Optional[List[str]]) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "prepare":
+        _prepare(args)
+    else:
+        _inspect(args)
     return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_command(_main, argv)

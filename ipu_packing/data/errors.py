@@ -8,5 +8,8 @@ traceback.
 """
 
 
-class DataError(Exception):
+from ..errors import UserError
+
+
+class DataError(UserError):
     """A user-facing data problem; str(error) is a single line naming its cause."""

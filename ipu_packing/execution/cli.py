@@ -12,15 +12,21 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from ..errors import ArgumentParser, run_command
+
 
 def main(argv: Optional[List[str]] = None) -> int:
+    return run_command(_main, argv)
+
+
+def _main(argv: Optional[List[str]]) -> int:
     from ipu_packing.train import cli as train_cli  # train imports execution: import it only when run
 
-    parser = train_cli.OneLineErrorParser(prog="python -m ipu_packing.execution")
+    parser = ArgumentParser(prog="python -m ipu_packing.execution")
     sub = parser.add_subparsers(dest="command", required=True)
     dry = sub.add_parser("dry-run", help="placement, memory per IPU and batch sizes of a config (no poptorch needed)")
     dry.add_argument("--config", required=True, help="config name in configs/ or a YAML path")
     dry.add_argument("overrides", nargs="*", metavar="section.key=value",
                      help="e.g. data.packing_factor_estimate=2.0 (the packing factor the batch sizes assume)")
     args = parser.parse_args(argv)
-    return train_cli.main(["--config", args.config, "--dry-run"] + list(args.overrides))
+    return train_cli._main(["--config", args.config, "--dry-run"] + list(args.overrides))

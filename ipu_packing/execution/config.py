@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from ..errors import ConfigError
+
 BACKENDS = ("torch", "poptorch")
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEVICES = ("cpu", "cuda")
@@ -143,45 +145,45 @@ class ExecutionConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ValueError("execution.backend must be one of %s, got %r" % (BACKENDS, self.backend))
+            raise ConfigError("execution.backend must be one of %s, got %r" % (BACKENDS, self.backend))
         if self.device not in DEVICES:
-            raise ValueError("execution.device must be one of %s, got %r" % (DEVICES, self.device))
+            raise ConfigError("execution.device must be one of %s, got %r" % (DEVICES, self.device))
         if self.precision not in PRECISIONS:
-            raise ValueError("execution.precision must be one of %s, got %r" % (PRECISIONS, self.precision))
+            raise ConfigError("execution.precision must be one of %s, got %r" % (PRECISIONS, self.precision))
         if self.pipeline_schedule not in PIPELINE_SCHEDULES:
-            raise ValueError(
+            raise ConfigError(
                 "execution.pipeline_schedule must be one of %s, got %r" % (PIPELINE_SCHEDULES, self.pipeline_schedule)
             )
         for name in ("micro_batch_size", "gradient_accumulation", "replication_factor", "device_iterations"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError("execution.%s must be an integer >= 1, got %r" % (name, value))
+                raise ConfigError("execution.%s must be an integer >= 1, got %r" % (name, value))
         self.layers_per_ipu = list(self.layers_per_ipu)
         for n in self.layers_per_ipu:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError("execution.layers_per_ipu must be integers >= 0, got %r" % (self.layers_per_ipu,))
+                raise ConfigError("execution.layers_per_ipu must be integers >= 0, got %r" % (self.layers_per_ipu,))
         if self.layers_per_ipu and sum(self.layers_per_ipu) == 0:
-            raise ValueError("execution.layers_per_ipu places no encoder layer: %r" % (self.layers_per_ipu,))
+            raise ConfigError("execution.layers_per_ipu places no encoder layer: %r" % (self.layers_per_ipu,))
         self.available_memory_proportion = [float(p) for p in self.available_memory_proportion]
         if len(self.available_memory_proportion) not in (0, 1, self.num_stages):
-            raise ValueError(
+            raise ConfigError(
                 "execution.available_memory_proportion needs one value or one per IPU (%d), got %r"
                 % (self.num_stages, self.available_memory_proportion)
             )
         for p in self.available_memory_proportion:
             if not 0.0 < p <= 1.0:
-                raise ValueError("execution.available_memory_proportion values must be in (0, 1], got %r" % p)
+                raise ConfigError("execution.available_memory_proportion values must be in (0, 1], got %r" % p)
         if not float(self.loss_scaling) > 0.0:
-            raise ValueError("execution.loss_scaling must be > 0, got %r" % (self.loss_scaling,))
+            raise ConfigError("execution.loss_scaling must be > 0, got %r" % (self.loss_scaling,))
         if self.compile_only and self.use_ipu_model:
-            raise ValueError("execution.compile_only targets an offline IPU and cannot use the IPU Model")
+            raise ConfigError("execution.compile_only targets an offline IPU and cannot use the IPU Model")
         n = self.embedding_serialization_factor
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError("execution.embedding_serialization_factor must be an integer >= 1, got %r" % (n,))
+            raise ConfigError("execution.embedding_serialization_factor must be an integer >= 1, got %r" % (n,))
         for name in ("gradient_accumulator_type", "first_order_momentum_type", "second_order_momentum_type"):
             value = getattr(self, name)
             if not (value in ACCUMULATOR_TYPES or (value is None and name == "gradient_accumulator_type")):
-                raise ValueError("execution.%s must be one of %s, got %r" % (name, ACCUMULATOR_TYPES, value))
+                raise ConfigError("execution.%s must be one of %s, got %r" % (name, ACCUMULATOR_TYPES, value))
         for name, choices in (
             ("output_mode", OUTPUT_MODES),
             ("dataloader_mode", DATALOADER_MODES),
@@ -189,18 +191,18 @@ class ExecutionConfig:
             ("subgraph_copying_strategy", SUBGRAPH_COPYING_STRATEGIES),
         ):
             if getattr(self, name) not in choices:
-                raise ValueError("execution.%s must be one of %s, got %r" % (name, choices, getattr(self, name)))
+                raise ConfigError("execution.%s must be one of %s, got %r" % (name, choices, getattr(self, name)))
         self.accumulate_outer_fragment_excluded_ipus = list(self.accumulate_outer_fragment_excluded_ipus)
         for ipu in self.accumulate_outer_fragment_excluded_ipus:
             if isinstance(ipu, bool) or not isinstance(ipu, int) or not 0 <= ipu < self.num_stages:
-                raise ValueError(
+                raise ConfigError(
                     "execution.accumulate_outer_fragment_excluded_ipus must be IPU indices in [0, %d), got %r"
                     % (self.num_stages, self.accumulate_outer_fragment_excluded_ipus)
                 )
         if not isinstance(self.engine_options, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.engine_options.items()
         ):
-            raise ValueError("execution.engine_options must map strings to strings, got %r" % (self.engine_options,))
+            raise ConfigError("execution.engine_options must map strings to strings, got %r" % (self.engine_options,))
         self.engine_options = dict(self.engine_options)
 
     # ---- derived values (the only place they are computed) -------------------------------------------
@@ -238,7 +240,7 @@ class ExecutionConfig:
     def global_batch_sequences(self, packing_factor: float) -> float:
         """Sequences per optimizer step on average, for a dataset averaging ``packing_factor`` sequences/pack."""
         if not packing_factor >= 1.0:
-            raise ValueError("packing factor must be >= 1, got %r" % (packing_factor,))
+            raise ConfigError("packing factor must be >= 1, got %r" % (packing_factor,))
         return self.global_batch_packs * float(packing_factor)
 
     @property
@@ -287,7 +289,7 @@ class ExecutionConfig:
         """Stage (IPU) index of every encoder layer, checking ``layers_per_ipu`` covers ``num_layers``."""
         counts = self.layers_per_ipu or [num_layers]
         if sum(counts) != num_layers:
-            raise ValueError(
+            raise ConfigError(
                 "execution.layers_per_ipu %r places %d encoder layers but the model has %d"
                 % (self.layers_per_ipu, sum(counts), num_layers)
             )

@@ -16,6 +16,7 @@ from typing import Any, Dict, List
 
 import torch
 
+from ..errors import ConfigError, UserError
 from .config import ACCUMULATE_OUTER_FRAGMENT_SCHEDULES, SUBGRAPH_COPYING_STRATEGIES, ExecutionConfig
 from .placement import ipu_blocks, model_stages
 from .runner_common import BATCH_FIELDS, StepMetrics, count_batch
@@ -26,7 +27,7 @@ SDK_MESSAGE = (
 )
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(UserError, RuntimeError):
     """The chosen backend cannot be imported here."""
 
 
@@ -40,9 +41,9 @@ def import_poptorch():
 
 def check_backend(attention: str) -> None:
     """What refuses a poptorch run before any model exists: an attention PopTorch cannot trace, no poptorch.
-    Raises ValueError or BackendUnavailable, each with a one-line message."""
+    Raises ConfigError or BackendUnavailable (both UserErrors), each with a one-line message."""
     if attention != "dense":
-        raise ValueError(
+        raise ConfigError(
             "execution.backend 'poptorch' runs attention 'dense' only (PopTorch's supported operations include "
             "neither scaled_dot_product_attention nor FlexAttention), got %r: set model.packed_attention=dense"
             % (attention,)
@@ -174,11 +175,11 @@ def serialize_tied_decoder(model: torch.nn.Module, config: ExecutionConfig, popt
     tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     decoders = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and any(m.weight is w for w in tables)]
     if len(decoders) != 1:
-        raise ValueError("execution.embedding_serialization_factor %d needs exactly one decoder tied to an "
+        raise ConfigError("execution.embedding_serialization_factor %d needs exactly one decoder tied to an "
                          "embedding, found %d" % (factor, len(decoders)))
     decoder = decoders[0]
     if decoder.out_features % factor:
-        raise ValueError("execution.embedding_serialization_factor %d must divide the vocabulary size %d"
+        raise ConfigError("execution.embedding_serialization_factor %d must divide the vocabulary size %d"
                          % (factor, decoder.out_features))
     mode = poptorch.MatMulSerializationMode.OutputChannels
 
@@ -290,7 +291,7 @@ class PoptorchRunner:
         if config.precision == "fp16":
             model.half()
         elif config.precision == "bf16":
-            raise ValueError("execution.precision bf16 is not available on IPUs: use fp16 or fp32")
+            raise ConfigError("execution.precision bf16 is not available on IPUs: use fp16 or fp32")
         model.train()
         self.ipu_optimizer = translate_optimizer(optimizer, config, self.poptorch)
         self._lrs = self._current_lrs()

@@ -11,6 +11,7 @@ from typing import Dict, Iterator, List, Mapping, Tuple
 import torch
 
 from ..data.format import FIELDS, IGNORE_INDEX
+from ..errors import UserError
 
 BATCH_FIELDS = FIELDS  # model inputs in forward's order; shapes and meanings: data/format.py
 
@@ -43,14 +44,35 @@ METRICS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
 """The StepMetrics averaged over micro batches (and replicas)."""
 
 
+class LaunchError(UserError):
+    """The process was started in a way the config cannot run in (no CUDA, no torchrun)."""
+
+
+def check_launch(config) -> None:
+    """What init_distributed needs of the launch, checked before anything is built: CUDA when asked for,
+    and torchrun's environment when the config needs more than one process. Raises LaunchError."""
+    if config.backend != "torch":
+        return
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise LaunchError("execution.device is 'cuda' but torch sees no CUDA device")
+    world = config.world_size
+    if world > 1 and ("RANK" not in os.environ or "WORLD_SIZE" not in os.environ):
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise LaunchError(
+                "this config needs %d processes (replication %d x stages %d): launch it with "
+                "`torchrun --nproc-per-node %d ...`" % (world, config.replication_factor, config.num_stages, world)
+            )
+
+
 def init_distributed(config) -> Tuple[int, int, torch.device]:
     """(rank, world size, device) for this process; joins the torchrun process group when the config
     needs more than one process (reads RANK, WORLD_SIZE, LOCAL_RANK; gloo on CPU, NCCL on CUDA)."""
+    check_launch(config)
     world = config.world_size
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if config.device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("execution.device is 'cuda' but torch sees no CUDA device")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
@@ -60,14 +82,9 @@ def init_distributed(config) -> Tuple[int, int, torch.device]:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            raise RuntimeError(
-                "this config needs %d processes (replication %d x stages %d): launch it with "
-                "`torchrun --nproc-per-node %d ...`" % (world, config.replication_factor, config.num_stages, world)
-            )
         dist.init_process_group("nccl" if config.device == "cuda" else "gloo")
     if dist.get_world_size() != world:
-        raise RuntimeError(
+        raise LaunchError(
             "this config needs %d processes (replication %d x stages %d), torchrun started %d"
             % (world, config.replication_factor, config.num_stages, dist.get_world_size())
         )

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..data.format import IGNORE_INDEX, Instance, as_batch, mlm_slots, pack_sequences
+from ..errors import ArgumentParser, run_command
 
 PRESETS = {
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4),
@@ -40,14 +41,8 @@ PRESETS = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit code 2, no usage dump
-        sys.stderr.write("%s: error: %s\n" % (self.prog, message))
-        sys.exit(2)
-
-
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = _Parser(prog="python -m ipu_packing.model.bench", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m ipu_packing.model.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model size (default small)")
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--max-seq-length", type=int, default=128, help="S, tokens per row")
@@ -122,7 +117,11 @@ def count_flops(step: Callable[[Dict[str, torch.Tensor]], Any], fields: Dict[str
     return float(counter.get_total_flops())
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_command(_main, argv)
+
+
+def _main(argv: Optional[List[str]]) -> int:
     args = parse_args(argv)
     import transformers
 
@@ -212,7 +211,8 @@ def main(argv: Optional[List[str]] = None) -> None:
             "matmul FLOPs per step (forward + backward, noise-free): packed %.4g, padded %.4g, overhead %+.2f%%"
             % (flops["packed"], flops["padded"], overhead(flops))
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

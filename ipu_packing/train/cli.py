@@ -2,28 +2,22 @@
 
     python run_pretraining.py [--config NAME|PATH] [--dry-run] [section.key=value ...]
 
-Exit status: 0 done; 1 the run failed while training (non-finite loss); 2 bad input (config,
-dataset, checkpoint), reported on one line before anything is written.
+Exit status (ipu_packing.errors.run_command): 0 done; 2 bad input (config, dataset, checkpoint,
+launch), reported on one line before anything is written, or a run that diverged, naming the last
+checkpoint that is finite throughout; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import List, Optional
 
+from ..errors import ArgumentParser, run_command
 from .loader import DEFAULT_CONFIG, available_configs, load_config
-from .errors import TrainingError, UserError
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        sys.stderr.write("error: %s (see --help)\n" % (message,))
-        sys.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(
+    parser = ArgumentParser(
         prog="run_pretraining.py",
         description="BERT phase-2 pretraining on packed sequences (configs/*.yaml; overrides as section.key=value).",
     )
@@ -66,28 +60,20 @@ def dry_run(config) -> str:
     return "\n".join(lines) + "\n" + report.rstrip("\n")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def _main(argv: Optional[List[str]]) -> int:
     args = build_parser().parse_args(argv)
     if args.list_configs:
         print("\n".join(available_configs()))
         return 0
-    try:
-        config = load_config(args.config, args.overrides)
-        if args.dry_run:
-            print(dry_run(config))
-            return 0
-        from .loop import run
-
-        run(config, log=lambda message: print(message, flush=True))
+    config = load_config(args.config, args.overrides)
+    if args.dry_run:
+        print(dry_run(config))
         return 0
-    except UserError as exc:
-        sys.stderr.write("error: %s\n" % (" ".join(str(exc).split()),))
-        return exc.exit_code
-    except TrainingError as exc:
-        sys.stderr.write("error: %s\n" % (" ".join(str(exc).split()),))
-        return exc.exit_code
-    except ValueError as exc:  # e.g. the execution package rejecting a config value
-        if "execution." in str(exc) or "layers_per_ipu" in str(exc):
-            sys.stderr.write("error: %s\n" % (" ".join(str(exc).split()),))
-            return 2
-        raise
+    from .loop import run
+
+    run(config, log=lambda message: print(message, flush=True))
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_command(_main, argv)

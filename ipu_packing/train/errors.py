@@ -8,11 +8,7 @@ exit status 2; nothing non-finite is ever saved.
 
 from __future__ import annotations
 
-from ..errors import UserError
-
-
-class ConfigError(UserError):
-    """A config file or override is wrong; the message names the key."""
+from ..errors import ConfigError, UserError
 
 
 class TrainingError(UserError):

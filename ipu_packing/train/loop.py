@@ -25,7 +25,7 @@ import torch
 from . import checkpoint as ckpt
 from .config import BatchAccounting, PretrainingConfig
 from .data import TrainingData, batch_rows, check_data_matches, check_vocab_file, open_shards, read_training_data
-from .errors import TrainingError, UserError
+from .errors import ConfigError, TrainingError, UserError
 from .metrics import MetricsLogger, StepRecord
 from .optim import build_optimizer, build_scheduler
 from .runlock import RunLock
@@ -68,17 +68,21 @@ def _model_class():
 
 def check_backend(config: PretrainingConfig) -> None:
     """Refuse, before any model is built, a backend this machine or this model cannot run (poptorch
-    without the Poplar SDK, or with an attention PopTorch cannot trace): one-line UserError."""
+    without the Poplar SDK, or with an attention PopTorch cannot trace; CUDA that is not there; a
+    multi-process config started without torchrun): one-line UserError."""
     if config.execution_spec.backend != "poptorch":
+        from ipu_packing.execution.runner_common import check_launch
+
+        check_launch(config.execution_spec)
         return
-    from ipu_packing.execution.poptorch_backend import BackendUnavailable
     from ipu_packing.execution.poptorch_backend import check_backend as check_poptorch
     from ipu_packing.model.attention import resolve_attention
 
     try:
-        check_poptorch(resolve_attention(config.bert_config()))
-    except (BackendUnavailable, ValueError) as exc:
-        raise UserError(str(exc))
+        attention = resolve_attention(config.bert_config())
+    except ValueError as exc:
+        raise ConfigError("model: %s" % (exc,))
+    check_poptorch(attention)  # ConfigError or BackendUnavailable, both one-line UserErrors
 
 
 def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None) -> RunPlan:
@@ -127,7 +131,10 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
         torch.set_num_threads(config.training.num_threads)
     _seed_everything(config.training.seed)
     model_cls = _model_class()
-    model = model_cls(config.bert_config())
+    try:
+        model = model_cls(config.bert_config())
+    except ValueError as exc:  # the model refusing a model: value (hidden_act, position_embedding_type, ...)
+        raise ConfigError("model: %s" % (" ".join(str(exc).split()),))
     if resume_state is None and config.checkpoint.init_from:
         vocab = ckpt.load_phase1_weights(model, config.checkpoint.init_from, model_cls)
         check_vocab_file(data, vocab, config.checkpoint.init_from)
