@@ -74,6 +74,8 @@ def _prepare(args: argparse.Namespace) -> None:
 
     _keep_freed_memory()
 
+    if not args.shard_mb > 0 or args.shard_mb == float("inf"):
+        raise DataError("--shard-mb must be a number of MiB > 0, got %r" % (args.shard_mb,))
     config = PrepareConfig(
         input=args.input, output=args.output, max_seq_length=args.max_seq_length,
         max_sequences_per_pack=args.max_sequences_per_pack, vocab=args.vocab, vocab_size=args.vocab_size,
