@@ -5,7 +5,7 @@ import os
 import pytest
 
 from ipu_packing.train import load_config
-from ipu_packing.train.errors import ConfigError
+from ipu_packing.train.errors import ConfigError, UserError
 from ipu_packing.train.loader import CONFIG_DIR, _yaml_load
 
 
@@ -55,3 +55,52 @@ def test_refused_naming_the_key(override, message):
 
 def test_largest_seed_is_accepted():
     assert load_config("demo", ["training.seed=%d" % (2**63 - 1)]).training.seed == 2**63 - 1
+
+
+def test_model_refuses_what_it_would_compute_wrongly():
+    import transformers
+
+    from ipu_packing.model import PackedBertForPreTraining
+
+    small = dict(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    for flag in ("is_decoder", "add_cross_attention"):
+        with pytest.raises(ValueError, match=flag):
+            PackedBertForPreTraining(transformers.BertConfig(**dict(small, **{flag: True})))
+    with pytest.raises(ValueError, match="hidden_act"):
+        PackedBertForPreTraining(transformers.BertConfig(**dict(small, hidden_act="foo")))
+
+
+def test_gelu_python_is_erf_gelu():
+    import torch
+    import transformers
+
+    from ipu_packing.model.modeling import _activation
+
+    x = torch.linspace(-4, 4, 101, dtype=torch.float64)
+
+    reference = transformers.activations.ACT2FN["gelu_python"]
+    assert torch.allclose(_activation("gelu_python")(x), reference(x), atol=1e-15, rtol=0)
+
+
+def test_strict_false_names_the_weights_it_initialised(tmp_path):
+    import transformers
+
+    from ipu_packing.model import PackedBertForPreTraining
+
+    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32)
+    transformers.BertModel(config).save_pretrained(str(tmp_path))  # no pretraining heads
+    with pytest.warns(UserWarning, match=r"initialised at random \(.*cls\.seq_relationship\.weight"):
+        PackedBertForPreTraining.from_pretrained(str(tmp_path), strict=False)
+
+
+def test_type_vocab_size_is_checked_against_the_data(tmp_path):
+    import app_fixtures as fx
+    from ipu_packing.train.data import check_data_matches, read_training_data
+
+    data_dir = fx.write_prepared(str(tmp_path), S=32, K=3, V=64, num_sequences=32, seed=0)
+    overrides = ["model.vocab_size=64", "data.max_seq_length=32", "data.dir=%s" % data_dir]
+    config = load_config("demo", overrides + ["model.type_vocab_size=1"])
+    with pytest.raises(UserError, match="type_vocab_size is 1"):
+        check_data_matches(config, read_training_data(config.data.path))
+    check_data_matches(load_config("demo", overrides), read_training_data(config.data.path))

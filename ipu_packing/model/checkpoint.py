@@ -111,6 +111,14 @@ def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: boo
             "checkpoint %s does not match PackedBertForPreTraining: missing %s, unexpected %s"
             % (directory, missing or "none", unexpected or "none")
         )
+    if missing or unexpected:  # strict=False: say what was freshly initialised or dropped
+        warnings.warn(
+            "%s: %d weights not in the checkpoint were initialised at random (%s); %d checkpoint weights "
+            "were not used (%s)" % (directory, len(missing), ", ".join(missing) or "none", len(unexpected),
+                                    ", ".join(unexpected) or "none"),
+            UserWarning,
+            stacklevel=3,
+        )
     model.tie_weights()
     return model
 

@@ -46,6 +46,7 @@ def _activation(name: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         return name
     table = {
         "gelu": F.gelu,
+        "gelu_python": F.gelu,  # transformers' pure-Python erf GELU: the same function
         "gelu_new": functools.partial(F.gelu, approximate="tanh"),
         "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
         "relu": F.relu,
@@ -306,6 +307,12 @@ class PackedBertForPreTraining(nn.Module):
         super().__init__()
         if getattr(config, "position_embedding_type", "absolute") != "absolute":
             raise ValueError("only position_embedding_type='absolute' is supported")
+        for flag in ("is_decoder", "add_cross_attention"):
+            # A decoder's causal mask and cross-attention are not part of this (encoder-only) model:
+            # accepting the flags would silently compute something else than transformers does.
+            if getattr(config, flag, False):
+                raise ValueError("%s=True is not supported: the packed model is BERT's bidirectional encoder" % flag)
+        _activation(config.hidden_act)  # refuse an unknown activation here, not inside the first layer
         implementation = resolve_attention(config, attention)
         self.config = copy.deepcopy(config)
         setattr(self.config, CONFIG_ATTRIBUTE, implementation)

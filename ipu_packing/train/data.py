@@ -152,6 +152,17 @@ def check_data_matches(config, data: TrainingData) -> None:
             "dataset %s was built with a vocabulary of %d tokens, but model.vocab_size is %d (another vocabulary)"
             % (data.path, data.vocab_size, model_vocab)
         )
+    # Every pack holds segment A (token type 0) and segment B (token type 1): the format's recipe
+    # (data/format.py), so a model needs two token-type embeddings or its first step indexes out of range.
+    token_types = int(config.model.get("type_vocab_size", 2))
+    if token_types < DATA_TOKEN_TYPES:
+        raise UserError(
+            "dataset %s uses token types 0 and 1 (segments A and B), but model.type_vocab_size is %d"
+            % (data.path, token_types)
+        )
+
+
+DATA_TOKEN_TYPES = 2
 
 
 def check_vocab_file(data: TrainingData, vocab_path: Optional[str], source: str) -> None:
