@@ -45,6 +45,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..fsutil import atomic_write_text
+
 from .errors import DataError
 
 FORMAT_VERSION = 1
@@ -259,9 +261,8 @@ def write_manifest(directory: str, manifest: Dict[str, Any]) -> None:
     unknown = sorted(set(manifest) - set(MANIFEST_KEYS))
     missing = sorted(set(MANIFEST_KEYS) - set(manifest))
     assert not unknown and not missing, (unknown, missing)
-    with open(os.path.join(directory, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.write("\n")
+    # fsync'd and renamed into place (ipu_packing/fsutil.py): a reader sees the old manifest or the new one
+    atomic_write_text(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
 def read_manifest(directory: str) -> Dict[str, Any]:
