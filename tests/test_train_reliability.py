@@ -8,27 +8,13 @@ import pickle
 import pytest
 import torch
 
-import app_fixtures as fx
 from ipu_packing.train import UserError, load_config
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.cli import main
 from ipu_packing.train.loop import execute, plan_run
 from ipu_packing.train.runlock import RunLock
 
-from test_train_loop import TINY
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_train_loop import TINY, data_dir, one_thread  # noqa: F401  (fixtures shared with the loop tests)
 
 
 def args(data_dir, run, *extra):

@@ -33,20 +33,11 @@ def parse_limit(text: str) -> Optional[int]:
 
 
 def parse_length(text: str) -> int:
+    """An integer >= 1 (lengths, rounds)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError("must be an integer, got %r" % text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1, got %d" % value)
-    return value
-
-
-def parse_rounds(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be an integer >= 1, got %r" % text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be >= 1, got %d" % value)
     return value
@@ -67,7 +58,7 @@ def parse_seconds(text: str) -> Optional[float]:
 
 def add_lp_arguments(parser: argparse.ArgumentParser) -> None:
     """The `optimal` planner's stopping rule, shared by every command that plans."""
-    parser.add_argument("--lp-max-rounds", type=parse_rounds, default=MAX_ROUNDS,
+    parser.add_argument("--lp-max-rounds", type=parse_length, default=MAX_ROUNDS,
                         help="optimal: rounds of column generation at most; the stopping rule, so the same "
                              "input gives the same plan on any machine (default %(default)s)")
     parser.add_argument("--lp-time-limit", type=parse_seconds, default=TIME_LIMIT,
