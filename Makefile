@@ -8,9 +8,10 @@ OUT    := output
 # `make pretrain`: the embedded default corpus prepared at S=128 (skipped when already there), then
 # the demo config. `make bench`: packed vs padded throughput (BENCH_ARGS adds options).
 DEMO_DATA  := $(OUT)/data/demo_128
+DEMO_512   := $(OUT)/data/demo_512
 BENCH_ARGS ?=
 
-.PHONY: venv test pretrain bench clean
+.PHONY: venv test pretrain bench compare clean
 
 venv: $(STAMP)
 
@@ -28,6 +29,16 @@ $(DEMO_DATA)/packed/manifest.json: | $(STAMP)
 
 pretrain: $(STAMP) $(DEMO_DATA)/packed/manifest.json
 	$(PY) run_pretraining.py --config demo
+
+# `make compare`: demo_512 packed against demo_512_padded (same seed, same sequences per step and steps),
+# then ipu_packing.compare on the two run directories (a finished run is reused, not retrained).
+$(DEMO_512)/packed/manifest.json: | $(STAMP)
+	$(PY) -m ipu_packing.data prepare --input default --output $(DEMO_512) --max-seq-length 512 --max-sequences-per-pack 3
+
+compare: $(STAMP) $(DEMO_512)/packed/manifest.json
+	$(PY) run_pretraining.py --config demo_512 logging.progress_bar=false
+	$(PY) run_pretraining.py --config demo_512_padded logging.progress_bar=false
+	$(PY) -m ipu_packing.compare $(OUT)/runs/demo_512 $(OUT)/runs/demo_512_padded --plot $(OUT)/compare/demo_512.png
 
 bench: $(STAMP)
 	$(PY) -m ipu_packing.bench $(BENCH_ARGS)
