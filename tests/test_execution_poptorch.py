@@ -37,13 +37,13 @@ def poptorch(monkeypatch):
 
 
 def shipped_ipu_configs():
-    """configs/bert_*pod*.yaml as run: the ExecutionConfig the application derives (accumulation from the
-    global batch and the config's packing factor estimate)."""
+    """Every shipped config with the poptorch backend, as run: the ExecutionConfig the application derives
+    (accumulation from the global batch and the config's packing factor estimate)."""
     found = {}
-    for path in sorted(glob.glob(os.path.join(REPO, "configs", "bert_*pod*.yaml"))):
+    for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))):
         config = load_config(path)
-        assert config.execution_spec.backend == "poptorch", path
-        found[os.path.basename(path)] = config.batch_accounting(config.data.packing_factor_estimate).execution
+        if config.execution_spec.backend == "poptorch":
+            found[os.path.basename(path)] = config.batch_accounting(config.data.packing_factor_estimate).execution
     return found
 
 
@@ -69,7 +69,7 @@ def _compiled(poptorch, config, **kwargs):
     return model, runner, executor
 
 
-def test_the_shipped_ipu_configs_are_found():
+def test_every_pod_config_is_shipped_with_the_poptorch_backend():
     assert sorted(SHIPPED) == sorted(
         "bert_%s_512_pod%d%s.yaml" % (m, p, v) for m in ("base", "large") for p in (16, 64) for v in ("", "_padded")
     )
