@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 __version__ = "3.4.0+stand-in"
 __stand_in__ = True
@@ -449,6 +450,42 @@ def documented_name(aten_name: str) -> Optional[str]:
 # ---- tracing ----------------------------------------------------------------------------------------------
 
 
+def _run_op(func, args, kwargs):
+    """Run an aten op on the host. PopTorch captures ops for the IPU without running them on the CPU, but the
+    stand-in runs them, and torch < 2.1 has no CPU kernel for many half ops (layer norm, matmul): such an op,
+    when it fails, runs on float32 copies of its half inputs and its float32 outputs are cast back. The
+    stand-in does not model numerics. An in-place op writes its float32 result back into its half argument."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError:
+        if not any(t.dtype == torch.half for t in _tensors(list(args) + list(kwargs.values()))):
+            raise
+
+    def up(v):
+        return v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.half else v
+
+    def down(v):
+        return v.half() if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v
+
+    up_args, up_kwargs = tree_map(up, list(args)), tree_map(up, kwargs)
+    out = func(*up_args, **up_kwargs)
+    written = {}  # the tensors this op writes in place, by their float32 copies
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            original, copy_ = (args[i], up_args[i]) if i < len(args) else (kwargs.get(arg.name), up_kwargs.get(arg.name))
+            if isinstance(original, torch.Tensor) and original is not copy_:
+                original.copy_(copy_)
+                written[id(copy_)] = original
+    return tree_map(lambda v: written.get(id(v), down(v)) if isinstance(v, torch.Tensor) else v, out)
+
+
+class _HostOps(TorchDispatchMode):
+    """Runs a host forward's ops through _run_op (half ops on a CPU without half kernels)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return _run_op(func, args, kwargs or {})
+
+
 class _IpuOps(TorchDispatchMode):
     """Records every aten op with the current IPU, and which parameters / inputs each IPU consumes."""
 
@@ -469,7 +506,7 @@ class _IpuOps(TorchDispatchMode):
             for table, seen in ((self.params, self.param_ipus), (self.streams, self.stream_ipus)):
                 if key in table and ipu is not None:
                     seen.setdefault(table[key], {}).setdefault(ipu, "%s in block %s" % (name, current[0]))
-        return func(*args, **kwargs)
+        return _run_op(func, args, kwargs)
 
 
 def _tensors(values) -> List[torch.Tensor]:
@@ -721,7 +758,7 @@ class PoplarExecutor:
         steps = self._options._int("deviceIterations")
         micro = self._micro_batch(args)[0].shape[0]
         n = int(args[0].shape[0]) // micro
-        with torch.no_grad():
+        with torch.no_grad(), _HostOps():
             per_micro = [self._user_model(*(a[i * micro : (i + 1) * micro] for a in args)) for i in range(n)]
         self._device_state["ipu_state"]["step"] = self._device_state["ipu_state"]["step"] + steps
         self.calls += 1
