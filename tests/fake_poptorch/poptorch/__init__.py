@@ -12,7 +12,8 @@ as read in graphcore/poptorch and graphcore/popart (PopTorch 3.4 sources):
   * a mix of ops with and without an IPU ("Either all Ops must have their virtual graph ids set, or none
     must", willow/src/ir.cpp);
   * an input (stream) tensor consumed on two IPUs while pipelining (pipeline.cpp check 4);
-  * fewer micro batches than pipeline stages, consecutive stages on one IPU merged (pipeline.cpp check 5);
+  * fewer micro batches than pipeline stages (pipeline.cpp check 5): consecutive stages on one IPU merged,
+    in training 2G-1 for G forward groups, as autodiff adds the backward stages (ir.cpp getNumPipelineStages);
   * an op outside PopTorch's supported-ops list (tests/assets/poptorch_supported_ops.txt);
   * a training step whose loss did not pass through ``identity_loss``.
 - Every name is a real one (tests/assets/*.txt name their repository, commit and file): ``Options`` and its
@@ -702,12 +703,15 @@ class PoplarExecutor:
                 if len(ipus) > 1:
                     raise Error("For pipelining, stream tensors can only be streamed directly onto a single IPU "
                                 "(%s used on IPUs %s)" % (name, sorted(ipus)))
-            stages = 0
+            groups = 0
             previous = None
             for _, ipu in trace.block_order:  # consecutive stages on one IPU are merged
                 if ipu != previous:
-                    stages += 1
+                    groups += 1
                 previous = ipu
+            # Training: autodiff adds a backward stage for every forward group but the last, whose forward and
+            # backward are one stage (Ir::getNumPipelineStages counts them all).
+            stages = 2 * groups - 1 if self._training else groups
             accumulation = self._options._int("Training.gradientAccumulation")
             if accumulation < stages:
                 raise Error("For pipelining, depth (gradient accumulation factor) must equal at least the number of "
