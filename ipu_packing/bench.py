@@ -12,10 +12,11 @@ What it does:
 2. Takes `--timed-packs` packs of the plan by systematic sampling and makes their sequences (random
    token ids, 15% masked, an NSP label each), then lays exactly these sequences out twice in the
    pack format of the data package: padded (one sequence per row, K = 1) and packed.
-3. Runs full training steps (forward, backward, LAMB update) of one PackedBertForPreTraining over
-   every row of each layout, `--micro-batch-size` rows per step, with the padded and packed steps
-   interleaved in proportion so both see the same machine load (the machine may be shared), and
-   repeats that `--repeats` times; per-row times are the median over repeats.
+3. Runs full training steps (forward, backward, LAMB update) of one PackedBertForPreTraining through the
+   runner training uses (``make_runner(...).train_step``, torch backend), over every row of each layout,
+   `--micro-batch-size` rows per step, with the padded and packed steps interleaved in proportion so both
+   see the same machine load (the machine may be shared), and repeats that `--repeats` times; per-row
+   times are the median over repeats.
 
 It reports sequences/s and real tokens/s of both, the measured speed-up (packed / padded sequences
 per second), the theoretical speed-up (padded rows / packs) and the packing overhead: how much longer
@@ -201,14 +202,7 @@ def timed_layouts(plan, S: int, K: int, timed_packs: Optional[int], vocab_size: 
 # -- timing ------------------------------------------------------------------------------------
 
 
-def _train_batch(model, optimizer, batch) -> None:
-    optimizer.zero_grad(set_to_none=True)
-    out = model(**batch)
-    out.loss.backward()
-    optimizer.step()
-
-
-def _time_interleaved(model, optimizer, layouts: Sequence[Layout], batch_size: int, torch) -> Dict[str, float]:
+def _time_interleaved(runner, layouts: Sequence[Layout], batch_size: int, torch) -> Dict[str, float]:
     """Seconds per row of each layout, for one training pass over all full micro batches of each.
 
     The batches of the layouts are interleaved in proportion (two padded batches per packed one at a
@@ -224,7 +218,7 @@ def _time_interleaved(model, optimizer, layouts: Sequence[Layout], batch_size: i
     seconds = {layout.name: 0.0 for layout in layouts}
     for _, name, batch in schedule:
         start = time.perf_counter()
-        _train_batch(model, optimizer, batch)
+        runner.train_step(batch)  # the training loop's step: zero_grad, forward, backward, LAMB update
         seconds[name] += time.perf_counter() - start
     return {layout.name: seconds[layout.name] / (layout.rows // batch_size * batch_size) for layout in layouts}
 
@@ -245,6 +239,7 @@ def run_bench(
     import torch
     import transformers
 
+    from ipu_packing.execution import ExecutionConfig, make_runner
     from ipu_packing.model import PackedBertForPreTraining
     from ipu_packing.train.optim import LAMB, parameter_groups
 
@@ -267,15 +262,18 @@ def run_bench(
     model.train()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = LAMB(parameter_groups(model, 0.01), lr=1e-4)
+    # one step = one micro batch, on this process's CPU, through the runner training uses
+    runner = make_runner(model, optimizer, ExecutionConfig(backend="torch", device="cpu",
+                                                           micro_batch_size=micro_batch_size))
     # warm-up: one step of each layout (allocator, kernels), then restore the weights
     for layout in (padded, packed):
         warm = Layout("warm", {k: v[:micro_batch_size] for k, v in layout.arrays.items()})
-        _time_interleaved(model, optimizer, [warm], micro_batch_size, torch)
+        _time_interleaved(runner, [warm], micro_batch_size, torch)
     model.load_state_dict(initial)
 
     per_row = {"padded": [], "packed": []}
     for r in range(repeats):
-        times = _time_interleaved(model, optimizer, (padded, packed), micro_batch_size, torch)
+        times = _time_interleaved(runner, (padded, packed), micro_batch_size, torch)
         for name, seconds in times.items():
             per_row[name].append(seconds)
         log("repeat %d: padded %.2f ms per row, packed %.2f ms per row" % (r + 1, 1000 * times["padded"], 1000 * times["packed"]))

@@ -13,7 +13,6 @@ import tempfile
 
 import numpy as np
 
-from ipu_packing.data import open_dataset
 from ipu_packing.data.format import (FIRST_WORD_ID, FORMAT_VERSION, MASK_ID, SPECIAL_TOKENS, VOCAB, max_predictions,
                                      mlm_slots, pack_statistics, sha256_file, write_manifest)
 from ipu_packing.data.instances import Instances
@@ -93,13 +92,3 @@ def write_prepared(root: str, S: int = 32, K: int = 3, V: int = 64, num_sequence
         _write(os.path.join(root, "padded"), store, single[:-1], single, S, 1, "padded", "none (one sequence per row)",
                seed, vocab_lines, cap)
     return root
-
-
-def FixtureDataset(directory: str):
-    """A prepared directory's packs as numpy dicts (ipu_packing.data.open_dataset; no stand-in reader)."""
-    return open_dataset(directory, as_tensors=False)
-
-
-def open_dataset_or_fixture():
-    """ipu_packing.data.open_dataset: the tests read their data as training does (no fallback)."""
-    return open_dataset

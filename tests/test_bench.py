@@ -105,3 +105,19 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
     assert err.count("\n") == 1 and "missing.json" in err
     code, out, err = run_main(["--data", str(tmp_path), "--plot", ""])
     assert code == 2 and "no prepared dataset" in err
+
+
+def test_the_timed_steps_are_the_training_runner_s(monkeypatch):
+    from ipu_packing.execution.runner_ddp import TorchRunner
+
+    rows = []
+    original = TorchRunner.train_step
+
+    def counting(self, batch):
+        rows.append(int(batch["input_ids"].shape[0]))
+        return original(self, batch)
+
+    monkeypatch.setattr(TorchRunner, "train_step", counting)
+    result = bench.run_bench(synthetic_histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=8)
+    # a warm-up step of each layout, then every full micro batch of both layouts once
+    assert rows == [4] * (2 + result.padded_rows // 4 + result.num_packs // 4)

@@ -102,3 +102,10 @@ def test_module_command_runs(tmp_path):
 def test_usage_error_is_one_line():
     code, out, err = call(execution_main, ["dry-run"])
     assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and "--config" in err
+
+
+def test_the_activation_estimates_use_the_data_s_sequence_length():
+    # data.max_seq_length 128 of a 512-position model: the stash and activations are those of S = 128
+    (code, out, err), (tcode, tout, terr) = both("bert_large_512_pod16", "data.max_seq_length=128")
+    assert code == tcode == 0, (err, terr)
+    assert "* stash (depth x B 2 x S 128)" in out and out == tout

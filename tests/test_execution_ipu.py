@@ -35,10 +35,11 @@ def _one_step(config):
 
 @pytest.mark.parametrize("layers_per_ipu", [[1, 1], []], ids=["2-IPU-pipeline", "1-IPU"])
 def test_one_ipu_model_step_matches_torch(layers_per_ipu):
-    # 4 micro batches: at least the 3 pipeline stages (embeddings + layer 0 | layer 1 | heads on IPU 0).
-    ipu = ExecutionConfig(backend="poptorch", use_ipu_model=True, micro_batch_size=2, gradient_accumulation=4,
+    # 5 micro batches: the 3 forward groups (embeddings + layer 0 | layer 1 | heads on IPU 0) make 2*3-1 = 5
+    # pipeline stages with their backward, PopART's minimum accumulation.
+    ipu = ExecutionConfig(backend="poptorch", use_ipu_model=True, micro_batch_size=2, gradient_accumulation=5,
                           layers_per_ipu=layers_per_ipu, optimizer_state_offchip=False)
-    cpu = ExecutionConfig(backend="torch", micro_batch_size=2, gradient_accumulation=4)
+    cpu = ExecutionConfig(backend="torch", micro_batch_size=2, gradient_accumulation=5)
     ipu_loss, ipu_state = _one_step(ipu)
     cpu_loss, cpu_state = _one_step(cpu)
     # fp32 on both; the IPU's summation order and math library allow small differences.

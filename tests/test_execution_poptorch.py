@@ -37,18 +37,18 @@ def poptorch(monkeypatch):
 
 
 def shipped_ipu_configs():
-    """configs/bert_*pod*.yaml as run: the ExecutionConfig the application derives (accumulation from the
-    global batch and the config's packing factor estimate)."""
+    """Every shipped config with the poptorch backend, as run: the ExecutionConfig the application derives
+    (accumulation from the global batch and the config's packing factor estimate)."""
     found = {}
-    for path in sorted(glob.glob(os.path.join(REPO, "configs", "bert_*pod*.yaml"))):
+    for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))):
         config = load_config(path)
-        assert config.execution_spec.backend == "poptorch", path
-        found[os.path.basename(path)] = config.batch_accounting(config.data.packing_factor_estimate).execution
+        if config.execution_spec.backend == "poptorch":
+            found[os.path.basename(path)] = config.batch_accounting(config.data.packing_factor_estimate).execution
     return found
 
 
 SHIPPED = shipped_ipu_configs()
-TINY = dict(backend="poptorch", micro_batch_size=2, gradient_accumulation=3, layers_per_ipu=[1, 1], use_ipu_model=True,
+TINY = dict(backend="poptorch", micro_batch_size=2, gradient_accumulation=5, layers_per_ipu=[1, 1], use_ipu_model=True,
             device_iterations=2, optimizer_state_offchip=False)
 CASES = dict({n: (sum(c.layers_per_ipu), asdict(c)) for n, c in SHIPPED.items()}, tiny_ipu_model=(2, TINY))
 """name -> (encoder layers, ExecutionConfig fields): every IPU config these tests use (the dry-run tests too)."""
@@ -69,7 +69,7 @@ def _compiled(poptorch, config, **kwargs):
     return model, runner, executor
 
 
-def test_the_shipped_ipu_configs_are_found():
+def test_every_pod_config_is_shipped_with_the_poptorch_backend():
     assert sorted(SHIPPED) == sorted(
         "bert_%s_512_pod%d%s.yaml" % (m, p, v) for m in ("base", "large") for p in (16, 64) for v in ("", "_padded")
     )
@@ -159,13 +159,43 @@ def test_every_parameter_is_consumed_on_exactly_one_ipu_for_any_split(poptorch, 
         assert {ipu for _, ipu, _ in executor.trace.ops} <= set(range(len(split)))
 
 
-def test_too_few_micro_batches_for_the_pipeline_is_refused(poptorch):
-    # Embedding+Encoder0 on IPU 0, Encoder1 on IPU 1, Heads on IPU 0: 3 pipeline stages after merging.
-    config = ExecutionConfig(**dict(TINY, gradient_accumulation=2))
+def test_too_few_micro_batches_for_the_pipeline_is_refused(poptorch, monkeypatch):
+    # Embedding+Encoder0 on IPU 0, Encoder1 on IPU 1, Heads on IPU 0: 3 forward groups after merging, 2*3-1 = 5
+    # pipeline stages with their backward.
+    config = ExecutionConfig(**dict(TINY, gradient_accumulation=4))
+    with pytest.raises(ValueError, match=r"^execution.layers_per_ipu \[1, 1\] pipelines 3 groups of consecutive "
+                                         r"blocks on one IPU \(IPUs 0, 1, 0\), which PopART runs only with gradient "
+                                         r"accumulation >= 2\*3-1 = 5, got 4$"):
+        _runner(config)
+    # the stand-in refuses it as PopART would, when the adapter does not
+    import ipu_packing.execution.poptorch_backend as backend
+
+    monkeypatch.setattr(backend, "check_pipeline_depth", lambda config: None)
     _, runner = _runner(config)
     with pytest.raises(poptorch.Error, match=r"depth \(gradient accumulation factor\) must equal at least the number "
-                                             r"of pipeline stages \(3\)"):
+                                             r"of pipeline stages \(5\)"):
         runner.compile(si.host_call_batch(config.combined_batch_packs))
+
+
+@pytest.mark.parametrize("layout, global_batch, refused", [("packed", 16, True), ("packed", 32, False),
+                                                           ("padded", 8, True), ("padded", 10, False)])
+def test_a_config_whose_accumulation_is_too_small_for_its_pipeline_is_refused_at_load(layout, global_batch, refused):
+    from ipu_packing.train.errors import ConfigError
+
+    overrides = ["execution.backend=poptorch", "execution.layers_per_ipu=[1,1]", "model.num_hidden_layers=2",
+                 "execution.micro_batch_size=2", "data.layout=%s" % layout, "data.packing_factor_estimate=2.0",
+                 "training.global_batch_sequences=%d" % global_batch]
+    if not refused:
+        assert load_config("demo", overrides).execution.gradient_accumulation >= 5
+        return
+    with pytest.raises(ConfigError) as error:
+        load_config("demo", overrides)
+    message = str(error.value)
+    assert "\n" not in message and "gradient accumulation >= 2*3-1 = 5, got 4" in message
+    for key in ("execution.layers_per_ipu", "training.global_batch_sequences", "execution.micro_batch_size",
+                "execution.replication_factor"):
+        assert key in message, key
+    assert ("packing factor 2.000" in message) == (layout == "packed")
 
 
 def test_an_op_poptorch_does_not_support_is_refused(poptorch):
@@ -256,10 +286,10 @@ def test_dataloader_combined_batch_and_lr_schedule(poptorch):
     config = ExecutionConfig(**TINY)
     _, runner = _runner(config, scheduler=sched)
     # combined batch = micro x device iterations x replication x accumulation
-    assert config.combined_batch_packs == 2 * 2 * 1 * 3
+    assert config.combined_batch_packs == 2 * 2 * 1 * 5
     loader = runner.dataloader(PackDataset(si.packs(3 * config.combined_batch_packs)))
     batches = list(loader)
-    assert len(batches) == 3 and batches[0]["input_ids"].shape[0] == 12 and loader.micro_batch_size == 2
+    assert len(batches) == 3 and batches[0]["input_ids"].shape[0] == 20 and loader.micro_batch_size == 2
     metrics = [runner.train_step(b) for b in batches]
     # One host call = device_iterations optimizer steps: the scheduler steps twice per call, and the new
     # learning rate reaches the IPU through setOptimizer after every call that changed it.
@@ -271,7 +301,7 @@ def test_dataloader_combined_batch_and_lr_schedule(poptorch):
 
 
 def test_compile_only_compiles_into_the_cache_and_refuses_to_run(poptorch, tmp_path):
-    config = ExecutionConfig(backend="poptorch", micro_batch_size=2, gradient_accumulation=4, layers_per_ipu=[1, 1],
+    config = ExecutionConfig(backend="poptorch", micro_batch_size=2, gradient_accumulation=5, layers_per_ipu=[1, 1],
                              compile_only=True, executable_cache_dir=str(tmp_path / "cache"))
     batch = si.host_call_batch(config.combined_batch_packs)
     _, runner = _runner(config)

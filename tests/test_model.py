@@ -254,7 +254,8 @@ def test_autocast_runs_and_stays_close_to_fp32(dtype, attention):
             out = model(**batch)
     except RuntimeError as error:  # pragma: no cover - depends on the torch build
         pytest.skip("CPU autocast to %s unsupported here: %s" % (dtype, error))
-    assert out.loss.dtype == torch.float32
+    for field in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "mlm_count", "nsp_count"):
+        assert getattr(out, field).dtype == getattr(reference, field).dtype == torch.float32, field
     assert out.mlm_logits.dtype == dtype
     assert torch.isfinite(out.loss)
     assert abs(out.loss.item() - reference.loss.item()) <= 0.05 * reference.loss.item()

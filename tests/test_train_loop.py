@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import app_fixtures as fx
+from ipu_packing.data import open_dataset
 from ipu_packing.train import TrainingError, UserError, load_config
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.loop import execute, plan_run
@@ -43,7 +44,7 @@ def tiny(data_dir, run_dir, *extra):
 
 
 def train(config, **kwargs):
-    return execute(plan_run(config, open_dataset=fx.open_dataset_or_fixture()), log=lambda m: None, **kwargs)
+    return execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None, **kwargs)
 
 
 def losses(run_dir):
@@ -79,7 +80,7 @@ def test_metrics_checkpoints_and_export(data_dir, tmp_path):
     ours = PackedBertForPreTraining(tiny(data_dir, run).bert_config()).eval()
     ours.load_state_dict(state["model"])
     assert open(os.path.join(run, "final", "vocab.txt")).read() == open(os.path.join(data_dir, "packed", "vocab.txt")).read()
-    pack = fx.FixtureDataset(os.path.join(data_dir, "padded"))[0]
+    pack = open_dataset(os.path.join(data_dir, "padded"), as_tensors=False)[0]
     n = int((pack["sequence_ids"] != 0).sum())
     ids = torch.as_tensor(pack["input_ids"][:n], dtype=torch.long)[None]
     types = torch.as_tensor(pack["token_type_ids"][:n], dtype=torch.long)[None]
@@ -95,7 +96,7 @@ def test_metrics_checkpoints_and_export(data_dir, tmp_path):
 KILLER = r"""
 import os, signal, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
-import app_fixtures as fx
+from ipu_packing.data import open_dataset
 from ipu_packing.train import load_config
 from ipu_packing.train import metrics
 from ipu_packing.train.loop import execute, plan_run
@@ -107,7 +108,7 @@ def log(self, record):
         os.kill(os.getpid(), signal.SIGKILL)  # a real kill: no cleanup, no atexit
 metrics.MetricsLogger.log = log
 config = load_config("demo", sys.argv[3:])
-execute(plan_run(config, open_dataset=fx.open_dataset_or_fixture()), log=lambda m: None)
+execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
 """
 
 
@@ -182,7 +183,7 @@ def test_init_from_phase1_hf_dir_and_checkpoint(data_dir, tmp_path):
     exported = ckpt.load_checkpoint(ckpt.latest_checkpoint(first))["model"]
     for source in (os.path.join(first, "final"), ckpt.latest_checkpoint(first), first):
         plan = plan_run(tiny(data_dir, str(tmp_path / "phase2"), "checkpoint.init_from=%s" % source),
-                        open_dataset=fx.open_dataset_or_fixture())
+                        open_dataset=open_dataset)
         assert plan.start_step == 0
         for key, value in plan.model.state_dict().items():
             assert torch.equal(value, exported[key]), (source, key)
@@ -194,15 +195,15 @@ def test_init_from_other_architecture_is_a_user_error(data_dir, tmp_path):
     train(tiny(data_dir, first, "training.steps=1"))
     with pytest.raises(UserError) as info:
         plan_run(tiny(data_dir, str(tmp_path / "p2"), "model.hidden_size=16", "model.intermediate_size=32",
-                      "checkpoint.init_from=%s" % os.path.join(first, "final")), open_dataset=fx.open_dataset_or_fixture())
+                      "checkpoint.init_from=%s" % os.path.join(first, "final")), open_dataset=open_dataset)
     assert "shape" in str(info.value)
 
 
 def test_padded_layout_and_option_2_betas(data_dir, tmp_path):
-    padded = plan_run(tiny(data_dir, str(tmp_path / "a"), "data.layout=padded"), open_dataset=fx.open_dataset_or_fixture())
+    padded = plan_run(tiny(data_dir, str(tmp_path / "a"), "data.layout=padded"), open_dataset=open_dataset)
     assert padded.data.packing_factor == 1.0 and padded.accounting.gradient_accumulation == 4
     assert padded.data.num_packs == 96
-    betas = plan_run(tiny(data_dir, str(tmp_path / "b"), "training.batch_accounting=betas"), open_dataset=fx.open_dataset_or_fixture())
+    betas = plan_run(tiny(data_dir, str(tmp_path / "b"), "training.batch_accounting=betas"), open_dataset=open_dataset)
     factor = 96 / float(betas.data.num_packs)
     assert betas.accounting.gradient_accumulation == 4
     for group in betas.optimizer.param_groups:
@@ -211,7 +212,7 @@ def test_padded_layout_and_option_2_betas(data_dir, tmp_path):
 
 def test_every_pack_is_seen_once_per_epoch(data_dir):
     config = tiny(data_dir, "unused")
-    plan = plan_run(config, open_dataset=fx.open_dataset_or_fixture())
+    plan = plan_run(config, open_dataset=open_dataset)
     order = plan.data.epoch_order(config.training.seed, 0)
     assert sorted(order.tolist()) == list(range(plan.data.num_packs))
     assert not np.array_equal(order, plan.data.epoch_order(config.training.seed, 1))

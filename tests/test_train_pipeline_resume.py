@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 import pytest
 
 import app_fixtures as fx
+from ipu_packing.data import open_dataset
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
@@ -40,7 +41,7 @@ def _worker(rank, world, port, data_dir, reference, resumed):
     try:
         for run_dir in (reference, resumed):
             config = load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir])
-            execute(plan_run(config, open_dataset=fx.open_dataset_or_fixture()), log=lambda m: None)
+            execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
             dist.barrier()
             if run_dir == reference and rank == 0:
                 _interrupted_copy(reference, resumed)

@@ -13,6 +13,7 @@ import torch
 
 import app_fixtures as fx
 import poptorch_stand_in as si
+from ipu_packing.data import open_dataset
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.train import loop
@@ -48,7 +49,7 @@ def _config(data_dir, run_dir, *extra):
 
 
 def _train(config):
-    return execute(plan_run(config, open_dataset=fx.open_dataset_or_fixture()), log=lambda m: None)
+    return execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
 
 
 def test_checkpoints_hold_the_ipu_optimizer_state_and_a_resume_hands_it_back(poptorch, data_dir, tmp_path):
@@ -119,7 +120,7 @@ def test_compile_only_with_a_prepared_dataset_compiles_for_its_first_batch(popto
     config = _config(data_dir, str(tmp_path / "run"), "execution.compile_only=true", "execution.use_ipu_model=false",
                      "execution.executable_cache_dir=%s" % (tmp_path / "cache"))
     lines = []
-    summary = loop.compile_only(config, log=lines.append, open_dataset=fx.open_dataset_or_fixture())
+    summary = loop.compile_only(config, log=lines.append, open_dataset=open_dataset)
     (executor,) = poptorch.executors
     assert executor.isCompiled() and executor.calls == 0 and not executor.isAttachedToDevice()  # offline target
     assert "for the first batch of %s" % config.data.path in lines[0]

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from .config import IPU_MEMORY_BYTES, TYPE_BYTES, ExecutionConfig
-from .placement import Placement, plan_placement
+from .placement import Placement, min_gradient_accumulation, pipeline_groups, plan_placement
 from .poptorch_backend import describe_options
 
 OPTIMIZER_STATES = {"lamb": 2, "adamw": 2, "adam": 2, "sgd": 1}
@@ -68,21 +68,6 @@ def _fmt_count(n: float) -> str:
     return "%.2fM" % (n / 1e6) if n >= 1e5 else "%d" % n
 
 
-def pipeline_groups(plan: List[Placement]) -> List[Tuple[int, List[Placement]]]:
-    """The forward pass as PopART runs it: consecutive placed modules on the same IPU form one group.
-
-    With ``AutoStage.AutoIncrement`` every block is its own pipeline stage; PopART executes consecutive
-    stages on the same virtual graph together (``Pipeline::withStages``, popart willow/src/transforms/
-    pipeline.cpp:985-1035), so they count as one independent stage. Returns (IPU, modules) in order."""
-    groups = []  # type: List[Tuple[int, List[Placement]]]
-    for p in plan:
-        if groups and groups[-1][0] == p.ipu:
-            groups[-1][1].append(p)
-        else:
-            groups.append((p.ipu, [p]))
-    return groups
-
-
 def stash_depths(num_groups: int) -> List[int]:
     """Micro batches in flight, hence stash entries, for a tensor made in forward group g of a pipeline of
     ``num_groups`` (G) groups: 2 (G - g) - 1.
@@ -95,12 +80,6 @@ def stash_depths(num_groups: int) -> List[int]:
     backward are one stage): depth 1 means nothing is stashed. For Graphcore's layout, heads back on IPU 0,
     a 4-IPU pipeline has G = 5 groups (IPU 0, 1, 2, 3, 0): depths 9, 7, 5, 3, 1."""
     return [2 * (num_groups - g) - 1 for g in range(num_groups)]
-
-
-def min_gradient_accumulation(num_groups: int) -> int:
-    """Smallest accumulation PopART accepts for a pipeline of ``num_groups`` groups: the main phase needs at
-    least one cycle after the fill and flush of 2G-2 cycles (``PipelineInfo``, pipeline.cpp:2286-2300)."""
-    return 2 * num_groups - 1 if num_groups > 1 else 1
 
 
 def layer_activation_elements(model_config, micro_batch: int, seq_len: int) -> Tuple[int, int]:

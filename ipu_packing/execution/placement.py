@@ -79,3 +79,40 @@ def owner_stage(param_name: str, plan: List[Placement]) -> int:
         if (param_name == p.module or param_name.startswith(p.module + ".")) and len(p.module) > best:
             best, stage = len(p.module), p.stage
     return stage
+
+
+def pipeline_groups(plan: List[Placement]) -> List[Tuple[int, List[Placement]]]:
+    """The forward pass as PopART runs it: consecutive placed modules on the same IPU form one group.
+
+    With ``AutoStage.AutoIncrement`` every block is its own pipeline stage; PopART executes consecutive
+    stages on the same virtual graph together (``Pipeline::withStages``, popart willow/src/transforms/
+    pipeline.cpp:985-1035), so they count as one independent stage. Returns (IPU, modules) in order."""
+    groups = []  # type: List[Tuple[int, List[Placement]]]
+    for p in plan:
+        if groups and groups[-1][0] == p.ipu:
+            groups[-1][1].append(p)
+        else:
+            groups.append((p.ipu, [p]))
+    return groups
+
+
+def min_gradient_accumulation(num_groups: int) -> int:
+    """Smallest accumulation PopART accepts for a pipeline of ``num_groups`` groups: the main phase needs at
+    least one cycle after the fill and flush of 2G-2 cycles (``PipelineInfo``, pipeline.cpp:2286-2300)."""
+    return 2 * num_groups - 1 if num_groups > 1 else 1
+
+
+def check_pipeline_depth(config: ExecutionConfig) -> None:
+    """Refuse (ValueError, one line) a pipelined poptorch config whose gradient accumulation is below PopART's
+    minimum for its groups of consecutive blocks on one IPU; the caller names the keys that set it."""
+    if config.backend != "poptorch" or config.num_stages <= 1:
+        return
+    groups = pipeline_groups(plan_placement(sum(config.layers_per_ipu), config))
+    need = min_gradient_accumulation(len(groups))
+    if config.gradient_accumulation < need:
+        raise ValueError(
+            "execution.layers_per_ipu %s pipelines %d groups of consecutive blocks on one IPU (IPUs %s), which "
+            "PopART runs only with gradient accumulation >= 2*%d-1 = %d, got %d"
+            % (config.layers_per_ipu, len(groups), ", ".join(str(i) for i, _ in groups), len(groups), need,
+               config.gradient_accumulation)
+        )

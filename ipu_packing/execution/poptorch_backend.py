@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ConfigError, UserError
 from .config import ACCUMULATE_OUTER_FRAGMENT_SCHEDULES, SUBGRAPH_COPYING_STRATEGIES, ExecutionConfig
-from .placement import ipu_blocks, model_stages
+from .placement import check_pipeline_depth, ipu_blocks, model_stages
 from .runner_common import BATCH_FIELDS, StepMetrics, count_batch
 
 SDK_MESSAGE = (
@@ -280,6 +280,7 @@ class PoptorchRunner:
         if poptorch is None:
             check_backend(getattr(model, "attention_implementation", "dense"))
             poptorch = import_poptorch()
+        check_pipeline_depth(config)  # PopART would refuse it at compile time
         self.poptorch = poptorch
         self.config = config
         self.model = model

@@ -4,17 +4,17 @@ Mathematically equivalent to running each sequence of a pack on its own (checked
 BertForPreTraining in tests/test_model_equivalence.py): no token attends across sequences, positions restart
 in each sequence, MLM only at the masked slots, NSP once per sequence from its own [CLS].
 
-CONTRACT (other packages rely on exactly these names):
+Use:
 
     from ipu_packing.model import PackedBertForPreTraining, PackedBertOutput
     model = PackedBertForPreTraining(transformers.BertConfig(...), attention=None)  # "dense" | "sdpa" | "flex"
     out = model(input_ids=..., token_type_ids=..., position_ids=..., sequence_ids=...,   # each (B, S)
                 mlm_positions=..., mlm_labels=...,                                      # each (B, M)
                 cls_positions=..., nsp_labels=...)                                      # each (B, K)
-    out.loss, out.mlm_loss, out.nsp_loss          # () float32: total = mlm_loss + nsp_loss
+    out.loss, out.mlm_loss, out.nsp_loss          # () float32 (float64 model: float64): total = mlm + nsp
     out.mlm_logits  # (B, M, V)    out.nsp_logits  # (B, K, 2)
-    out.mlm_accuracy, out.nsp_accuracy            # () float32
-    out.mlm_count, out.nsp_count                  # () float32: valid MLM slots / valid sequences in the batch
+    out.mlm_accuracy, out.nsp_accuracy            # () as the losses
+    out.mlm_count, out.nsp_count                  # () as the losses: valid MLM slots / valid sequences
 
 Batch fields (int32 or int64, both accepted): position_ids restart at 0 at each [CLS]; sequence_ids is 0 for
 padding and k for the k-th sequence (1-based); cls_positions[k-1] is the index of sequence k's [CLS];

@@ -19,7 +19,9 @@ from .attention import CONFIG_ATTRIBUTE, attend, build_mask, resolve_attention
 
 
 class PackedBertOutput(NamedTuple):
-    """Everything one forward pass returns; a NamedTuple of tensors (compile-, DDP-, pipeline-, PopTorch-safe)."""
+    """Everything one forward pass returns; a NamedTuple of tensors (compile-, DDP-, pipeline-, PopTorch-safe).
+    Losses, accuracies and counts are float32 for a float32, fp16 or bf16 (autocast) model, float64 for a
+    float64 one."""
 
     loss: torch.Tensor
     """() mlm_loss + nsp_loss."""
@@ -36,9 +38,9 @@ class PackedBertOutput(NamedTuple):
     nsp_accuracy: torch.Tensor
     """() fraction of valid sequences whose NSP argmax equals the label."""
     mlm_count: torch.Tensor
-    """() float32 number of valid MLM slots in the batch (weight for exact means across micro batches)."""
+    """() number of valid MLM slots in the batch (weight for exact means across micro batches)."""
     nsp_count: torch.Tensor
-    """() float32 number of valid sequences in the batch."""
+    """() number of valid sequences in the batch."""
 
 
 def _activation(name: Any) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -290,14 +292,17 @@ def _gather(h: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> to
 
 
 def _mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
-    """Mean cross-entropy and accuracy over valid slots (0 when none) and their count, all float32 scalars."""
-    count = valid.sum().to(torch.float32)
+    """Mean cross-entropy and accuracy over valid slots (0 when none) and their count: scalars in the logits'
+    dtype, float32 for fp16/bf16 logits (a half-precision sum of thousands of losses, or a count above 2048,
+    would round), so float64 stays float64."""
+    dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    count = valid.sum().to(dtype)
     denominator = count.clamp(min=1.0)
     loss_sum = F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        logits.to(dtype).reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
     )
     correct = (logits.argmax(dim=-1) == labels) & valid
-    return loss_sum / denominator, correct.sum().to(torch.float32) / denominator, count
+    return loss_sum / denominator, correct.sum().to(dtype) / denominator, count
 
 
 class PackedBertForPreTraining(nn.Module):

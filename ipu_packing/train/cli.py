@@ -56,6 +56,7 @@ def dry_run(config) -> str:
         accounting.execution,
         sequences_per_pack=accounting.packing_factor,
         optimizer=config.optimizer.name,
+        sequence_length=config.data.max_seq_length,
     )
     return "\n".join(lines) + "\n" + report.rstrip("\n")
 

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Tuple
 
+from ipu_packing.execution.placement import check_pipeline_depth
+
 from .errors import ConfigError
 from .sections import (
     CheckpointConfig,
@@ -64,6 +66,7 @@ class PretrainingConfig:
         if hidden % heads:
             raise ConfigError("model.hidden_size %d is not a multiple of model.num_attention_heads %d" % (hidden, heads))
         self.unpacked_accumulation  # raises ConfigError when the batch does not divide
+        self.execution  # raises ConfigError when a pipeline is too shallow for its accumulation
 
     # ---- derived values (one place) ----
 
@@ -142,6 +145,16 @@ class BatchAccounting:
         accumulation = training.gradient_accumulation(ex.micro_batch_size, ex.replication_factor, packing_factor)
         betas = training.betas(config.optimizer.betas, packing_factor)
         execution = dataclasses.replace(ex, gradient_accumulation=accumulation)
+        try:
+            check_pipeline_depth(execution)
+        except ValueError as error:
+            raise ConfigError(
+                "%s: the accumulation is training.global_batch_sequences %d / (execution.micro_batch_size %d x "
+                "execution.replication_factor %d)%s; raise training.global_batch_sequences or lower "
+                "execution.micro_batch_size" % (error, training.global_batch_sequences, ex.micro_batch_size,
+                                                ex.replication_factor, " / packing factor %.3f" % packing_factor
+                                                if training.batch_accounting == "accumulation" else "")
+            ) from None
         return BatchAccounting(training.batch_accounting, float(packing_factor), unpacked, accumulation, betas, execution)
 
     def describe(self) -> str:

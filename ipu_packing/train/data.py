@@ -20,13 +20,6 @@ from .errors import UserError
 PREPARE_HINT = "python -m ipu_packing.data prepare --input default --output DIR --max-seq-length S --max-sequences-per-pack K"
 
 
-def manifest_value(manifest: Any, key: str, default: Any = None) -> Any:
-    """Read a manifest field whether the manifest is a dict or an object."""
-    if isinstance(manifest, dict):
-        return manifest.get(key, default)
-    return getattr(manifest, key, default)
-
-
 @dataclass
 class TrainingData:
     dataset: Any

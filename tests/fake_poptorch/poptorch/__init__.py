@@ -12,11 +12,16 @@ as read in graphcore/poptorch and graphcore/popart (PopTorch 3.4 sources):
   * a mix of ops with and without an IPU ("Either all Ops must have their virtual graph ids set, or none
     must", willow/src/ir.cpp);
   * an input (stream) tensor consumed on two IPUs while pipelining (pipeline.cpp check 4);
-  * fewer micro batches than pipeline stages, consecutive stages on one IPU merged (pipeline.cpp check 5);
+  * fewer micro batches than pipeline stages (pipeline.cpp check 5): consecutive stages on one IPU merged,
+    in training 2G-1 for G forward groups, as autodiff adds the backward stages (ir.cpp getNumPipelineStages);
   * an op outside PopTorch's supported-ops list (tests/assets/poptorch_supported_ops.txt);
   * a training step whose loss did not pass through ``identity_loss``.
-- ``Options`` accepts only the methods python/options.py defines (tests/assets/poptorch_options_api.txt)
-  and records every call.
+- Every name is a real one (tests/assets/*.txt name their repository, commit and file): ``Options`` and its
+  groups accept only the methods python/options.py defines and record every call; ``_Popart.set`` only the
+  keys PopTorch forwards to PopART, with a value of the key's kind, and ``setPatterns`` only PopART's
+  pattern names; the enums have python/enums.py's members; each ``optim`` class takes exactly its
+  python/optim.py arguments. ``serializedMatMul`` computes its slices one after another.
+- The executor returns each output as the output mode says (All, Sum per replica, Final per replica).
 - ``trainingModel`` returns an executor with compile / __call__ / copyWeightsToHost / setOptimizer /
   detachFromDevice, and the optimizer state semantics of python/_poplar_executor.py and python/optim.py:
   a poptorch optimizer's ``state_dict()`` reads the IPU state back once the executor has run; a
@@ -38,6 +43,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 __version__ = "3.4.0+stand-in"
 __stand_in__ = True
@@ -50,8 +56,24 @@ def _read_list(name: str) -> List[str]:
         return [line.strip() for line in f if line.strip() and not line.startswith("#")]
 
 
-OPTIONS_API = frozenset(_read_list("poptorch_options_api.txt"))
+def _read_table(name: str) -> List[List[str]]:
+    return [line.split() for line in _read_list(name)]
+
+
+API = {}  # type: Dict[str, frozenset]
+"""kind -> names, from tests/assets/poptorch_api_names.txt: "top" (module-level names), "method"
+("CLASS.NAME" of python/options.py), "enum" ("ENUM.MEMBER"), "optim" / "param" ("CLASS.KWARG")."""
+for _kind, _name in _read_table("poptorch_api_names.txt"):
+    API[_kind] = API.get(_kind, frozenset()) | {_name}
 SUPPORTED_OPS = tuple(_read_list("poptorch_supported_ops.txt"))
+POPART_OPTIONS = dict(_read_table("popart_session_options.txt"))  # type: Dict[str, str]
+"""key -> value kind (bool, uint64, double, string, container) of every key _Popart.set forwards to PopART."""
+POPART_PATTERNS = frozenset(n for (n,) in _read_table("popart_patterns.txt"))
+POPART_ENUMS = {n: int(v) for n, v in _read_table("popart_enums.txt")}  # "Enum.Member" -> integer value
+
+
+def _kwargs_of(kind: str, cls: str) -> Tuple[str, ...]:
+    return tuple(sorted(n.split(".", 1)[1] for n in API[kind] if n.split(".", 1)[0] == cls))
 
 
 class Error(RuntimeError):
@@ -105,11 +127,27 @@ class ConnectionType(enum.IntEnum):
     Never = 2
 
 
+for _enum in (ReductionType, MeanReductionStrategy, OutputMode, AutoStage, DataLoaderMode, MatMulSerializationMode,
+              ConnectionType):
+    # python/enums.py's members, in its order (the values are the stand-in's)
+    assert list(_enum.__members__) == sorted(
+        (m.split(".", 1)[1] for m in API["enum"] if m.split(".", 1)[0] == _enum.__name__),
+        key=list(_enum.__members__).index,
+    ), _enum
+
+
 # ---- options ------------------------------------------------------------------------------------------
 
 
+# The attribute a user writes (opts.Training) -> the class python/options.py defines for it.
+_GROUP_CLASSES = {"Options": "Options", "Training": "_TrainingOptions", "Precision": "_PrecisionOptions",
+                  "TensorLocations": "_TensorLocationOptions", "Distributed": "_DistributedOptions",
+                  "Jit": "_JitOptions", "_Popart": "_PopartOptions", "TensorLocationSettings": "TensorLocationSettings"}
+
+
 class _Group:
-    """One option group; records ``(group.method, args, kwargs)`` in a log shared with its Options."""
+    """One option group; records ``(group.method, args, kwargs)`` in a log shared with its Options, and
+    accepts only the methods python/options.py defines on the group's class."""
 
     def __init__(self, log: list, group: str) -> None:
         self._log, self._group = log, group
@@ -119,7 +157,7 @@ class _Group:
 
     def __getattr__(self, name: str):
         qualified = "%s.%s" % (self._group, name)
-        if name.startswith("__") or qualified not in OPTIONS_API:
+        if name.startswith("_") or "%s.%s" % (_GROUP_CLASSES[self._group], name) not in API["method"]:
             raise AttributeError("poptorch has no %s (python/options.py)" % qualified)
 
         def call(*args, **kwargs):
@@ -127,6 +165,46 @@ class _Group:
             return self
 
         return call
+
+
+def _value_fits(kind: str, value: Any) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "uint64":
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind == "double":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "container":  # a list of strings, or a dict of strings to strings
+        if isinstance(value, dict):
+            return all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    raise AssertionError(kind)
+
+
+class _PopartGroup(_Group):
+    """opts._Popart: PopTorch stores ``set(key, value)`` and PopART's SessionOptions refuses an unknown key
+    or a value of the wrong kind when the session is built (popart_compiler/source/SessionOptions.cpp); the
+    stand-in refuses at the call, so building the options is enough to check them."""
+
+    def set(self, key: str, value: Any) -> "_PopartGroup":
+        if key not in POPART_OPTIONS:
+            raise Error("PopTorch forwards no PopART option %r" % (key,))
+        if not _value_fits(POPART_OPTIONS[key], value):
+            raise Error("PopART option %r takes a %s, got %r" % (key, POPART_OPTIONS[key], value))
+        self._log.append(("_Popart.set", (key, value), {}))
+        return self
+
+    def setPatterns(self, patterns: Dict[str, bool], level: int = 2) -> "_PopartGroup":
+        assert isinstance(level, int) and isinstance(patterns, dict)  # python/options.py:437-438
+        if not all(isinstance(v, bool) for v in patterns.values()):
+            raise Error("PopART patterns map names to bools, got %r" % (patterns,))
+        unknown = sorted(set(patterns) - POPART_PATTERNS)
+        if unknown:
+            raise Error("PopART has no pattern(s) %s" % unknown)
+        self._log.append(("_Popart.setPatterns", (patterns,), {"level": level}))
+        return self
 
 
 class Options(_Group):
@@ -138,7 +216,12 @@ class Options(_Group):
         self.TensorLocations = _Group(self._log, "TensorLocations")
         self.Distributed = _Group(self._log, "Distributed")
         self.Jit = _Group(self._log, "Jit")
-        self._Popart = _Group(self._log, "_Popart")
+        self._Popart = _PopartGroup(self._log, "_Popart")
+
+    def args(self, name: str) -> List[tuple]:
+        """The positional arguments of every call of ``name`` ("Options.outputMode", "Precision.setPartialsType"),
+        in order (test helper)."""
+        return [a for n, a, _ in self.calls if n == name]
 
     def value(self, name: str, default: Any = None) -> Any:
         """The first argument of the last call of ``name`` ("replicationFactor", "Training.gradientAccumulation"):
@@ -281,12 +364,25 @@ def recomputationCheckpoint(*tensors):
     return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
 
+serialized = []  # type: List[Tuple[Tuple[int, ...], Tuple[int, ...], int]]
+"""(lhs shape, rhs shape, factor) of every serializedMatMul call (test helper)."""
+
+
 def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializationMode, factor: int = 0,
                      keep_precision: bool = False) -> torch.Tensor:
+    """python/ops.py:388-421. OutputChannels: ``factor`` matmuls over column slices of ``rhs``, whose count
+    of columns it must divide; each slice's product in float32 for half inputs (the CPU has no half matmul
+    before torch 2.1), then cast back."""
+    assert isinstance(keep_precision, bool) and isinstance(factor, int)
     if not isinstance(mode, MatMulSerializationMode):
         raise ValueError("mode must be a poptorch.MatMulSerializationMode")
     _record_poptorch_op("poptorch.serialized_matmul")
-    return torch.matmul(lhs, rhs)
+    serialized.append((tuple(lhs.shape), tuple(rhs.shape), factor))
+    if mode is not MatMulSerializationMode.OutputChannels or factor <= 1:
+        return torch.matmul(lhs, rhs)
+    if rhs.shape[-1] % factor:
+        raise Error("serializedMatMul: factor %d is not a factor of the output channels %d" % (factor, rhs.shape[-1]))
+    return torch.cat([(lhs.float() @ part.float()).to(lhs.dtype) for part in rhs.chunk(factor, dim=-1)], dim=-1)
 
 
 def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float) -> torch.Tensor:
@@ -355,6 +451,42 @@ def documented_name(aten_name: str) -> Optional[str]:
 # ---- tracing ----------------------------------------------------------------------------------------------
 
 
+def _run_op(func, args, kwargs):
+    """Run an aten op on the host. PopTorch captures ops for the IPU without running them on the CPU, but the
+    stand-in runs them, and torch < 2.1 has no CPU kernel for many half ops (layer norm, matmul): such an op,
+    when it fails, runs on float32 copies of its half inputs and its float32 outputs are cast back. The
+    stand-in does not model numerics. An in-place op writes its float32 result back into its half argument."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError:
+        if not any(t.dtype == torch.half for t in _tensors(list(args) + list(kwargs.values()))):
+            raise
+
+    def up(v):
+        return v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.half else v
+
+    def down(v):
+        return v.half() if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v
+
+    up_args, up_kwargs = tree_map(up, list(args)), tree_map(up, kwargs)
+    out = func(*up_args, **up_kwargs)
+    written = {}  # the tensors this op writes in place, by their float32 copies
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            original, copy_ = (args[i], up_args[i]) if i < len(args) else (kwargs.get(arg.name), up_kwargs.get(arg.name))
+            if isinstance(original, torch.Tensor) and original is not copy_:
+                original.copy_(copy_)
+                written[id(copy_)] = original
+    return tree_map(lambda v: written.get(id(v), down(v)) if isinstance(v, torch.Tensor) else v, out)
+
+
+class _HostOps(TorchDispatchMode):
+    """Runs a host forward's ops through _run_op (half ops on a CPU without half kernels)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return _run_op(func, args, kwargs or {})
+
+
 class _IpuOps(TorchDispatchMode):
     """Records every aten op with the current IPU, and which parameters / inputs each IPU consumes."""
 
@@ -375,7 +507,7 @@ class _IpuOps(TorchDispatchMode):
             for table, seen in ((self.params, self.param_ipus), (self.streams, self.stream_ipus)):
                 if key in table and ipu is not None:
                     seen.setdefault(table[key], {}).setdefault(ipu, "%s in block %s" % (name, current[0]))
-        return func(*args, **kwargs)
+        return _run_op(func, args, kwargs)
 
 
 def _tensors(values) -> List[torch.Tensor]:
@@ -439,22 +571,17 @@ class Optimizer(torch.optim.Optimizer):
         return self._state_dict.get("ipu_state") is not None and self._state_dict.get("ipu_param") is not None
 
 
-def _optimizer(name: str, hyper: str):
-    return type(name, (Optimizer,), {"_hyper": tuple(hyper.split())})
+def _optimizer(name: str):
+    """poptorch.optim.``name``, taking exactly the keyword arguments of its python/optim.py __init__."""
+    return type(name, (Optimizer,), {"_hyper": tuple(k for k in _kwargs_of("optim", name) if k != "params")})
 
 
 class optim:  # noqa: N801  (poptorch.optim is a module; a namespace class serves here)
-    _common = "lr weight_decay loss_scaling accum_type "
-    SGD = _optimizer("SGD", _common + "momentum dampening nesterov velocity_scaling use_combined_accum "
-                     "first_order_momentum_accum_type max_grad_norm")
-    Adam = _optimizer("Adam", _common + "betas eps amsgrad first_order_momentum_accum_type "
-                      "second_order_momentum_accum_type max_grad_norm")
-    AdamW = _optimizer("AdamW", _common + "betas eps amsgrad bias_correction first_order_momentum_accum_type "
-                       "second_order_momentum_accum_type max_grad_norm")
-    RMSprop = _optimizer("RMSprop", _common + "alpha eps momentum centered first_order_momentum_accum_type "
-                         "second_order_momentum_accum_type use_tf_variant")
-    LAMB = _optimizer("LAMB", _common + "betas eps bias_correction max_weight_norm first_order_momentum_accum_type "
-                      "second_order_momentum_accum_type")
+    SGD = _optimizer("SGD")
+    Adam = _optimizer("Adam")
+    AdamW = _optimizer("AdamW")
+    RMSprop = _optimizer("RMSprop")
+    LAMB = _optimizer("LAMB")
     Optimizer = Optimizer
 
 
@@ -576,12 +703,15 @@ class PoplarExecutor:
                 if len(ipus) > 1:
                     raise Error("For pipelining, stream tensors can only be streamed directly onto a single IPU "
                                 "(%s used on IPUs %s)" % (name, sorted(ipus)))
-            stages = 0
+            groups = 0
             previous = None
             for _, ipu in trace.block_order:  # consecutive stages on one IPU are merged
                 if ipu != previous:
-                    stages += 1
+                    groups += 1
                 previous = ipu
+            # Training: autodiff adds a backward stage for every forward group but the last, whose forward and
+            # backward are one stage (Ir::getNumPipelineStages counts them all).
+            stages = 2 * groups - 1 if self._training else groups
             accumulation = self._options._int("Training.gradientAccumulation")
             if accumulation < stages:
                 raise Error("For pipelining, depth (gradient accumulation factor) must equal at least the number of "
@@ -632,13 +762,30 @@ class PoplarExecutor:
         steps = self._options._int("deviceIterations")
         micro = self._micro_batch(args)[0].shape[0]
         n = int(args[0].shape[0]) // micro
-        with torch.no_grad():
+        with torch.no_grad(), _HostOps():
             per_micro = [self._user_model(*(a[i * micro : (i + 1) * micro] for a in args)) for i in range(n)]
         self._device_state["ipu_state"]["step"] = self._device_state["ipu_state"]["step"] + steps
         self.calls += 1
         if isinstance(self._optimizer, Optimizer):
             self._optimizer.host_state_is_dirty = True  # used on the IPU: the host copy is out of date
-        return tuple(torch.stack([torch.as_tensor(o[k]).reshape(()) for o in per_micro]) for k in range(len(per_micro[0])))
+        return tuple(self._returned([torch.as_tensor(o[k]).reshape(()) for o in per_micro])
+                     for k in range(len(per_micro[0])))
+
+    def _returned(self, values: List[torch.Tensor]) -> torch.Tensor:
+        """What the host gets of one scalar output under the Options' outputMode (python/options.py:1698-1704;
+        a training model's default is Final, _poplar_executor.py:167-170): All, a value per micro batch; Sum,
+        per replica the sum of its micro batches; Final, per replica its last one. The stand-in deals micro
+        batch i to replica i % replicas: which replica got which micro batch is not modelled."""
+        mode = self._options.value("outputMode", OutputMode.Default)
+        if mode == OutputMode.All:
+            return torch.stack(values)
+        replicas = self._options._int("replicationFactor")
+        per_replica = [torch.stack(values[r::replicas]) for r in range(replicas)]
+        if mode == OutputMode.Sum:
+            return torch.stack([v.sum() for v in per_replica])
+        if mode in (OutputMode.Final, OutputMode.Default):
+            return torch.stack([v[-1] for v in per_replica])
+        raise Error("the stand-in does not model output mode %s" % (mode,))
 
     def copyWeightsToHost(self) -> None:
         if not self._compiled:
