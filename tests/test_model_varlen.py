@@ -10,6 +10,7 @@ length 1, 2 and 3; both varlen kernels ("grouped", the CPU default, and "nested"
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -200,3 +201,52 @@ def test_varlen_under_torch_compile_aot_eager():
     assert (compiled.mlm_logits - eager.mlm_logits).abs().max().item() <= LOGIT_ATOL
     for n, p in packed.named_parameters():
         assert (p.grad - grads[n]).abs().max().item() <= GRAD_ATOL, n
+
+
+def test_flop_model_counts_only_within_sequence_pairs():
+    """The bench's FLOP model, by hand: per-row linear + L * 4H * (S^2 or sum l_i^2) + heads, per sequence."""
+    from ipu_packing import bench
+    from ipu_packing.bench_attention import flops_per_sequence
+
+    lengths = np.array([10, 6, 12, 3])
+    sequences = bench.make_sequences(lengths, 100, seed=0)
+    packed = bench.build_layout("packed", sequences, [[0, 1], [2, 3]], 16, 3, 5)
+    model = dict(hidden_size=8, intermediate_size=32, num_hidden_layers=2, vocab_size=100)
+    H, I, L, V, S, M = 8, 32, 2, 100, 16, 5
+    linear = 2 * L * S * 2 * (4 * H * H + 2 * H * I)
+    heads = 2 * M * 2 * (H * H + H * V)
+    dense = (linear + L * 4 * H * 2 * S * S + heads) / 4
+    varlen = (linear + L * 4 * H * (100 + 36 + 144 + 9) + heads) / 4
+    assert flops_per_sequence(packed, model, "dense") == pytest.approx(dense, rel=1e-12)
+    assert flops_per_sequence(packed, model, "varlen") == pytest.approx(varlen, rel=1e-12)
+
+
+def test_bench_varlen_reports_the_attention_comparison(tmp_path):
+    """``python -m ipu_packing.bench --attention varlen --json`` adds the four pairs and their ratios, each
+    measured ratio being the ratio of the reported seconds per sequence, beside the FLOP model's."""
+    from ipu_packing.bench_attention import RATIOS
+    from test_bench import run_main, synthetic_histogram
+
+    hist_file = tmp_path / "hist.json"
+    hist_file.write_text(json.dumps({"name": "synthetic", "histogram": synthetic_histogram().tolist()}))
+    threads = torch.get_num_threads()
+    try:
+        code, out, err = run_main(["--histogram", str(hist_file), "--max-seq-length", "64", "--timed-packs", "8",
+                                   "--micro-batch-size", "4", "--repeats", "1", "--threads", "1", "--json",
+                                   "--plot", "", "--attention", "varlen"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["attention"] == "varlen"
+    comparison = result["attention_comparison"]
+    seconds, flops = comparison["seconds_per_sequence"], comparison["flops_per_sequence"]
+    assert sorted(seconds) == sorted(flops) == ["packed+dense", "packed+varlen", "padded+dense", "padded+varlen"]
+    assert [row["name"] for row in comparison["speedups"]] == [name for name, _, _ in RATIOS]
+    for row, (_, top, bottom) in zip(comparison["speedups"], RATIOS):
+        top, bottom = "%s+%s" % top, "%s+%s" % bottom
+        assert row["measured"] == pytest.approx(seconds[bottom] / seconds[top])
+        assert row["flop_model"] == pytest.approx(flops[bottom] / flops[top])
+    # the model's predictions: varlen never costs more FLOPs, packing beats padding
+    assert flops["packed+varlen"] < flops["packed+dense"] < flops["padded+dense"]
+    assert flops["padded+varlen"] < flops["padded+dense"]
