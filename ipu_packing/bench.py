@@ -381,12 +381,20 @@ def _main(argv: Optional[List[str]]) -> int:
         timed_packs=args.timed_packs or None,
         log=log,
     )
+    comparison = None
+    if args.attention == "varlen":  # side by side with dense, on the same sequences (bench_attention.py)
+        from .bench_attention import format_comparison, run_comparison
+
+        comparison = run_comparison(histogram, S, args.max_sequences_per_pack, args.model, args.micro_batch_size,
+                                    args.repeats, args.algorithm, args.seed, args.timed_packs or None)
     if args.plot:
         result.plot = draw_plot(result, histogram, args.plot)
     if args.json:
-        print(json.dumps(asdict(result), sort_keys=True))
+        print(json.dumps(dict(asdict(result), **({"attention_comparison": comparison} if comparison else {})), sort_keys=True))
     else:
         print(format_result(result))
+        if comparison:
+            print(format_comparison(comparison))
     return 0
 
 

@@ -7,7 +7,7 @@ in each sequence, MLM only at the masked slots, NSP once per sequence from its o
 Use:
 
     from ipu_packing.model import PackedBertForPreTraining, PackedBertOutput
-    model = PackedBertForPreTraining(transformers.BertConfig(...), attention=None)  # "dense" | "sdpa" | "flex"
+    model = PackedBertForPreTraining(transformers.BertConfig(...), attention=None)  # "dense" | "sdpa" | "flex" | "varlen"
     out = model(input_ids=..., token_type_ids=..., position_ids=..., sequence_ids=...,   # each (B, S)
                 mlm_positions=..., mlm_labels=...,                                      # each (B, M)
                 cls_positions=..., nsp_labels=...)                                      # each (B, K)
@@ -45,6 +45,9 @@ Attention (constructor argument ``attention``, else ``config.packed_attention``,
   "sdpa"   torch scaled_dot_product_attention with a bool mask (B, 1, S, S), True = attend.
   "flex"   FlexAttention with a BlockMask (torch >= 2.5, imported lazily; no attention dropout in training;
            the BlockMask is not a tensor, so not for pipelined stages).
+  "varlen" SDPA within each sequence only (sum of l_i^2 scores, not S^2), padding left out (zero outputs);
+           the mask is a VarlenLayout of the real sequences (see attention.py); not for PopTorch; under
+           torch.compile with graph breaks at the layout (no fullgraph).
 The rule: q attends to k iff sequence_ids[q] == sequence_ids[k]. Real tokens see only their own sequence;
 padding sees only padding, so no query row is ever fully masked and no path can produce NaN.
 
@@ -56,7 +59,7 @@ directory (safetensors or pytorch_model.bin); ``model.save_pretrained(dir)`` wri
 
 Precision: fp32, or bf16/fp16 under torch.autocast (losses are computed in fp32). Works under
 torch.compile(fullgraph=True, dynamic=False). Runs on Python 3.8 / torch 2.0.1 / transformers 4.x
-(the "flex" path excepted).
+(the "flex" and "varlen" paths excepted: varlen's kernels need torch >= 2.0 / 2.3, checked at use).
 """
 
 from .attention import ATTENTION_IMPLEMENTATIONS

@@ -19,6 +19,23 @@ Implementations (chosen per model, see ``resolve_attention``):
   ``BlockMask`` built from ``sequence_ids``; imported lazily, so older torch never sees it. It has no
   attention-probability dropout, so training with ``attention_probs_dropout_prob > 0`` is refused. A
   ``BlockMask`` is not a tensor: it cannot travel between pipeline stages, use dense or sdpa there.
+- ``"varlen"``: attention computed only within each sequence. The mask is a ``VarlenLayout`` (built once
+  per batch from ``sequence_ids``: which tokens form each real sequence), and each layer gathers q, k, v of
+  the real tokens and runs ``scaled_dot_product_attention`` on the sequences alone: a pack of lengths
+  l_1..l_k costs sum(l_i^2) scores instead of S^2. Padding is left out altogether: its outputs are zeros
+  (they never reach a loss; the dense path's padding-attends-padding rows are just as unused). Inputs and
+  outputs keep their static (B, N, S, D) shapes. Two kernels, the same result:
+
+  - ``"grouped"`` (CPU default, torch >= 2.0): sequences of equal length stacked into one (G, N, L, D)
+    batch, one SDPA call per distinct length (no padding inside a group, so exactly sum(l_i^2) scores).
+  - ``"nested"`` (CUDA default, torch >= 2.3 ``torch.nested.nested_tensor_from_jagged``): one jagged batch
+    (``layout=torch.jagged`` from offsets), which SDPA dispatches to flash / memory-efficient kernels on
+    CUDA. It runs forward and backward on CPU too, but torch's CPU jagged SDPA is slower than dense there
+    (``python -m ipu_packing.model.bench``-style timing in docs/model.md), hence "grouped" on CPU.
+
+  torch.compile: the layout depends on the data (how many sequences of which lengths), so building it is
+  eager work; ``torch.compile(model, backend="aot_eager")`` runs the model with graph breaks around it and
+  gives the same results (tests/test_model_varlen.py). Not for PopTorch: poptorch_backend refuses it.
 
 Shape legend: B packs, S tokens per pack, N heads, D head size.
 """
@@ -26,12 +43,12 @@ Shape legend: B packs, S tokens per pack, N heads, D head size.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-ATTENTION_IMPLEMENTATIONS = ("dense", "sdpa", "flex")
+ATTENTION_IMPLEMENTATIONS = ("dense", "sdpa", "flex", "varlen")
 """Accepted values of the ``attention`` argument and of ``config.packed_attention``."""
 
 CONFIG_ATTRIBUTE = "packed_attention"
@@ -86,7 +103,126 @@ def build_mask(implementation: str, sequence_ids: torch.Tensor) -> Any:
         return same_sequence(sequence_ids)
     if implementation == "flex":
         return flex_block_mask(sequence_ids)
+    if implementation == "varlen":
+        return varlen_layout(sequence_ids)
     raise ValueError("attention must be one of %s, got %r" % (ATTENTION_IMPLEMENTATIONS, implementation))
+
+
+VARLEN_KERNELS = ("grouped", "nested")
+"""Kernels of the varlen path (see the module docstring); ``varlen_layout(kernel=None)`` picks by device."""
+
+
+class VarlenLayout(NamedTuple):
+    """Where the real sequences of a batch of packs lie, for ``attend("varlen", ...)``.
+
+    Token t of the flattened batch is row t of a (B*S, ...) view. ``order`` lists the real tokens sequence
+    by sequence (pack, then sequence id, then position); ``offsets`` (n+1,) are the sequence boundaries in
+    ``order``. For the grouped kernel, ``groups`` holds one (G, L) token-index tensor per distinct length L.
+    """
+
+    batch: int
+    length: int
+    kernel: str
+    order: torch.Tensor  # (T,) int64, T real tokens
+    offsets: torch.Tensor  # (n + 1,) int64
+    lengths: Tuple[int, ...]  # (n,) sequence lengths, python ints
+    groups: Tuple[torch.Tensor, ...]  # grouped kernel: (G, L) int64 per distinct L; nested: ()
+
+
+def _check_varlen_torch(kernel: str) -> None:
+    if not hasattr(F, "scaled_dot_product_attention"):
+        raise RuntimeError(
+            "attention='varlen' needs torch >= 2.0 (scaled_dot_product_attention), found torch %s; use 'dense'"
+            % torch.__version__
+        )
+    if kernel == "nested" and not hasattr(getattr(torch, "nested", None), "nested_tensor_from_jagged"):
+        raise RuntimeError(
+            "attention='varlen' with kernel 'nested' needs torch >= 2.3 (torch.nested.nested_tensor_from_jagged), "
+            "found torch %s; use kernel 'grouped'" % torch.__version__
+        )
+
+
+def varlen_layout(sequence_ids: torch.Tensor, kernel: Optional[str] = None) -> VarlenLayout:
+    """The ``VarlenLayout`` of (B, S) ``sequence_ids`` (0 = padding, 1..K = sequences, any token order).
+
+    ``kernel``: "grouped" or "nested"; default "nested" on CUDA when torch has jagged nested tensors, else
+    "grouped". Synchronises with the device once (the sequence lengths are data)."""
+    if kernel is None:
+        nested_ok = hasattr(getattr(torch, "nested", None), "nested_tensor_from_jagged")
+        kernel = "nested" if sequence_ids.is_cuda and nested_ok else "grouped"
+    if kernel not in VARLEN_KERNELS:
+        raise ValueError("varlen kernel must be one of %s, got %r" % (VARLEN_KERNELS, kernel))
+    _check_varlen_torch(kernel)
+    batch, length = sequence_ids.shape
+    ids = sequence_ids.reshape(-1).long()  # (B*S,)
+    real = (ids > 0).nonzero().squeeze(1)  # (T,) positions of real tokens, ascending
+    pack = real // length
+    # one key per (pack, sequence): sorting by it (stably) keeps each sequence's tokens in position order
+    key = pack * (int(ids.max().item()) + 1 if ids.numel() else 1) + ids[real]
+    key, perm = torch.sort(key, stable=True)
+    order = real[perm]  # (T,)
+    _, counts = torch.unique_consecutive(key, return_counts=True)  # (n,)
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=ids.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    lengths = tuple(int(n) for n in counts.tolist())
+    groups = ()  # type: Tuple[torch.Tensor, ...]
+    if kernel == "grouped":
+        starts = offsets[:-1]
+        by_length = {}  # type: Dict[int, List[int]]
+        for i, n in enumerate(lengths):
+            by_length.setdefault(n, []).append(i)
+        built = []
+        for n in sorted(by_length):
+            first = starts[torch.tensor(by_length[n], device=ids.device)]  # (G,)
+            steps = torch.arange(n, device=ids.device)
+            built.append(order[first[:, None] + steps[None, :]])  # (G, L)
+        groups = tuple(built)
+    return VarlenLayout(batch, length, kernel, order, offsets, lengths, groups)
+
+
+def varlen_attend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: VarlenLayout, dropout: torch.nn.Dropout
+) -> torch.Tensor:
+    """(B, N, S, D) q, k, v -> (B, N, S, D): SDPA within each sequence of ``layout``; zeros at padding."""
+    batch, heads, length, size = query.shape
+    if (batch, length) != (layout.batch, layout.length):
+        raise ValueError("varlen layout is for (B, S) = %r, inputs are %r" % ((layout.batch, layout.length), (batch, length)))
+    p = dropout.p if dropout.training else 0.0
+
+    def tokens(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).reshape(batch * length, heads, size)  # (B*S, N, D), a view for BertSelfAttention
+
+    q, k, v = tokens(query), tokens(key), tokens(value)
+    if layout.kernel == "nested":
+        offsets, lengths = layout.offsets, layout.lengths
+
+        def jagged(x: torch.Tensor) -> torch.Tensor:  # (T, N, D) -> (n, N, j, D)
+            values = x.index_select(0, layout.order)
+            return torch.nested.nested_tensor_from_jagged(
+                values, offsets, min_seqlen=min(lengths), max_seqlen=max(lengths)
+            ).transpose(1, 2)
+
+        if not lengths:
+            return query.new_zeros(query.shape)
+        out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), dropout_p=p)
+        values = out.transpose(1, 2).values()  # (T, N, D)
+        index = layout.order
+    else:
+        if not layout.groups:
+            return query.new_zeros(query.shape)
+        parts = []
+        for group in layout.groups:  # (G, L) token indices, every sequence of length L
+            flat = group.reshape(-1)
+
+            def stack(x: torch.Tensor) -> torch.Tensor:  # (B*S, N, D) -> (G, N, L, D)
+                return x.index_select(0, flat).view(group.shape[0], group.shape[1], heads, size).transpose(1, 2)
+
+            out = F.scaled_dot_product_attention(stack(q), stack(k), stack(v), dropout_p=p)  # (G, N, L, D)
+            parts.append(out.transpose(1, 2).reshape(-1, heads, size))  # (G*L, N, D)
+        values = torch.cat(parts)  # (T, N, D)
+        index = torch.cat([group.reshape(-1) for group in layout.groups])
+    context = q.new_zeros(q.shape).index_copy(0, index, values.to(q.dtype))  # (B*S, N, D), zeros at padding
+    return context.view(batch, length, heads, size).transpose(1, 2)  # (B, N, S, D)
 
 
 _FLEX = None
@@ -130,4 +266,6 @@ def attend(
                 "or use 'dense' or 'sdpa' for training"
             )
         return _flex_attention()(query, key, value, block_mask=mask)
+    if implementation == "varlen":
+        return varlen_attend(query, key, value, mask, dropout)
     raise ValueError("attention must be one of %s, got %r" % (ATTENTION_IMPLEMENTATIONS, implementation))

@@ -34,6 +34,7 @@ import torch
 
 from ..data.format import IGNORE_INDEX, Instance, as_batch, mlm_slots, pack_sequences
 from ..errors import ArgumentParser, run_command
+from .attention import ATTENTION_IMPLEMENTATIONS
 
 PRESETS = {
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4),
@@ -50,7 +51,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8, help="B, rows (packs) per step")
     parser.add_argument("--max-sequences-per-pack", type=int, default=3, help="K of the packed run")
     parser.add_argument("--max-predictions-per-seq", type=int, default=20, help="cap on MLM predictions per sequence")
-    parser.add_argument("--attention", choices=("dense", "sdpa", "flex"), default="dense")
+    parser.add_argument("--attention", choices=ATTENTION_IMPLEMENTATIONS, default="dense")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per workload")
