@@ -48,3 +48,22 @@ def test_many_input_and_output_shards_under_a_64_descriptor_limit(tmp_path):
         for name in sorted(os.listdir(os.path.join(output, kind))):
             with open(os.path.join(output, kind, name), "rb") as a, open(os.path.join(again, kind, name), "rb") as b:
                 assert a.read() == b.read(), (kind, name)
+
+
+def test_nsp_label_does_not_follow_from_length_on_the_default_corpus(tmp_path):
+    from ipu_packing.data.pipeline import PrepareConfig, prepare
+
+    output = str(tmp_path / "default")
+    prepare(PrepareConfig(input="default", output=output, workers=1, progress=False))  # S=128, dupe 10
+    padded = open_dataset(os.path.join(output, "padded"))
+    lengths, is_next = [], []
+    for shard in padded.manifest["shards"]:
+        packs = np.load(os.path.join(output, "padded", shard["file"]), mmap_mode="r")
+        lengths.append((np.asarray(packs["sequence_ids"]) > 0).sum(axis=1))
+        is_next.append(np.asarray(packs["nsp_labels"])[:, 0] == 0)
+    lengths, is_next = np.concatenate(lengths), np.concatenate(is_next)
+    short = lengths < 16
+    overall, among_short = is_next.mean(), is_next[short].mean()
+    assert short.sum() > 300, short.sum()  # enough short sequences for the share to mean something
+    assert abs(overall - 0.5) <= 0.02, overall
+    assert abs(among_short - overall) <= 0.10, (among_short, overall)
