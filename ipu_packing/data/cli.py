@@ -77,6 +77,8 @@ def _keep_freed_memory() -> None:
 def _prepare(args: argparse.Namespace) -> None:
     from .pipeline import PrepareConfig, prepare
 
+    if not 0 < args.shard_mb < float("inf"):  # also refuses nan
+        raise DataError("--shard-mb must be a number > 0, got %r" % args.shard_mb)
     _keep_freed_memory()
 
     config = PrepareConfig(
@@ -86,7 +88,7 @@ def _prepare(args: argparse.Namespace) -> None:
         dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, masked_lm_prob=args.masked_lm_prob,
         max_predictions_per_seq=args.max_predictions_per_seq, whole_word_masking=args.whole_word_masking,
         packing_algorithm=args.packing_algorithm, lp_max_rounds=args.lp_max_rounds,
-        lp_time_limit=args.lp_time_limit, shard_bytes=max(1, int(args.shard_mb * 2 ** 20)),
+        lp_time_limit=args.lp_time_limit, shard_bytes=max(1, int(args.shard_mb * 2 ** 20)),  # > 0 checked
         padded=not args.no_padded, progress=not args.quiet)
     result = prepare(config)
     packed, padded, seconds = result.packed, result.padded, result.seconds

@@ -108,8 +108,10 @@ class PrepareConfig:
             raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
         if self.format not in FORMATS:
             raise DataError("--format must be one of %s" % "/".join(FORMATS))
-        if self.shard_chars < 1 or self.shard_bytes < 1:
-            raise DataError("shard sizes must be >= 1")
+        if self.shard_chars < 1:
+            raise DataError("shard_chars must be >= 1, got %r" % self.shard_chars)
+        if self.shard_bytes < 1:
+            raise DataError("--shard-mb must be > 0 (got %r bytes)" % self.shard_bytes)
         if not 0 <= self.seed < 2 ** 63:
             raise DataError("--seed must be in [0, 2**63), got %d" % self.seed)
         from ..packing import ALGORITHMS
@@ -151,6 +153,8 @@ def _die_with_parent() -> None:
     """Worker processes ignore Ctrl-C (the parent reports it once and shuts them down) and, on Linux,
     get SIGKILL when the parent dies, so a killed prepare leaves no orphans behind."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while forking
     try:
         import ctypes
 
@@ -225,11 +229,28 @@ class Workers:
             import tokenizers  # noqa: F401  (imported once here, inherited by the forked workers)
             self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method),
                                             initializer=_init_worker, initargs=(spec, recipe, seed, True))
+            try:
+                self.start()
+            except BaseException:  # e.g. Ctrl-C held back during the forks: the caller never gets the pool
+                self.abort()
+                raise
 
     def start(self) -> None:
-        """Start the worker processes now (the pool would start them at the first task)."""
-        if self.pool is not None:
+        """Start the worker processes now (the pool would start them at the first task).
+
+        Ctrl-C is held back while the pool forks them: a SIGINT that lands inside os.fork() is
+        swallowed by CPython's after-fork hooks ("Exception ignored in _after_fork"), and the run
+        would carry on. It is delivered as soon as the workers are up."""
+        if self.pool is None:
+            return
+        mask = hasattr(signal, "pthread_sigmask")
+        if mask:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
             self.pool.submit(os.getpid).result()
+        finally:
+            if mask:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def map_bounded(self, fn, argument_tuples: Iterable[tuple], on_result=None) -> list:
         results, pending = [], []
@@ -244,6 +265,15 @@ class Workers:
             if on_result:
                 on_result(results[-1])
         return results
+
+    def abort(self) -> None:
+        """On an error or Ctrl-C: kill the workers rather than wait for their tasks to finish."""
+        if self.pool is not None:
+            processes = getattr(self.pool, "_processes", None) or {}  # pid -> multiprocessing.Process
+            for process in list(processes.values()):
+                process.kill()
+            self.pool.shutdown(wait=False)
+            self.pool = None
 
     def close(self) -> None:
         if self.pool is not None:
@@ -540,8 +570,10 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
             manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, lengths, num_masked,
                                               kind_offsets, algorithm, config, spec, corpus)
         lap("write")
-    finally:
-        workers.close()
+    except BaseException:
+        workers.abort()
+        raise
+    workers.close()
     shutil.rmtree(work)
     seconds["total"] = time.perf_counter() - start
     return PrepareResult(manifests["packed"], manifests.get("padded"), seconds)
