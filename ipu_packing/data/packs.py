@@ -223,13 +223,23 @@ def plan_dataset(members: np.ndarray, member_offsets: np.ndarray, pack_order: np
 
 
 # ---------------------------------------------------------------------------------------------------
-# spill files: one per (input shard, dataset); block j holds the input shard's sequences of output shard j
+# spill files: one per (input shard, dataset), holding the input shard's sequences sorted by (output
+# shard, place); each array is stored whole, so writing one is a few large writes however many output
+# shards there are, and reading output shard j's block is one small read of the index plus one read
+# per array:
 #
-#   (J + 1) int64   byte offset of each block, then the end of the file
-#   block j:        3 int64 (n, t, q); place int32 (n); lengths, a_lengths, nsp_labels, mlm_counts
-#                   int32 (n each); tokens (t), mlm_positions uint16 (q), mlm_labels (q)
+#   (J + 1, 3) int64   cumulative (sequences, tokens, predictions) before output shard j's block
+#   place, lengths, a_lengths, nsp_labels, mlm_counts   int32 (n each)
+#   tokens (t), mlm_positions uint16 (q), mlm_labels (q)
 
 _HEAD = np.dtype("<i8")
+_PER_SEQUENCE = ("place",) + PER_INSTANCE
+
+
+def _spill_arrays(n: int, t: int, q: int, tokens: np.dtype):
+    """(name, dtype, count) of the arrays after the index, in file order."""
+    return ([(name, np.dtype("<i4"), n) for name in _PER_SEQUENCE]
+            + [("tokens", tokens, t), ("mlm_positions", np.dtype("<u2"), q), ("mlm_labels", tokens, q)])
 
 
 def write_spill(path: str, instances: Instances, shard_of: np.ndarray, place: np.ndarray, num_shards: int,
@@ -237,57 +247,52 @@ def write_spill(path: str, instances: Instances, shard_of: np.ndarray, place: np
     """Write `instances` (one input shard) grouped by output shard, in the order of their place."""
     tokens = token_dtype(vocab_size)
     order = np.lexsort((place, shard_of))
-    sorted_shard = shard_of[order]
-    bounds = np.searchsorted(sorted_shard, np.arange(num_shards + 1))
+    bounds = np.searchsorted(shard_of[order], np.arange(num_shards + 1))  # (J + 1,)
     ordered = gather_instances(instances, order)
-    place = place[order]
     token_end = np.concatenate([[0], np.cumsum(ordered.lengths, dtype=np.int64)])
     mlm_end = np.concatenate([[0], np.cumsum(ordered.mlm_counts, dtype=np.int64)])
-    blocks: List[List[np.ndarray]] = []
-    for j in range(num_shards):
-        a, b = bounds[j], bounds[j + 1]
-        t0, t1, q0, q1 = token_end[a], token_end[b], mlm_end[a], mlm_end[b]
-        pieces = [np.array([b - a, t1 - t0, q1 - q0], dtype=_HEAD), place[a:b].astype("<i4")]
-        pieces += [getattr(ordered, name)[a:b].astype("<i4") for name in PER_INSTANCE]
-        pieces += [ordered.tokens[t0:t1].astype(tokens), ordered.mlm_positions[q0:q1].astype("<u2"),
-                   ordered.mlm_labels[q0:q1].astype(tokens)]
-        blocks.append(pieces)
-    sizes = np.array([sum(p.nbytes for p in pieces) for pieces in blocks], dtype=np.int64)
-    index = (num_shards + 1) * _HEAD.itemsize + np.concatenate([[0], np.cumsum(sizes)])
+    index = np.stack([bounds, token_end[bounds], mlm_end[bounds]], axis=1).astype(_HEAD)  # (J + 1, 3)
+    values = {"place": place[order], "tokens": ordered.tokens, "mlm_positions": ordered.mlm_positions,
+              "mlm_labels": ordered.mlm_labels}
+    values.update({name: getattr(ordered, name) for name in PER_INSTANCE})
     with open(path, "wb") as f:
-        f.write(index.astype(_HEAD).tobytes())
-        for pieces in blocks:
-            for piece in pieces:
-                f.write(piece.tobytes())
+        f.write(index.tobytes())
+        for name, dtype, _ in _spill_arrays(0, 0, 0, tokens):
+            f.write(np.ascontiguousarray(values[name], dtype=dtype).tobytes())
 
 
-def read_spill_block(path: str, shard: int, vocab_size: Optional[int]) -> Tuple[np.ndarray, Instances]:
+def read_spill_block(path: str, shard: int, num_shards: int,
+                     vocab_size: Optional[int]) -> Tuple[np.ndarray, Instances]:
     """(place, instances) of output shard `shard` in one spill file (opened, read and closed)."""
     tokens = token_dtype(vocab_size)
-    with open(path, "rb") as f:
-        f.seek(shard * _HEAD.itemsize)
-        start, end = np.frombuffer(f.read(2 * _HEAD.itemsize), dtype=_HEAD).tolist()
-        f.seek(start)
-        data = f.read(end - start)
-    n, t, q = np.frombuffer(data, dtype=_HEAD, count=3).tolist()
-    at = 3 * _HEAD.itemsize
+    row = 3 * _HEAD.itemsize
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        (n0, t0, q0), (n1, t1, q1) = np.frombuffer(os.pread(fd, 2 * row, shard * row), dtype=_HEAD).reshape(2, 3)
+        (n, t, q) = np.frombuffer(os.pread(fd, row, num_shards * row), dtype=_HEAD).tolist()  # totals
+        at = (num_shards + 1) * row
+        starts = {"n": int(n0), "t": int(t0), "q": int(q0)}
+        counts = {"n": int(n1 - n0), "t": int(t1 - t0), "q": int(q1 - q0)}
+        kind = {name: "n" for name in _PER_SEQUENCE}
+        kind.update(tokens="t", mlm_positions="q", mlm_labels="q")
+        out = {}
+        for name, dtype, total in _spill_arrays(n, t, q, tokens):
+            k = kind[name]
+            size = counts[k] * dtype.itemsize
+            data = os.pread(fd, size, at + starts[k] * dtype.itemsize) if size else b""
+            out[name] = np.frombuffer(data, dtype=dtype, count=counts[k]).astype(np.int32)
+            at += total * dtype.itemsize
+    finally:
+        os.close(fd)
+    place = out.pop("place")
+    return place, Instances(**out)
 
-    def take(dtype, count):
-        nonlocal at
-        array = np.frombuffer(data, dtype=dtype, count=count, offset=at)
-        at += array.nbytes
-        return array.astype(np.int32)
 
-    place = take("<i4", n)
-    per = {name: take("<i4", n) for name in PER_INSTANCE}
-    return place, Instances(tokens=take(tokens, t), mlm_positions=take("<u2", q), mlm_labels=take(tokens, q), **per)
-
-
-def read_spill_blocks(paths: Sequence[str], shard: int, vocab_size: Optional[int]) -> Instances:
+def read_spill_blocks(paths: Sequence[str], shard: int, num_shards: int, vocab_size: Optional[int]) -> Instances:
     """Output shard `shard`'s instances from every spill file, one file open at a time, in pack order."""
     places, parts = [], []
     for path in paths:
-        place, part = read_spill_block(path, shard, vocab_size)
+        place, part = read_spill_block(path, shard, num_shards, vocab_size)
         if len(place):
             places.append(place)
             parts.append(part)

@@ -197,9 +197,9 @@ def _scatter(path: str, spills: List[tuple], vocab_size: int) -> None:
     os.remove(path)
 
 
-def _write_shard(spills: List[str], shard: int, task: ShardTask, layout: PackLayout) -> dict:
+def _write_shard(spills: List[str], shard: int, num_shards: int, task: ShardTask, layout: PackLayout) -> dict:
     """Worker: one output shard from its blocks of every spill file."""
-    return write_shard(read_spill_blocks(spills, shard, layout.vocab_size), task, layout)
+    return write_shard(read_spill_blocks(spills, shard, num_shards, layout.vocab_size), task, layout)
 
 
 class _Immediate:
@@ -560,7 +560,7 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
         bar = _progress("writing", config.progress, " packs",
                         total=sum(len(offsets_) - 1 for _, _, _, offsets_, _ in jobs))
         entries = workers.map_bounded(
-            _write_shard, (([spill(kind, i) for i in range(len(paths))], j, task, layout)
+            _write_shard, (([spill(kind, i) for i in range(len(paths))], j, len(dataset_plan.tasks), task, layout)
                            for kind, layout, dataset_plan, _, _ in jobs for j, task in enumerate(dataset_plan.tasks)),
             on_result=lambda entry: bar.update(entry["num_packs"]))
         bar.close()
