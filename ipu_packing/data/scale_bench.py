@@ -132,6 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--dupe-factor", type=int, default=1)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--no-padded", action="store_true")
+    parser.add_argument("--shard-chars", type=int, default=None, help="prepare's --shard-chars")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.mb <= 0:
@@ -142,7 +143,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         built = build_corpus(corpus, args.mb)
         output = os.path.join(work, "out")
         extra = ["--max-seq-length", str(args.max_seq_length), "--dupe-factor", str(args.dupe_factor),
-                 "--workers", str(args.workers)] + (["--no-padded"] if args.no_padded else [])
+                 "--workers", str(args.workers)] + (["--no-padded"] if args.no_padded else []) \
+            + (["--shard-chars", str(args.shard_chars)] if args.shard_chars else [])
         result = run_prepare(corpus, output, args.nofile, extra)
         with open(os.path.join(output, "packed", "manifest.json")) as f:
             manifest = json.load(f)
