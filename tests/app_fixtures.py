@@ -13,10 +13,10 @@ import tempfile
 
 import numpy as np
 
-from ipu_packing.data.format import (FIRST_WORD_ID, FORMAT_VERSION, MASK_ID, SPECIAL_TOKENS, VOCAB, max_predictions,
-                                     mlm_slots, pack_statistics, sha256_file, write_manifest)
+from ipu_packing.data.format import (FIRST_WORD_ID, FORMAT_VERSION, MASK_ID, SPECIAL_TOKENS, VOCAB, field_dtypes,
+                                     max_predictions, mlm_slots, pack_statistics, sha256_file, write_manifest)
 from ipu_packing.data.instances import Instances
-from ipu_packing.data.packs import InstanceStore, PackLayout, save_instances, shard_tasks, write_shard
+from ipu_packing.data.packs import PackLayout, load_instances, save_instances, write_dataset_in_memory
 from ipu_packing.packing import assign_sequences, histogram_from_lengths, plan_packing
 
 
@@ -45,16 +45,15 @@ def _instances(rng: np.random.Generator, n: int, S: int, V: int, cap: int) -> In
                      as32(np.concatenate(positions)), as32(np.concatenate(labels)))
 
 
-def _write(directory: str, store: InstanceStore, members, offsets, S: int, K: int, kind: str, algorithm: str,
+def _write(directory: str, store: Instances, members, offsets, S: int, K: int, kind: str, algorithm: str,
            seed: int, vocab_lines, cap: int) -> None:
     """One dataset directory: two shards, vocab.txt and manifest.json."""
     os.makedirs(directory)
     with open(os.path.join(directory, VOCAB), "w", encoding="utf-8") as f:
         f.write("".join(t + "\n" for t in vocab_lines))
-    layout = PackLayout(S, K, mlm_slots(S, K))
+    layout = PackLayout(S, K, mlm_slots(S, K), len(vocab_lines))
     num_packs = len(offsets) - 1
     half = layout.record_bytes * ((num_packs + 1) // 2)
-    tasks = shard_tasks(members, offsets, np.arange(num_packs), layout, directory, half)
     manifest = {
         "format_version": FORMAT_VERSION,
         "kind": kind,
@@ -70,7 +69,8 @@ def _write(directory: str, store: InstanceStore, members, offsets, S: int, K: in
         "seed": seed,
         "recipe": {"masked_lm_prob": 0.15, "max_predictions_per_seq": cap},
         "corpus": {"name": "random test fixture"},
-        "shards": [write_shard(store, task, layout) for task in tasks],
+        "shards": write_dataset_in_memory(store, members, offsets, np.arange(num_packs), layout, directory, half),
+        "field_dtypes": {name: dtype.str for name, dtype in field_dtypes(S, K, len(vocab_lines)).items()},
     }
     manifest.update(pack_statistics(store.lengths, store.mlm_counts, np.diff(offsets), S, K))
     write_manifest(directory, manifest)
@@ -82,8 +82,8 @@ def write_prepared(root: str, S: int = 32, K: int = 3, V: int = 64, num_sequence
     cap = max_predictions(S)
     vocab_lines = list(SPECIAL_TOKENS) + ["tok%s%d" % (vocab_tag, i) for i in range(V - len(SPECIAL_TOKENS))]
     with tempfile.TemporaryDirectory() as work:
-        save_instances(os.path.join(work, "instances"), _instances(rng, num_sequences, S, V, cap))
-        store = InstanceStore([os.path.join(work, "instances")])
+        save_instances(os.path.join(work, "instances.npz"), _instances(rng, num_sequences, S, V, cap), V)
+        store = load_instances(os.path.join(work, "instances.npz"))
         plan = plan_packing(histogram_from_lengths(store.lengths, S), S, K, "optimal")
         assignment = assign_sequences(plan, store.lengths, seed)
         _write(os.path.join(root, "packed"), store, np.asarray(assignment.indices, dtype=np.int64),

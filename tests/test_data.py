@@ -144,10 +144,18 @@ def test_same_seed_same_bytes_any_workers_and_other_seed_differs(tmp_path, prepa
 def test_shards_open_with_numpy_alone(prepared):
     ds = open_dataset(os.path.join(prepared, "packed"))
     first = np.load(os.path.join(prepared, "packed", "shard-00000.npy"), mmap_mode="r")
-    assert first["input_ids"].shape == (first.shape[0], S) and first["input_ids"].dtype == np.int32
+    assert first["input_ids"].shape == (first.shape[0], S)
     assert first["mlm_positions"].shape[1] == ds.manifest["mlm_slots"] == ds.mlm_slots
     assert first["cls_positions"].shape[1] == K
-    assert (ds[0]["input_ids"].numpy() == first["input_ids"][0]).all()
+    # compact on disk (the synthetic vocabulary has under 256 tokens), int32 out of the Dataset
+    stored = {name: first.dtype[name].base.str for name in FIELDS}
+    assert stored == ds.manifest["field_dtypes"]
+    assert stored == {"input_ids": "|u1", "token_type_ids": "|u1", "position_ids": "|u1", "sequence_ids": "|u1",
+                      "mlm_positions": "|u1", "mlm_labels": "<i2", "cls_positions": "|u1", "nsp_labels": "|i1"}
+    assert first.dtype.itemsize == 4 * S + 3 * ds.mlm_slots + 2 * K
+    for name in FIELDS:
+        assert ds[0][name].dtype == torch.int32
+        assert (ds[0][name].numpy() == first[name][0]).all()
 
 
 def test_dataset_serves_stored_packs_through_a_dataloader(prepared):
@@ -191,7 +199,11 @@ def test_corrupt_shard_or_manifest_is_refused_naming_it(tmp_path, prepared):
                               ("missing", lambda m: m.pop("num_packs"), "num_packs"),
                               ("count", lambda m: m.update(num_packs=m["num_packs"] + 1), "num_packs"),
                               ("shape", lambda m: m.update(mlm_slots=m["mlm_slots"] + 1), "mlm_positions"),
-                              ("vocab", lambda m: m.update(vocab_checksum="0" * 64), "vocab_checksum")):
+                              ("vocab", lambda m: m.update(vocab_checksum="0" * 64), "vocab_checksum"),
+                              ("dtypes", lambda m: m["field_dtypes"].update(input_ids="<i4"), "field_dtypes"),
+                              # a dataset of format 1 (every field int32) is refused, saying what to do
+                              ("version", lambda m: (m.update(format_version=1), m.pop("field_dtypes")),
+                               "format_version 1, this code reads 2: prepare the dataset again")):
         directory = copy(name)
         manifest_path = os.path.join(directory, "manifest.json")
         manifest = json.load(open(manifest_path))
@@ -363,7 +375,7 @@ def test_batch_encoder_matches_the_full_tokenizer(tmp_path):
 
 
 def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
-    from ipu_packing.data.packs import InstanceStore, PackLayout, build_packs, save_instances
+    from ipu_packing.data.packs import PackLayout, build_packs, gather_instances
 
     _, vocab_path = make_inputs(str(tmp_path))
     spec = load_tokenizer(vocab_path)
@@ -373,19 +385,18 @@ def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
                  for i in range(10)]
     recipe = RecipeConfig(max_seq_length=32, dupe_factor=1)
     inst = create_instances(tokenize_documents(documents, spec.encoder()), recipe, vocab, np.random.default_rng(0))
-    save_instances(str(tmp_path / "inst"), inst)
-    store = InstanceStore([str(tmp_path / "inst")])
     members = np.array([0, 1], dtype=np.int64)
+    store = gather_instances(inst, members)
     fits = int(inst.lengths[0] + inst.lengths[1])
     needed = int(inst.mlm_counts[0] + inst.mlm_counts[1])
-    packs = build_packs(store, members, np.array([0, 2]), PackLayout(fits, 2, needed))
+    packs = build_packs(store, np.array([0, 2]), PackLayout(fits, 2, needed))
     assert (packs["mlm_labels"] != -100).sum() == needed
     with pytest.raises(DataError, match="pack 0 would hold %d MLM predictions" % needed):
-        build_packs(store, members, np.array([0, 2]), PackLayout(fits, 2, needed - 1))
+        build_packs(store, np.array([0, 2]), PackLayout(fits, 2, needed - 1))
     with pytest.raises(DataError, match="pack 0 would hold %d tokens" % fits):
-        build_packs(store, members, np.array([0, 2]), PackLayout(fits - 1, 2, needed))
+        build_packs(store, np.array([0, 2]), PackLayout(fits - 1, 2, needed))
     with pytest.raises(DataError, match="pack 0 would hold 2 sequences"):
-        build_packs(store, members, np.array([0, 2]), PackLayout(fits, 1, needed))
+        build_packs(store, np.array([0, 2]), PackLayout(fits, 1, needed))
 
 
 def test_module_docstrings_keeps_bare_string_statements_only(tmp_path):

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from ipu_packing.data.errors import DataError
 from ipu_packing.data.format import IGNORE_INDEX, Instance, pack_dtype, pack_sequences
 from ipu_packing.data.instances import Instances
-from ipu_packing.data.packs import InstanceStore, PackLayout, build_packs, save_instances
+from ipu_packing.data.packs import PackLayout, build_packs, gather_instances, load_instances, save_instances
 
 
 @st.composite
@@ -24,18 +24,18 @@ def instance(draw):
     return Instance(np.array(ids), types, np.array(positions, dtype=np.int64), np.array(labels), draw(st.integers(0, 1)))
 
 
-def _store(directory, sequences):
-    """An InstanceStore holding `sequences`, as the pipeline's workers write them."""
+def _store(path, sequences):
+    """`sequences` as the pipeline's workers write and read them (through an instance file)."""
     lengths = np.array([len(s) for s in sequences], dtype=np.int32)
-    save_instances(directory, Instances(
+    save_instances(path, Instances(
         tokens=np.concatenate([s.input_ids for s in sequences]).astype(np.int32),
         lengths=lengths,
         a_lengths=np.array([int((s.token_type_ids == 0).sum()) for s in sequences], dtype=np.int32),
         nsp_labels=np.array([s.nsp_label for s in sequences], dtype=np.int32),
         mlm_counts=np.array([len(s.mlm_positions) for s in sequences], dtype=np.int32),
         mlm_positions=np.concatenate([s.mlm_positions for s in sequences]).astype(np.int32),
-        mlm_labels=np.concatenate([s.mlm_labels for s in sequences]).astype(np.int32)))
-    return InstanceStore([directory])
+        mlm_labels=np.concatenate([s.mlm_labels for s in sequences]).astype(np.int32)), vocab_size=1000)
+    return load_instances(path)
 
 
 @settings(max_examples=60, deadline=None)
@@ -50,19 +50,19 @@ def test_vectorised_builder_equals_the_reference(sequences, K, random):
         i += n
     S = max(sum(len(sequences[j]) for j in g) for g in groups) + random.randint(0, 3)
     M = max(1, max(sum(len(sequences[j].mlm_positions) for j in g) for g in groups))
-    reference = pack_sequences([[sequences[j] for j in g] for g in groups], S, K, M)
+    reference = pack_sequences([[sequences[j] for j in g] for g in groups], S, K, M, vocab_size=1000)
     with tempfile.TemporaryDirectory() as root:
-        store = _store(root + "/instances", sequences)
         members = np.array([j for g in groups for j in g], dtype=np.int64)
+        store = gather_instances(_store(root + "/instances.npz", sequences), members)
         offsets = np.concatenate([[0], np.cumsum([len(g) for g in groups])]).astype(np.int64)
-        vectorised = build_packs(store, members, offsets, PackLayout(S, K, M))
-        assert vectorised.dtype == reference.dtype == pack_dtype(S, M, K)
+        vectorised = build_packs(store, offsets, PackLayout(S, K, M, vocab_size=1000))
+        assert vectorised.dtype == reference.dtype == pack_dtype(S, M, K, vocab_size=1000)
         assert vectorised.tobytes() == reference.tobytes()
         if M > 1:  # both refuse a pack that would overflow M, rather than truncating it
             fullest = max(range(len(groups)), key=lambda p: sum(len(sequences[j].mlm_positions) for j in groups[p]))
             if sum(len(sequences[j].mlm_positions) for j in groups[fullest]) == M:
                 with pytest.raises(DataError, match="MLM predictions"):
-                    build_packs(store, members, offsets, PackLayout(S, K, M - 1))
+                    build_packs(store, offsets, PackLayout(S, K, M - 1, vocab_size=1000))
                 with pytest.raises(DataError, match="MLM predictions"):
                     pack_sequences([[sequences[j] for j in g] for g in groups], S, K, M - 1)
 

@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--packing-algorithm", default=defaults.packing_algorithm)
     add_lp_arguments(p)
     p.add_argument("--shard-mb", type=float, default=defaults.shard_bytes / 2.0 ** 20, help="output shard size")
+    p.add_argument("--shard-chars", type=int, default=defaults.shard_chars,
+                   help="characters of text per input shard (unit of work and of RNG seeding; part of the recipe)")
     p.add_argument("--no-padded", action="store_true", help="skip the padded baseline")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     i = commands.add_parser("inspect", help="print a dataset's manifest, length histogram and packing statistics")
@@ -72,6 +74,8 @@ def _keep_freed_memory() -> None:
 def _prepare(args: argparse.Namespace) -> None:
     from .pipeline import PrepareConfig, prepare
 
+    if not 0 < args.shard_mb < float("inf"):  # also refuses nan
+        raise DataError("--shard-mb must be a number > 0, got %r" % args.shard_mb)
     _keep_freed_memory()
 
     if not args.shard_mb > 0 or args.shard_mb == float("inf"):
@@ -83,8 +87,8 @@ def _prepare(args: argparse.Namespace) -> None:
         dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, masked_lm_prob=args.masked_lm_prob,
         max_predictions_per_seq=args.max_predictions_per_seq, whole_word_masking=args.whole_word_masking,
         packing_algorithm=args.packing_algorithm, lp_max_rounds=args.lp_max_rounds,
-        lp_time_limit=args.lp_time_limit, shard_bytes=max(1, int(args.shard_mb * 2 ** 20)),
-        padded=not args.no_padded, progress=not args.quiet)
+        lp_time_limit=args.lp_time_limit, shard_bytes=max(1, int(args.shard_mb * 2 ** 20)),  # > 0 checked
+        shard_chars=args.shard_chars, padded=not args.no_padded, progress=not args.quiet)
     result = prepare(config)
     packed, padded, seconds = result.packed, result.padded, result.seconds
     print("prepared %s in %.1f s: %d sequences (%.0f/s) -> %d packs (packing factor %.3f, efficiency %.1f%%)%s"

@@ -19,7 +19,11 @@ followed by another non-blank line (sentences packed line after line) and most o
 sentence punctuation; wrapped prose fails the second test, one-paragraph-per-line text the first.
 
 Files are read as bytes and decoded line by line, so a bad byte is reported with its file and line
-number, and memory stays bounded by a line, not by a file.
+number. Memory stays bounded whatever the input: a line longer than MAX_LINE_BYTES is read in pieces
+of that size (each piece a sentence: no real sentence is that long), and a document or paragraph
+that grows past MAX_DOCUMENT_CHARS without a blank line ends there and the next one begins (an
+endless stream without blank lines becomes many documents, never one held in memory). Only regular
+files are read: a device, a FIFO or a socket (/dev/zero, a pipe) is refused.
 
 The embedded default corpus is built from text every CPython ships: the pydoc topics
 (`pydoc_data.topics`, one document per topic) and the docstrings of the standard library's modules
@@ -45,6 +49,11 @@ Document = List[str]
 
 FORMATS = ("auto", "bert", "text")
 
+MAX_LINE_BYTES = 1 << 20
+"""A longer line is read as pieces of this many bytes (cut at a UTF-8 character boundary)."""
+MAX_DOCUMENT_CHARS = 1 << 22
+"""A document (or a paragraph of plain text) ends when it reaches this many characters."""
+
 _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[A-Z0-9\"'(\[])")
 _TERMINAL = (".", "!", "?", '"', "'", ")")
 
@@ -54,20 +63,27 @@ def split_sentences(paragraph: str) -> List[str]:
     return [s.strip() for s in _SENTENCE_END.split(paragraph) if s.strip()]
 
 
+def _regular(path: str) -> str:
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise DataError("%s: not a regular file (devices, pipes and sockets are not read)" % path)
+    return path
+
+
 def resolve_inputs(spec: str) -> List[str]:
-    """A file, a directory (every regular file below it, sorted) or a glob -> sorted file list."""
+    """A file, a directory (every file below it, sorted) or a glob -> sorted file list; anything but
+    a regular file among them is refused."""
     if os.path.isdir(spec):
         files = []
         for root, dirs, names in os.walk(spec):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            files.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
+            files.extend(_regular(os.path.join(root, n)) for n in sorted(names) if not n.startswith("."))
         if not files:
             raise DataError("%s: directory holds no files" % spec)
         return files
-    if os.path.isfile(spec):
-        return [spec]
+    if os.path.exists(spec):
+        return [_regular(spec)]
     if any(ch in spec for ch in "*?["):
-        files = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+        files = sorted(_regular(p) for p in glob.glob(spec, recursive=True) if not os.path.isdir(p))
         if not files:
             raise DataError("%s: the glob matches no files" % spec)
         return files
@@ -81,12 +97,26 @@ def _lines(path: str) -> Iterator[str]:
     except OSError as error:
         raise DataError("%s: cannot read (%s)" % (path, error.strerror))
     with f:
-        for number, raw in enumerate(f, 1):
+        number, column, carry = 1, 0, b""
+        while True:
+            raw = carry + f.readline(MAX_LINE_BYTES - len(carry))
+            if not raw:
+                return
+            carry = b""
+            whole = raw.endswith(b"\n") or len(raw) < MAX_LINE_BYTES
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise DataError("%s:%d: not UTF-8 (byte 0x%02x at column %d)"
-                                % (path, number, raw[error.start], error.start + 1))
+                if not whole and error.reason == "unexpected end of data":  # a character cut by the piece
+                    raw, carry = raw[:error.start], raw[error.start:]
+                    line = raw.decode("utf-8")  # the cut was the first bad byte, so this decodes
+                else:
+                    raise DataError("%s:%d: not UTF-8 (byte 0x%02x at column %d)"
+                                    % (path, number, raw[error.start], column + error.start + 1))
+            if whole:
+                number, column = number + 1, 0
+            else:
+                column += len(raw)
             yield line.rstrip("\r\n")
 
 
@@ -113,19 +143,29 @@ def read_documents(path: str, fmt: str) -> Iterator[Document]:
     document: Document = []
     paragraph: List[str] = []
     blanks = 0
+    chars = 0  # in document and paragraph
     for line in _lines(path):
         line = line.strip()
+        if chars >= MAX_DOCUMENT_CHARS:  # bounded memory: a document ends here (see the module notes)
+            if paragraph:
+                document.extend(split_sentences(" ".join(paragraph)))
+                paragraph = []
+            if document:
+                yield document
+                document = []
+            chars = 0
+        chars += len(line)
         if fmt == "bert":
             if line:
                 document.append(line)
             elif document:
                 yield document
-                document = []
+                document, chars = [], 0
             continue
         if line:
             if blanks >= 2 and document:
                 yield document
-                document = []
+                document, chars = [], len(line)
             blanks = 0
             paragraph.append(line)
             continue

@@ -8,7 +8,7 @@ Item i is pack i in the order the shards store it; the order of an epoch (and wh
 which packs) is the training loop's decision, TrainingData.epoch_order in train/data.py.
 
 Items are dicts with exactly the pack fields of format.py (int32 tensors, or numpy arrays with
-as_tensors=False), so `model(**batch)` works after default collation.
+as_tensors=False, whatever smaller type the shard stores them in), so `model(**batch)` works after default collation.
 """
 
 from __future__ import annotations
@@ -91,9 +91,10 @@ class PackedDataset(torch.utils.data.Dataset):
         g = int(i) % len(self)
         shard = int(np.searchsorted(self._shard_starts, g, side="right") - 1)
         record = self._open()[shard][g - self._shard_starts[shard]]
+        # stored in the smallest types (format.field_dtypes); served as int32, as the model takes them
         if self.as_tensors:
-            return {name: torch.from_numpy(np.array(record[name])) for name in FIELDS}
-        return {name: np.array(record[name]) for name in FIELDS}
+            return {name: torch.from_numpy(np.array(record[name], dtype=np.int32)) for name in FIELDS}
+        return {name: np.array(record[name], dtype=np.int32) for name in FIELDS}
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)

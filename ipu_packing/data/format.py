@@ -13,11 +13,14 @@ Each shard is a .npy file holding a 1-D array of records, one record per pack, s
 with numpy alone and memory-map it:
 
     packs = numpy.load("shard-00000.npy", mmap_mode="r")
-    packs["input_ids"]          # (P, S) int32
+    packs["input_ids"]          # (P, S) uint16 (int32 for a vocabulary over 65,536 tokens)
 
 Fields of a pack (legend: P packs, S = max_seq_length tokens per pack, M = mlm_slots masked-token slots
-per pack, K = max_sequences_per_pack sequence slots per pack), all int32. These are the field meanings;
-other modules point here rather than repeat them.
+per pack, K = max_sequences_per_pack sequence slots per pack). These are the field meanings; other
+modules point here rather than repeat them. Each field is stored in the smallest integer type that
+holds every value it can take (`field_dtypes`; the manifest records them): 6 bytes per token at
+S <= 65,536 and a vocabulary under 65,536 tokens, instead of 16 for four int32 fields. Readers widen
+them to int32 (`as_batch`, the Dataset), which is what the model and PopTorch take.
 
     input_ids       (S,)  token ids after masking; 0 ([PAD]) after the last sequence
     token_type_ids  (S,)  0 for [CLS] A [SEP], 1 for B [SEP], 0 on padding
@@ -49,7 +52,8 @@ from ..fsutil import atomic_write_text
 
 from .errors import DataError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: each field in its smallest type (field_dtypes). 1 (every field int32) is refused: re-prepare."""
 MANIFEST = "manifest.json"
 VOCAB = "vocab.txt"
 
@@ -71,10 +75,36 @@ FIRST_WORD_ID = len(SPECIAL_TOKENS)
 MIN_SEQ_LENGTH = 5  # the shortest instance: [CLS] a [SEP] b [SEP]
 
 
-def pack_dtype(max_seq_length: int, mlm_slots: int, max_sequences_per_pack: int) -> np.dtype:
-    """The numpy record type of one pack."""
+def field_dtypes(max_seq_length: int, max_sequences_per_pack: int,
+                 vocab_size: Optional[int] = None) -> Dict[str, np.dtype]:
+    """{field: stored dtype}: the smallest little-endian integer type holding every value of the field.
+
+    Token ids lie in [0, V) and labels in [0, V) or IGNORE_INDEX (signed); positions in [0, S);
+    sequence ids in [0, K]; token types in {0, 1}; NSP labels in {0, 1, IGNORE_INDEX}. Shards always
+    give the vocabulary size. Without one (vocab_size=None: packs built in memory as a batch, e.g.
+    synthetic packs) every field is int32, as the model takes them.
+    """
+    if vocab_size is None:
+        return {name: np.dtype("<i4") for name in FIELDS}
+
+    def unsigned(top: int) -> str:  # holds [0, top]
+        return "<u1" if top < 1 << 8 else "<u2" if top < 1 << 16 else "<i4"
+
+    ids = unsigned(vocab_size - 1)
+    labels = "<i2" if vocab_size <= 1 << 15 else "<i4"
+    position = unsigned(max_seq_length - 1)
+    kinds = {"input_ids": ids, "token_type_ids": "<u1", "position_ids": position,
+             "sequence_ids": unsigned(max_sequences_per_pack), "mlm_positions": position, "mlm_labels": labels,
+             "cls_positions": position, "nsp_labels": "<i1"}
+    return {name: np.dtype(kinds[name]) for name in FIELDS}
+
+
+def pack_dtype(max_seq_length: int, mlm_slots: int, max_sequences_per_pack: int,
+               vocab_size: Optional[int] = None) -> np.dtype:
+    """The numpy record type of one pack: the fields back to back, each of field_dtypes' type."""
     widths = [max_seq_length] * 4 + [mlm_slots] * 2 + [max_sequences_per_pack] * 2
-    return np.dtype([(name, "<i4", (width,)) for name, width in zip(FIELDS, widths)])
+    kinds = field_dtypes(max_seq_length, max_sequences_per_pack, vocab_size)
+    return np.dtype([(name, kinds[name], (width,)) for name, width in zip(FIELDS, widths)])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -142,14 +172,15 @@ class Instance:
         return len(self.input_ids)
 
 
-def pack_sequences(sequences: Sequence[Sequence[Instance]], S: int, K: int, M: int) -> np.ndarray:
-    """Lay out instances as packs: (P,) records of pack_dtype(S, M, K); pack p holds sequences[p].
+def pack_sequences(sequences: Sequence[Sequence[Instance]], S: int, K: int, M: int,
+                   vocab_size: Optional[int] = None) -> np.ndarray:
+    """Lay out instances as packs: (P,) records of pack_dtype(S, M, K, vocab_size); pack p holds sequences[p].
 
     This is the plain statement of the format; data/packs.py's build_packs writes the same bytes
     with vectorised scatters, and a test holds the two equal. Which sequences share a pack is the
     packing engine's decision (ipu_packing.packing), not this function's.
     """
-    packs = np.zeros(len(sequences), dtype=pack_dtype(S, M, K))
+    packs = np.zeros(len(sequences), dtype=pack_dtype(S, M, K, vocab_size))
     packs["mlm_labels"] = IGNORE_INDEX
     packs["nsp_labels"] = IGNORE_INDEX
     for p, group in enumerate(sequences):
@@ -190,8 +221,9 @@ def pack_sequences(sequences: Sequence[Sequence[Instance]], S: int, K: int, M: i
     return packs
 
 
-def as_batch(packs: np.ndarray, dtype: Any = None) -> Dict[str, np.ndarray]:
-    """(P,) records -> {field: (P, width) contiguous array}, optionally cast to `dtype`."""
+def as_batch(packs: np.ndarray, dtype: Any = np.int32) -> Dict[str, np.ndarray]:
+    """(P,) records -> {field: (P, width) contiguous array} of `dtype` (int32, as the model takes;
+    None keeps the stored types)."""
     return {name: np.ascontiguousarray(packs[name], dtype=dtype) for name in FIELDS}
 
 
@@ -234,6 +266,7 @@ MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
     "recipe": (dict, "instance recipe: masked_lm_prob, max_predictions_per_seq, ..."),
     "corpus": (dict, "where the text came from, and its checksum"),
     "shards": (list, "[{file, num_packs, sha256}] in order"),
+    "field_dtypes": (dict, "{field: numpy dtype string} as stored (field_dtypes)"),
 }
 
 
@@ -281,6 +314,10 @@ def read_manifest(directory: str) -> Dict[str, Any]:
         raise DataError("%s: not valid JSON: %s" % (path, str(error).splitlines()[0]))
     if not isinstance(manifest, dict):
         raise DataError("%s: not a JSON object" % path)
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise DataError("%s: format_version %r, this code reads %d: prepare the dataset again with "
+                        "`python -m ipu_packing.data prepare`" % (path, version, FORMAT_VERSION))
     for key, (kind, _) in MANIFEST_KEYS.items():
         if key not in manifest:
             raise DataError("%s: field %r is missing" % (path, key))
@@ -293,9 +330,11 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     unknown = sorted(set(manifest) - set(MANIFEST_KEYS))
     if unknown:
         raise DataError("%s: unknown field %r" % (path, unknown[0]))
-    if manifest["format_version"] != FORMAT_VERSION:
-        raise DataError("%s: field 'format_version' is %r, this code reads %d"
-                        % (path, manifest["format_version"], FORMAT_VERSION))
+    expected = {name: dtype.str for name, dtype in field_dtypes(
+        manifest["max_seq_length"], manifest["max_sequences_per_pack"], manifest["vocab_size"]).items()}
+    if manifest["field_dtypes"] != expected:
+        raise DataError("%s: field 'field_dtypes' is %r, the format stores %r"
+                        % (path, manifest["field_dtypes"], expected))
     for key in ("max_seq_length", "max_sequences_per_pack", "mlm_slots", "vocab_size"):
         if manifest[key] < 1:
             raise DataError("%s: field %r must be >= 1, got %r" % (path, key, manifest[key]))
@@ -320,7 +359,8 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
 
     Returns the shard paths. Raises DataError naming the shard and the field on any mismatch.
     """
-    expected = pack_dtype(manifest["max_seq_length"], manifest["mlm_slots"], manifest["max_sequences_per_pack"])
+    expected = pack_dtype(manifest["max_seq_length"], manifest["mlm_slots"], manifest["max_sequences_per_pack"],
+                          manifest["vocab_size"])
     vocab_path = os.path.join(directory, manifest["vocab_file"])
     if not os.path.isfile(vocab_path):
         raise DataError("%s: missing (named by manifest field 'vocab_file')" % vocab_path)

@@ -24,14 +24,23 @@ Recipe, step by step (the reference's choices unless said otherwise):
    sequences (phase 2 otherwise never would).
 2. Sentences are accumulated until the chunk reaches the target or the document ends. A random
    number of the chunk's leading sentences becomes A.
-3. With probability 1/2, B is a random segment: a random start sentence in another document (10 tries
-   to avoid the same document), extended until it fills the remaining target. The chunk's sentences
-   that were not used for A are put back, so they start the next chunk instead of being wasted.
-   Otherwise B is the rest of the chunk.
-   Deviation: the reference forces a random B whenever the chunk has a single sentence, which on a
-   corpus of short documents (like the docstrings of the default corpus) pushes the share of random
-   B far above 1/2. Here a single-sentence chunk that draws "actual next" is split at a random token
-   inside the sentence instead (still a true continuation), so NSP labels stay balanced at 50/50.
+3. The "actual next" B is the rest of the chunk. With probability 1/2, B is instead a random segment:
+   a random start sentence in another document (10 tries to avoid the same document). The chunk's
+   sentences that were not used for A are put back, so they start the next chunk instead of being
+   wasted. Otherwise B is the actual next.
+   Deviation (NSP without a length shortcut): a random B is exactly as long as the actual next B
+   would have been, not (as in the reference) extended to fill the target. And a chunk of a single
+   sentence, which has no next sentence to offer, is split at a random token inside the sentence
+   *before* the label is drawn, for both labels alike: A is its first part, and B is either the rest
+   of it (a true continuation) or a random segment of that same length. So the two labels see the
+   same lengths, and the label is independent of how long a sequence is: the share of "is next"
+   stays 1/2 overall and among short sequences alike. The reference instead forces a random B for a
+   single-sentence chunk and fills a random B to the target, so on a corpus of short documents
+   (docstrings, Wikipedia stubs) short sequences are mostly "is next" and long ones "random"; a
+   model can learn NSP from the length alone. Splitting only the single sentences that drew "is
+   next" (the obvious way to keep 50/50) has the same flaw: it makes many very short "is next"
+   pairs. The random B starts at a sentence of the other document, moved earlier in it when the
+   rest of that document is too short for the length wanted.
 4. If A + B exceeds `max_seq_length - 3`, tokens are removed one at a time from the longer segment
    (B on a tie), each from the front or the back with probability 1/2. Which segment loses how many
    tokens is a closed-form function of the two lengths; the front/back split is a binomial draw.
@@ -50,7 +59,7 @@ convention).
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -187,19 +196,21 @@ def choose_segments(shard: TokenizedShard, recipe: RecipeConfig, draws: Uniforms
                 # the chunk ends at the first sentence i that brings it to the target, else at the last
                 i = min(bisect_left(offsets, offsets[start] + target, start + 1, last + 1) - 1, last - 1)
                 n = i - start + 1
-                a_end_sentence = start + (1 + min(int(random() * (n - 1)), n - 2) if n >= 2 else 1)
-                a0, a1 = offsets[start], offsets[a_end_sentence]
-                is_random = random() < 0.5
-                if not is_random:
-                    if n >= 2:
-                        b0, b1 = a1, offsets[i + 1]
-                    elif a1 - a0 >= 2:  # single sentence: split it (see the module notes)
-                        b1 = a1
-                        a1 = b0 = a0 + 1 + min(int(random() * (a1 - a0 - 1)), a1 - a0 - 2)
-                    else:
-                        is_random = True
+                # A, and the actual next B [b0, b1), before the label is drawn (see the module notes)
+                if n >= 2:
+                    a_end_sentence = start + 1 + min(int(random() * (n - 1)), n - 2)
+                    a0, a1 = offsets[start], offsets[a_end_sentence]
+                    b0, b1 = a1, offsets[i + 1]
+                else:
+                    a_end_sentence = start + 1
+                    a0, b1 = offsets[start], offsets[start + 1]
+                    if b1 - a0 >= 2:  # single sentence: split it at a random token, whatever the label
+                        a1 = b0 = a0 + 1 + min(int(random() * (b1 - a0 - 1)), b1 - a0 - 2)
+                    else:  # one token: no next to offer, so B is random, filling the target
+                        a1 = b0 = b1
+                is_random = random() < 0.5 or b0 == b1
                 if is_random:
-                    target_b = target - (a1 - a0)
+                    length_b = b1 - b0 if b1 > b0 else target - (a1 - a0)  # the actual next's length
                     r = d
                     for _ in range(10):
                         r = min(int(random() * n_documents), n_documents - 1)
@@ -207,9 +218,13 @@ def choose_segments(shard: TokenizedShard, recipe: RecipeConfig, draws: Uniforms
                             break
                     r_first, r_last = documents[r], documents[r + 1]
                     r_start = r_first + min(int(random() * (r_last - r_first)), r_last - r_first - 1)
+                    end = offsets[r_last]
+                    # start earlier in the document if the rest of it is shorter than length_b
+                    r_start = max(r_first, min(r_start, bisect_right(offsets, end - length_b, r_first, r_last) - 1))
                     b0 = offsets[r_start]
-                    b1 = offsets[bisect_left(offsets, b0 + target_b, r_start + 1, r_last)]
-                    i = a_end_sentence - 1  # put the unused sentences back
+                    b1 = min(b0 + length_b, end)
+                    if n >= 2:
+                        i = a_end_sentence - 1  # put the unused sentences back
                 append((a0, a1, b0, b1, is_random))
                 start = i + 1
     table = np.array(out, dtype=np.int64).reshape(-1, 5)

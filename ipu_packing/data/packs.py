@@ -2,71 +2,89 @@
 
 The format, its fields and M's sizing belong to format.py, whose `pack_sequences` is the plain
 reference; `build_packs` here writes the same records (a test holds them equal) with vectorised
-scatters. The per-shard instance files (written by the workers) are memory-mapped; the only
-corpus-sized arrays held in memory are a few integers per sequence (length, counts, where it lives).
-Each output shard file is sized, memory-mapped and filled in place (see `write_shard`), then hashed
-from the mapping. The writer checks every pack against S, K and M and raises on overflow: a pack is
-never silently truncated.
+scatters. It raises on any pack over S, K or M: a pack is never silently truncated.
+
+Bounded resources. The plan needs only every instance's length; the instances themselves stay on
+disk and move in two streaming passes, so that no process ever holds or opens more than one shard's
+worth, however large the corpus:
+
+1. scatter (one task per *input* shard): load that shard's instance file, sort its instances by
+   (output shard, place in that shard) and write them to one spill file per input shard and dataset,
+   output shard by output shard, with an index of where each output shard's block starts
+   (`write_spill`). The instance file is then deleted.
+2. gather (one task per *output* shard): read that output shard's block from every spill file, one
+   file open at a time (`read_spill_blocks`), put the instances in pack order, build the packs in
+   memory and write the shard with plain writes (`write_shard`): a full disk is an OSError, never a
+   SIGBUS from a sparse mapping.
+
+So a process holds one input shard (scatter) or one output shard and its instances (gather), and has
+one data file open at a time; the corpus-sized arrays live only in the parent, a few bytes per instance.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import mmap
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .errors import DataError
 from .format import IGNORE_INDEX, pack_dtype
-from .instances import _ranges
+from .instances import Instances, _ranges
 
-INSTANCE_FILES = ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions", "mlm_labels")
-
-
-def save_instances(directory: str, instances) -> None:
-    os.makedirs(directory)
-    for name in INSTANCE_FILES:
-        np.save(os.path.join(directory, name + ".npy"), getattr(instances, name))
+INSTANCE_FIELDS = ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions", "mlm_labels")
+PER_INSTANCE = ("lengths", "a_lengths", "nsp_labels", "mlm_counts")  # (N,)
 
 
-class InstanceStore:
-    """Every instance of every shard, addressed by a global index (shard order, then instance order)."""
+def token_dtype(vocab_size: Optional[int]) -> np.dtype:
+    """Type of token ids and MLM labels in the temporary instance and spill files."""
+    return np.dtype("<u2" if vocab_size is not None and vocab_size <= 1 << 16 else "<i4")
 
-    def __init__(self, directories: List[str]) -> None:
-        self.directories = directories
-        per = {name: [] for name in ("lengths", "a_lengths", "nsp_labels", "mlm_counts")}
-        shard_of, tok_start, mlm_start = [], [], []
-        for j, directory in enumerate(directories):
-            arrays = {name: np.load(os.path.join(directory, name + ".npy")) for name in per}
-            for name in per:
-                per[name].append(arrays[name])
-            n = len(arrays["lengths"])
-            shard_of.append(np.full(n, j, dtype=np.int32))
-            tok_start.append(np.cumsum(arrays["lengths"], dtype=np.int64) - arrays["lengths"])
-            mlm_start.append(np.cumsum(arrays["mlm_counts"], dtype=np.int64) - arrays["mlm_counts"])
-        cat = lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
-        self.lengths = cat(per["lengths"], np.int64)  # (N,)
-        self.a_lengths = cat(per["a_lengths"], np.int64)
-        self.nsp_labels = cat(per["nsp_labels"], np.int32)
-        self.mlm_counts = cat(per["mlm_counts"], np.int64)
-        self.shard_of = cat(shard_of, np.int64)
-        self.token_start = cat(tok_start, np.int64)  # within the shard's token file
-        self.mlm_start = cat(mlm_start, np.int64)
-        self._maps: Dict[int, Dict[str, np.ndarray]] = {}
 
-    def __len__(self) -> int:
-        return len(self.lengths)
+def save_instances(path: str, instances: Instances, vocab_size: Optional[int] = None) -> None:
+    """One shard's instances as one uncompressed .npz (one file, compact types)."""
+    tokens = token_dtype(vocab_size)
+    kinds = {"tokens": tokens, "mlm_labels": tokens, "mlm_positions": np.uint16, "lengths": np.uint16,
+             "a_lengths": np.uint16, "nsp_labels": np.uint8, "mlm_counts": np.uint16}
+    arrays = {}
+    for name in INSTANCE_FIELDS:
+        array = np.asarray(getattr(instances, name))
+        kind = np.dtype(kinds[name])
+        fits = array.size == 0 or (array.min() >= np.iinfo(kind).min and array.max() <= np.iinfo(kind).max)
+        arrays[name] = array.astype(kind if fits else np.int32)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
 
-    def arrays(self, shard: int) -> Dict[str, np.ndarray]:
-        if shard not in self._maps:
-            directory = self.directories[shard]
-            self._maps[shard] = {name: np.load(os.path.join(directory, name + ".npy"), mmap_mode="r")
-                                 for name in ("tokens", "mlm_positions", "mlm_labels")}
-        return self._maps[shard]
+
+def load_instances(path: str) -> Instances:
+    with np.load(path) as z:
+        return Instances(**{name: z[name].astype(np.int32) for name in INSTANCE_FIELDS})
+
+
+def gather_instances(instances: Instances, members: np.ndarray) -> Instances:
+    """The instances `members` (indices into `instances`), in that order."""
+    members = np.asarray(members, dtype=np.int64)
+    lengths = instances.lengths.astype(np.int64)
+    counts = instances.mlm_counts.astype(np.int64)
+    token_start = np.cumsum(lengths) - lengths
+    mlm_start = np.cumsum(counts) - counts
+    tokens = _ranges(token_start[members], lengths[members])
+    mlm = _ranges(mlm_start[members], counts[members])
+    return Instances(instances.tokens[tokens], instances.lengths[members], instances.a_lengths[members],
+                     instances.nsp_labels[members], instances.mlm_counts[members], instances.mlm_positions[mlm],
+                     instances.mlm_labels[mlm])
+
+
+def concat_instances(parts: Sequence[Instances]) -> Instances:
+    if not parts:
+        empty = np.zeros(0, dtype=np.int32)
+        return Instances(empty, empty, empty, empty, empty, empty, empty)
+    return Instances(*[np.concatenate([getattr(p, name) for p in parts]).astype(np.int32)
+                       for name in ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions",
+                                    "mlm_labels")])
 
 
 @dataclass
@@ -74,47 +92,43 @@ class PackLayout:
     max_seq_length: int  # S
     max_sequences_per_pack: int  # K
     mlm_slots: int  # M
+    vocab_size: Optional[int] = None  # V (None: int32 token ids)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return pack_dtype(self.max_seq_length, self.mlm_slots, self.max_sequences_per_pack, self.vocab_size)
 
     @property
     def record_bytes(self) -> int:
-        return pack_dtype(self.max_seq_length, self.mlm_slots, self.max_sequences_per_pack).itemsize
+        return self.dtype.itemsize
 
 
-def _field_offsets(layout: PackLayout) -> Dict[str, int]:
-    """Offset of each field inside a record, in int32 units (fields are stored back to back)."""
-    dtype = pack_dtype(layout.max_seq_length, layout.mlm_slots, layout.max_sequences_per_pack)
-    return {name: dtype.fields[name][1] // 4 for name in dtype.names}
-
-
-def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.ndarray, layout: PackLayout,
-                first_pack: int = 0, out: Optional[np.ndarray] = None) -> np.ndarray:
-    """(P,) pack records; pack p holds the sequences members[member_offsets[p]:member_offsets[p+1]].
+def build_packs(instances: Instances, member_offsets: np.ndarray, layout: PackLayout, first_pack: int = 0,
+                out: Optional[np.ndarray] = None) -> np.ndarray:
+    """(P,) pack records; pack p holds instances member_offsets[p]:member_offsets[p+1] of `instances`
+    (which are in pack order).
 
     Raises DataError if a pack has more than K sequences, more than S tokens or more than M
     predictions (`first_pack` only numbers packs in that message).
 
-    The records are filled through a plain (P, W) int32 buffer (W = int32s per record) viewed as the
-    record type at the end; each field is a (P, width) slice of it, filled by one boolean-mask
-    assignment of the field's values in member order (much faster than scattering by index). `out`,
-    if given, is that buffer, flat and zero-filled (e.g. a memory-mapped file); the result is a view
-    of it.
+    Each field is a (P, width) view of the records, filled by one boolean-mask assignment of the
+    field's values in member order (much faster than scattering by index). `out`, if given, is a
+    zero-filled (P,) record array to fill; the result is it.
     """
     s, k_max, m_max = layout.max_seq_length, layout.max_sequences_per_pack, layout.mlm_slots
-    dtype = pack_dtype(s, m_max, k_max)
-    width = dtype.itemsize // 4
-    at = _field_offsets(layout)
+    member_offsets = np.asarray(member_offsets, dtype=np.int64)
     n_packs = len(member_offsets) - 1
-    if out is None:
-        buffer = np.zeros((n_packs, width), dtype=np.int32)  # (P, W)
-    else:
-        buffer = out.reshape(n_packs, width)  # (P, W), zeros
-    buffer[:, at["mlm_labels"]:at["mlm_labels"] + m_max] = IGNORE_INDEX
-    buffer[:, at["nsp_labels"]:at["nsp_labels"] + k_max] = IGNORE_INDEX
+    records = np.zeros(n_packs, dtype=layout.dtype) if out is None else out
+    records["mlm_labels"] = IGNORE_INDEX
+    records["nsp_labels"] = IGNORE_INDEX
     counts = np.diff(member_offsets)  # (P,) sequences per pack
+    n = int(member_offsets[-1] - member_offsets[0])
+    if n != len(instances):
+        raise ValueError("the packs hold %d sequences, %d given" % (n, len(instances)))
     row = np.repeat(np.arange(n_packs, dtype=np.int64), counts)  # (n,) pack of each member
-    slot = np.arange(len(members)) - np.repeat(member_offsets[:-1] - member_offsets[0], counts)  # 0-based
-    lengths = store.lengths[members]
-    n_mlm = store.mlm_counts[members]
+    slot = np.arange(n) - np.repeat(member_offsets[:-1] - member_offsets[0], counts)  # 0-based
+    lengths = instances.lengths.astype(np.int64)
+    n_mlm = instances.mlm_counts.astype(np.int64)
 
     def exclusive_cumsum_in_pack(values):
         total = np.cumsum(values)
@@ -140,101 +154,192 @@ def build_packs(store: InstanceStore, members: np.ndarray, member_offsets: np.nd
         key = (size, id(used))
         if key not in masks:
             masks[key] = np.arange(size)[None, :] < used[:, None]
-        buffer[:, at[name]:at[name] + size][masks[key]] = stream  # (P, size) view of the field
+        records[name][masks[key]] = stream  # (P, size) view of the field
 
     fill("cls_positions", k_max, counts, offset)
-    fill("nsp_labels", k_max, counts, store.nsp_labels[members])
-    within = _ranges(np.zeros(len(members), dtype=np.int64), lengths)  # (t,) position in its sequence
+    fill("nsp_labels", k_max, counts, instances.nsp_labels)
+    within = _ranges(np.zeros(n, dtype=np.int64), lengths)  # (t,) position in its sequence
     fill("position_ids", s, tokens_used, within)
-    fill("token_type_ids", s, tokens_used, within >= np.repeat(store.a_lengths[members], lengths))
+    fill("token_type_ids", s, tokens_used, within >= np.repeat(instances.a_lengths, lengths))
     fill("sequence_ids", s, tokens_used, np.repeat(slot + 1, lengths))
-
-    # Token ids and predictions are read shard by shard (each reads one instance file's pages).
-    token_stream = np.empty(len(within), dtype=np.int32)  # (t,) input_ids in member order
-    token_stream_start = np.cumsum(lengths) - lengths  # (n,)
-    mlm_positions = np.empty(int(n_mlm.sum()), dtype=np.int32)  # (q,) in member order
-    mlm_labels = np.empty(len(mlm_positions), dtype=np.int32)
-    mlm_stream_start = np.cumsum(n_mlm) - n_mlm  # (n,)
-    order = np.argsort(store.shard_of[members], kind="stable")
-    shard_sorted = store.shard_of[members][order]
-    bounds = np.searchsorted(shard_sorted, np.arange(len(store.directories) + 1))
-    for j in range(len(store.directories)):
-        sel = order[bounds[j]:bounds[j + 1]]
-        if len(sel) == 0:
-            continue
-        arrays = store.arrays(j)
-        seq = members[sel]
-        seq_len = lengths[sel]
-        source = _ranges(store.token_start[seq], seq_len)
-        token_stream[_ranges(token_stream_start[sel], seq_len)] = arrays["tokens"][source]
-        q = n_mlm[sel]
-        at_stream = _ranges(mlm_stream_start[sel], q)
-        source = _ranges(store.mlm_start[seq], q)
-        mlm_positions[at_stream] = arrays["mlm_positions"][source] + np.repeat(offset[sel], q)
-        mlm_labels[at_stream] = arrays["mlm_labels"][source]
-    fill("input_ids", s, tokens_used, token_stream)
-    fill("mlm_positions", m_max, mlm_used, mlm_positions)
-    fill("mlm_labels", m_max, mlm_used, mlm_labels)
-    return buffer.view(dtype).reshape(n_packs)
+    fill("input_ids", s, tokens_used, instances.tokens)
+    fill("mlm_positions", m_max, mlm_used, instances.mlm_positions + np.repeat(offset, n_mlm))
+    fill("mlm_labels", m_max, mlm_used, instances.mlm_labels)
+    return records
 
 
 @dataclass
 class ShardTask:
-    """One output shard: which sequences go into which of its packs, and where it is written."""
+    """One output shard: how many sequences each of its packs holds, and where it is written."""
 
     path: str
-    members: np.ndarray  # (n,) int64 global sequence indices, pack by pack
-    offsets: np.ndarray  # (P + 1,) int64 into members
+    offsets: np.ndarray  # (P + 1,) int64: pack p holds members offsets[p]:offsets[p+1] of the shard's stream
     first_pack: int  # number of its first pack in the dataset (for error messages)
 
+    @property
+    def num_sequences(self) -> int:
+        return int(self.offsets[-1])
 
-def shard_tasks(members: np.ndarray, member_offsets: np.ndarray, pack_order: np.ndarray, layout: PackLayout,
-                directory: str, shard_bytes: int) -> List[ShardTask]:
-    """Split the packs, in `pack_order`, into shards of about `shard_bytes` each."""
+
+@dataclass
+class DatasetPlan:
+    """Where every sequence of one dataset goes: output shard tasks and, per sequence, its shard and
+    its place in that shard's member stream (the packs' members back to back, in pack order)."""
+
+    tasks: List[ShardTask]
+    shard_of: np.ndarray  # (N,) int32, by sequence index
+    place: np.ndarray  # (N,) int32, by sequence index
+
+
+def plan_dataset(members: np.ndarray, member_offsets: np.ndarray, pack_order: np.ndarray, layout: PackLayout,
+                 directory: str, shard_bytes: int) -> DatasetPlan:
+    """Split the packs, in `pack_order`, into shards of about `shard_bytes` each, and place every
+    sequence (members[member_offsets[p]:member_offsets[p+1]] are pack p's) in its shard's stream."""
+    members = np.asarray(members, dtype=np.int64)
+    member_offsets = np.asarray(member_offsets, dtype=np.int64)
+    pack_order = np.asarray(pack_order, dtype=np.int64)
     per_shard = max(1, shard_bytes // layout.record_bytes)
+    n_packs = len(pack_order)
+    counts_by_rank = np.diff(member_offsets)[pack_order]  # (P,) sequences of the r-th written pack
+    shard_by_rank = np.arange(n_packs, dtype=np.int64) // per_shard
+    stream_start = np.cumsum(counts_by_rank) - counts_by_rank  # (P,) in the whole dataset's stream
+    shard_first = np.arange(0, n_packs, per_shard)
+    start_in_shard = stream_start - stream_start[shard_first][shard_by_rank]
     tasks = []
-    for index, p0 in enumerate(range(0, len(pack_order), per_shard)):
-        chosen = pack_order[p0:p0 + per_shard]
-        starts, ends = member_offsets[chosen], member_offsets[chosen + 1]
+    for index, p0 in enumerate(shard_first.tolist()):
+        counts = counts_by_rank[p0:p0 + per_shard]
         tasks.append(ShardTask(os.path.join(directory, "shard-%05d.npy" % index),
-                               members[_ranges(starts, ends - starts)],
-                               np.concatenate([[0], np.cumsum(ends - starts)]), p0))
-    return tasks
+                               np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), p0))
+    rank = np.empty(n_packs, dtype=np.int64)
+    rank[pack_order] = np.arange(n_packs)
+    pack_of_member = np.repeat(np.arange(n_packs, dtype=np.int64), np.diff(member_offsets))
+    slot = np.arange(len(members)) - member_offsets[pack_of_member]
+    member_rank = rank[pack_of_member]
+    shard_of = np.empty(len(members), dtype=np.int32)
+    place = np.empty(len(members), dtype=np.int32)
+    shard_of[members] = shard_by_rank[member_rank]
+    place[members] = start_in_shard[member_rank] + slot
+    return DatasetPlan(tasks, shard_of, place)
 
 
-def write_shard(store: InstanceStore, task: ShardTask, layout: PackLayout) -> dict:
-    """Build and write one shard; returns its manifest entry {file, num_packs, sha256}.
+# ---------------------------------------------------------------------------------------------------
+# spill files: one per (input shard, dataset), holding the input shard's sequences sorted by (output
+# shard, place); each array is stored whole, so writing one is a few large writes however many output
+# shards there are, and reading output shard j's block is one small read of the index plus one read
+# per array:
+#
+#   (J + 1, 3) int64   cumulative (sequences, tokens, predictions) before output shard j's block
+#   place, lengths, a_lengths, nsp_labels, mlm_counts   int32 (n each)
+#   tokens (t), mlm_positions uint16 (q), mlm_labels (q)
 
-    The file (the .npy header, then the records) is sized first and memory-mapped with the pages
-    populated in one go (MAP_POPULATE where there is one), and the packs are built straight into the
-    mapping: no buffer to allocate and copy, and no page fault per 4 kB page. The bytes are then
-    hashed from the mapping, never read back from disk.
+_HEAD = np.dtype("<i8")
+_PER_SEQUENCE = ("place",) + PER_INSTANCE
+
+
+def _spill_arrays(n: int, t: int, q: int, tokens: np.dtype):
+    """(name, dtype, count) of the arrays after the index, in file order."""
+    return ([(name, np.dtype("<i4"), n) for name in _PER_SEQUENCE]
+            + [("tokens", tokens, t), ("mlm_positions", np.dtype("<u2"), q), ("mlm_labels", tokens, q)])
+
+
+def write_spill(path: str, instances: Instances, shard_of: np.ndarray, place: np.ndarray, num_shards: int,
+                vocab_size: Optional[int]) -> None:
+    """Write `instances` (one input shard) grouped by output shard, in the order of their place."""
+    tokens = token_dtype(vocab_size)
+    order = np.lexsort((place, shard_of))
+    bounds = np.searchsorted(shard_of[order], np.arange(num_shards + 1))  # (J + 1,)
+    ordered = gather_instances(instances, order)
+    token_end = np.concatenate([[0], np.cumsum(ordered.lengths, dtype=np.int64)])
+    mlm_end = np.concatenate([[0], np.cumsum(ordered.mlm_counts, dtype=np.int64)])
+    index = np.stack([bounds, token_end[bounds], mlm_end[bounds]], axis=1).astype(_HEAD)  # (J + 1, 3)
+    values = {"place": place[order], "tokens": ordered.tokens, "mlm_positions": ordered.mlm_positions,
+              "mlm_labels": ordered.mlm_labels}
+    values.update({name: getattr(ordered, name) for name in PER_INSTANCE})
+    with open(path, "wb") as f:
+        f.write(index.tobytes())
+        for name, dtype, _ in _spill_arrays(0, 0, 0, tokens):
+            f.write(np.ascontiguousarray(values[name], dtype=dtype).tobytes())
+
+
+def read_spill_block(path: str, shard: int, num_shards: int,
+                     vocab_size: Optional[int]) -> Tuple[np.ndarray, Instances]:
+    """(place, instances) of output shard `shard` in one spill file (opened, read and closed)."""
+    tokens = token_dtype(vocab_size)
+    row = 3 * _HEAD.itemsize
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        (n0, t0, q0), (n1, t1, q1) = np.frombuffer(os.pread(fd, 2 * row, shard * row), dtype=_HEAD).reshape(2, 3)
+        (n, t, q) = np.frombuffer(os.pread(fd, row, num_shards * row), dtype=_HEAD).tolist()  # totals
+        at = (num_shards + 1) * row
+        starts = {"n": int(n0), "t": int(t0), "q": int(q0)}
+        counts = {"n": int(n1 - n0), "t": int(t1 - t0), "q": int(q1 - q0)}
+        kind = {name: "n" for name in _PER_SEQUENCE}
+        kind.update(tokens="t", mlm_positions="q", mlm_labels="q")
+        out = {}
+        for name, dtype, total in _spill_arrays(n, t, q, tokens):
+            k = kind[name]
+            size = counts[k] * dtype.itemsize
+            data = os.pread(fd, size, at + starts[k] * dtype.itemsize) if size else b""
+            out[name] = np.frombuffer(data, dtype=dtype, count=counts[k]).astype(np.int32)
+            at += total * dtype.itemsize
+    finally:
+        os.close(fd)
+    place = out.pop("place")
+    return place, Instances(**out)
+
+
+def read_spill_blocks(paths: Sequence[str], shard: int, num_shards: int, vocab_size: Optional[int]) -> Instances:
+    """Output shard `shard`'s instances from every spill file, one file open at a time, in pack order."""
+    places, parts = [], []
+    for path in paths:
+        place, part = read_spill_block(path, shard, num_shards, vocab_size)
+        if len(place):
+            places.append(place)
+            parts.append(part)
+    instances = concat_instances(parts)
+    if not parts:
+        return instances
+    place = np.concatenate(places)
+    order = np.empty(len(place), dtype=np.int64)
+    order[place] = np.arange(len(place))
+    if not np.array_equal(np.sort(place), np.arange(len(place))):
+        raise RuntimeError("spill files do not hold output shard %d's sequences exactly once" % shard)
+    return gather_instances(instances, order)
+
+
+def write_shard(instances: Instances, task: ShardTask, layout: PackLayout) -> dict:
+    """Build one shard from its instances (in pack order) and write it; returns its manifest entry
+    {file, num_packs, sha256}.
+
+    The packs are built in memory (one shard, bounded by the shard size) and written with plain
+    writes, so a full disk raises OSError (ENOSPC) at the write instead of killing the process with
+    SIGBUS, as filling a sparse memory-mapped file would. The bytes are hashed as they are written.
     """
     n_packs = len(task.offsets) - 1
-    dtype = pack_dtype(layout.max_seq_length, layout.mlm_slots, layout.max_sequences_per_pack)
+    dtype = layout.dtype
+    records = build_packs(instances, task.offsets, layout, first_pack=task.first_pack)
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(dtype),
                                                   "fortran_order": False, "shape": (n_packs,)})
     head = header.getvalue()
-    size = len(head) + n_packs * dtype.itemsize
-    digest = hashlib.sha256()
-    with open(task.path, "w+b") as f:
+    body = memoryview(records.view(np.uint8)) if n_packs else b""
+    digest = hashlib.sha256(head)
+    digest.update(body)
+    with open(task.path, "wb") as f:
         f.write(head)
-        f.truncate(size)  # zero-filled, as build_packs expects
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mapped = mmap.mmap(f.fileno(), size, flags=flags) if n_packs else None
-        try:
-            if mapped is not None:
-                out = np.frombuffer(mapped, dtype=np.int32, count=n_packs * dtype.itemsize // 4, offset=len(head))
-                build_packs(store, task.members, task.offsets, layout, first_pack=task.first_pack, out=out)
-                del out
-                digest.update(mapped)
-            else:
-                digest.update(head)
-        finally:
-            if mapped is not None:
-                try:
-                    mapped.close()
-                except BufferError:  # an error's traceback still holds a view; the mapping closes with it
-                    pass
+        f.write(body)
     return {"file": os.path.basename(task.path), "num_packs": int(n_packs), "sha256": digest.hexdigest()}
+
+
+def write_dataset_in_memory(instances: Instances, members: np.ndarray, member_offsets: np.ndarray,
+                            pack_order: np.ndarray, layout: PackLayout, directory: str,
+                            shard_bytes: int) -> List[dict]:
+    """Every shard of one dataset from instances held in memory (small datasets: tests, fixtures);
+    the same plan and writer as the pipeline's streaming passes."""
+    plan = plan_dataset(members, member_offsets, pack_order, layout, directory, shard_bytes)
+    entries = []
+    for j, task in enumerate(plan.tasks):
+        chosen = np.flatnonzero(plan.shard_of == j)
+        ordered = chosen[np.argsort(plan.place[chosen], kind="stable")]
+        entries.append(write_shard(gather_instances(instances, ordered), task, layout))
+    return entries

@@ -9,21 +9,28 @@ Order of work:
    build each shard's instances in a worker process (tokenize, choose segments, truncate, mask),
    each shard from its own generator seeded from (seed, shard index). At most two shards per worker
    are in flight, so memory is bounded by a few shards, not by the corpus. Each worker writes its
-   instances to the temporary directory and returns only their lengths.
-4. Merge the length histograms of all shards, make *one* packing plan for the whole corpus, and
-   assign every sequence to a pack of it.
+   instances to one file in the temporary directory and returns only their lengths.
+4. Make *one* packing plan for the whole corpus from the lengths, and assign every sequence to a
+   pack of it; decide which output shard, and where in it, every sequence goes.
 5. Write the packed dataset (K = max_sequences_per_pack) and the padded baseline (K = 1: every pack
-   is one sequence, so the model has a single code path), each with its manifest and vocab.txt. The
-   shards of both are built and written by the same worker processes, each shard hashed as it is
-   written.
+   is one sequence, so the model has a single code path), each with its manifest and vocab.txt, in
+   the two streaming passes of data/packs.py (scatter each input shard to spill files, then build
+   each output shard from its blocks), so no process holds or opens more than a shard at a time.
+
+Faults: a full disk is one DataError line and the temporary directory is removed; worker processes
+ignore Ctrl-C (the parent reports it once) and are killed when the parent dies; the temporary
+directory of a killed run (its name holds the run's pid) is removed by the next run into the same
+output.
 """
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -37,9 +44,11 @@ import numpy as np
 from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
 from .errors import DataError
-from .format import FORMAT_VERSION, VOCAB, mlm_slots, pack_statistics, sha256_file, write_manifest
+from .format import (FORMAT_VERSION, VOCAB, field_dtypes, mlm_slots, pack_statistics, sha256_file,
+                     write_manifest)
 from .instances import RecipeConfig, Vocabulary, create_instances, tokenize_documents
-from .packs import InstanceStore, PackLayout, ShardTask, save_instances, shard_tasks, write_shard
+from .packs import (DatasetPlan, PackLayout, ShardTask, load_instances, plan_dataset, read_spill_blocks,
+                    save_instances, write_shard, write_spill)
 from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer, train_default_vocab
 
 
@@ -99,8 +108,10 @@ class PrepareConfig:
             raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
         if self.format not in FORMATS:
             raise DataError("--format must be one of %s" % "/".join(FORMATS))
-        if self.shard_chars < 1 or self.shard_bytes < 1:
-            raise DataError("shard sizes must be >= 1")
+        if self.shard_chars < 1:
+            raise DataError("shard_chars must be >= 1, got %r" % self.shard_chars)
+        if self.shard_bytes < 1:
+            raise DataError("--shard-mb must be > 0 (got %r bytes)" % self.shard_bytes)
         if not 0 <= self.seed < 2 ** 63:
             raise DataError("--seed must be in [0, 2**63), got %d" % self.seed)
         from ..packing import ALGORITHMS
@@ -138,13 +149,29 @@ def derived_seed(seed: int, purpose: int) -> int:
 _WORKER: Dict[str, object] = {}
 
 
-def _init_worker(spec: TokenizerSpec, recipe: RecipeConfig, seed: int) -> None:
+def _die_with_parent() -> None:
+    """Worker processes ignore Ctrl-C (the parent reports it once and shuts them down) and, on Linux,
+    get SIGKILL when the parent dies, so a killed prepare leaves no orphans behind."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while forking
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _init_worker(spec: TokenizerSpec, recipe: RecipeConfig, seed: int, in_worker: bool = False) -> None:
+    if in_worker:
+        _die_with_parent()
     _WORKER.clear()
     _WORKER.update(spec=spec, recipe=recipe, seed=seed, tokenizer=None)
 
 
-def _build_shard(index: int, documents: List[List[str]], directory: str) -> np.ndarray:
-    """Worker: one shard's documents -> instance files in `directory`; returns the lengths."""
+def _build_shard(index: int, documents: List[List[str]], path: str):
+    """Worker: one shard's documents -> its instance file; returns (lengths, MLM predictions)."""
     spec = _WORKER["spec"]
     if _WORKER["tokenizer"] is None:
         ids = spec.special_token_ids
@@ -153,16 +180,26 @@ def _build_shard(index: int, documents: List[List[str]], directory: str) -> np.n
                                       continuation=spec.continuation_mask(), replacement_ids=spec.replacement_ids())
     shard = tokenize_documents(documents, _WORKER["tokenizer"])
     instances = create_instances(shard, _WORKER["recipe"], _WORKER["vocab"], shard_rng(_WORKER["seed"], index))
-    save_instances(directory, instances)
-    return instances.lengths
+    save_instances(path, instances, len(spec.vocab))
+    return instances.lengths.astype(_length_dtype(_WORKER["recipe"].max_seq_length)), int(instances.mlm_counts.sum())
 
 
-def _write_shard(directories: List[str], task: ShardTask, layout: PackLayout) -> dict:
-    """Worker: build and write one output shard (the instance store is loaded once per process)."""
-    key = tuple(directories)
-    if _WORKER.get("store_key") != key:
-        _WORKER.update(store=InstanceStore(directories), store_key=key)
-    return write_shard(_WORKER["store"], task, layout)
+def _length_dtype(max_seq_length: int) -> np.dtype:
+    return np.dtype(np.uint16 if max_seq_length < 1 << 16 else np.int32)
+
+
+def _scatter(path: str, spills: List[tuple], vocab_size: int) -> None:
+    """Worker: one input shard's instances -> one spill file per dataset; the instance file is removed.
+    `spills`: (spill path, shard_of, place, number of output shards) per dataset."""
+    instances = load_instances(path)
+    for spill, shard_of, place, num_shards in spills:
+        write_spill(spill, instances, shard_of, place, num_shards, vocab_size)
+    os.remove(path)
+
+
+def _write_shard(spills: List[str], shard: int, num_shards: int, task: ShardTask, layout: PackLayout) -> dict:
+    """Worker: one output shard from its blocks of every spill file."""
+    return write_shard(read_spill_blocks(spills, shard, num_shards, layout.vocab_size), task, layout)
 
 
 class _Immediate:
@@ -191,12 +228,29 @@ class Workers:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
             import tokenizers  # noqa: F401  (imported once here, inherited by the forked workers)
             self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method),
-                                            initializer=_init_worker, initargs=(spec, recipe, seed))
+                                            initializer=_init_worker, initargs=(spec, recipe, seed, True))
+            try:
+                self.start()
+            except BaseException:  # e.g. Ctrl-C held back during the forks: the caller never gets the pool
+                self.abort()
+                raise
 
     def start(self) -> None:
-        """Start the worker processes now (the pool would start them at the first task)."""
-        if self.pool is not None:
+        """Start the worker processes now (the pool would start them at the first task).
+
+        Ctrl-C is held back while the pool forks them: a SIGINT that lands inside os.fork() is
+        swallowed by CPython's after-fork hooks ("Exception ignored in _after_fork"), and the run
+        would carry on. It is delivered as soon as the workers are up."""
+        if self.pool is None:
+            return
+        mask = hasattr(signal, "pthread_sigmask")
+        if mask:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
             self.pool.submit(os.getpid).result()
+        finally:
+            if mask:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def map_bounded(self, fn, argument_tuples: Iterable[tuple], on_result=None) -> list:
         results, pending = [], []
@@ -212,9 +266,19 @@ class Workers:
                 on_result(results[-1])
         return results
 
+    def abort(self) -> None:
+        """On an error or Ctrl-C: kill the workers rather than wait for their tasks to finish."""
+        if self.pool is not None:
+            processes = getattr(self.pool, "_processes", None) or {}  # pid -> multiprocessing.Process
+            for process in list(processes.values()):
+                process.kill()
+            self.pool.shutdown(wait=False)
+            self.pool = None
+
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown(wait=True)
+            self.pool.shutdown(wait=True, cancel_futures=True) if sys.version_info >= (3, 9) \
+                else self.pool.shutdown(wait=True)
 
 
 class _NoProgress:
@@ -237,15 +301,15 @@ def _progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
 
 
 def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, digest: CorpusDigest,
-                background=None) -> List[str]:
-    """Build every shard's instances; returns the instance directories in shard order. `background`
-    (optional) runs in a thread of this process while the workers build the shards."""
-    directories: List[str] = []
+                background=None):
+    """Build every shard's instances; returns (instance files in shard order, their results).
+    `background` (optional) runs in a thread of this process while the workers build the shards."""
+    paths: List[str] = []
 
     def tasks():
         for index, docs in enumerate(shard_documents(documents, config.shard_chars, digest)):
-            directories.append(os.path.join(work, "instances-%05d" % index))
-            yield index, docs, directories[-1]
+            paths.append(os.path.join(work, "instances-%05d.npz" % index))
+            yield index, docs, paths[-1]
 
     bar = _progress("instances", config.progress, " shards")
     thread = None
@@ -253,11 +317,11 @@ def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, d
         workers.start()  # fork the worker processes first: never fork while a thread imports
         thread = threading.Thread(target=background, daemon=True)
         thread.start()
-    workers.map_bounded(_build_shard, tasks(), on_result=lambda _: bar.update(1))
+    results = workers.map_bounded(_build_shard, tasks(), on_result=lambda _: bar.update(1))
     bar.close()
     if thread is not None:
         thread.join()
-    return directories
+    return paths, results
 
 
 def _preload_planner() -> None:
@@ -285,18 +349,18 @@ def _check_output(path: str) -> None:
             raise DataError("%s: directory exists and is not empty (refusing to overwrite)" % path)
 
 
-def _dataset_tasks(directory: str, members: np.ndarray, offsets: np.ndarray, pack_order: np.ndarray, k: int,
-                   config: PrepareConfig):
+def _dataset_plan(directory: str, members: np.ndarray, offsets: np.ndarray, pack_order: np.ndarray, k: int,
+                  config: PrepareConfig, vocab_size: int):
     os.makedirs(directory)
     recipe = config.recipe
     layout = PackLayout(config.max_seq_length, k, mlm_slots(config.max_seq_length, k, recipe.masked_lm_prob,
-                                                            recipe.max_predictions))
-    return layout, shard_tasks(members, offsets, pack_order, layout, directory, config.shard_bytes)
+                                                            recipe.max_predictions), vocab_size)
+    return layout, plan_dataset(members, offsets, pack_order, layout, directory, config.shard_bytes)
 
 
-def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], store: InstanceStore,
-                    offsets: np.ndarray, algorithm: str, config: PrepareConfig, spec: TokenizerSpec,
-                    corpus: dict) -> dict:
+def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], lengths: np.ndarray,
+                    num_masked: int, offsets: np.ndarray, algorithm: str, config: PrepareConfig,
+                    spec: TokenizerSpec, corpus: dict) -> dict:
     """Write vocab.txt and manifest.json next to the shards."""
     k = layout.max_sequences_per_pack
     recipe = config.recipe
@@ -326,8 +390,12 @@ def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[
         },
         "corpus": corpus,
         "shards": shards,
+        "field_dtypes": {name: dtype.str for name, dtype in field_dtypes(config.max_seq_length, k,
+                                                                         len(spec.vocab)).items()},
     }
-    manifest.update(pack_statistics(store.lengths, store.mlm_counts, np.diff(offsets), config.max_seq_length, k))
+    # pack_statistics only sums the MLM counts, so their total stands in for them
+    manifest.update(pack_statistics(lengths, np.array([num_masked], dtype=np.int64), np.diff(offsets),
+                                    config.max_seq_length, k))
     write_manifest(directory, manifest)
     return manifest
 
@@ -339,97 +407,173 @@ class PrepareResult:
     padded: Optional[dict]
     """Manifest of padded/ (None with padded=False)."""
     seconds: Dict[str, float]
-    """Wall-clock seconds per phase: vocab, instances, plan, write, total."""
+    """Wall-clock seconds per phase: vocab, instances, plan, scatter, write, total."""
+
+
+_TEMP_MARK = ".tmp-"
+
+
+def _temp_prefix(output: str) -> str:
+    return "." + os.path.basename(output) + _TEMP_MARK
+
+
+def _remove_stale_temporaries(output: str) -> None:
+    """Remove the temporary directories that killed runs into `output` left (named
+    .<output>.tmp-<pid>-...; the pid is no longer running)."""
+    parent, prefix = os.path.dirname(output), _temp_prefix(output)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running: another prepare's
+        except ProcessLookupError:
+            pass
+        except OSError:  # alive, owned by someone else
+            continue
+        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _disk_full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
 def prepare(config: PrepareConfig) -> PrepareResult:
     """Run the whole preparation (see the module notes)."""
-    from ..packing import PackAssignment, assign_sequences, histogram_from_lengths, plan_packing
-
     output = os.path.abspath(config.output)
     _check_output(output)
+    corpus_spec = CorpusSpec(config.input, config.format)
+    files = corpus_spec.files()  # checks that the input exists before anything is created
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
+    _remove_stale_temporaries(output)
+    temp = tempfile.mkdtemp(prefix="%s%d-" % (_temp_prefix(output), os.getpid()), dir=parent)
+    try:
+        result = _prepare_into(config, corpus_spec, files, temp)
+        if os.path.isdir(output):
+            os.rmdir(output)  # empty (checked above)
+        os.rename(temp, output)
+        return result
+    except OSError as error:
+        shutil.rmtree(temp, ignore_errors=True)
+        if _disk_full(error):
+            raise DataError("%s: no space left on device while preparing %s (nothing was kept)"
+                            % (error.filename or parent, output)) from None
+        raise
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+
+
+def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[str], temp: str) -> PrepareResult:
+    from ..packing import assign_sequences, histogram_from_lengths, plan_packing
+
     seconds: Dict[str, float] = {}
     clock = [time.perf_counter()]
+    start = clock[0]
 
     def lap(name: str) -> None:
         now = time.perf_counter()
         seconds[name] = now - clock[0]
         clock[0] = now
 
-    start = clock[0]
-    temp = tempfile.mkdtemp(prefix="." + os.path.basename(output) + ".tmp-", dir=parent)
+    default_docs = list(default_documents()) if (corpus_spec.is_default or config.vocab is None) else None
+    if config.vocab is not None:
+        spec = load_tokenizer(config.vocab, config.lower_case)
+    else:
+        spec = train_default_vocab([s for d in default_docs for s in d], config.vocab_size)
+    vocab_size = len(spec.vocab)
+    lap("vocab")
+    documents = iter(default_docs) if corpus_spec.is_default else corpus_spec.documents()
+    del default_docs
+    digest = CorpusDigest()
+    work = os.path.join(temp, "work")
+    os.makedirs(work)
+    workers = Workers(config.num_workers, spec, config.recipe, config.seed)
     try:
-        corpus_spec = CorpusSpec(config.input, config.format)
-        files = corpus_spec.files()  # checks that the input exists before any work
-        default_docs = list(default_documents()) if (corpus_spec.is_default or config.vocab is None) else None
-        if config.vocab is not None:
-            spec = load_tokenizer(config.vocab, config.lower_case)
-        else:
-            spec = train_default_vocab([s for d in default_docs for s in d], config.vocab_size)
-        lap("vocab")
-        documents = iter(default_docs) if corpus_spec.is_default else corpus_spec.documents()
-        digest = CorpusDigest()
-        work = os.path.join(temp, "work")
-        os.makedirs(work)
-        workers = Workers(config.num_workers, spec, config.recipe, config.seed)
-        try:
-            directories = _run_shards(config, workers, documents, work, digest,
-                                      _preload_planner if workers.pool is not None else None)
-            store = InstanceStore(directories)
-            if len(store) == 0:
-                raise DataError("%s: the corpus produced no instances (no non-empty documents)" % config.input)
-            corpus = {"input": config.input, "format": config.format, "files": len(files),
-                      "documents": digest.num_documents, "sentences": digest.num_sentences,
-                      "characters": digest.num_chars, "sha256": digest.hexdigest(), "shards": len(directories),
-                      "python": platform.python_version()}
-            lap("instances")
+        paths, results = _run_shards(config, workers, documents, work, digest,
+                                     _preload_planner if workers.pool is not None else None)
+        shard_sizes = [len(lengths) for lengths, _ in results]
+        lengths = (np.concatenate([r[0] for r in results]) if results
+                   else np.zeros(0, _length_dtype(config.max_seq_length)))  # (N,): all the plan needs
+        num_masked = sum(r[1] for r in results)
+        del results
+        if len(lengths) == 0:
+            raise DataError("%s: the corpus produced no instances (no non-empty documents)" % config.input)
+        corpus = {"input": config.input, "format": config.format, "files": len(files),
+                  "documents": digest.num_documents, "sentences": digest.num_sentences,
+                  "characters": digest.num_chars, "sha256": digest.hexdigest(), "shards": len(paths),
+                  "python": platform.python_version()}
+        lap("instances")
 
-            histogram = histogram_from_lengths(store.lengths, config.max_seq_length)
-            k = config.max_sequences_per_pack
-            plan = plan_packing(histogram, config.max_seq_length, k, algorithm=config.packing_algorithm,
-                                max_rounds=config.lp_max_rounds, time_limit=config.lp_time_limit)
-            assignment = assign_sequences(plan, store.lengths, derived_seed(config.seed, 0))
-            members = np.asarray(assignment.indices, dtype=np.int64)
-            offsets = np.asarray(assignment.offsets, dtype=np.int64)
-            if len(members) != len(store) or np.bincount(members, minlength=len(store)).max() != 1:
-                raise RuntimeError("packing assignment does not place every sequence exactly once")
-            lap("plan")
+        histogram = histogram_from_lengths(lengths, config.max_seq_length)
+        k = config.max_sequences_per_pack
+        plan = plan_packing(histogram, config.max_seq_length, k, algorithm=config.packing_algorithm,
+                            max_rounds=config.lp_max_rounds, time_limit=config.lp_time_limit)
+        assignment = assign_sequences(plan, lengths, derived_seed(config.seed, 0))
+        members = np.asarray(assignment.indices, dtype=np.int64)
+        offsets = np.asarray(assignment.offsets, dtype=np.int64)
+        del assignment
+        if len(members) != len(lengths) or np.bincount(members, minlength=len(lengths)).max() != 1:
+            raise RuntimeError("packing assignment does not place every sequence exactly once")
 
-            rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(2,)))
-            datasets = [("packed", members, offsets, rng.permutation(len(offsets) - 1), k, plan.algorithm)]
-            if config.padded:
-                # K = 1: every plan is one sequence per pack, so the assignment is written directly.
-                single = PackAssignment(indices=np.arange(len(store), dtype=np.int64),
-                                        offsets=np.arange(len(store) + 1, dtype=np.int64))
-                datasets.append(("padded", single.indices, single.offsets, rng.permutation(len(store)), 1,
-                                 "none (one sequence per row)"))
-            jobs = []  # (kind, layout, tasks) ; all shards of both datasets go through the workers together
-            for kind, kind_members, kind_offsets, order, kind_k, _ in datasets:
-                layout, tasks = _dataset_tasks(os.path.join(temp, kind), kind_members, kind_offsets, order, kind_k,
-                                               config)
-                jobs.append((kind, layout, tasks))
-            bar = _progress("writing", config.progress, " packs", total=sum(len(d[3]) for d in datasets))
-            entries = workers.map_bounded(
-                _write_shard, ((directories, task, layout) for _, layout, tasks in jobs for task in tasks),
-                on_result=lambda entry: bar.update(entry["num_packs"]))
-            bar.close()
-            manifests = {}
-            for (kind, layout, tasks), (_, _, kind_offsets, _, _, algorithm) in zip(jobs, datasets):
-                shards, entries = entries[:len(tasks)], entries[len(tasks):]
-                manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, store, kind_offsets,
-                                                  algorithm, config, spec, corpus)
-            lap("write")
-        finally:
-            workers.close()
-        del store
-        shutil.rmtree(work)
-        if os.path.isdir(output):
-            os.rmdir(output)  # empty (checked above)
-        os.rename(temp, output)
-        seconds["total"] = time.perf_counter() - start
-        return PrepareResult(manifests["packed"], manifests.get("padded"), seconds)
+        rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(2,)))
+        datasets = [("packed", members, offsets, rng.permutation(len(offsets) - 1), k, plan.algorithm)]
+        if config.padded:
+            # K = 1: every plan is one sequence per pack, so the assignment is written directly.
+            single = np.arange(len(lengths) + 1, dtype=np.int64)
+            datasets.append(("padded", single[:-1], single, rng.permutation(len(lengths)), 1,
+                             "none (one sequence per row)"))
+        jobs = []  # (kind, layout, DatasetPlan, pack offsets, algorithm)
+        for kind, kind_members, kind_offsets, order, kind_k, algorithm in datasets:
+            layout, dataset_plan = _dataset_plan(os.path.join(temp, kind), kind_members, kind_offsets, order,
+                                                 kind_k, config, vocab_size)
+            jobs.append((kind, layout, dataset_plan, kind_offsets, algorithm))
+        del datasets, members, order
+        lap("plan")
+
+        # scatter: each input shard's instances to one spill file per dataset, by output shard
+        spill_dir = os.path.join(work, "spill")
+        os.makedirs(spill_dir)
+        bounds = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
+
+        def spill(kind: str, i: int) -> str:
+            return os.path.join(spill_dir, "%s-%05d.bin" % (kind, i))
+
+        def scatter_tasks():
+            for i, path in enumerate(paths):
+                a, b = bounds[i], bounds[i + 1]
+                yield (path, [(spill(kind, i), plan_.shard_of[a:b], plan_.place[a:b], len(plan_.tasks))
+                              for kind, _, plan_, _, _ in jobs], vocab_size)
+
+        workers.map_bounded(_scatter, scatter_tasks())
+        for _, _, dataset_plan, _, _ in jobs:
+            dataset_plan.shard_of = dataset_plan.place = None  # no longer needed
+        lap("scatter")
+
+        # gather: every output shard from its blocks of the spill files
+        bar = _progress("writing", config.progress, " packs",
+                        total=sum(len(offsets_) - 1 for _, _, _, offsets_, _ in jobs))
+        entries = workers.map_bounded(
+            _write_shard, (([spill(kind, i) for i in range(len(paths))], j, len(dataset_plan.tasks), task, layout)
+                           for kind, layout, dataset_plan, _, _ in jobs for j, task in enumerate(dataset_plan.tasks)),
+            on_result=lambda entry: bar.update(entry["num_packs"]))
+        bar.close()
+        manifests = {}
+        for kind, layout, dataset_plan, kind_offsets, algorithm in jobs:
+            shards, entries = entries[:len(dataset_plan.tasks)], entries[len(dataset_plan.tasks):]
+            manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, lengths, num_masked,
+                                              kind_offsets, algorithm, config, spec, corpus)
+        lap("write")
     except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
+        workers.abort()
         raise
+    workers.close()
+    shutil.rmtree(work)
+    seconds["total"] = time.perf_counter() - start
+    return PrepareResult(manifests["packed"], manifests.get("padded"), seconds)

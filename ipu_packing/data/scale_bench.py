@@ -1,0 +1,178 @@
+"""Scale benchmark of `prepare` (a command, not a test): does a corpus of any size fit in flat memory
+and a fixed number of open files?
+
+    python -m ipu_packing.data.scale_bench --mb 100 [--nofile 1024] [--dupe-factor 1] [--workers 0]
+
+Builds a corpus of about N MB in BERT format from text on the machine (the embedded default corpus,
+its documents shuffled anew for each copy), then runs `python -m ipu_packing.data prepare` on it in a
+child process under a descriptor limit of --nofile, and prints: wall and CPU seconds (the child and its
+workers), instances/s and tokens/s, the peak RSS of the largest process (getrusage of the waited-for
+descendants), the most descriptors open at once (sampled from /proc every 20 ms: in one process and in
+all of them together), and the output's size on disk. Building the corpus is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+
+def build_corpus(path: str, megabytes: float, seed: int = 0) -> Dict[str, int]:
+    """Write about `megabytes` MB of BERT-format text: copies of the default corpus, each copy's
+    documents in a new random order. Returns {bytes, copies, documents}."""
+    from .corpus import default_documents
+
+    blocks = ["\n".join(document) + "\n\n" for document in default_documents()]
+    encoded = [block.encode("utf-8") for block in blocks]
+    target = int(megabytes * 2 ** 20)
+    rng = np.random.default_rng(seed)
+    written = copies = documents = 0
+    with open(path, "wb") as f:
+        while written < target:
+            for i in rng.permutation(len(encoded)).tolist():
+                f.write(encoded[i])
+                written += len(encoded[i])
+                documents += 1
+                if written >= target:
+                    break
+            copies += 1
+    return {"bytes": written, "copies": copies, "documents": documents}
+
+
+def _tree(root: int) -> List[int]:
+    """root and every descendant (from /proc/<pid>/task/<tid>/children)."""
+    pids, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        pids.append(pid)
+        try:
+            for tid in os.listdir("/proc/%d/task" % pid):
+                with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                    stack.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return pids
+
+
+class DescriptorSampler(threading.Thread):
+    """Samples the open descriptors of a process tree every `interval` seconds."""
+
+    def __init__(self, root: int, interval: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.max_one = self.max_all = self.max_processes = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            total = 0
+            pids = _tree(self.root)
+            for pid in pids:
+                try:
+                    n = len(os.listdir("/proc/%d/fd" % pid))
+                except OSError:
+                    continue
+                total += n
+                self.max_one = max(self.max_one, n)
+            self.max_all = max(self.max_all, total)
+            self.max_processes = max(self.max_processes, len(pids))
+            self.done.wait(self.interval)
+
+
+def run_prepare(corpus: str, output: str, nofile: int, extra: List[str]) -> Dict[str, float]:
+    command = [sys.executable, "-m", "ipu_packing.data", "prepare", "--input", corpus, "--output", output,
+               "--quiet"] + extra
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, preexec_fn=limit, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = DescriptorSampler(proc.pid)
+    sampler.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    sampler.done.set()
+    sampler.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit("prepare failed (exit %d):\n%s" % (proc.returncode, err[-4000:]))
+    return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "peak_rss_mib": after.ru_maxrss / 1024.0, "max_fds_one_process": sampler.max_one,
+            "max_fds_all_processes": sampler.max_all, "processes": sampler.max_processes, "stdout": out.strip()}
+
+
+def _du(path: str) -> int:
+    total = 0
+    for root, _, names in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, n)) for n in names)
+    return total
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ipu_packing.data.scale_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=float, required=True, help="corpus size in MB (2**20 bytes)")
+    parser.add_argument("--nofile", type=int, default=1024, help="RLIMIT_NOFILE of prepare")
+    parser.add_argument("--workdir", default=None, help="where the corpus and output go (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the corpus and output")
+    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--dupe-factor", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--no-padded", action="store_true")
+    parser.add_argument("--shard-chars", type=int, default=None, help="prepare's --shard-chars")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.mb <= 0:
+        parser.error("--mb must be > 0")
+    work = tempfile.mkdtemp(prefix="scale-bench-", dir=args.workdir)
+    try:
+        corpus = os.path.join(work, "corpus.txt")
+        built = build_corpus(corpus, args.mb)
+        output = os.path.join(work, "out")
+        extra = ["--max-seq-length", str(args.max_seq_length), "--dupe-factor", str(args.dupe_factor),
+                 "--workers", str(args.workers)] + (["--no-padded"] if args.no_padded else []) \
+            + (["--shard-chars", str(args.shard_chars)] if args.shard_chars else [])
+        result = run_prepare(corpus, output, args.nofile, extra)
+        with open(os.path.join(output, "packed", "manifest.json")) as f:
+            manifest = json.load(f)
+        result.update(corpus_mb=built["bytes"] / 2.0 ** 20, documents=built["documents"],
+                      instances=manifest["num_sequences"], tokens=manifest["num_tokens"],
+                      input_shards=manifest["corpus"]["shards"], packs=manifest["num_packs"],
+                      output_mib=_du(output) / 2.0 ** 20, nofile=args.nofile, dupe_factor=args.dupe_factor,
+                      max_seq_length=args.max_seq_length, workers=args.workers or min(4, os.cpu_count() or 1))
+        result["instances_per_s"] = result["instances"] / result["wall_s"]
+        result["tokens_per_s"] = result["tokens"] / result["wall_s"]
+        if args.json:
+            print(json.dumps(result, sort_keys=True))
+        else:
+            print("corpus %.0f MB (%d documents) -> %d instances, %d tokens, %d input shards, output %.0f MiB"
+                  % (result["corpus_mb"], result["documents"], result["instances"], result["tokens"],
+                     result["input_shards"], result["output_mib"]))
+            print("S=%d dupe %d workers %d, ulimit -n %d: wall %.1f s, CPU %.1f s, %.0f instances/s, %.0f tokens/s"
+                  % (args.max_seq_length, args.dupe_factor, result["workers"], args.nofile, result["wall_s"],
+                     result["cpu_s"], result["instances_per_s"], result["tokens_per_s"]))
+            print("peak RSS of the largest process %.0f MiB; most descriptors open at once: %d in one process, "
+                  "%d in all %d processes" % (result["peak_rss_mib"], result["max_fds_one_process"],
+                                              result["max_fds_all_processes"], result["processes"]))
+            print(result["stdout"].splitlines()[-1] if result["stdout"] else "")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
