@@ -8,6 +8,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from .fsutil import atomic_open
+
 
 @dataclass
 class Result:
@@ -76,10 +78,9 @@ def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
         fontsize=9,
     )
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

@@ -37,6 +37,18 @@ def replace_durably(source: str, target: str) -> None:
     fsync_directory(os.path.dirname(os.path.abspath(target)) or ".")
 
 
+def fsync_tree(root: str) -> None:
+    """fsync every file and directory under ``root`` (before a directory is renamed into place)."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_directory(directory)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
     """``with atomic_open(path) as f: f.write(...)``: ``path`` holds the old content or all of the

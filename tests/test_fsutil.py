@@ -39,3 +39,19 @@ def test_stale_temporaries_are_removed(tmp_path):
         (tmp_path / name).write_text("")
     assert fsutil.remove_stale_temporaries(str(tmp_path)) == 2
     assert sorted(os.listdir(str(tmp_path))) == ["keep.tmp", "step_0000010.pt"]
+
+
+def test_fsync_tree_syncs_every_file_and_directory(tmp_path, monkeypatch):
+    (tmp_path / "packed").mkdir()
+    for name in ("packed/shard-00000.npy", "packed/manifest.json", "top.txt"):
+        (tmp_path / name).write_text("x")
+    synced = []
+    real = os.fsync
+
+    def record(fd):
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    fsutil.fsync_tree(str(tmp_path))
+    assert sorted(synced) == [False, False, False, True, True]

@@ -41,6 +41,7 @@ from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
+from ..fsutil import fsync_tree, replace_durably
 from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
 from .errors import DataError
@@ -457,7 +458,8 @@ def prepare(config: PrepareConfig) -> PrepareResult:
         result = _prepare_into(config, corpus_spec, files, temp)
         if os.path.isdir(output):
             os.rmdir(output)  # empty (checked above)
-        os.rename(temp, output)
+        fsync_tree(temp)  # the shards and manifests are on disk before their directory gets its name
+        replace_durably(temp, output)
         return result
     except OSError as error:
         shutil.rmtree(temp, ignore_errors=True)
