@@ -24,7 +24,6 @@ a diverged run never leaves a poisoned "last good" checkpoint.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os

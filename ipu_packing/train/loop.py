@@ -10,12 +10,12 @@ the training step, or loads it from the executable cache, and stops.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import random
 import time
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
@@ -26,8 +26,9 @@ from . import checkpoint as ckpt
 from .config import BatchAccounting, PretrainingConfig
 from .data import TrainingData, batch_rows, check_data_matches, check_vocab_file, open_shards, read_training_data
 from .errors import ConfigError, TrainingError, UserError
-from .metrics import MetricsLogger, StepRecord
+from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
 from .optim import build_optimizer, build_scheduler
+from .resume import changed_keys, check_resume_matches, load_with_new_hyperparameters, resolve_resume
 from .runlock import RunLock
 
 
@@ -107,12 +108,12 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
             )
         )
 
-    resume_path = _resolve_resume(config)
+    resume_path = resolve_resume(config)
     resume_state = ckpt.load_checkpoint(resume_path) if resume_path else None
     changed = []  # type: List[str]
     if resume_state is not None:
-        _check_resume_matches(config, data, resume_state, resume_path)
-        changed = _changed_keys(resume_state.get("config") or {}, config.to_dict())
+        check_resume_matches(config, data, resume_state, resume_path)
+        changed = changed_keys(resume_state.get("config") or {}, config.to_dict())
         if changed and config.checkpoint.resume != "force":
             raise UserError(
                 "checkpoint %s was trained with other values of %s: resuming would mix two runs; use "
@@ -144,7 +145,7 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
         try:
             model.load_state_dict(resume_state["model"])
             if changed:
-                _load_with_new_hyperparameters(optimizer, scheduler, resume_state)
+                load_with_new_hyperparameters(optimizer, scheduler, resume_state)
             else:
                 optimizer.load_state_dict(resume_state["optimizer"])
                 scheduler.load_state_dict(resume_state["scheduler"])
@@ -154,81 +155,9 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
                    changed)
 
 
-# What a resume may not change silently: the optimizer, the schedule, the length and the batch.
-_RESUME_KEYS = ("optimizer.", "schedule.", "training.steps", "training.global_batch_sequences",
-                "training.batch_accounting")
-
-
-def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    out = {}  # type: Dict[str, Any]
-    for key, value in d.items():
-        name = prefix + str(key)
-        if isinstance(value, dict):
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-def _changed_keys(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
-    """Dotted keys among _RESUME_KEYS whose value differs between a checkpoint's config and this one."""
-    a, b = _flatten(old), _flatten(new)
-    keys = sorted(k for k in set(a) | set(b) if k.startswith(_RESUME_KEYS) and k in a and a.get(k) != b.get(k))
-    return keys
-
-
-def _load_with_new_hyperparameters(optimizer, scheduler, state: Dict[str, Any]) -> None:
-    """A forced resume: the moments and step counts come from the checkpoint, every hyperparameter (lr,
-    betas, eps, weight decay) and the schedule from the new config, fast-forwarded to the checkpoint's step."""
-    import warnings
-
-    fresh = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    optimizer.load_state_dict(state["optimizer"])
-    for group, values in zip(optimizer.param_groups, fresh):
-        group.update(values)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
-        for _ in range(int(state["step"])):
-            scheduler.step()
-
-
 def _steps_per_call(execution) -> int:
     """Optimizer steps one runner.train_step runs (device iterations on poptorch, else 1)."""
     return int(getattr(execution, "optimizer_steps_per_call", 1))
-
-
-def _resolve_resume(config: PretrainingConfig) -> Optional[str]:
-    mode = config.checkpoint.resume
-    latest = ckpt.latest_checkpoint(config.run_dir)
-    if mode in ("auto", "force"):
-        return latest
-    if mode == "never":
-        if latest is not None:
-            raise UserError(
-                "run directory %s already has checkpoints (%s); use checkpoint.resume=auto or another "
-                "checkpoint.output_dir" % (config.run_dir, os.path.basename(latest))
-            )
-        return None
-    if os.path.isdir(mode):
-        found = ckpt.latest_checkpoint(mode)
-        if found is None:
-            raise UserError("checkpoint.resume: %s holds no checkpoints" % (mode,))
-        return found
-    if not os.path.isfile(mode):
-        raise UserError("checkpoint.resume: %s is neither auto, never, nor an existing checkpoint" % (mode,))
-    return mode
-
-
-def _check_resume_matches(config: PretrainingConfig, data: TrainingData, state: Dict[str, Any], path: str) -> None:
-    old = state.get("dataset") or {}
-    for key in ("max_seq_length", "max_sequences_per_pack", "vocab_size", "vocab_sha256"):
-        if key in old and old[key] != data.fingerprint()[key]:
-            raise UserError(
-                "checkpoint %s was trained on a dataset with %s=%r, this dataset has %r"
-                % (path, key, old[key], data.fingerprint()[key])
-            )
-    if int(state["step"]) > config.training.steps:
-        raise UserError("checkpoint %s is at step %d, beyond training.steps=%d" % (path, state["step"], config.training.steps))
 
 
 def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Optional[Callable] = None) -> Dict[str, Any]:
@@ -368,7 +297,7 @@ def _train(plan: RunPlan, runner, rank: int, step: int, epoch: int, position: in
     finally:
         logger.close()
 
-    summary = _summary(plan, history, last_saved)
+    summary = run_summary(plan, history, last_saved)
     if not main:
         return summary
     if config.checkpoint.export:
@@ -377,7 +306,7 @@ def _train(plan: RunPlan, runner, rank: int, step: int, epoch: int, position: in
         summary["export"] = export_dir
         log("exported the final model (Hugging Face BertForPreTraining) to %s" % (export_dir,))
     ckpt.atomic_write_text(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    log(_summary_line(summary))
+    log(summary_line(summary))
     return summary
 
 
@@ -414,57 +343,6 @@ def _save(plan: RunPlan, runner, step: int, epoch: int, position: int, record: S
         "metrics": record.to_dict(),
     }
     return ckpt.save_checkpoint(plan.run_dir, state, plan.config.checkpoint.keep)
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return float(sum(values) / len(values)) if values else float("nan")
-
-
-def _summary(plan: RunPlan, history, last_saved: Optional[str]) -> Dict[str, Any]:
-    n = max(1, min(10, len(history) // 4 or 1))
-    first, last = history[:n], history[-n:]
-    seconds = sum(r.seconds for r in history)
-    return {
-        "config": plan.config.name,
-        "steps": plan.config.training.steps,
-        "steps_this_run": len(history),
-        "checkpoint": last_saved,
-        "packing_factor": plan.data.packing_factor,
-        "batch_accounting": plan.accounting.method,
-        "gradient_accumulation": plan.accounting.gradient_accumulation,
-        "betas": list(plan.accounting.betas),
-        "first_steps": {"loss": _mean(r.loss for r in first), "mlm_accuracy": _mean(r.mlm_accuracy for r in first)},
-        "last_steps": {
-            "loss": _mean(r.loss for r in last),
-            "mlm_accuracy": _mean(r.mlm_accuracy for r in last),
-            "nsp_accuracy": _mean(r.nsp_accuracy for r in last),
-        },
-        "train_seconds": seconds,
-        "sequences_per_second": sum(r.sequences for r in history) / max(seconds, 1e-9),
-        "tokens_per_second": sum(r.tokens for r in history) / max(seconds, 1e-9),
-    }
-
-
-def _summary_line(s: Dict[str, Any]) -> str:
-    if not s["steps_this_run"]:
-        return "nothing to do: already at step %d" % (s["steps"],)
-    return (
-        "done: %d steps in %.1f s; loss %.3f -> %.3f; MLM accuracy %.3f -> %.3f; NSP accuracy %.3f; "
-        "%.1f sequences/s, %.0f real tokens/s; packing factor %.3f"
-        % (
-            s["steps_this_run"],
-            s["train_seconds"],
-            s["first_steps"]["loss"],
-            s["last_steps"]["loss"],
-            s["first_steps"]["mlm_accuracy"],
-            s["last_steps"]["mlm_accuracy"],
-            s["last_steps"]["nsp_accuracy"],
-            s["sequences_per_second"],
-            s["tokens_per_second"],
-            s["packing_factor"],
-        )
-    )
 
 
 def compile_only(

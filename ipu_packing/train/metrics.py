@@ -91,3 +91,55 @@ class MetricsLogger:
             self.writer.close()
         if self._jsonl is not None:
             self._jsonl.close()
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+def run_summary(plan, history, last_saved: Optional[str]) -> Dict[str, Any]:
+    """summary.json of a run (plan: the loop's RunPlan; history: its StepRecords this run)."""
+    n = max(1, min(10, len(history) // 4 or 1))
+    first, last = history[:n], history[-n:]
+    seconds = sum(r.seconds for r in history)
+    return {
+        "config": plan.config.name,
+        "steps": plan.config.training.steps,
+        "steps_this_run": len(history),
+        "checkpoint": last_saved,
+        "packing_factor": plan.data.packing_factor,
+        "batch_accounting": plan.accounting.method,
+        "gradient_accumulation": plan.accounting.gradient_accumulation,
+        "betas": list(plan.accounting.betas),
+        "first_steps": {"loss": _mean(r.loss for r in first), "mlm_accuracy": _mean(r.mlm_accuracy for r in first)},
+        "last_steps": {
+            "loss": _mean(r.loss for r in last),
+            "mlm_accuracy": _mean(r.mlm_accuracy for r in last),
+            "nsp_accuracy": _mean(r.nsp_accuracy for r in last),
+        },
+        "train_seconds": seconds,
+        "sequences_per_second": sum(r.sequences for r in history) / max(seconds, 1e-9),
+        "tokens_per_second": sum(r.tokens for r in history) / max(seconds, 1e-9),
+    }
+
+
+def summary_line(s: Dict[str, Any]) -> str:
+    if not s["steps_this_run"]:
+        return "nothing to do: already at step %d" % (s["steps"],)
+    return (
+        "done: %d steps in %.1f s; loss %.3f -> %.3f; MLM accuracy %.3f -> %.3f; NSP accuracy %.3f; "
+        "%.1f sequences/s, %.0f real tokens/s; packing factor %.3f"
+        % (
+            s["steps_this_run"],
+            s["train_seconds"],
+            s["first_steps"]["loss"],
+            s["last_steps"]["loss"],
+            s["first_steps"]["mlm_accuracy"],
+            s["last_steps"]["mlm_accuracy"],
+            s["last_steps"]["nsp_accuracy"],
+            s["sequences_per_second"],
+            s["tokens_per_second"],
+            s["packing_factor"],
+        )
+    )

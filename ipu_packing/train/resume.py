@@ -1,0 +1,87 @@
+"""Resuming a run: which checkpoint to continue from, and what a resume may not change.
+
+A run continues from its directory's latest checkpoint (``checkpoint.resume=auto``) only if it was
+trained on the same dataset and with the same optimizer, schedule, step count and batch: anything
+else would silently mix two runs (resuming with a new lr used to train at the old schedule's lr while
+config.json showed the new one). ``checkpoint.resume=force`` continues anyway, with the new values.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Dict, List, Optional
+
+from . import checkpoint as ckpt
+from .config import PretrainingConfig
+from .data import TrainingData
+from .errors import UserError
+
+# What a resume may not change silently: the optimizer, the schedule, the length and the batch.
+_RESUME_KEYS = ("optimizer.", "schedule.", "training.steps", "training.global_batch_sequences",
+                "training.batch_accounting")
+
+
+def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out = {}  # type: Dict[str, Any]
+    for key, value in d.items():
+        name = prefix + str(key)
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def changed_keys(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
+    """Dotted keys among _RESUME_KEYS whose value differs between a checkpoint's config and this one."""
+    a, b = _flatten(old), _flatten(new)
+    keys = sorted(k for k in set(a) | set(b) if k.startswith(_RESUME_KEYS) and k in a and a.get(k) != b.get(k))
+    return keys
+
+
+def load_with_new_hyperparameters(optimizer, scheduler, state: Dict[str, Any]) -> None:
+    """A forced resume: the moments and step counts come from the checkpoint, every hyperparameter (lr,
+    betas, eps, weight decay) and the schedule from the new config, fast-forwarded to the checkpoint's step."""
+    fresh = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state["optimizer"])
+    for group, values in zip(optimizer.param_groups, fresh):
+        group.update(values)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+        for _ in range(int(state["step"])):
+            scheduler.step()
+
+
+def resolve_resume(config: PretrainingConfig) -> Optional[str]:
+    mode = config.checkpoint.resume
+    latest = ckpt.latest_checkpoint(config.run_dir)
+    if mode in ("auto", "force"):
+        return latest
+    if mode == "never":
+        if latest is not None:
+            raise UserError(
+                "run directory %s already has checkpoints (%s); use checkpoint.resume=auto or another "
+                "checkpoint.output_dir" % (config.run_dir, os.path.basename(latest))
+            )
+        return None
+    if os.path.isdir(mode):
+        found = ckpt.latest_checkpoint(mode)
+        if found is None:
+            raise UserError("checkpoint.resume: %s holds no checkpoints" % (mode,))
+        return found
+    if not os.path.isfile(mode):
+        raise UserError("checkpoint.resume: %s is neither auto, never, nor an existing checkpoint" % (mode,))
+    return mode
+
+
+def check_resume_matches(config: PretrainingConfig, data: TrainingData, state: Dict[str, Any], path: str) -> None:
+    old = state.get("dataset") or {}
+    for key in ("max_seq_length", "max_sequences_per_pack", "vocab_size", "vocab_sha256"):
+        if key in old and old[key] != data.fingerprint()[key]:
+            raise UserError(
+                "checkpoint %s was trained on a dataset with %s=%r, this dataset has %r"
+                % (path, key, old[key], data.fingerprint()[key])
+            )
+    if int(state["step"]) > config.training.steps:
+        raise UserError("checkpoint %s is at step %d, beyond training.steps=%d" % (path, state["step"], config.training.steps))
