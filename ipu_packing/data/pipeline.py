@@ -26,18 +26,14 @@ output.
 from __future__ import annotations
 
 import errno
-import multiprocessing
 import os
 import platform
 import shutil
-import signal
-import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -47,10 +43,10 @@ from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_
 from .errors import DataError
 from .format import (FORMAT_VERSION, VOCAB, field_dtypes, mlm_slots, pack_statistics, sha256_file,
                      write_manifest)
-from .instances import RecipeConfig, Vocabulary, create_instances, tokenize_documents
-from .packs import (DatasetPlan, PackLayout, ShardTask, load_instances, plan_dataset, read_spill_blocks,
-                    save_instances, write_shard, write_spill)
+from .instances import RecipeConfig
+from .packs import PackLayout, plan_dataset
 from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer, train_default_vocab
+from .workers import Workers, _build_shard, _length_dtype, _progress, _scatter, _write_shard
 
 
 @dataclass
@@ -136,170 +132,12 @@ class PrepareConfig:
 # ---------------------------------------------------------------------------------------------------
 # seeds: one root seed, independent streams for each use, identified by a fixed spawn key
 
-def shard_rng(seed: int, shard: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, shard)))
-
-
 def derived_seed(seed: int, purpose: int) -> int:
     return int(np.random.SeedSequence(seed, spawn_key=(1, purpose)).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 # ---------------------------------------------------------------------------------------------------
 # workers
-
-_WORKER: Dict[str, object] = {}
-
-
-def _die_with_parent() -> None:
-    """Worker processes ignore Ctrl-C (the parent reports it once and shuts them down) and, on Linux,
-    get SIGKILL when the parent dies, so a killed prepare leaves no orphans behind."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while forking
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _init_worker(spec: TokenizerSpec, recipe: RecipeConfig, seed: int, in_worker: bool = False) -> None:
-    if in_worker:
-        _die_with_parent()
-    _WORKER.clear()
-    _WORKER.update(spec=spec, recipe=recipe, seed=seed, tokenizer=None)
-
-
-def _build_shard(index: int, documents: List[List[str]], path: str):
-    """Worker: one shard's documents -> its instance file; returns (lengths, MLM predictions)."""
-    spec = _WORKER["spec"]
-    if _WORKER["tokenizer"] is None:
-        ids = spec.special_token_ids
-        _WORKER["tokenizer"] = spec.encoder()
-        _WORKER["vocab"] = Vocabulary(cls_id=ids["[CLS]"], sep_id=ids["[SEP]"], mask_id=ids["[MASK]"],
-                                      continuation=spec.continuation_mask(), replacement_ids=spec.replacement_ids())
-    shard = tokenize_documents(documents, _WORKER["tokenizer"])
-    instances = create_instances(shard, _WORKER["recipe"], _WORKER["vocab"], shard_rng(_WORKER["seed"], index))
-    save_instances(path, instances, len(spec.vocab))
-    return instances.lengths.astype(_length_dtype(_WORKER["recipe"].max_seq_length)), int(instances.mlm_counts.sum())
-
-
-def _length_dtype(max_seq_length: int) -> np.dtype:
-    return np.dtype(np.uint16 if max_seq_length < 1 << 16 else np.int32)
-
-
-def _scatter(path: str, spills: List[tuple], vocab_size: int) -> None:
-    """Worker: one input shard's instances -> one spill file per dataset; the instance file is removed.
-    `spills`: (spill path, shard_of, place, number of output shards) per dataset."""
-    instances = load_instances(path)
-    for spill, shard_of, place, num_shards in spills:
-        write_spill(spill, instances, shard_of, place, num_shards, vocab_size)
-    os.remove(path)
-
-
-def _write_shard(spills: List[str], shard: int, num_shards: int, task: ShardTask, layout: PackLayout) -> dict:
-    """Worker: one output shard from its blocks of every spill file."""
-    return write_shard(read_spill_blocks(spills, shard, num_shards, layout.vocab_size), task, layout)
-
-
-class _Immediate:
-    """A finished 'future' for work run in this process."""
-
-    def __init__(self, value) -> None:
-        self.value = value
-
-    def result(self):
-        return self.value
-
-
-class Workers:
-    """The worker processes of one preparation (or this process alone when workers == 1).
-
-    `map_bounded` keeps at most two tasks per worker in flight, so memory holds a few shards,
-    never the corpus, while the results come back in submission order.
-    """
-
-    def __init__(self, count: int, spec: TokenizerSpec, recipe: RecipeConfig, seed: int) -> None:
-        self.count = count
-        self.pool = None
-        _init_worker(spec, recipe, seed)
-        if count > 1:
-            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
-            import tokenizers  # noqa: F401  (imported once here, inherited by the forked workers)
-            self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method),
-                                            initializer=_init_worker, initargs=(spec, recipe, seed, True))
-            try:
-                self.start()
-            except BaseException:  # e.g. Ctrl-C held back during the forks: the caller never gets the pool
-                self.abort()
-                raise
-
-    def start(self) -> None:
-        """Start the worker processes now (the pool would start them at the first task).
-
-        Ctrl-C is held back while the pool forks them: a SIGINT that lands inside os.fork() is
-        swallowed by CPython's after-fork hooks ("Exception ignored in _after_fork"), and the run
-        would carry on. It is delivered as soon as the workers are up."""
-        if self.pool is None:
-            return
-        mask = hasattr(signal, "pthread_sigmask")
-        if mask:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            self.pool.submit(os.getpid).result()
-        finally:
-            if mask:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-    def map_bounded(self, fn, argument_tuples: Iterable[tuple], on_result=None) -> list:
-        results, pending = [], []
-        for args in argument_tuples:
-            pending.append(self.pool.submit(fn, *args) if self.pool else _Immediate(fn(*args)))
-            while len(pending) >= 2 * self.count:
-                results.append(pending.pop(0).result())
-                if on_result:
-                    on_result(results[-1])
-        for future in pending:
-            results.append(future.result())
-            if on_result:
-                on_result(results[-1])
-        return results
-
-    def abort(self) -> None:
-        """On an error or Ctrl-C: kill the workers rather than wait for their tasks to finish."""
-        if self.pool is not None:
-            processes = getattr(self.pool, "_processes", None) or {}  # pid -> multiprocessing.Process
-            for process in list(processes.values()):
-                process.kill()
-            self.pool.shutdown(wait=False)
-            self.pool = None
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True) if sys.version_info >= (3, 9) \
-                else self.pool.shutdown(wait=True)
-
-
-class _NoProgress:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
-    """A tqdm bar on stderr (shown only when it is a terminal); without progress, tqdm is not even
-    imported."""
-    if not enabled or not sys.stderr.isatty():
-        return _NoProgress()
-    from tqdm import tqdm
-
-    return tqdm(desc=desc, total=total, unit=unit, disable=None if enabled else True, file=sys.stderr,
-                leave=False)
-
 
 def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, digest: CorpusDigest,
                 background=None):
