@@ -79,21 +79,72 @@ def _quiet_stdout() -> None:
         pass
 
 
+class _QuietFinalisers:
+    """While a failure is reported: discard the noise of the failed work's half-built objects.
+
+    After a full disk or a Ctrl-C, objects the failure left half-done (numpy's zip writer of a file the
+    disk refused, a process pool's queue thread on Python 3.8) are finalised when the traceback that
+    holds them goes away, and print "Exception ignored in ..." before the one error line. The failure
+    is already being reported, so from the moment it is caught until everything it held is collected,
+    such unraisable exceptions are dropped."""
+
+    def __init__(self) -> None:
+        self.saved = None
+
+    def start(self) -> None:
+        import threading
+
+        if self.saved is None and hasattr(sys, "unraisablehook") and hasattr(threading, "excepthook"):
+            self.saved = (sys.unraisablehook, threading.excepthook)
+            sys.unraisablehook = lambda unraisable: None
+            threading.excepthook = lambda args: None  # a pool's helper thread dying with its pool
+
+    def finish(self) -> None:
+        import gc
+        import threading
+
+        gc.collect()
+        if self.saved is not None:
+            (sys.unraisablehook, threading.excepthook), self.saved = self.saved, None
+
+
+def quiet_teardown():
+    """Context manager: the failure handling of `run_command`, for code that tears down after a
+    failure itself (a process pool killed on Ctrl-C)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def manager():
+        quiet = _QuietFinalisers()
+        quiet.start()
+        try:
+            yield
+        finally:
+            quiet.finish()
+
+    return manager()
+
+
 def run_command(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str]] = None) -> int:
     """Run ``main(argv)`` under the convention above and return its exit status."""
+    quiet = _QuietFinalisers()
     try:
         code = int(main(argv) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
         return code
     except UserError as error:
+        quiet.start()
         message, code = one_line(error) or type(error).__name__, error.exit_code
     except KeyboardInterrupt:
+        quiet.start()
         message, code = "interrupted", INTERRUPTED_EXIT
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
     except OSError as error:
+        quiet.start()
         message, code = describe_os_error(error), USER_ERROR_EXIT
+    quiet.finish()  # the exception and its traceback are gone: collect what they held, quietly
     try:
         sys.stdout.flush()
     except (BrokenPipeError, OSError, ValueError):

@@ -148,11 +148,18 @@ class Workers:
     def abort(self) -> None:
         """On an error or Ctrl-C: kill the workers rather than wait for their tasks to finish."""
         if self.pool is not None:
-            processes = getattr(self.pool, "_processes", None) or {}  # pid -> multiprocessing.Process
-            for process in list(processes.values()):
-                process.kill()
-            self.pool.shutdown(wait=False)
-            self.pool = None
+            from ..errors import quiet_teardown
+
+            with quiet_teardown():  # the pool's helper thread and finalisers complain about dead workers
+                processes = getattr(self.pool, "_processes", None) or {}  # pid -> multiprocessing.Process
+                for process in list(processes.values()):
+                    process.kill()
+                thread = getattr(self.pool, "_queue_management_thread", None) or getattr(
+                    self.pool, "_executor_manager_thread", None)
+                self.pool.shutdown(wait=False)
+                self.pool = None
+                if thread is not None:
+                    thread.join(10)  # bounded: it notices the dead workers and ends
 
     def close(self) -> None:
         if self.pool is not None:
