@@ -18,10 +18,11 @@ Commands validate their input before writing anything, so an error leaves no par
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
-from typing import Callable, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 USER_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
@@ -108,21 +109,16 @@ class _QuietFinalisers:
             (sys.unraisablehook, threading.excepthook), self.saved = self.saved, None
 
 
-def quiet_teardown():
-    """Context manager: the failure handling of `run_command`, for code that tears down after a
-    failure itself (a process pool killed on Ctrl-C)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def manager():
-        quiet = _QuietFinalisers()
-        quiet.start()
-        try:
-            yield
-        finally:
-            quiet.finish()
-
-    return manager()
+@contextlib.contextmanager
+def quiet_teardown() -> Iterator[None]:
+    """The failure handling of `run_command`, for code that tears down after a failure itself (a
+    process pool killed on Ctrl-C)."""
+    quiet = _QuietFinalisers()
+    quiet.start()
+    try:
+        yield
+    finally:
+        quiet.finish()
 
 
 def run_command(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str]] = None) -> int:

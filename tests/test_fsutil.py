@@ -21,15 +21,21 @@ def test_replace_is_all_or_nothing(tmp_path):
     assert open(path, "rb").read() == b"new"
 
 
-def test_file_and_directory_are_fsynced(tmp_path, monkeypatch):
-    synced = []
+@pytest.fixture
+def synced(monkeypatch):
+    """For every os.fsync call, whether its descriptor was a directory."""
+    calls = []
     real = os.fsync
 
     def record(fd):
-        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        calls.append(stat.S_ISDIR(os.fstat(fd).st_mode))
         real(fd)
 
     monkeypatch.setattr(os, "fsync", record)
+    return calls
+
+
+def test_file_and_directory_are_fsynced(tmp_path, synced):
     fsutil.atomic_write_text(str(tmp_path / "a.txt"), "x")
     assert synced == [False, True]  # the data, then the directory entry
 
@@ -41,17 +47,10 @@ def test_stale_temporaries_are_removed(tmp_path):
     assert sorted(os.listdir(str(tmp_path))) == ["keep.tmp", "step_0000010.pt"]
 
 
-def test_fsync_tree_syncs_every_file_and_directory(tmp_path, monkeypatch):
+def test_fsync_tree_syncs_every_file_and_directory(tmp_path, synced):
     (tmp_path / "packed").mkdir()
     for name in ("packed/shard-00000.npy", "packed/manifest.json", "top.txt"):
         (tmp_path / name).write_text("x")
-    synced = []
-    real = os.fsync
-
-    def record(fd):
-        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", record)
+    del synced[:]  # only what fsync_tree does
     fsutil.fsync_tree(str(tmp_path))
     assert sorted(synced) == [False, False, False, True, True]
