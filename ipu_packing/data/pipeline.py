@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -188,53 +188,52 @@ def _check_output(path: str) -> None:
             raise DataError("%s: directory exists and is not empty (refusing to overwrite)" % path)
 
 
+@dataclass
+class PackSettings:
+    """What the packing phase (`write_datasets`) needs besides the instances; the same for every
+    source of instances (text through `prepare`, or existing datasets)."""
+
+    max_seq_length: int
+    """S."""
+    max_sequences_per_pack: int
+    """K of the packed dataset (the padded baseline has K = 1)."""
+    vocab_size: int
+    """V: token ids lie in [0, V)."""
+    mlm_slots: Callable[[int], int]
+    """M for a dataset of K sequences per pack: mlm_slots(K)."""
+    seed: int
+    """Root seed of the assignment and the pack order."""
+    packing_algorithm: str = "optimal"
+    lp_max_rounds: int = LP_MAX_ROUNDS
+    lp_time_limit: Optional[float] = LP_TIME_LIMIT
+    shard_bytes: int = 64 << 20
+    padded: bool = True
+    progress: bool = True
+
+
 def _dataset_plan(directory: str, members: np.ndarray, offsets: np.ndarray, pack_order: np.ndarray, k: int,
-                  config: PrepareConfig, vocab_size: int):
+                  settings: PackSettings):
     os.makedirs(directory)
-    recipe = config.recipe
-    layout = PackLayout(config.max_seq_length, k, mlm_slots(config.max_seq_length, k, recipe.masked_lm_prob,
-                                                            recipe.max_predictions), vocab_size)
-    return layout, plan_dataset(members, offsets, pack_order, layout, directory, config.shard_bytes)
+    layout = PackLayout(settings.max_seq_length, k, settings.mlm_slots(k), settings.vocab_size)
+    return layout, plan_dataset(members, offsets, pack_order, layout, directory, settings.shard_bytes)
 
 
 def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], lengths: np.ndarray,
-                    num_masked: int, offsets: np.ndarray, algorithm: str, config: PrepareConfig,
-                    spec: TokenizerSpec, corpus: dict) -> dict:
-    """Write vocab.txt and manifest.json next to the shards."""
+                    num_masked: int, offsets: np.ndarray, algorithm: str, describe: Callable[[str, str], dict]
+                    ) -> dict:
+    """Write the manifest next to the shards: the source's fields (`describe(directory, kind)`, which
+    also writes vocab.txt) with the layout's and the packs' counts."""
     k = layout.max_sequences_per_pack
-    recipe = config.recipe
-    with open(os.path.join(directory, VOCAB), "w", encoding="utf-8", newline="\n") as f:
-        f.write(spec.vocab_text())
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "kind": kind,
-        "max_seq_length": config.max_seq_length,
-        "max_sequences_per_pack": k,
-        "mlm_slots": layout.mlm_slots,
-        "vocab_file": VOCAB,
-        "vocab_size": len(spec.vocab),
-        "vocab_checksum": sha256_file(os.path.join(directory, VOCAB)),
-        "do_lower_case": bool(spec.do_lower_case),
-        "special_token_ids": spec.special_token_ids,
-        "packing_algorithm": algorithm,
-        "seed": config.seed,
-        "recipe": {
-            "masked_lm_prob": recipe.masked_lm_prob,
-            "max_predictions_per_seq": recipe.max_predictions,
-            "short_seq_prob": recipe.short_seq_prob,
-            "dupe_factor": recipe.dupe_factor,
-            "whole_word_masking": recipe.whole_word_masking,
-            "random_next_prob": 0.5,
-            "vocab_source": spec.source,
-        },
-        "corpus": corpus,
-        "shards": shards,
-        "field_dtypes": {name: dtype.str for name, dtype in field_dtypes(config.max_seq_length, k,
-                                                                         len(spec.vocab)).items()},
-    }
+    manifest = {"format_version": FORMAT_VERSION, "kind": kind, "max_seq_length": layout.max_seq_length,
+                "max_sequences_per_pack": k, "mlm_slots": layout.mlm_slots}
+    manifest.update(describe(directory, kind))
+    manifest["packing_algorithm"] = algorithm
+    manifest["shards"] = shards
+    manifest["field_dtypes"] = {name: dtype.str for name, dtype in field_dtypes(layout.max_seq_length, k,
+                                                                                layout.vocab_size).items()}
     # pack_statistics only sums the MLM counts, so their total stands in for them
     manifest.update(pack_statistics(lengths, np.array([num_masked], dtype=np.int64), np.diff(offsets),
-                                    config.max_seq_length, k))
+                                    layout.max_seq_length, k))
     write_manifest(directory, manifest)
     return manifest
 
@@ -311,8 +310,6 @@ def prepare(config: PrepareConfig) -> PrepareResult:
 
 
 def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[str], temp: str) -> PrepareResult:
-    from ..packing import assign_sequences, histogram_from_lengths, plan_packing
-
     seconds: Dict[str, float] = {}
     clock = [time.perf_counter()]
     start = clock[0]
@@ -327,7 +324,6 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
         spec = load_tokenizer(config.vocab, config.lower_case)
     else:
         spec = train_default_vocab([s for d in default_docs for s in d], config.vocab_size)
-    vocab_size = len(spec.vocab)
     lap("vocab")
     documents = iter(default_docs) if corpus_spec.is_default else corpus_spec.documents()
     del default_docs
@@ -338,78 +334,48 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
     try:
         paths, results = _run_shards(config, workers, documents, work, digest,
                                      _preload_planner if workers.pool is not None else None)
-        shard_sizes = [len(lengths) for lengths, _ in results]
-        lengths = (np.concatenate([r[0] for r in results]) if results
-                   else np.zeros(0, _length_dtype(config.max_seq_length)))  # (N,): all the plan needs
+        shard_lengths = [r[0] for r in results]
         num_masked = sum(r[1] for r in results)
         del results
-        if len(lengths) == 0:
+        if sum(len(lengths) for lengths in shard_lengths) == 0:
             raise DataError("%s: the corpus produced no instances (no non-empty documents)" % config.input)
         corpus = {"input": config.input, "format": config.format, "files": len(files),
                   "documents": digest.num_documents, "sentences": digest.num_sentences,
                   "characters": digest.num_chars, "sha256": digest.hexdigest(), "shards": len(paths),
                   "python": platform.python_version()}
         lap("instances")
+        recipe = config.recipe
 
-        histogram = histogram_from_lengths(lengths, config.max_seq_length)
-        k = config.max_sequences_per_pack
-        plan = plan_packing(histogram, config.max_seq_length, k, algorithm=config.packing_algorithm,
-                            max_rounds=config.lp_max_rounds, time_limit=config.lp_time_limit)
-        assignment = assign_sequences(plan, lengths, derived_seed(config.seed, 0))
-        members = np.asarray(assignment.indices, dtype=np.int64)
-        offsets = np.asarray(assignment.offsets, dtype=np.int64)
-        del assignment
-        if len(members) != len(lengths) or np.bincount(members, minlength=len(lengths)).max() != 1:
-            raise RuntimeError("packing assignment does not place every sequence exactly once")
+        def describe(directory: str, kind: str) -> dict:
+            with open(os.path.join(directory, VOCAB), "w", encoding="utf-8", newline="\n") as f:
+                f.write(spec.vocab_text())
+            return {
+                "vocab_file": VOCAB,
+                "vocab_size": len(spec.vocab),
+                "vocab_checksum": sha256_file(os.path.join(directory, VOCAB)),
+                "do_lower_case": bool(spec.do_lower_case),
+                "special_token_ids": spec.special_token_ids,
+                "seed": config.seed,
+                "recipe": {
+                    "masked_lm_prob": recipe.masked_lm_prob,
+                    "max_predictions_per_seq": recipe.max_predictions,
+                    "short_seq_prob": recipe.short_seq_prob,
+                    "dupe_factor": recipe.dupe_factor,
+                    "whole_word_masking": recipe.whole_word_masking,
+                    "random_next_prob": 0.5,
+                    "vocab_source": spec.source,
+                },
+                "corpus": corpus,
+            }
 
-        rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(2,)))
-        datasets = [("packed", members, offsets, rng.permutation(len(offsets) - 1), k, plan.algorithm)]
-        if config.padded:
-            # K = 1: every plan is one sequence per pack, so the assignment is written directly.
-            single = np.arange(len(lengths) + 1, dtype=np.int64)
-            datasets.append(("padded", single[:-1], single, rng.permutation(len(lengths)), 1,
-                             "none (one sequence per row)"))
-        jobs = []  # (kind, layout, DatasetPlan, pack offsets, algorithm)
-        for kind, kind_members, kind_offsets, order, kind_k, algorithm in datasets:
-            layout, dataset_plan = _dataset_plan(os.path.join(temp, kind), kind_members, kind_offsets, order,
-                                                 kind_k, config, vocab_size)
-            jobs.append((kind, layout, dataset_plan, kind_offsets, algorithm))
-        del datasets, members, order
-        lap("plan")
-
-        # scatter: each input shard's instances to one spill file per dataset, by output shard
-        spill_dir = os.path.join(work, "spill")
-        os.makedirs(spill_dir)
-        bounds = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
-
-        def spill(kind: str, i: int) -> str:
-            return os.path.join(spill_dir, "%s-%05d.bin" % (kind, i))
-
-        def scatter_tasks():
-            for i, path in enumerate(paths):
-                a, b = bounds[i], bounds[i + 1]
-                yield (path, [(spill(kind, i), plan_.shard_of[a:b], plan_.place[a:b], len(plan_.tasks))
-                              for kind, _, plan_, _, _ in jobs], vocab_size)
-
-        workers.map_bounded(_scatter, scatter_tasks())
-        for _, _, dataset_plan, _, _ in jobs:
-            dataset_plan.shard_of = dataset_plan.place = None  # no longer needed
-        lap("scatter")
-
-        # gather: every output shard from its blocks of the spill files
-        bar = _progress("writing", config.progress, " packs",
-                        total=sum(len(offsets_) - 1 for _, _, _, offsets_, _ in jobs))
-        entries = workers.map_bounded(
-            _write_shard, (([spill(kind, i) for i in range(len(paths))], j, len(dataset_plan.tasks), task, layout)
-                           for kind, layout, dataset_plan, _, _ in jobs for j, task in enumerate(dataset_plan.tasks)),
-            on_result=lambda entry: bar.update(entry["num_packs"]))
-        bar.close()
-        manifests = {}
-        for kind, layout, dataset_plan, kind_offsets, algorithm in jobs:
-            shards, entries = entries[:len(dataset_plan.tasks)], entries[len(dataset_plan.tasks):]
-            manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, lengths, num_masked,
-                                              kind_offsets, algorithm, config, spec, corpus)
-        lap("write")
+        settings = PackSettings(
+            max_seq_length=config.max_seq_length, max_sequences_per_pack=config.max_sequences_per_pack,
+            vocab_size=len(spec.vocab), seed=config.seed,
+            mlm_slots=lambda k: mlm_slots(config.max_seq_length, k, recipe.masked_lm_prob, recipe.max_predictions),
+            packing_algorithm=config.packing_algorithm, lp_max_rounds=config.lp_max_rounds,
+            lp_time_limit=config.lp_time_limit, shard_bytes=config.shard_bytes, padded=config.padded,
+            progress=config.progress)
+        manifests = write_datasets(paths, shard_lengths, num_masked, settings, temp, workers, describe, lap)
     except BaseException:
         workers.abort()
         raise
@@ -417,3 +383,86 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
     shutil.rmtree(work)
     seconds["total"] = time.perf_counter() - start
     return PrepareResult(manifests["packed"], manifests.get("padded"), seconds)
+
+
+def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked: int, settings: PackSettings,
+                   temp: str, workers: Workers, describe: Callable[[str, str], dict],
+                   lap: Callable[[str], None] = lambda name: None) -> Dict[str, dict]:
+    """The packing phase, the same for every source of instances: instance files (`paths`, written
+    with packs.save_instances, in order; each is removed once read) and their lengths -> one plan
+    -> temp/packed (and temp/padded) with shards and manifests. Returns the manifests by kind.
+
+    `describe(directory, kind)` gives the manifest's source fields (vocab_file, vocab_size,
+    vocab_checksum, do_lower_case, special_token_ids, seed, recipe, corpus) and writes the vocabulary
+    file into `directory`. `lap(phase)` is called after the plan, scatter and write phases.
+    """
+    from ..packing import assign_sequences, histogram_from_lengths, plan_packing
+
+    work = os.path.join(temp, "work")
+    os.makedirs(work, exist_ok=True)
+    vocab_size = settings.vocab_size
+    shard_sizes = [len(lengths) for lengths in shard_lengths]
+    lengths = (np.concatenate(shard_lengths) if shard_lengths
+               else np.zeros(0, _length_dtype(settings.max_seq_length)))  # (N,): all the plan needs
+    del shard_lengths
+    histogram = histogram_from_lengths(lengths, settings.max_seq_length)
+    k = settings.max_sequences_per_pack
+    plan = plan_packing(histogram, settings.max_seq_length, k, algorithm=settings.packing_algorithm,
+                        max_rounds=settings.lp_max_rounds, time_limit=settings.lp_time_limit)
+    assignment = assign_sequences(plan, lengths, derived_seed(settings.seed, 0))
+    members = np.asarray(assignment.indices, dtype=np.int64)
+    offsets = np.asarray(assignment.offsets, dtype=np.int64)
+    del assignment
+    if len(members) != len(lengths) or np.bincount(members, minlength=len(lengths)).max() != 1:
+        raise RuntimeError("packing assignment does not place every sequence exactly once")
+
+    rng = np.random.default_rng(np.random.SeedSequence(settings.seed, spawn_key=(2,)))
+    datasets = [("packed", members, offsets, rng.permutation(len(offsets) - 1), k, plan.algorithm)]
+    if settings.padded:
+        # K = 1: every plan is one sequence per pack, so the assignment is written directly.
+        single = np.arange(len(lengths) + 1, dtype=np.int64)
+        datasets.append(("padded", single[:-1], single, rng.permutation(len(lengths)), 1,
+                         "none (one sequence per row)"))
+    jobs = []  # (kind, layout, DatasetPlan, pack offsets, algorithm)
+    for kind, kind_members, kind_offsets, order, kind_k, algorithm in datasets:
+        layout, dataset_plan = _dataset_plan(os.path.join(temp, kind), kind_members, kind_offsets, order,
+                                             kind_k, settings)
+        jobs.append((kind, layout, dataset_plan, kind_offsets, algorithm))
+    del datasets, members, order
+    lap("plan")
+
+    # scatter: each input shard's instances to one spill file per dataset, by output shard
+    spill_dir = os.path.join(work, "spill")
+    os.makedirs(spill_dir)
+    bounds = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
+
+    def spill(kind: str, i: int) -> str:
+        return os.path.join(spill_dir, "%s-%05d.bin" % (kind, i))
+
+    def scatter_tasks():
+        for i, path in enumerate(paths):
+            a, b = bounds[i], bounds[i + 1]
+            yield (path, [(spill(kind, i), plan_.shard_of[a:b], plan_.place[a:b], len(plan_.tasks))
+                          for kind, _, plan_, _, _ in jobs], vocab_size)
+
+    workers.map_bounded(_scatter, scatter_tasks())
+    for _, _, dataset_plan, _, _ in jobs:
+        dataset_plan.shard_of = dataset_plan.place = None  # no longer needed
+    lap("scatter")
+
+    # gather: every output shard from its blocks of the spill files
+    bar = _progress("writing", settings.progress, " packs",
+                    total=sum(len(offsets_) - 1 for _, _, _, offsets_, _ in jobs))
+    entries = workers.map_bounded(
+        _write_shard, (([spill(kind, i) for i in range(len(paths))], j, len(dataset_plan.tasks), task, layout)
+                       for kind, layout, dataset_plan, _, _ in jobs for j, task in enumerate(dataset_plan.tasks)),
+        on_result=lambda entry: bar.update(entry["num_packs"]))
+    bar.close()
+    manifests = {}
+    for kind, layout, dataset_plan, kind_offsets, algorithm in jobs:
+        shards, entries = entries[:len(dataset_plan.tasks)], entries[len(dataset_plan.tasks):]
+        manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, lengths, num_masked,
+                                          kind_offsets, algorithm, describe)
+    lap("write")
+    shutil.rmtree(spill_dir)
+    return manifests
