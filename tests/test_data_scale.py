@@ -16,34 +16,36 @@ _UNDER_LIMIT = r"""
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 from ipu_packing.data.pipeline import PrepareConfig, prepare
-corpus, vocab, output, workers = sys.argv[1:5]
+corpus, vocab, output, workers, group_tokens = sys.argv[1:6]
 result = prepare(PrepareConfig(input=corpus, output=output, vocab=vocab, max_seq_length=32, max_sequences_per_pack=3,
-                               dupe_factor=2, workers=int(workers), shard_chars=300, shard_bytes=2048, progress=False))
+                               dupe_factor=2, workers=int(workers), shard_chars=300, shard_bytes=2048,
+                               group_tokens=int(group_tokens), progress=False))
 print(json.dumps({"shards": result.packed["corpus"]["shards"], "packed": len(result.packed["shards"]),
                   "padded": len(result.padded["shards"])}))
 """
 
 
-def _prepare_under_64_descriptors(tmp_path, name, workers):
+def _prepare_under_64_descriptors(tmp_path, name, workers, group_tokens):
     os.makedirs(str(tmp_path / "inputs"), exist_ok=True)
     corpus = write_bert_corpus(str(tmp_path / "inputs" / "corpus.txt"), documents=300)
     vocab = write_vocab(str(tmp_path / "inputs" / "vocab.txt"))
     output = str(tmp_path / name)
-    proc = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, corpus, vocab, output, str(workers)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, corpus, vocab, output, str(workers), str(group_tokens)], cwd=ROOT,
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return output, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_many_input_and_output_shards_under_a_64_descriptor_limit(tmp_path):
-    output, counts = _prepare_under_64_descriptors(tmp_path, "out", workers=2)
+    # every input shard its own scatter group: far more spill files than descriptors
+    output, counts = _prepare_under_64_descriptors(tmp_path, "out", workers=2, group_tokens=1)
     # far more input shards than descriptors, and more output shards than descriptors too
     assert counts["shards"] > 64 and counts["packed"] > 64 and counts["padded"] > 64, counts
     packed, padded = open_dataset(os.path.join(output, "packed")), open_dataset(os.path.join(output, "padded"))
     assert packed.manifest["num_sequences"] == padded.num_packs
     assert sum(int((packed[i]["sequence_ids"] > 0).sum()) for i in range(len(packed))) == packed.manifest["num_tokens"]
-    # same bytes with one worker (this process alone) under the same limit
-    again, _ = _prepare_under_64_descriptors(tmp_path, "again", workers=1)
+    # same bytes with one worker (this process alone) and all input shards in one scatter group
+    again, _ = _prepare_under_64_descriptors(tmp_path, "again", workers=1, group_tokens=10 ** 9)
     for kind in ("packed", "padded"):
         for name in sorted(os.listdir(os.path.join(output, kind))):
             with open(os.path.join(output, kind, name), "rb") as a, open(os.path.join(again, kind, name), "rb") as b:

@@ -270,11 +270,18 @@ MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
 }
 
 
-def pack_statistics(lengths: np.ndarray, mlm_counts: np.ndarray, sequences_per_pack: np.ndarray,
-                    max_seq_length: int, max_sequences_per_pack: int) -> Dict[str, Any]:
+def pack_statistics(lengths: np.ndarray, mlm_counts: np.ndarray, sequences_per_pack: Optional[np.ndarray],
+                    max_seq_length: int, max_sequences_per_pack: int,
+                    sequences_per_pack_histogram: Optional[np.ndarray] = None) -> Dict[str, Any]:
     """The manifest's counts for packs holding sequences of `lengths` with `mlm_counts` predictions,
-    `sequences_per_pack` of them in each pack: num_sequences ... sequences_per_pack_histogram."""
-    num_sequences, num_packs = len(lengths), len(sequences_per_pack)
+    `sequences_per_pack` of them in each pack (or, instead, its (K,) histogram):
+    num_sequences ... sequences_per_pack_histogram."""
+    if sequences_per_pack_histogram is None:
+        sequences_per_pack_histogram = (np.bincount(np.asarray(sequences_per_pack) - 1,
+                                                    minlength=max_sequences_per_pack)
+                                        if len(sequences_per_pack) else np.zeros(max_sequences_per_pack, np.int64))
+    sequences_per_pack_histogram = np.asarray(sequences_per_pack_histogram, dtype=np.int64)
+    num_sequences, num_packs = len(lengths), int(sequences_per_pack_histogram.sum())
     num_tokens = int(np.sum(lengths))
     return {
         "num_sequences": num_sequences,
@@ -284,9 +291,7 @@ def pack_statistics(lengths: np.ndarray, mlm_counts: np.ndarray, sequences_per_p
         "packing_efficiency": num_tokens / float(max(1, num_packs) * max_seq_length),
         "packing_factor": num_sequences / float(max(1, num_packs)),
         "sequence_length_histogram": np.bincount(np.asarray(lengths) - 1, minlength=max_seq_length).tolist(),
-        "sequences_per_pack_histogram": (np.bincount(np.asarray(sequences_per_pack) - 1,
-                                                     minlength=max_sequences_per_pack).tolist()
-                                         if num_packs else [0] * max_sequences_per_pack),
+        "sequences_per_pack_histogram": sequences_per_pack_histogram.tolist(),
     }
 
 

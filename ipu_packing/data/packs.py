@@ -5,20 +5,24 @@ reference; `build_packs` here writes the same records (a test holds them equal) 
 scatters. It raises on any pack over S, K or M: a pack is never silently truncated.
 
 Bounded resources. The plan needs only every instance's length; the instances themselves stay on
-disk and move in two streaming passes, so that no process ever holds or opens more than one shard's
-worth, however large the corpus:
+disk and move in two streaming passes, so that no process ever holds or opens more than a bounded
+slice, however large the corpus:
 
-1. scatter (one task per *input* shard): load that shard's instance file, sort its instances by
-   (output shard, place in that shard) and write them to one spill file per input shard and dataset,
-   output shard by output shard, with an index of where each output shard's block starts
-   (`write_spill`). The instance file is then deleted.
+1. scatter (one task per *group* of consecutive input shards, of about a fixed number of tokens):
+   load the group's instance files, find each instance's output shard and its key in that shard
+   (`DatasetSpec.locate`: the streaming assignment of packing/slots.py needs only the instance's
+   length and the count of same-length instances before the group), sort by (output shard, key) and
+   write one spill file per group and dataset, output shard by output shard, with an index of where
+   each output shard's block starts (`write_spill`). The instance files are then deleted.
 2. gather (one task per *output* shard): read that output shard's block from every spill file, one
-   file open at a time (`read_spill_blocks`), put the instances in pack order, build the packs in
-   memory and write the shard with plain writes (`write_shard`): a full disk is an OSError, never a
-   SIGBUS from a sparse mapping.
+   file open at a time (`read_spill_blocks`), put the instances in key order, which is pack order,
+   check every pack against the plan, build the packs in memory and write the shard with plain
+   writes (`write_shard`): a full disk is an OSError, never a SIGBUS from a sparse mapping.
 
-So a process holds one input shard (scatter) or one output shard and its instances (gather), and has
-one data file open at a time; the corpus-sized arrays live only in the parent, a few bytes per instance.
+So a process holds one group (scatter) or one output shard and its instances (gather), and has one
+data file open at a time; the parent holds only the lengths (2 bytes per instance). The gather reads
+(groups x output shards) blocks: the group size keeps that count small (groups and shards of tens of
+MB each), though it grows with the square of the corpus.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..packing.slots import KeyedPermutation, SlotMap, length_ranks
 from .errors import DataError
 from .format import IGNORE_INDEX, pack_dtype
 from .instances import Instances, _ranges
@@ -222,18 +227,74 @@ def plan_dataset(members: np.ndarray, member_offsets: np.ndarray, pack_order: np
     return DatasetPlan(tasks, shard_of, place)
 
 
+@dataclass
+class DatasetSpec:
+    """Where the streaming passes put each sequence of one dataset: output shard `pack // per_shard`,
+    key `(pack % per_shard) * K + slot` in it (so key order is pack order, longest first). Small and
+    picklable: it travels with every task."""
+
+    kind: str
+    max_sequences_per_pack: int  # K
+    per_shard: int  # packs per output shard
+    num_packs: int  # P
+    slot_map: Optional[SlotMap]  # packed: packing/slots.py's map of the plan
+    order: Optional[KeyedPermutation]  # padded (K = 1): sequence i is pack order(i)
+
+    def __post_init__(self) -> None:
+        if self.per_shard * self.max_sequences_per_pack >= 1 << 31:
+            raise DataError("--shard-mb too large for %d sequences per pack" % self.max_sequences_per_pack)
+
+    @property
+    def num_shards(self) -> int:
+        return -(-self.num_packs // self.per_shard)
+
+    def locate(self, lengths: np.ndarray, first: int, before: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(shard, key) of the sequences first, first + 1, ... with `lengths`; `before` (S,) counts
+        the sequences of each length before `first`."""
+        if self.slot_map is not None:
+            pack, slot = self.slot_map.place(lengths, length_ranks(lengths, before))
+        else:
+            pack, slot = self.order(np.arange(first, first + len(lengths))), np.zeros(len(lengths), np.int64)
+        return pack // self.per_shard, (pack % self.per_shard) * self.max_sequences_per_pack + slot
+
+    def shard_packs(self, shard: int) -> Tuple[int, np.ndarray]:
+        """(first pack, (n,) sequences in each of its packs) of output shard `shard`."""
+        first = shard * self.per_shard
+        packs = np.arange(first, min(first + self.per_shard, self.num_packs))
+        sizes = self.slot_map.pack_sizes(packs) if self.slot_map is not None else np.ones(len(packs), np.int64)
+        return first, sizes
+
+
+def dataset_spec(kind: str, layout: PackLayout, shard_bytes: int, num_packs: int, slot_map: Optional[SlotMap],
+                 order: Optional[KeyedPermutation]) -> DatasetSpec:
+    return DatasetSpec(kind, layout.max_sequences_per_pack, max(1, shard_bytes // layout.record_bytes), num_packs,
+                       slot_map, order)
+
+
+def gather_shard(spills: Sequence[str], shard: int, spec: DatasetSpec, layout: PackLayout, path: str) -> dict:
+    """Output shard `shard` of a dataset from its blocks of the spill files: check that they hold
+    exactly the plan's packs, then write it (`write_shard`); returns its manifest entry."""
+    keys, instances = read_spill_blocks(spills, shard, spec.num_shards, layout.vocab_size)
+    first, sizes = spec.shard_packs(shard)
+    counts = np.bincount(keys // spec.max_sequences_per_pack, minlength=len(sizes))
+    if len(counts) != len(sizes) or not np.array_equal(counts, sizes):
+        raise RuntimeError("spill files do not hold output shard %d's packs as planned" % shard)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return write_shard(instances, ShardTask(path, offsets, first), layout)
+
+
 # ---------------------------------------------------------------------------------------------------
-# spill files: one per (input shard, dataset), holding the input shard's sequences sorted by (output
-# shard, place); each array is stored whole, so writing one is a few large writes however many output
+# spill files: one per (group of input shards, dataset), holding the group's sequences sorted by
+# (output shard, key); each array is stored whole, so writing one is a few large writes however many output
 # shards there are, and reading output shard j's block is one small read of the index plus one read
 # per array:
 #
 #   (J + 1, 3) int64   cumulative (sequences, tokens, predictions) before output shard j's block
-#   place, lengths, a_lengths, nsp_labels, mlm_counts   int32 (n each)
+#   key, lengths, a_lengths, nsp_labels, mlm_counts   int32 (n each)
 #   tokens (t), mlm_positions uint16 (q), mlm_labels (q)
 
 _HEAD = np.dtype("<i8")
-_PER_SEQUENCE = ("place",) + PER_INSTANCE
+_PER_SEQUENCE = ("key",) + PER_INSTANCE
 
 
 def _spill_arrays(n: int, t: int, q: int, tokens: np.dtype):
@@ -242,17 +303,17 @@ def _spill_arrays(n: int, t: int, q: int, tokens: np.dtype):
             + [("tokens", tokens, t), ("mlm_positions", np.dtype("<u2"), q), ("mlm_labels", tokens, q)])
 
 
-def write_spill(path: str, instances: Instances, shard_of: np.ndarray, place: np.ndarray, num_shards: int,
+def write_spill(path: str, instances: Instances, shard_of: np.ndarray, key: np.ndarray, num_shards: int,
                 vocab_size: Optional[int]) -> None:
-    """Write `instances` (one input shard) grouped by output shard, in the order of their place."""
+    """Write `instances` (one group) grouped by output shard, in the order of their key."""
     tokens = token_dtype(vocab_size)
-    order = np.lexsort((place, shard_of))
+    order = np.lexsort((key, shard_of))
     bounds = np.searchsorted(shard_of[order], np.arange(num_shards + 1))  # (J + 1,)
     ordered = gather_instances(instances, order)
     token_end = np.concatenate([[0], np.cumsum(ordered.lengths, dtype=np.int64)])
     mlm_end = np.concatenate([[0], np.cumsum(ordered.mlm_counts, dtype=np.int64)])
     index = np.stack([bounds, token_end[bounds], mlm_end[bounds]], axis=1).astype(_HEAD)  # (J + 1, 3)
-    values = {"place": place[order], "tokens": ordered.tokens, "mlm_positions": ordered.mlm_positions,
+    values = {"key": key[order], "tokens": ordered.tokens, "mlm_positions": ordered.mlm_positions,
               "mlm_labels": ordered.mlm_labels}
     values.update({name: getattr(ordered, name) for name in PER_INSTANCE})
     with open(path, "wb") as f:
@@ -263,7 +324,7 @@ def write_spill(path: str, instances: Instances, shard_of: np.ndarray, place: np
 
 def read_spill_block(path: str, shard: int, num_shards: int,
                      vocab_size: Optional[int]) -> Tuple[np.ndarray, Instances]:
-    """(place, instances) of output shard `shard` in one spill file (opened, read and closed)."""
+    """(key, instances) of output shard `shard` in one spill file (opened, read and closed)."""
     tokens = token_dtype(vocab_size)
     row = 3 * _HEAD.itemsize
     fd = os.open(path, os.O_RDONLY)
@@ -284,27 +345,29 @@ def read_spill_block(path: str, shard: int, num_shards: int,
             at += total * dtype.itemsize
     finally:
         os.close(fd)
-    place = out.pop("place")
-    return place, Instances(**out)
+    key = out.pop("key")
+    return key, Instances(**out)
 
 
-def read_spill_blocks(paths: Sequence[str], shard: int, num_shards: int, vocab_size: Optional[int]) -> Instances:
-    """Output shard `shard`'s instances from every spill file, one file open at a time, in pack order."""
-    places, parts = [], []
+def read_spill_blocks(paths: Sequence[str], shard: int, num_shards: int,
+                      vocab_size: Optional[int]) -> Tuple[np.ndarray, Instances]:
+    """(keys, instances) of output shard `shard` from every spill file, one file open at a time, in
+    key order (each key exactly once, else RuntimeError)."""
+    keys, parts = [], []
     for path in paths:
-        place, part = read_spill_block(path, shard, num_shards, vocab_size)
-        if len(place):
-            places.append(place)
+        key, part = read_spill_block(path, shard, num_shards, vocab_size)
+        if len(key):
+            keys.append(key)
             parts.append(part)
     instances = concat_instances(parts)
     if not parts:
-        return instances
-    place = np.concatenate(places)
-    order = np.empty(len(place), dtype=np.int64)
-    order[place] = np.arange(len(place))
-    if not np.array_equal(np.sort(place), np.arange(len(place))):
-        raise RuntimeError("spill files do not hold output shard %d's sequences exactly once" % shard)
-    return gather_instances(instances, order)
+        return np.zeros(0, np.int64), instances
+    key = np.concatenate(keys).astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    if np.any(key[1:] == key[:-1]):
+        raise RuntimeError("spill files hold a place of output shard %d twice" % shard)
+    return key, gather_instances(instances, order)
 
 
 def write_shard(instances: Instances, task: ShardTask, layout: PackLayout) -> dict:

@@ -44,7 +44,7 @@ from .errors import DataError
 from .format import (FORMAT_VERSION, VOCAB, field_dtypes, mlm_slots, pack_statistics, sha256_file,
                      write_manifest)
 from .instances import RecipeConfig
-from .packs import PackLayout, plan_dataset
+from .packs import PackLayout, dataset_spec
 from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer, train_default_vocab
 from .workers import Workers, _build_shard, _length_dtype, _progress, _scatter, _write_shard
 
@@ -89,6 +89,8 @@ class PrepareConfig:
     """Characters of text per instance-building shard (the unit of work and of RNG seeding)."""
     shard_bytes: int = 64 << 20
     """Approximate size of each output shard file."""
+    group_tokens: int = 1 << 23
+    """Tokens of instances per scatter task (bounds a worker's memory; does not change the output)."""
     padded: bool = True
     """Also write the padded baseline (padded/)."""
     progress: bool = True
@@ -107,6 +109,8 @@ class PrepareConfig:
             raise DataError("--format must be one of %s" % "/".join(FORMATS))
         if self.shard_chars < 1:
             raise DataError("shard_chars must be >= 1, got %r" % self.shard_chars)
+        if self.group_tokens < 1:
+            raise DataError("group_tokens must be >= 1, got %r" % self.group_tokens)
         if self.shard_bytes < 1:
             raise DataError("--shard-mb must be > 0 (got %r bytes)" % self.shard_bytes)
         if not 0 <= self.seed < 2 ** 63:
@@ -207,19 +211,15 @@ class PackSettings:
     lp_max_rounds: int = LP_MAX_ROUNDS
     lp_time_limit: Optional[float] = LP_TIME_LIMIT
     shard_bytes: int = 64 << 20
+    """Approximate size of each output shard file."""
+    group_tokens: int = 1 << 23
+    """Tokens of instances per scatter task (consecutive input shards; bounds a worker's memory)."""
     padded: bool = True
     progress: bool = True
 
 
-def _dataset_plan(directory: str, members: np.ndarray, offsets: np.ndarray, pack_order: np.ndarray, k: int,
-                  settings: PackSettings):
-    os.makedirs(directory)
-    layout = PackLayout(settings.max_seq_length, k, settings.mlm_slots(k), settings.vocab_size)
-    return layout, plan_dataset(members, offsets, pack_order, layout, directory, settings.shard_bytes)
-
-
 def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], lengths: np.ndarray,
-                    num_masked: int, offsets: np.ndarray, algorithm: str, describe: Callable[[str, str], dict]
+                    num_masked: int, pack_sizes: np.ndarray, algorithm: str, describe: Callable[[str, str], dict]
                     ) -> dict:
     """Write the manifest next to the shards: the source's fields (`describe(directory, kind)`, which
     also writes vocab.txt) with the layout's and the packs' counts."""
@@ -232,8 +232,8 @@ def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[
     manifest["field_dtypes"] = {name: dtype.str for name, dtype in field_dtypes(layout.max_seq_length, k,
                                                                                 layout.vocab_size).items()}
     # pack_statistics only sums the MLM counts, so their total stands in for them
-    manifest.update(pack_statistics(lengths, np.array([num_masked], dtype=np.int64), np.diff(offsets),
-                                    layout.max_seq_length, k))
+    manifest.update(pack_statistics(lengths, np.array([num_masked], dtype=np.int64), None,
+                                    layout.max_seq_length, k, sequences_per_pack_histogram=pack_sizes))
     write_manifest(directory, manifest)
     return manifest
 
@@ -373,7 +373,8 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
             vocab_size=len(spec.vocab), seed=config.seed,
             mlm_slots=lambda k: mlm_slots(config.max_seq_length, k, recipe.masked_lm_prob, recipe.max_predictions),
             packing_algorithm=config.packing_algorithm, lp_max_rounds=config.lp_max_rounds,
-            lp_time_limit=config.lp_time_limit, shard_bytes=config.shard_bytes, padded=config.padded,
+            lp_time_limit=config.lp_time_limit, shard_bytes=config.shard_bytes,
+            group_tokens=config.group_tokens, padded=config.padded,
             progress=config.progress)
         manifests = write_datasets(paths, shard_lengths, num_masked, settings, temp, workers, describe, lap)
     except BaseException:
@@ -396,73 +397,70 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     vocab_checksum, do_lower_case, special_token_ids, seed, recipe, corpus) and writes the vocabulary
     file into `directory`. `lap(phase)` is called after the plan, scatter and write phases.
     """
-    from ..packing import assign_sequences, histogram_from_lengths, plan_packing
+    from ..packing import histogram_from_lengths, plan_packing
+    from ..packing.slots import KeyedPermutation, SlotMap
 
-    work = os.path.join(temp, "work")
-    os.makedirs(work, exist_ok=True)
-    vocab_size = settings.vocab_size
-    shard_sizes = [len(lengths) for lengths in shard_lengths]
+    s, k = settings.max_seq_length, settings.max_sequences_per_pack
     lengths = (np.concatenate(shard_lengths) if shard_lengths
-               else np.zeros(0, _length_dtype(settings.max_seq_length)))  # (N,): all the plan needs
-    del shard_lengths
-    histogram = histogram_from_lengths(lengths, settings.max_seq_length)
-    k = settings.max_sequences_per_pack
-    plan = plan_packing(histogram, settings.max_seq_length, k, algorithm=settings.packing_algorithm,
+               else np.zeros(0, _length_dtype(s)))  # (N,): all the plan needs, 2 bytes each
+    plan = plan_packing(histogram_from_lengths(lengths, s), s, k, algorithm=settings.packing_algorithm,
                         max_rounds=settings.lp_max_rounds, time_limit=settings.lp_time_limit)
-    assignment = assign_sequences(plan, lengths, derived_seed(settings.seed, 0))
-    members = np.asarray(assignment.indices, dtype=np.int64)
-    offsets = np.asarray(assignment.offsets, dtype=np.int64)
-    del assignment
-    if len(members) != len(lengths) or np.bincount(members, minlength=len(lengths)).max() != 1:
-        raise RuntimeError("packing assignment does not place every sequence exactly once")
-
-    rng = np.random.default_rng(np.random.SeedSequence(settings.seed, spawn_key=(2,)))
-    datasets = [("packed", members, offsets, rng.permutation(len(offsets) - 1), k, plan.algorithm)]
+    slot_map = SlotMap(plan, derived_seed(settings.seed, 0))
+    datasets = [("packed", k, slot_map.num_packs, slot_map, None, plan.algorithm,
+                 slot_map.sequences_per_pack_histogram(k))]
     if settings.padded:
-        # K = 1: every plan is one sequence per pack, so the assignment is written directly.
-        single = np.arange(len(lengths) + 1, dtype=np.int64)
-        datasets.append(("padded", single[:-1], single, rng.permutation(len(lengths)), 1,
-                         "none (one sequence per row)"))
-    jobs = []  # (kind, layout, DatasetPlan, pack offsets, algorithm)
-    for kind, kind_members, kind_offsets, order, kind_k, algorithm in datasets:
-        layout, dataset_plan = _dataset_plan(os.path.join(temp, kind), kind_members, kind_offsets, order,
-                                             kind_k, settings)
-        jobs.append((kind, layout, dataset_plan, kind_offsets, algorithm))
-    del datasets, members, order
+        # K = 1: every pack is one sequence, written in a seeded random order
+        datasets.append(("padded", 1, len(lengths), None, KeyedPermutation(len(lengths), settings.seed, 2),
+                         "none (one sequence per row)", np.array([len(lengths)], dtype=np.int64)))
+    jobs = []  # (kind, layout, DatasetSpec, sequences-per-pack histogram, algorithm)
+    for kind, kind_k, num_packs, kind_map, order, algorithm, pack_sizes in datasets:
+        os.makedirs(os.path.join(temp, kind))
+        layout = PackLayout(s, kind_k, settings.mlm_slots(kind_k), settings.vocab_size)
+        spec = dataset_spec(kind, layout, settings.shard_bytes, num_packs, kind_map, order)
+        jobs.append((kind, layout, spec, pack_sizes, algorithm))
     lap("plan")
 
-    # scatter: each input shard's instances to one spill file per dataset, by output shard
-    spill_dir = os.path.join(work, "spill")
+    # scatter: each group of input shards to one spill file per dataset, by output shard
+    spill_dir = os.path.join(temp, "work", "spill")
     os.makedirs(spill_dir)
-    bounds = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
+    groups = _groups(shard_lengths, settings.group_tokens, s)
+    del shard_lengths
 
-    def spill(kind: str, i: int) -> str:
-        return os.path.join(spill_dir, "%s-%05d.bin" % (kind, i))
+    def spill(kind: str, g: int) -> str:
+        return os.path.join(spill_dir, "%s-%05d.bin" % (kind, g))
 
-    def scatter_tasks():
-        for i, path in enumerate(paths):
-            a, b = bounds[i], bounds[i + 1]
-            yield (path, [(spill(kind, i), plan_.shard_of[a:b], plan_.place[a:b], len(plan_.tasks))
-                          for kind, _, plan_, _, _ in jobs], vocab_size)
-
-    workers.map_bounded(_scatter, scatter_tasks())
-    for _, _, dataset_plan, _, _ in jobs:
-        dataset_plan.shard_of = dataset_plan.place = None  # no longer needed
+    workers.map_bounded(_scatter, ((paths[a:b], first, before, [(spill(kind, g), spec) for kind, _, spec, _, _ in jobs],
+                                    settings.vocab_size) for g, (a, b, first, before) in enumerate(groups)))
     lap("scatter")
 
     # gather: every output shard from its blocks of the spill files
-    bar = _progress("writing", settings.progress, " packs",
-                    total=sum(len(offsets_) - 1 for _, _, _, offsets_, _ in jobs))
+    bar = _progress("writing", settings.progress, " packs", total=sum(spec.num_packs for _, _, spec, _, _ in jobs))
     entries = workers.map_bounded(
-        _write_shard, (([spill(kind, i) for i in range(len(paths))], j, len(dataset_plan.tasks), task, layout)
-                       for kind, layout, dataset_plan, _, _ in jobs for j, task in enumerate(dataset_plan.tasks)),
+        _write_shard, (([spill(kind, g) for g in range(len(groups))], j, spec, layout,
+                        os.path.join(temp, kind, "shard-%05d.npy" % j))
+                       for kind, layout, spec, _, _ in jobs for j in range(spec.num_shards)),
         on_result=lambda entry: bar.update(entry["num_packs"]))
     bar.close()
     manifests = {}
-    for kind, layout, dataset_plan, kind_offsets, algorithm in jobs:
-        shards, entries = entries[:len(dataset_plan.tasks)], entries[len(dataset_plan.tasks):]
+    for kind, layout, spec, pack_sizes, algorithm in jobs:
+        shards, entries = entries[:spec.num_shards], entries[spec.num_shards:]
         manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, lengths, num_masked,
-                                          kind_offsets, algorithm, describe)
+                                          pack_sizes, algorithm, describe)
     lap("write")
     shutil.rmtree(spill_dir)
     return manifests
+
+
+def _groups(shard_lengths: List[np.ndarray], group_tokens: int, max_seq_length: int):
+    """Consecutive input shards in groups of about `group_tokens` tokens (the scatter's unit):
+    (first shard, end shard, first instance, (S,) instances of each length before the group)."""
+    groups, before, first, a, tokens = [], np.zeros(max_seq_length, dtype=np.int64), 0, 0, 0
+    start_before, start_first = before.copy(), 0
+    for i, lengths in enumerate(shard_lengths):
+        tokens += int(np.sum(lengths, dtype=np.int64))
+        before += np.bincount(np.asarray(lengths, dtype=np.int64) - 1, minlength=max_seq_length)
+        first += len(lengths)
+        if tokens >= group_tokens or i == len(shard_lengths) - 1:
+            groups.append((a, i + 1, start_first, start_before))
+            a, tokens, start_before, start_first = i + 1, 0, before.copy(), first
+    return groups

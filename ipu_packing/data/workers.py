@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 
 from .instances import RecipeConfig, Vocabulary, create_instances, tokenize_documents
-from .packs import (PackLayout, ShardTask, load_instances, read_spill_blocks, save_instances, write_shard,
+from .packs import (DatasetSpec, PackLayout, concat_instances, gather_shard, load_instances, save_instances,
                     write_spill)
 from .vocab import TokenizerSpec
 
@@ -67,18 +67,21 @@ def _length_dtype(max_seq_length: int) -> np.dtype:
     return np.dtype(np.uint16 if max_seq_length < 1 << 16 else np.int32)
 
 
-def _scatter(path: str, spills: List[tuple], vocab_size: int) -> None:
-    """Worker: one input shard's instances -> one spill file per dataset; the instance file is removed.
-    `spills`: (spill path, shard_of, place, number of output shards) per dataset."""
-    instances = load_instances(path)
-    for spill, shard_of, place, num_shards in spills:
-        write_spill(spill, instances, shard_of, place, num_shards, vocab_size)
-    os.remove(path)
+def _scatter(paths: List[str], first: int, before: np.ndarray, spills: List[tuple], vocab_size: int) -> None:
+    """Worker: one group of input shards (their instance files, in order; `first` is the index of
+    their first instance and `before` (S,) counts the instances of each length before it) -> one
+    spill file per dataset; the instance files are removed. `spills`: (spill path, DatasetSpec)."""
+    instances = concat_instances([load_instances(path) for path in paths])
+    for spill, spec in spills:
+        shard, key = spec.locate(instances.lengths, first, before)
+        write_spill(spill, instances, shard, key, spec.num_shards, vocab_size)
+    for path in paths:
+        os.remove(path)
 
 
-def _write_shard(spills: List[str], shard: int, num_shards: int, task: ShardTask, layout: PackLayout) -> dict:
+def _write_shard(spills: List[str], shard: int, spec: DatasetSpec, layout: PackLayout, path: str) -> dict:
     """Worker: one output shard from its blocks of every spill file."""
-    return write_shard(read_spill_blocks(spills, shard, num_shards, layout.vocab_size), task, layout)
+    return gather_shard(spills, shard, spec, layout, path)
 
 
 class _Immediate:

@@ -1,0 +1,179 @@
+"""Where each sequence goes, from its length and its rank alone: the assignment, streamed.
+
+`assign_sequences` places a corpus that fits in memory; `prepare` places one that does not, a slice
+at a time, in worker processes that never see the whole corpus. Both use this map, so a sequence
+lands in the same pack either way. A sequence's pack and its slot in the pack depend only on its
+length l, its rank among the sequences of length l in corpus order, the plan and the seed:
+
+1. **Shuffle within each length.** Rank r becomes slot pi_l(r) of the plan's n_l slots of length l,
+   where pi_l is a seeded pseudo-random permutation of [0, n_l). Without it, packs would take
+   sequences in corpus order, so e.g. every pack of one strategy would hold consecutive documents.
+2. **Fill the plan.** The slots of length l are laid out strategy by strategy: strategy j's r_j packs
+   are the rows of an (r_j, m_j) block, and each column q of length l takes the next r_j slots.
+   The plan holds exactly the histogram, so every slot is taken exactly once.
+3. **Shuffle the packs.** Plan pack p becomes pack pi_P(p), so neighbouring packs do not share a
+   strategy. Each pack keeps its slots longest first (strategies are descending).
+
+The permutations are keyed Feistel networks (`KeyedPermutation`): a bijection that is computed
+element by element, vectorised, in O(1) memory, with its inverse, instead of a stored shuffle of n
+entries. So placing a slice costs memory proportional to the slice, whatever the corpus.
+
+Shape legend: N sequences in the slice, S max sequence length, J strategies, P packs.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+
+from .plan import PackingPlan
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a fast, well-tested 64-bit mixing function (uint64 -> uint64)."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+class KeyedPermutation:
+    """A seeded pseudo-random permutation of [0, n), computed pointwise.
+
+    A balanced Feistel network of ROUNDS rounds permutes [0, 4^h) for the smallest h with
+    4^h >= n; values that land at or past n are sent through it again ("cycle walking") until they
+    land inside, which keeps it a bijection of [0, n). As 4^h < 4n, that takes under 4 passes on
+    average. Its round function is splitmix64 of the half-word xor a round key.
+    """
+
+    ROUNDS = 6
+
+    def __init__(self, n: int, seed: int, *spawn_key: int) -> None:
+        self.n = int(n)
+        self.half = max(1, ((max(self.n, 2) - 1).bit_length() + 1) // 2)
+        self.mask = np.uint64((1 << self.half) - 1)
+        state = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(self.ROUNDS, np.uint64)
+        self.keys = [np.uint64(k) for k in state]
+
+    def _rounds(self, x: np.ndarray, keys) -> np.ndarray:
+        shift = np.uint64(self.half)
+        left, right = x >> shift, x & self.mask
+        for key in keys:
+            left, right = right, left ^ (_mix(right ^ key) & self.mask)
+        return (left << shift) | right
+
+    def _walk(self, x, forward: bool) -> np.ndarray:
+        x = np.atleast_1d(np.asarray(x)).astype(np.uint64)
+        if x.size and (x.max() >= self.n):
+            raise ValueError("permutation argument outside [0, %d)" % self.n)
+        keys = self.keys if forward else self.keys[::-1]
+        y = self._rounds(x, keys) if forward else self._unrounds(x, keys)
+        outside = np.flatnonzero(y >= self.n)
+        while outside.size:
+            y[outside] = self._rounds(y[outside], keys) if forward else self._unrounds(y[outside], keys)
+            outside = outside[y[outside] >= self.n]
+        return y.astype(np.int64)
+
+    def _unrounds(self, y: np.ndarray, keys) -> np.ndarray:
+        shift = np.uint64(self.half)
+        left, right = y >> shift, y & self.mask
+        for key in keys:
+            left, right = right ^ (_mix(left ^ key) & self.mask), left
+        return (left << shift) | right
+
+    def __call__(self, x) -> np.ndarray:
+        """pi(x), int64, for x in [0, n)."""
+        return self._walk(x, True)
+
+    def inverse(self, y) -> np.ndarray:
+        """pi^-1(y), int64, for y in [0, n)."""
+        return self._walk(y, False)
+
+
+def length_ranks(lengths: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """(N,) int64: each sequence's rank among the sequences of its length, in corpus order, where
+    `before` (S,) counts the sequences of each length that come before this slice."""
+    lengths = np.asarray(lengths)
+    order = np.argsort(lengths, kind="stable")  # (N,) grouped by length, corpus order within
+    grouped = lengths[order]
+    first = np.searchsorted(grouped, grouped, side="left")  # (N,) start of each one's length group
+    ranks = np.empty(len(lengths), dtype=np.int64)
+    ranks[order] = np.asarray(before, dtype=np.int64)[grouped.astype(np.int64) - 1] + (np.arange(len(order)) - first)
+    return ranks
+
+
+class SlotMap:
+    """The plan's slots, and the permutations of the module notes, for one seed (picklable, small:
+    O(J * K) numbers)."""
+
+    def __init__(self, plan: PackingPlan, seed: int) -> None:
+        self.max_seq_length = plan.max_seq_length
+        repeats = np.asarray(plan.repeats, dtype=np.int64)  # (J,)
+        self.strategy_size = np.array([len(s) for s in plan.strategies], dtype=np.int64)  # (J,)
+        self.pack_start = np.concatenate([[0], np.cumsum(repeats)]).astype(np.int64)  # (J + 1,)
+        self.num_packs = int(self.pack_start[-1])
+        self.histogram = np.asarray(plan.histogram, dtype=np.int64)  # (S,)
+        # one segment per (strategy j, column q): r_j consecutive slots of length strategies[j][q]
+        segments = [(length, j, q) for j, strategy in enumerate(plan.strategies) for q, length in enumerate(strategy)
+                    if repeats[j] > 0]
+        segments.sort(key=lambda t: (t[0], t[1], t[2]))  # by length, then strategy, then column
+        seg_length = np.array([t[0] for t in segments], dtype=np.int64)
+        seg_strategy = np.array([t[1] for t in segments], dtype=np.int64)
+        self.seg_position = np.array([t[2] for t in segments], dtype=np.int64)  # column q: slot in the pack
+        self.seg_pack = self.pack_start[seg_strategy] if len(segments) else np.zeros(0, np.int64)
+        size = repeats[seg_strategy] if len(segments) else np.zeros(0, np.int64)
+        # seg_slot[i]: first slot (among those of its length) of segment i
+        by_length = np.searchsorted(seg_length, np.arange(1, self.max_seq_length + 2))  # (S + 1,)
+        self.seg_bounds = by_length
+        self.seg_slot = np.zeros(len(segments), dtype=np.int64)
+        for l in range(self.max_seq_length):
+            a, b = by_length[l], by_length[l + 1]
+            self.seg_slot[a:b] = np.concatenate([[0], np.cumsum(size[a:b])[:-1]]) if b > a else []
+        self.seed = seed
+        self._packs = KeyedPermutation(self.num_packs, seed, 0)
+        self._lengths = {}
+
+    def _within(self, length: int) -> KeyedPermutation:
+        perm = self._lengths.get(length)
+        if perm is None:
+            perm = self._lengths[length] = KeyedPermutation(self.histogram[length - 1], self.seed, 1, length)
+        return perm
+
+    def place(self, lengths: np.ndarray, ranks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(pack, slot): (N,) int64 pack indices in [0, P) and (N,) int64 slots in the pack, for
+        sequences of `lengths` with `ranks` (`length_ranks`)."""
+        lengths = np.asarray(lengths).astype(np.int64)
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if len(lengths) and (lengths.min() < 1 or lengths.max() > self.max_seq_length):
+            raise ValueError("lengths outside 1..%d" % self.max_seq_length)
+        if len(lengths) and np.any(ranks >= self.histogram[lengths - 1]):
+            raise ValueError("more sequences of some length than the plan holds")
+        plan_pack = np.empty(len(lengths), dtype=np.int64)
+        slot = np.empty(len(lengths), dtype=np.int64)
+        order = np.argsort(lengths, kind="stable")
+        grouped = lengths[order]
+        cuts = np.flatnonzero(np.diff(grouped)) + 1
+        for chosen in np.split(order, cuts) if len(order) else []:
+            length = int(lengths[chosen[0]])
+            shuffled = self._within(length)(ranks[chosen])  # (n,) slot among length's slots
+            a, b = self.seg_bounds[length - 1], self.seg_bounds[length]
+            seg = a + np.searchsorted(self.seg_slot[a:b], shuffled, side="right") - 1
+            plan_pack[chosen] = self.seg_pack[seg] + (shuffled - self.seg_slot[seg])
+            slot[chosen] = self.seg_position[seg]
+        return self._packs(plan_pack) if len(plan_pack) else plan_pack, slot
+
+    def pack_sizes(self, packs: np.ndarray) -> np.ndarray:
+        """(n,) int64 sequences in each of `packs`."""
+        plan_pack = self._packs.inverse(packs) if len(np.atleast_1d(packs)) else np.zeros(0, np.int64)
+        return self.strategy_size[np.searchsorted(self.pack_start, plan_pack, side="right") - 1]
+
+    def sequences_per_pack_histogram(self, max_sequences_per_pack: int) -> np.ndarray:
+        """(K,) int64: packs holding 1 .. K sequences."""
+        repeats = np.diff(self.pack_start)
+        return np.bincount(self.strategy_size - 1, weights=repeats,
+                           minlength=max_sequences_per_pack).astype(np.int64)[:max_sequences_per_pack]
