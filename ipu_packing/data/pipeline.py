@@ -89,7 +89,7 @@ class PrepareConfig:
     """Characters of text per instance-building shard (the unit of work and of RNG seeding)."""
     shard_bytes: int = 64 << 20
     """Approximate size of each output shard file."""
-    group_tokens: int = 1 << 23
+    group_tokens: int = 1 << 21
     """Tokens of instances per scatter task (bounds a worker's memory; does not change the output)."""
     padded: bool = True
     """Also write the padded baseline (padded/)."""
@@ -212,7 +212,7 @@ class PackSettings:
     lp_time_limit: Optional[float] = LP_TIME_LIMIT
     shard_bytes: int = 64 << 20
     """Approximate size of each output shard file."""
-    group_tokens: int = 1 << 23
+    group_tokens: int = 1 << 21
     """Tokens of instances per scatter task (consecutive input shards; bounds a worker's memory)."""
     padded: bool = True
     progress: bool = True
