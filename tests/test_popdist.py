@@ -226,6 +226,32 @@ def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(pop
     assert os.path.isfile(os.path.join(run, "summary.json")) and os.path.isfile(os.path.join(run, "metrics.jsonl"))
 
 
+def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state_to_the_device(popdist, poptorch,
+                                                                                              data_dir, tmp_path):
+    """Instance 0 saved the optimizer state it read back (PopTorch shards it over an instance's own replicas,
+    so it is whole); on resume each instance loads that checkpoint, PopTorch writes the state to its replicas
+    before the first step, and each instance reads on where it stopped."""
+    run = str(tmp_path / "run")
+    extra = ["training.steps=4", "checkpoint.every_steps=2"]
+    full = {i: _instance_run(popdist, data_dir, run, 2, i, *extra)[1] for i in (1, 0)}
+    first, last = ckpt.list_checkpoints(run)
+    saved = ckpt.load_checkpoint(first)["optimizer"]
+    assert int(saved["ipu_state"]["step"]) == 2 and saved["ipu_param"]
+    os.unlink(last)  # as if the run had been killed after step 2
+    os.unlink(os.path.join(run, "summary.json"))
+    for instance in (1, 0):
+        before = len(poptorch.executors)
+        plan, read = _instance_run(popdist, data_dir, run, 2, instance, *extra)
+        assert plan.start_step == 2
+        (executor,) = poptorch.executors[before:]
+        (written,) = executor.written_states  # the checkpoint's state, on this instance's replicas
+        assert int(written["ipu_state"]["step"]) == 2
+        for name, value in saved["ipu_param"].items():
+            assert torch.equal(written["ipu_param"][name], value)
+        assert read == full[instance][len(full[instance]) // 2:]  # steps 3 and 4, as the first run read them
+    assert int(ckpt.load_checkpoint(ckpt.latest_checkpoint(run))["optimizer"]["ipu_state"]["step"]) == 4
+
+
 @pytest.mark.parametrize("n", INSTANCES)
 def test_the_instance_s_dataloader_workers_read_disjoint_parts(popdist, n):
     """Instance and worker together: each instance's DataLoader (2 worker processes) deals its own slice of
