@@ -322,11 +322,17 @@ def test_without_popdist_one_instance_runs_on_plain_poptorch(poptorch, monkeypat
 # ---- the POD128 config ---------------------------------------------------------------------------------
 
 
-def _dry_run(*argv):
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable] + list(argv), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+def _dry_run(config, monkeypatch):
+    """The report of both dry-run commands (run_pretraining.py --dry-run, python -m ipu_packing.execution
+    dry-run), in this process, without poptorch or popdist."""
+    from test_dry_run_cli import both
+
+    monkeypatch.setitem(sys.modules, "poptorch", None)
+    monkeypatch.setitem(sys.modules, "popdist", None)
+    (code_e, out_e, err_e), (code_t, out_t, err_t) = both(config)
+    assert (code_e, code_t) == (0, 0), (err_e, err_t)
+    assert out_e == out_t
+    return out_t
 
 
 def _section(report, title):
@@ -334,9 +340,8 @@ def _section(report, title):
     return block.split("\n\n", 1)[0]
 
 
-def test_pod128_dry_run_shows_instances_replicas_and_the_per_instance_batch():
-    report = _dry_run("run_pretraining.py", "--config", "bert_large_512_pod128", "--dry-run")
-    assert report == _dry_run("-m", "ipu_packing.execution", "dry-run", "--config", "bert_large_512_pod128")
+def test_pod128_dry_run_shows_instances_replicas_and_the_per_instance_batch(monkeypatch):
+    report = _dry_run("bert_large_512_pod128", monkeypatch)
     assert "Launch: 2 host instances x 16 replicas each = 32 replicas (PopRun + PopDist" in report
     assert "poprun --num-instances 2 --num-replicas 32 --ipus-per-replica 4 python run_pretraining.py" in report
     rows = dict(re.findall(r"\n  (.+?)\s{2,}(\d+) packs", report))
@@ -346,7 +351,7 @@ def test_pod128_dry_run_shows_instances_replicas_and_the_per_instance_batch():
     assert rows["per replica per optimizer step (x 128 accumulation)"] == "256"  # POD64: x 256
     assert re.search(r"replicationFactor \(per instance\)\s+16\n", report)
     # each IPU holds what it holds on the POD64: the optimizer state is sharded over the instance's 16 replicas
-    pod64 = _dry_run("run_pretraining.py", "--config", "bert_large_512_pod64", "--dry-run")
+    pod64 = _dry_run("bert_large_512_pod64", monkeypatch)
     assert _section(report, "Memory per IPU") == _section(pod64, "Memory per IPU").replace(
         "this config has 256", "this config has 128")
 
