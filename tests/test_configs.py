@@ -11,6 +11,7 @@ EXPECTED = {
     "demo", "demo_padded", "demo_512", "demo_512_padded",
     "bert_base_512_pod16", "bert_base_512_pod16_padded", "bert_base_512_pod64", "bert_base_512_pod64_padded",
     "bert_large_512_pod16", "bert_large_512_pod16_padded", "bert_large_512_pod64", "bert_large_512_pod64_padded",
+    "bert_large_512_pod128",
 }
 
 

@@ -101,6 +101,8 @@ CASES = [
     # the execution package's dry run (same loader)
     ("execution", lambda w: ["dry-run", "--config", "demo", "model.hidden_dropout_prob=5"], ["model.hidden_dropout_prob"]),
     ("execution", lambda w: ["dry-run"], ["--config"]),
+    ("execution", lambda w: ["dry-run", "--config", "bert_large_512_pod128", "execution.num_instances=3"],
+     ["execution.replication_factor 32", "execution.num_instances 3"]),
     # data
     ("data", lambda w: _prepare(w, "--shard-mb", "0"), ["--shard-mb"]),
     ("data", lambda w: _prepare(w, "--max-seq-length", "x"), ["--max-seq-length"]),

@@ -36,18 +36,20 @@ def poptorch(monkeypatch):
     return pt
 
 
-def shipped_ipu_configs():
+def shipped_ipu_configs(multi_host: bool = False):
     """Every shipped config with the poptorch backend, as run: the ExecutionConfig the application derives
-    (accumulation from the global batch and the config's packing factor estimate)."""
+    (accumulation from the global batch and the config's packing factor estimate). One-host configs, or
+    (``multi_host``) those of several PopRun instances, which need poprun (tests/test_popdist.py)."""
     found = {}
     for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))):
         config = load_config(path)
-        if config.execution_spec.backend == "poptorch":
+        if config.execution_spec.backend == "poptorch" and (config.execution_spec.num_instances > 1) == multi_host:
             found[os.path.basename(path)] = config.batch_accounting(config.data.packing_factor_estimate).execution
     return found
 
 
 SHIPPED = shipped_ipu_configs()
+MULTI_HOST = shipped_ipu_configs(multi_host=True)
 TINY = dict(backend="poptorch", micro_batch_size=2, gradient_accumulation=5, layers_per_ipu=[1, 1], use_ipu_model=True,
             device_iterations=2, optimizer_state_offchip=False)
 CASES = dict({n: (sum(c.layers_per_ipu), asdict(c)) for n, c in SHIPPED.items()}, tiny_ipu_model=(2, TINY))
@@ -73,6 +75,7 @@ def test_every_pod_config_is_shipped_with_the_poptorch_backend():
     assert sorted(SHIPPED) == sorted(
         "bert_%s_512_pod%d%s.yaml" % (m, p, v) for m in ("base", "large") for p in (16, 64) for v in ("", "_padded")
     )
+    assert sorted(MULTI_HOST) == ["bert_large_512_pod128.yaml"]
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

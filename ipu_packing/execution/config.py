@@ -6,7 +6,9 @@ Vocabulary (used the same way in PopTorch and in PyTorch):
 - *micro batch*: packs one replica pushes through the model at once (poptorch DataLoader ``batch_size``);
 - *gradient accumulation*: micro batches per replica per optimizer step, as run (the application divides
   the accumulation it would use for unpacked data by the packing factor before building the runner);
-- *replication*: data-parallel copies of the model (poptorch ``replicationFactor`` or the DDP world size);
+- *replication*: data-parallel copies of the model, all hosts together (poptorch: ``replicationFactor`` times
+  the instances; the DDP world size);
+- *instance*: one host process of a PopRun launch, driving ``replication_factor / num_instances`` replicas;
 - *device iterations*: optimizer steps the IPU runs per host call (poptorch only);
 - *stage*: one IPU of a pipelined replica (poptorch) or one process of a ``torch.distributed.pipelining`` run.
 """
@@ -48,7 +50,12 @@ class ExecutionConfig:
     gradient_accumulation: int = 1
     """Micro batches per replica per optimizer step, as run (already adjusted for packing)."""
     replication_factor: int = 1
-    """Data-parallel replicas: poptorch replicationFactor, or DDP world size."""
+    """Data-parallel replicas over all instances (PopRun's ``--num-replicas``), or the DDP world size. Each
+    PopRun instance runs ``local_replicas`` of them (its poptorch replicationFactor)."""
+    num_instances: int = 1
+    """poptorch only: host processes PopRun launches (``poprun --num-instances``); they share the replicas
+    evenly. More than one needs PopRun and PopDist (Poplar SDK); the global batch does not depend on it.
+    The torch backend ignores it."""
     device_iterations: int = 1
     """poptorch only: optimizer steps per host call (the torch backend runs one step per call and
     ignores it, as it ignores the other IPU-only settings, so an IPU config also runs on CPU/GPU)."""
@@ -154,10 +161,17 @@ class ExecutionConfig:
             raise ConfigError(
                 "execution.pipeline_schedule must be one of %s, got %r" % (PIPELINE_SCHEDULES, self.pipeline_schedule)
             )
-        for name in ("micro_batch_size", "gradient_accumulation", "replication_factor", "device_iterations"):
+        for name in ("micro_batch_size", "gradient_accumulation", "replication_factor", "device_iterations",
+                     "num_instances"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError("execution.%s must be an integer >= 1, got %r" % (name, value))
+        if self.replication_factor % self.num_instances:
+            # poprun: "The replicas are divided evenly among the instances" (PopRun user guide, 3.1.2)
+            raise ConfigError(
+                "execution.replication_factor %d is not a multiple of execution.num_instances %d (PopRun divides "
+                "the replicas evenly among the instances)" % (self.replication_factor, self.num_instances)
+            )
         self.layers_per_ipu = list(self.layers_per_ipu)
         for n in self.layers_per_ipu:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -244,9 +258,20 @@ class ExecutionConfig:
         return self.global_batch_packs * float(packing_factor)
 
     @property
+    def local_replicas(self) -> int:
+        """Replicas one instance runs: its poptorch replicationFactor (popdist.getNumLocalReplicas())."""
+        return self.replication_factor // self.num_instances
+
+    @property
+    def instance_batch_packs(self) -> int:
+        """Packs one instance consumes per optimizer step: its share of ``global_batch_packs``."""
+        return self.packs_per_replica_step * self.local_replicas
+
+    @property
     def combined_batch_packs(self) -> int:
-        """Packs per host call = poptorch DataLoader item: micro x device iterations x replication x accumulation."""
-        return self.micro_batch_size * self.device_iterations * self.replication_factor * self.gradient_accumulation
+        """Packs per host call of one instance = its poptorch DataLoader item: micro x device iterations x
+        local replicas x accumulation (all replicas when there is one instance)."""
+        return self.micro_batch_size * self.device_iterations * self.local_replicas * self.gradient_accumulation
 
     @property
     def packs_per_loader_item(self) -> int:

@@ -11,7 +11,8 @@ N attention heads, L_g encoder layers in a pipeline group, d_g its stash depth, 
   adapter gives poptorch.optim; PopTorch's own default is fp32, optim.py:733-734), only when accumulating
   over micro batches (PopART keeps none otherwise); exact;
 - optimizer state: first and second moments (SGD: velocity) at their configured types, divided by the
-  replication factor under replicated tensor sharding; on chip, or in streaming memory when
+  replicas of one instance under replicated tensor sharding (PopTorch shards over the instance's own
+  replicas when there are several, popart_compiler/source/Compiler.cpp:751-760); on chip, or in streaming memory when
   ``optimizer_state_offchip``; exact;
 - stream buffer (estimate): with the state off chip, the weight update brings each tensor's state on chip
   to update it; at least the largest tensor's state (its shard under sharding) is on chip at once;
@@ -28,6 +29,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .config import IPU_MEMORY_BYTES, TYPE_BYTES, ExecutionConfig
 from .placement import Placement, min_gradient_accumulation, pipeline_groups, plan_placement
+from .popdist_backend import describe_launch
 from .poptorch_backend import describe_options
 
 OPTIMIZER_STATES = {"lamb": 2, "adamw": 2, "adam": 2, "sgd": 1}
@@ -168,7 +170,7 @@ def memory_per_device(
     state_bytes = TYPE_BYTES[e.first_order_momentum_type]
     if OPTIMIZER_STATES[optimizer] == 2:
         state_bytes += TYPE_BYTES[e.second_order_momentum_type]
-    shards = e.replication_factor if e.replicated_tensor_sharding else 1
+    shards = e.local_replicas if e.replicated_tensor_sharding else 1
     stash, live, depth = activation_bytes(model_config, e, plan, seq_len)
     rows = []
     for d, n in enumerate(params):
@@ -197,7 +199,7 @@ def ipu_memory_lines(
     e = execution
     seq_len = int(sequence_length or model_config.max_position_embeddings)
     plan, rows = memory_per_device(model_config, e, optimizer, seq_len)
-    shards = ", /%d" % e.replication_factor if e.replicated_tensor_sharding else ""
+    shards = ", /%d" % e.local_replicas if e.replicated_tensor_sharding else ""
     moments = e.first_order_momentum_type
     if OPTIMIZER_STATES[optimizer.lower()] == 2:
         moments += "+" + e.second_order_momentum_type
@@ -222,7 +224,7 @@ def ipu_memory_lines(
          "optimizer_offchip", _fmt_bytes),
     ]
     width = 44
-    lines = ["Memory per IPU (* = estimate; /R = sharded over R replicas; see ipu_packing/execution/dry_run.py)"]
+    lines = ["Memory per IPU (* = estimate; /R = sharded over an instance's R replicas; see ipu_packing/execution/dry_run.py)"]
     lines.append("  %-*s" % (width, "") + "".join("%11s" % ("IPU %d" % d) for d in range(len(rows))))
     for label, key, fmt in table:
         lines.append("  %-*s" % (width, label) + "".join("%11s" % fmt(r[key]) for r in rows))
@@ -272,6 +274,7 @@ def dry_run_report(
             % (e.ipus_per_replica, e.replication_factor, e.ipus_per_replica * e.replication_factor, e.total_ipus,
                e.precision)
         )
+        lines += describe_launch(e)
     else:
         lines.append(
             "Dry run: torch on %s, %d replica(s) x %d pipeline stage(s) = %d process(es), %s"
@@ -322,8 +325,12 @@ def dry_run_report(
         ("per replica per optimizer step (x %d accumulation)" % e.gradient_accumulation, e.packs_per_replica_step),
         ("global batch per optimizer step (x %d replicas)" % e.replication_factor, e.global_batch_packs),
     ]
+    if ipu and e.num_instances > 1:
+        rows_b.append(("per instance per step (x %d replicas, %d instances)"
+                       % (e.local_replicas, e.num_instances), e.instance_batch_packs))
     if ipu:
-        rows_b.append(("per host call = DataLoader item (x %d device iterations)" % e.device_iterations,
+        rows_b.append(("per host call %s (x %d device iterations)"
+                       % ("of an instance" if e.num_instances > 1 else "= DataLoader item", e.device_iterations),
                        e.combined_batch_packs))
     for name, packs in rows_b:
         lines.append("  %-58s %8d packs  %10.1f sequences" % (name, packs, packs * spp))

@@ -6,7 +6,8 @@ Written against graphcore/poptorch ``python/options.py`` (Options, Training, Pre
 combined batch). poptorch ships only with Graphcore's Poplar SDK, so it is imported lazily, when the poptorch
 backend is chosen. CI checks this file against a semantic stand-in of PopTorch (tests/fake_poptorch: blocks,
 the IPU of every op, the weight-on-one-IPU rule, supported ops, optimizer state); only the IPU Model
-(``make test-ipu``) and hardware run it for real.
+(``make test-ipu``) and hardware run it for real. Under PopRun (several host instances) the options start
+from popdist.poptorch.Options and each instance reads its share of the data: popdist_backend.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from ..errors import ConfigError, UserError
 from .config import ACCUMULATE_OUTER_FRAGMENT_SCHEDULES, SUBGRAPH_COPYING_STRATEGIES, ExecutionConfig
 from .placement import check_pipeline_depth, ipu_blocks, model_stages
+from .popdist_backend import instance_indices, popdist_options, resolve_launch
 from .runner_common import BATCH_FIELDS, StepMetrics, count_batch
 
 SDK_MESSAGE = (
@@ -39,9 +41,10 @@ def import_poptorch():
     return poptorch
 
 
-def check_backend(attention: str) -> None:
-    """What refuses a poptorch run before any model exists: an attention PopTorch cannot trace, no poptorch.
-    Raises ConfigError or BackendUnavailable (both UserErrors), each with a one-line message."""
+def check_backend(attention: str, config: ExecutionConfig = None) -> None:
+    """What refuses a poptorch run before any model exists: an attention PopTorch cannot trace, no poptorch,
+    and (given ``config``) a launch that does not match it (popdist_backend.resolve_launch). Raises
+    ConfigError, BackendUnavailable or LaunchError (all UserErrors), each with a one-line message."""
     if attention != "dense":
         raise ConfigError(
             "execution.backend 'poptorch' runs attention 'dense' only (PopTorch's supported operations include "
@@ -49,15 +52,20 @@ def check_backend(attention: str) -> None:
             % (attention,)
         )
     import_poptorch()
+    if config is not None:
+        resolve_launch(config)
 
 
-def build_options(config: ExecutionConfig, poptorch) -> Any:
+def build_options(config: ExecutionConfig, poptorch, opts: Any = None) -> Any:
     """poptorch.Options for ``config`` (training): the calls of Graphcore's BERT app (graphcore/examples
-    nlp/bert/pytorch/ipu_options.py), each from an ExecutionConfig field."""
-    opts = poptorch.Options()
+    nlp/bert/pytorch/ipu_options.py), each from an ExecutionConfig field. ``opts``: the
+    popdist.poptorch.Options of a PopRun instance, which already holds its (local) replication factor
+    (ipu_options.py:36-45); None starts from poptorch.Options() with the config's replication."""
+    if opts is None:
+        opts = poptorch.Options()
+        opts.replicationFactor(config.replication_factor)
     opts.autoRoundNumIPUs(True)
     opts.randomSeed(config.seed)
-    opts.replicationFactor(config.replication_factor)
     opts.deviceIterations(config.device_iterations)
     opts.Training.gradientAccumulation(config.gradient_accumulation)
     # Mean over micro batches and replicas, so the update does not depend on how the global batch is split.
@@ -286,7 +294,9 @@ class PoptorchRunner:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.options = build_options(config, self.poptorch)
+        self.launch = resolve_launch(config)  # this PopRun instance's part (one host: instance 0 of 1)
+        self.is_writer = self.launch.is_writer  # the training loop writes files on instance 0 only
+        self.options = build_options(config, self.poptorch, popdist_options(config, self.launch))
         self.placement = apply_placement(model, config, self.poptorch)
         serialize_tied_decoder(model, config, self.poptorch)  # execution.embedding_serialization_factor
         if config.precision == "fp16":
@@ -304,7 +314,12 @@ class PoptorchRunner:
         return [float(g["lr"]) for g in self.optimizer.param_groups]
 
     def dataloader(self, dataset, num_workers: int = 0):
-        """poptorch.DataLoader: batch_size is the micro batch; each item is the combined batch of a host call."""
+        """poptorch.DataLoader: batch_size is the micro batch; each item is the combined batch of a host call
+        of this instance. ``dataset`` is in step order (the training loop's epoch order); under several
+        instances this one reads its slice of every step (popdist_backend.instance_indices)."""
+        if self.launch.num_instances > 1:
+            dataset = torch.utils.data.Subset(
+                dataset, instance_indices(len(dataset), self.config, self.launch.instance))
         return self.poptorch.DataLoader(
             self.options,
             dataset,
@@ -312,6 +327,7 @@ class PoptorchRunner:
             shuffle=False,  # the training loop hands over its epoch order
             num_workers=num_workers,
             drop_last=True,
+            auto_distributed_partitioning=False,  # the instance's share is cut above, once
             **dataloader_kwargs(self.config, self.poptorch),  # execution.dataloader_mode
         )
 
@@ -386,7 +402,10 @@ def describe_options(config: ExecutionConfig) -> Dict[str, Any]:
     """What build_options, translate_optimizer, dataloader_kwargs and serialize_tied_decoder ask PopTorch
     for, as plain values (printed by the dry run; tests check they agree with the calls)."""
     d = {
-        "replicationFactor": config.replication_factor,
+        "Options": "popdist.poptorch.Options(ipus_per_replica=%d) under poprun, else poptorch.Options()"
+        % config.ipus_per_replica if config.num_instances == 1 else
+        "popdist.poptorch.Options(ipus_per_replica=%d)" % config.ipus_per_replica,
+        "replicationFactor (per instance)": config.local_replicas,
         "deviceIterations": config.device_iterations,
         "Training.gradientAccumulation": config.gradient_accumulation,
         "pipelined": config.num_stages > 1,

@@ -108,9 +108,19 @@ class StepBatchSampler(torch.utils.data.Sampler):
         return self.num_items // self.step_packs
 
     def __iter__(self) -> Iterator[List[int]]:
-        for s in range(len(self)):
-            start = s * self.step_packs + self.rank * self.replica_packs
-            yield list(range(start, start + self.replica_packs))
+        return step_slices(self.num_items, self.step_packs, self.replica_packs, self.rank)
+
+
+def step_slices(num_items: int, step_packs: int, part_packs: int, part: int) -> Iterator[List[int]]:
+    """For every whole step s of ``step_packs`` items: part ``part``'s contiguous slice
+    [s*step_packs + part*part_packs, ... + part_packs). With parts = step_packs / part_packs, the parts'
+    slices of a step are disjoint and cover it: a torch replica's share (StepBatchSampler) or a PopRun
+    instance's (popdist_backend.instance_indices). An incomplete last step is left out, for every part."""
+    if not (0 <= part and (part + 1) * part_packs <= step_packs):
+        raise ValueError("part %d of %d items does not fit a step of %d" % (part, part_packs, step_packs))
+    for s in range(num_items // step_packs):
+        start = s * step_packs + part * part_packs
+        yield list(range(start, start + part_packs))
 
 
 def micro_batches(batch, micro: int, count: int, device: torch.device) -> List[Dict[str, torch.Tensor]]:

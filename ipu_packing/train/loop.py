@@ -83,7 +83,7 @@ def check_backend(config: PretrainingConfig) -> None:
         attention = resolve_attention(config.bert_config())
     except ValueError as exc:
         raise ConfigError("model: %s" % (exc,))
-    check_poptorch(attention)  # ConfigError or BackendUnavailable, both one-line UserErrors
+    check_poptorch(attention, config.execution_spec)  # ConfigError, BackendUnavailable, LaunchError: one line
 
 
 def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None) -> RunPlan:
@@ -174,17 +174,24 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
 
     runner = make_runner(plan.model, plan.optimizer, plan.accounting.execution, scheduler=plan.scheduler)
     rank = int(getattr(runner, "rank", 0))
-    lock = RunLock(run_dir) if rank == 0 else None
+    writer = is_writer(runner)
+    lock = RunLock(run_dir) if writer else None
     if lock is not None:
         lock.acquire()  # before anything is written: a second run in this directory is refused here
     try:
-        return _train(plan, runner, rank, step, epoch, position, log)
+        return _train(plan, runner, rank, writer, step, epoch, position, log)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train(plan: RunPlan, runner, rank: int, step: int, epoch: int, position: int, log) -> Dict[str, Any]:
+def is_writer(runner) -> bool:
+    """Whether this process writes the run's files and logs: the runner says (``is_writer``: PopRun instance 0),
+    else the first torchrun process (rank 0)."""
+    return bool(getattr(runner, "is_writer", int(getattr(runner, "rank", 0)) == 0))
+
+
+def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int, position: int, log) -> Dict[str, Any]:
     config, data, accounting = plan.config, plan.data, plan.accounting
     run_dir = plan.run_dir
     total = config.training.steps
@@ -196,8 +203,8 @@ def _train(plan: RunPlan, runner, rank: int, step: int, epoch: int, position: in
             raise UserError("checkpoint %s does not fit this config (%s)" % (plan.resume_path, " ".join(str(exc).split())[:200]))
         per_rank = plan.resume_state.get("rng_per_rank") or [plan.resume_state["rng"]]
         ckpt.set_rng_state(per_rank[rank] if rank < len(per_rank) else plan.resume_state["rng"])
-    # Under torchrun every process runs this loop; only the first writes files and logs.
-    main = rank == 0
+    # Under torchrun or poprun every process runs this loop; only the writer (the first) writes files and logs.
+    main = writer
     if not main:
         log = lambda message: None  # noqa: E731
     jsonl = os.path.join(run_dir, "metrics.jsonl")

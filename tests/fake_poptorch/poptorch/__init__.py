@@ -207,6 +207,40 @@ class _PopartGroup(_Group):
         return self
 
 
+class _DistributedGroup(_Group):
+    """opts.Distributed (python/options.py:449-512): the process id and count, read at construction from
+    OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (setEnvVarNames' defaults, :466, 488-490; 0 and 1 when unset),
+    then set by configureProcessId / setEnvVarNames / disable; ``processId`` and ``numProcesses`` are
+    properties. Each call is recorded like any other."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__(log, "Distributed")
+        self._process = (int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")), int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+
+    def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedGroup":
+        self._log.append(("Distributed.configureProcessId", (process_id, num_processes), {}))
+        self._process = (int(process_id), int(num_processes))
+        return self
+
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> "_DistributedGroup":
+        self._log.append(("Distributed.setEnvVarNames", (var_num_processes, var_process_id), {}))
+        self._process = (int(os.environ.get(var_process_id, "0")), int(os.environ.get(var_num_processes, "1")))
+        return self
+
+    def disable(self) -> "_DistributedGroup":
+        self._log.append(("Distributed.disable", (), {}))
+        self._process = (0, 1)
+        return self
+
+    @property
+    def processId(self) -> int:
+        return self._process[0]
+
+    @property
+    def numProcesses(self) -> int:
+        return self._process[1]
+
+
 class Options(_Group):
     def __init__(self) -> None:
         super().__init__([], "Options")
@@ -214,7 +248,7 @@ class Options(_Group):
         self.Training = _Group(self._log, "Training")
         self.Precision = _Group(self._log, "Precision")
         self.TensorLocations = _Group(self._log, "TensorLocations")
-        self.Distributed = _Group(self._log, "Distributed")
+        self.Distributed = _DistributedGroup(self._log)
         self.Jit = _Group(self._log, "Jit")
         self._Popart = _PopartGroup(self._log, "_Popart")
 
@@ -831,9 +865,18 @@ def DataLoader(options: Options, dataset, batch_size: int = 1, shuffle: bool = F
                drop_last: bool = True, persistent_workers=None, auto_distributed_partitioning: bool = True,
                mode: DataLoaderMode = DataLoaderMode.Sync, async_options=None, rebatched_worker_size=None, **kwargs):
     """poptorch.DataLoader: ``batch_size`` is the micro batch; one item is the combined batch of one host
-    call (micro x device iterations x replicas x accumulation)."""
+    call (micro x device iterations x replicas x accumulation). In a distributed run (more than one process)
+    a map-style dataset is cut, unless ``auto_distributed_partitioning=False``, into one contiguous block per
+    process of a whole number of combined batches, the same count for every process (python/__init__.py:
+    401-412 and _SubDataset, 126-158, with drop_last)."""
     combined = batch_size * options._int("deviceIterations") * options._int("replicationFactor") * options._int(
         "Training.gradientAccumulation")
+    processes = options.Distributed.numProcesses
+    if processes > 1 and auto_distributed_partitioning and not isinstance(dataset, torch.utils.data.IterableDataset):
+        assert drop_last, "the stand-in models _SubDataset with drop_last only"
+        per_process = combined * (len(dataset) // (combined * processes))
+        offset = options.Distributed.processId * per_process
+        dataset = torch.utils.data.Subset(dataset, range(offset, offset + per_process))
     loader = torch.utils.data.DataLoader(dataset, batch_size=combined, shuffle=shuffle, drop_last=drop_last,
                                          num_workers=num_workers, **kwargs)
     loader.poptorch_mode = mode
