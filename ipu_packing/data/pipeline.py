@@ -45,7 +45,7 @@ from .format import (FORMAT_VERSION, VOCAB, field_dtypes, mlm_slots, pack_statis
                      write_manifest)
 from .instances import RecipeConfig
 from .packs import PackLayout, dataset_spec
-from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer, train_default_vocab
+from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab
 from .workers import Workers, _build_shard, _length_dtype, _progress, _scatter, _write_shard
 
 
