@@ -1,0 +1,155 @@
+"""The packing phase of `prepare`, the same for every source of instances: instance files and their
+lengths -> one plan -> the packed dataset and the padded baseline, shards and manifests.
+
+The plan is made from the lengths alone (2 bytes an instance, the only corpus-sized array), and
+the instances move through the two streaming passes of data/packs.py (scatter groups of input
+shards to spill files, then gather each output shard), each a task of the worker pool, so no
+process holds more than a group or an output shard however large the corpus.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
+from .format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
+from .packs import PackLayout, dataset_spec
+from .workers import Workers, _length_dtype, _progress, _scatter, _write_shard
+
+
+# ---------------------------------------------------------------------------------------------------
+# seeds: one root seed, independent streams for each use, identified by a fixed spawn key
+
+def derived_seed(seed: int, purpose: int) -> int:
+    return int(np.random.SeedSequence(seed, spawn_key=(1, purpose)).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+@dataclass
+class PackSettings:
+    """What the packing phase (`write_datasets`) needs besides the instances; the same for every
+    source of instances (text through `prepare`, or existing datasets)."""
+
+    max_seq_length: int
+    """S."""
+    max_sequences_per_pack: int
+    """K of the packed dataset (the padded baseline has K = 1)."""
+    vocab_size: int
+    """V: token ids lie in [0, V)."""
+    mlm_slots: Callable[[int], int]
+    """M for a dataset of K sequences per pack: mlm_slots(K)."""
+    seed: int
+    """Root seed of the assignment and the pack order."""
+    packing_algorithm: str = "optimal"
+    lp_max_rounds: int = LP_MAX_ROUNDS
+    lp_time_limit: Optional[float] = LP_TIME_LIMIT
+    shard_bytes: int = 64 << 20
+    """Approximate size of each output shard file."""
+    group_tokens: int = 1 << 21
+    """Tokens of instances per scatter task (consecutive input shards; bounds a worker's memory)."""
+    padded: bool = True
+    progress: bool = True
+
+
+def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], lengths: np.ndarray,
+                    num_masked: int, pack_sizes: np.ndarray, algorithm: str, describe: Callable[[str, str], dict]
+                    ) -> dict:
+    """Write the manifest next to the shards: the source's fields (`describe(directory, kind)`, which
+    also writes vocab.txt) with the layout's and the packs' counts."""
+    k = layout.max_sequences_per_pack
+    manifest = {"format_version": FORMAT_VERSION, "kind": kind, "max_seq_length": layout.max_seq_length,
+                "max_sequences_per_pack": k, "mlm_slots": layout.mlm_slots}
+    manifest.update(describe(directory, kind))
+    manifest["packing_algorithm"] = algorithm
+    manifest["shards"] = shards
+    manifest["field_dtypes"] = {name: dtype.str for name, dtype in field_dtypes(layout.max_seq_length, k,
+                                                                                layout.vocab_size).items()}
+    # pack_statistics only sums the MLM counts, so their total stands in for them
+    manifest.update(pack_statistics(lengths, np.array([num_masked], dtype=np.int64), None,
+                                    layout.max_seq_length, k, sequences_per_pack_histogram=pack_sizes))
+    write_manifest(directory, manifest)
+    return manifest
+
+
+def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked: int, settings: PackSettings,
+                   temp: str, workers: Workers, describe: Callable[[str, str], dict],
+                   lap: Callable[[str], None] = lambda name: None) -> Dict[str, dict]:
+    """The packing phase, the same for every source of instances: instance files (`paths`, written
+    with packs.save_instances, in order; each is removed once read) and their lengths -> one plan
+    -> temp/packed (and temp/padded) with shards and manifests. Returns the manifests by kind.
+
+    `describe(directory, kind)` gives the manifest's source fields (vocab_file, vocab_size,
+    vocab_checksum, do_lower_case, special_token_ids, seed, recipe, corpus) and writes the vocabulary
+    file into `directory`. `lap(phase)` is called after the plan, scatter and write phases.
+    """
+    from ..packing import histogram_from_lengths, plan_packing
+    from ..packing.slots import KeyedPermutation, SlotMap
+
+    s, k = settings.max_seq_length, settings.max_sequences_per_pack
+    lengths = (np.concatenate(shard_lengths) if shard_lengths
+               else np.zeros(0, _length_dtype(s)))  # (N,): all the plan needs, 2 bytes each
+    plan = plan_packing(histogram_from_lengths(lengths, s), s, k, algorithm=settings.packing_algorithm,
+                        max_rounds=settings.lp_max_rounds, time_limit=settings.lp_time_limit)
+    slot_map = SlotMap(plan, derived_seed(settings.seed, 0))
+    datasets = [("packed", k, slot_map.num_packs, slot_map, None, plan.algorithm,
+                 slot_map.sequences_per_pack_histogram(k))]
+    if settings.padded:
+        # K = 1: every pack is one sequence, written in a seeded random order
+        datasets.append(("padded", 1, len(lengths), None, KeyedPermutation(len(lengths), settings.seed, 2),
+                         "none (one sequence per row)", np.array([len(lengths)], dtype=np.int64)))
+    jobs = []  # (kind, layout, DatasetSpec, sequences-per-pack histogram, algorithm)
+    for kind, kind_k, num_packs, kind_map, order, algorithm, pack_sizes in datasets:
+        os.makedirs(os.path.join(temp, kind))
+        layout = PackLayout(s, kind_k, settings.mlm_slots(kind_k), settings.vocab_size)
+        spec = dataset_spec(kind, layout, settings.shard_bytes, num_packs, kind_map, order)
+        jobs.append((kind, layout, spec, pack_sizes, algorithm))
+    lap("plan")
+
+    # scatter: each group of input shards to one spill file per dataset, by output shard
+    spill_dir = os.path.join(temp, "work", "spill")
+    os.makedirs(spill_dir)
+    groups = _groups(shard_lengths, settings.group_tokens, s)
+    del shard_lengths
+
+    def spill(kind: str, g: int) -> str:
+        return os.path.join(spill_dir, "%s-%05d.bin" % (kind, g))
+
+    workers.map_bounded(_scatter, ((paths[a:b], first, before, [(spill(kind, g), spec) for kind, _, spec, _, _ in jobs],
+                                    settings.vocab_size) for g, (a, b, first, before) in enumerate(groups)))
+    lap("scatter")
+
+    # gather: every output shard from its blocks of the spill files
+    bar = _progress("writing", settings.progress, " packs", total=sum(spec.num_packs for _, _, spec, _, _ in jobs))
+    entries = workers.map_bounded(
+        _write_shard, (([spill(kind, g) for g in range(len(groups))], j, spec, layout,
+                        os.path.join(temp, kind, "shard-%05d.npy" % j))
+                       for kind, layout, spec, _, _ in jobs for j in range(spec.num_shards)),
+        on_result=lambda entry: bar.update(entry["num_packs"]))
+    bar.close()
+    manifests = {}
+    for kind, layout, spec, pack_sizes, algorithm in jobs:
+        shards, entries = entries[:spec.num_shards], entries[spec.num_shards:]
+        manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, lengths, num_masked,
+                                          pack_sizes, algorithm, describe)
+    lap("write")
+    shutil.rmtree(spill_dir)
+    return manifests
+
+
+def _groups(shard_lengths: List[np.ndarray], group_tokens: int, max_seq_length: int):
+    """Consecutive input shards in groups of about `group_tokens` tokens (the scatter's unit):
+    (first shard, end shard, first instance, (S,) instances of each length before the group)."""
+    groups, before, first, a, tokens = [], np.zeros(max_seq_length, dtype=np.int64), 0, 0, 0
+    start_before, start_first = before.copy(), 0
+    for i, lengths in enumerate(shard_lengths):
+        tokens += int(np.sum(lengths, dtype=np.int64))
+        before += np.bincount(np.asarray(lengths, dtype=np.int64) - 1, minlength=max_seq_length)
+        first += len(lengths)
+        if tokens >= group_tokens or i == len(shard_lengths) - 1:
+            groups.append((a, i + 1, start_first, start_before))
+            a, tokens, start_before, start_first = i + 1, 0, before.copy(), first
+    return groups
