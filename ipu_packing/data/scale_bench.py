@@ -7,7 +7,7 @@ Builds a corpus of about N MB in BERT format from text on the machine (the embed
 its documents shuffled anew for each copy), then runs `python -m ipu_packing.data prepare` on it in a
 child process under a descriptor limit of --nofile, and prints: wall and CPU seconds (the child and its
 workers), instances/s and tokens/s, the peak RSS of the largest process (getrusage of the waited-for
-descendants), the most descriptors open at once (sampled from /proc every 20 ms: in one process and in
+descendants) and, sampled from /proc, of the prepare process and of its largest worker, the most descriptors open at once (sampled from /proc every 20 ms: in one process and in
 all of them together), and the output's size on disk. Building the corpus is not timed.
 """
 
@@ -65,13 +65,27 @@ def _tree(root: int) -> List[int]:
     return pids
 
 
+def _peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set so far (VmHWM), MiB; 0 when it is gone."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
 class DescriptorSampler(threading.Thread):
-    """Samples the open descriptors of a process tree every `interval` seconds."""
+    """Samples the open descriptors of a process tree every `interval` seconds, and the peak RSS
+    of its root (the prepare process) and of its largest other process (a worker)."""
 
     def __init__(self, root: int, interval: float = 0.02) -> None:
         super().__init__(daemon=True)
         self.root, self.interval = root, interval
         self.max_one = self.max_all = self.max_processes = 0
+        self.parent_rss = self.worker_rss = 0.0
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -85,6 +99,10 @@ class DescriptorSampler(threading.Thread):
                     continue
                 total += n
                 self.max_one = max(self.max_one, n)
+                if pid == self.root:
+                    self.parent_rss = max(self.parent_rss, _peak_rss_mib(pid))
+                else:
+                    self.worker_rss = max(self.worker_rss, _peak_rss_mib(pid))
             self.max_all = max(self.max_all, total)
             self.max_processes = max(self.max_processes, len(pids))
             self.done.wait(self.interval)
@@ -110,7 +128,8 @@ def run_prepare(corpus: str, output: str, nofile: int, extra: List[str]) -> Dict
     if proc.returncode != 0:
         raise SystemExit("prepare failed (exit %d):\n%s" % (proc.returncode, err[-4000:]))
     return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-            "peak_rss_mib": after.ru_maxrss / 1024.0, "max_fds_one_process": sampler.max_one,
+            "peak_rss_mib": after.ru_maxrss / 1024.0, "parent_peak_rss_mib": sampler.parent_rss,
+            "worker_peak_rss_mib": sampler.worker_rss, "max_fds_one_process": sampler.max_one,
             "max_fds_all_processes": sampler.max_all, "processes": sampler.max_processes, "stdout": out.strip()}
 
 
@@ -164,9 +183,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("S=%d dupe %d workers %d, ulimit -n %d: wall %.1f s, CPU %.1f s, %.0f instances/s, %.0f tokens/s"
                   % (args.max_seq_length, args.dupe_factor, result["workers"], args.nofile, result["wall_s"],
                      result["cpu_s"], result["instances_per_s"], result["tokens_per_s"]))
-            print("peak RSS of the largest process %.0f MiB; most descriptors open at once: %d in one process, "
-                  "%d in all %d processes" % (result["peak_rss_mib"], result["max_fds_one_process"],
-                                              result["max_fds_all_processes"], result["processes"]))
+            print("peak RSS of the largest process %.0f MiB (sampled: parent %.0f, largest worker %.0f); most "
+                  "descriptors open at once: %d in one process, %d in all %d processes"
+                  % (result["peak_rss_mib"], result["parent_peak_rss_mib"], result["worker_peak_rss_mib"],
+                     result["max_fds_one_process"], result["max_fds_all_processes"], result["processes"]))
             print(result["stdout"].splitlines()[-1] if result["stdout"] else "")
     finally:
         if not args.keep:
