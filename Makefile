@@ -31,7 +31,9 @@ pretrain: $(STAMP) $(DEMO_DATA)/packed/manifest.json
 	$(PY) run_pretraining.py --config demo
 
 # `make compare`: demo_512 packed against demo_512_padded (same seed, same sequences per step and steps),
-# then ipu_packing.compare on the two run directories (a finished run is reused, not retrained).
+# then ipu_packing.compare on the two run directories (a finished run is reused, not retrained), then the
+# interleaved throughput of the same config through the same runner (bench --config: both layouts see the
+# same machine load, which two runs one after the other do not).
 $(DEMO_512)/packed/manifest.json: | $(STAMP)
 	$(PY) -m ipu_packing.data prepare --input default --output $(DEMO_512) --max-seq-length 512 --max-sequences-per-pack 3
 
@@ -39,6 +41,7 @@ compare: $(STAMP) $(DEMO_512)/packed/manifest.json
 	$(PY) run_pretraining.py --config demo_512 logging.progress_bar=false
 	$(PY) run_pretraining.py --config demo_512_padded logging.progress_bar=false
 	$(PY) -m ipu_packing.compare $(OUT)/runs/demo_512 $(OUT)/runs/demo_512_padded --plot $(OUT)/compare/demo_512.png
+	$(PY) -m ipu_packing.bench --config demo_512 --steps 10 --plot $(OUT)/compare/bench_demo_512.png
 
 bench: $(STAMP)
 	$(PY) -m ipu_packing.bench $(BENCH_ARGS)

@@ -2,6 +2,10 @@
 
     python -m ipu_packing.bench --histogram ../shared/data/wikipedia_512_histogram.json --max-seq-length 512
     python -m ipu_packing.bench --data output/data/demo_128 [--json] [--plot output/bench/bench.png]
+    python -m ipu_packing.bench --config demo_512 [section.key=value ...] [--steps N] [--json] [--plot PNG]
+
+With --config, the timing goes through that training config's own runner, data and batch accounting
+(bench_config.py); without it, the synthetic mode below.
 
 What it does:
 
@@ -37,8 +41,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .bench_inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
 from .bench_report import Result, draw_plot, format_result
-from .errors import ArgumentParser, UserError, run_command
+from .errors import ArgumentParser, run_command
 from .data.format import (CLS_ID, FIRST_WORD_ID, IGNORE_INDEX, MASK_ID, SEP_ID, Instance, as_batch, mlm_slots,
                           pack_sequences)
 
@@ -48,10 +53,6 @@ MODEL_PRESETS = {
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024, vocab_size=30522),
     "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, vocab_size=30522),
 }
-
-
-class BenchError(UserError):
-    """Bad input: printed as one line, exit status 2."""
 
 
 @dataclass
@@ -72,53 +73,6 @@ class Layout:
     @property
     def tokens(self) -> int:
         return int((self.arrays["sequence_ids"] != 0).sum())
-
-
-# -- lengths -----------------------------------------------------------------------------------
-
-
-def shared_dir() -> str:
-    """IPU_PACKING_SHARED, else <repo>/../shared, else /work/shared."""
-    env = os.environ.get("IPU_PACKING_SHARED")
-    if env:
-        return env
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    candidate = os.path.join(os.path.dirname(repo), "shared")
-    return candidate if os.path.isdir(candidate) else "/work/shared"
-
-
-def read_histogram_file(path: str, max_seq_length: Optional[int]) -> np.ndarray:
-    """(S,) counts from a histogram file (packing.io.load_histogram's formats), S = --max-seq-length,
-    else the file's max_sequence_length, else its number of bins."""
-    from .packing.io import load_histogram
-
-    try:
-        counts, declared = load_histogram(path)
-    except ValueError as exc:
-        raise BenchError(str(exc).splitlines()[0])
-    hist = np.asarray(counts, dtype=np.float64).ravel()
-    if not len(hist) or (hist < 0).any():
-        raise BenchError("histogram file %s: must be a list of counts (bin i = length i+1)" % (path,))
-    S = max_seq_length or declared or len(hist)
-    if hist[S:].sum() > 0:
-        raise BenchError("histogram file %s has sequences longer than --max-seq-length %d" % (path, S))
-    out = np.zeros(S, dtype=np.float64)
-    out[: min(S, len(hist))] = hist[:S]
-    return out
-
-
-def read_dataset_histogram(directory: str) -> np.ndarray:
-    """The sequence_length_histogram of prepared data (prepare's --output DIR, or one dataset directory)."""
-    from .data.errors import DataError
-    from .data.format import MANIFEST, read_manifest
-
-    for candidate in (os.path.join(directory, "padded"), os.path.join(directory, "packed"), directory):
-        if os.path.isfile(os.path.join(candidate, MANIFEST)):
-            try:
-                return np.asarray(read_manifest(candidate)["sequence_length_histogram"], dtype=np.float64)
-            except DataError as exc:
-                raise BenchError(str(exc))
-    raise BenchError("no prepared dataset at %s (no manifest.json in it, or in its packed/ or padded/)" % (directory,))
 
 
 # -- layouts -----------------------------------------------------------------------------------
@@ -333,7 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=os.path.join("output", "bench", "bench.png"), help="PNG path (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--config", default=None, help="time through this training config's runner, data and batch "
+                   "accounting (configs/NAME.yaml or a path); sequences from its prepared dataset, or --histogram")
+    p.add_argument("--steps", type=int, default=10, help="with --config: optimizer steps of each layout (default: %(default)s)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="with --config: config overrides")
     return p
+
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -341,7 +300,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: Optional[List[str]]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.config:
+        from .bench_config import main_config
+
+        return main_config(parser, args)
+    if args.steps != parser.get_default("steps") or args.overrides:
+        raise BenchError("%s is an option of --config" % ("--steps" if args.steps != parser.get_default("steps") else
+                                                          "section.key=value (%s)" % args.overrides[0]))
     # Every input is checked before anything is timed or written.
     if args.timed_packs < 0:
         raise BenchError("--timed-packs must be >= 0")
@@ -396,22 +363,6 @@ def _main(argv: Optional[List[str]]) -> int:
         if comparison:
             print(format_comparison(comparison))
     return 0
-
-
-def check_writable(path: str) -> None:
-    """Refuse, before a long run, an output path whose directory cannot take a file (missing parent that
-    cannot be made, a file in the way, a read-only file system): by trying, since root passes os.access."""
-    import tempfile
-
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as exc:
-        raise BenchError("cannot write %s: %s" % (path, exc.strerror or exc))
-    if os.path.isdir(path):
-        raise BenchError("cannot write %s: it is a directory" % (path,))
 
 
 if __name__ == "__main__":

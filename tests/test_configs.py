@@ -185,3 +185,23 @@ def test_execution_keys_are_the_dataclass_fields(monkeypatch):
         load_config("demo", ["execution.new_knob=five"])
     with pytest.raises(ConfigError, match="unknown key execution.old_knob"):
         load_config("demo", ["execution.old_knob=5"])
+
+
+def test_demo_512_packed_steps_hold_as_many_sequences_as_the_padded_ones(tmp_path):
+    """make compare is like for like: on the data it prepares (the embedded corpus at S=512, K=3), the packed
+    run's accumulation / measured packing factor gives the padded step's sequences within 1% (compare warns
+    above 5%), and the config's estimate is that measured factor."""
+    from ipu_packing.data import open_dataset
+    from ipu_packing.data.pipeline import PrepareConfig, prepare
+
+    output = str(tmp_path / "demo_512")
+    prepare(PrepareConfig(input="default", output=output, max_seq_length=512, max_sequences_per_pack=3, workers=1,
+                          progress=False))
+    factor = open_dataset(os.path.join(output, "packed"), verify=False).packing_factor
+    packed, padded = load_config("demo_512"), load_config("demo_512_padded")
+    assert packed.data.packing_factor_estimate == pytest.approx(factor, abs=5e-4)
+    padded_step = padded.batch_accounting(1.0).expected_sequences_per_step
+    packed_step = packed.batch_accounting(factor).expected_sequences_per_step
+    assert padded_step == padded.training.global_batch_sequences == 58
+    assert abs(packed_step / padded_step - 1.0) < 0.01
+    assert (packed.training.steps, packed.training.seed) == (padded.training.steps, padded.training.seed)

@@ -221,6 +221,28 @@ def pack_sequences(sequences: Sequence[Sequence[Instance]], S: int, K: int, M: i
     return packs
 
 
+def unpack(pack: Any) -> List[Instance]:
+    """The sequences of one pack (a record, or a mapping of its fields), in slot order: the inverse of
+    pack_sequences, so pack_sequences([unpack(p)], S, K, M) gives p back. A bench lays the same
+    sequences out again (padded, K = 1) from a prepared dataset this way."""
+    sequence_ids = np.asarray(pack["sequence_ids"], dtype=np.int64)
+    positions = np.asarray(pack["mlm_positions"], dtype=np.int64)
+    labels = np.asarray(pack["mlm_labels"], dtype=np.int64)
+    nsp = np.asarray(pack["nsp_labels"], dtype=np.int64)
+    cls = np.asarray(pack["cls_positions"], dtype=np.int64)
+    out = []
+    for k in range(len(nsp)):
+        if nsp[k] == IGNORE_INDEX:
+            break
+        start = int(cls[k])
+        end = start + int((sequence_ids == k + 1).sum())  # a sequence's tokens are contiguous from its [CLS]
+        own = (labels != IGNORE_INDEX) & (positions >= start) & (positions < end)
+        out.append(Instance(np.asarray(pack["input_ids"][start:end], dtype=np.int64),
+                            np.asarray(pack["token_type_ids"][start:end], dtype=np.int64),
+                            positions[own] - start, labels[own], int(nsp[k])))
+    return out
+
+
 def as_batch(packs: np.ndarray, dtype: Any = np.int32) -> Dict[str, np.ndarray]:
     """(P,) records -> {field: (P, width) contiguous array} of `dtype` (int32, as the model takes;
     None keeps the stored types)."""

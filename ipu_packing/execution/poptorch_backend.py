@@ -393,6 +393,17 @@ class PoptorchRunner:
     def close(self) -> None:
         self.executor.detachFromDevice()
 
+    def release(self) -> None:
+        """Detach from the IPUs if attached, so another executable can use them (the bench's two layouts):
+        poptorch reads the weights and optimizer state back first, and attaches again on the next call."""
+        if self.executor.isCompiled() and self.executor.isAttachedToDevice():
+            self.executor.detachFromDevice()
+
+    def attach(self) -> None:
+        """Attach a compiled, released executable again ahead of its next call (so the call's time is the step's)."""
+        if self.executor.isCompiled() and not self.executor.isAttachedToDevice():
+            self.executor.attachToDevice()
+
 
 def make_poptorch_runner(model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None) -> PoptorchRunner:
     return PoptorchRunner(model, optimizer, config, scheduler=scheduler, poptorch=poptorch)

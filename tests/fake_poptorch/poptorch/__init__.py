@@ -638,6 +638,7 @@ class PoplarExecutor:
         self.written_states = []  # type: List[Dict[str, Any]]  (what writeOptimizerState put on the device)
         self.set_optimizer_lrs = []  # type: List[List[float]]
         self.copies_to_host = 0
+        self.attaches = 0  # attachToDevice calls after the first attach (test helper)
         if optimizer is not None:
             self.setOptimizer(optimizer)
 
@@ -790,8 +791,8 @@ class PoplarExecutor:
             self.compile(*args)
         if self._offline:
             raise Error("Trying to attach to an offline device (ConnectionType.Never)")
-        if not self._attached:
-            raise Error("Device is not attached")
+        if not self._attached:  # a detached executable attaches again (_poplar_executor.py __call__)
+            self.attachToDevice()
         self._write_optim_state_dict_if_needed()
         steps = self._options._int("deviceIterations")
         micro = self._micro_batch(args)[0].shape[0]
@@ -840,6 +841,18 @@ class PoplarExecutor:
         self.set_optimizer_lrs.append([g["lr"] for g in optimizer.param_groups])
         if self._attached:
             self._write_optim_state_dict_if_needed()
+
+    def attachToDevice(self) -> None:
+        """python/_poplar_executor.py attachToDevice: compiled, detached, online; the weights and any optimizer
+        state the host holds go to the device (_on_device_attach)."""
+        if not self._compiled:
+            raise Error("Model has not been compiled or has been destroyed.")
+        if self._offline:
+            raise Error("Trying to attach to an offline device (ConnectionType.Never)")
+        if self._attached:
+            raise Error("Device is already attached")
+        self.attaches += 1
+        self._on_device_attach()
 
     def detachFromDevice(self) -> None:
         if not self._compiled:

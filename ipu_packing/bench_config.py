@@ -1,0 +1,336 @@
+"""Packed against padded through a training config's own execution runner (``bench --config``).
+
+    python -m ipu_packing.bench --config demo_512 [section.key=value ...] [--steps N] [--json] [--plot PNG]
+    python -m ipu_packing.bench --config demo_512 --histogram ../shared/data/wikipedia_512_histogram.json
+    torchrun --nproc-per-node 2 -m ipu_packing.bench --config NAME ...     (DDP or pipelined configs)
+
+What it does:
+
+1. Loads the config through the one loader (train/loader.py) twice, as ``data.layout=packed`` and as
+   ``data.layout=padded``, with the overrides given; each gets the batch accounting training would give
+   it (accumulation divided by the measured packing factor, or raised betas).
+2. Takes the sequences from the config's prepared dataset: the packs of DIR/packed in the order of the
+   run's first epoch, as many as N optimizer steps of both layouts need (with ``--histogram``, packs of a
+   histogram plan with random tokens instead). It lays exactly these sequences out twice with the data
+   package's builder (format.pack_sequences): as the dataset packs them, and one per row (K = 1).
+3. Builds each layout's model, optimizer and schedule as training does, and its runner with the same
+   ``make_runner`` the training loop uses: torch on CPU or CUDA, DDP or pipeline stages under
+   ``torchrun``, poptorch on IPUs. ``runner.compile`` is timed apart (``compile_seconds``: the poptorch
+   compile or executable-cache load; nothing on torch), then one untimed warm-up call per layout.
+4. Times N optimizer steps of each (``runner.train_step``), the two layouts' calls alternating, so that a
+   busy period of a shared machine slows both alike. On IPUs a layout's executable is detached while the
+   other runs (poptorch attaches it again on its next call); attaching is not timed.
+
+Reported as in the synthetic mode: sequences/s and tokens/s of each layout, ``speedup`` (packed over padded
+sequences/s), ``theoretical_speedup`` (sequences per row of the timed packed steps: a padded row holds
+one) and ``overhead`` (theoretical / measured - 1). Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .bench_inputs import BenchError
+
+
+def load_layouts(name: str, overrides: Sequence[str]):
+    """(packed config, padded config): the config as both layouts, through the one loader."""
+    from ipu_packing.train import load_config
+
+    return (load_config(name, list(overrides) + ["data.layout=packed"]),
+            load_config(name, list(overrides) + ["data.layout=padded"]))
+
+
+class Rows:
+    """A layout's rows as a torch Dataset of pack dicts (int32, as ipu_packing.data's Dataset serves them)."""
+
+    def __init__(self, packs: np.ndarray) -> None:
+        from ipu_packing.data.format import as_batch
+
+        self.arrays = as_batch(packs, np.int32)  # {field: (P, width)}
+
+    def __len__(self) -> int:
+        return int(self.arrays["input_ids"].shape[0])
+
+    def __getitem__(self, i: int):
+        import torch
+
+        return {name: torch.from_numpy(array[i]) for name, array in self.arrays.items()}
+
+
+def rows_per_call(execution) -> int:
+    """Rows (all processes together) one train_step consumes: a global batch per optimizer step, times the
+    optimizer steps of one call (poptorch's device iterations)."""
+    return int(execution.global_batch_packs) * int(execution.optimizer_steps_per_call)
+
+
+def open_source(config, histogram: Optional[np.ndarray], path: str):
+    """(source, packing factor): the config's prepared dataset (TrainingData, opened and checked as training
+    does), or the histogram's packing plan over the config's S and K."""
+    if histogram is None:
+        from ipu_packing.data import open_dataset
+        from ipu_packing.train.data import check_data_matches, open_shards, read_training_data
+
+        data = read_training_data(config.data.path)
+        check_data_matches(config, data)
+        open_shards(data, lambda directory: open_dataset(directory, as_tensors=False))
+        return data, data.packing_factor
+    from .bench import plan_histogram
+
+    S = config.data.max_seq_length
+    if histogram[S:].sum() > 0:
+        raise BenchError("histogram %s has sequences longer than the config's data.max_seq_length %d" % (path, S))
+    histogram = np.concatenate([histogram[:S], np.zeros(max(0, S - len(histogram)))])
+    plan = plan_histogram(histogram, S, config.data.max_sequences_per_pack, None)
+    return plan, plan.num_sequences / float(plan.num_packs)
+
+
+def dataset_groups(config, data, packed_rows: int, padded_rows: int) -> Tuple[List[List[Any]], Dict[str, Any]]:
+    """Sequences of the prepared dataset, grouped as DIR/packed packs them: the packs of the run's first
+    epoch in its order (TrainingData.epoch_order), until there are `packed_rows` packs and `padded_rows`
+    sequences."""
+    from ipu_packing.data.format import unpack
+
+    groups, sequences = [], 0
+    for index in data.epoch_order(config.training.seed, 0):
+        if len(groups) >= packed_rows and sequences >= padded_rows:
+            break
+        groups.append(unpack(data.dataset[int(index)]))
+        sequences += len(groups[-1])
+    if len(groups) < packed_rows or sequences < padded_rows:
+        raise BenchError(
+            "dataset %s has %d packs (%d sequences): fewer than the %d packs and %d sequences of a warm-up call "
+            "and --steps of both layouts; lower --steps" % (data.path, data.num_packs, data.num_sequences,
+                                                            packed_rows, padded_rows))
+    return groups, {"source": data.path, "packed_mlm_slots": int(data.dataset.mlm_slots),
+                    "recipe": data.dataset.manifest.get("recipe") or {}}
+
+
+def histogram_groups(config, plan, path: str, packed_rows: int, padded_rows: int):
+    """Random-token sequences of the plan's packs (bench.select_packs), as many as both layouts need."""
+    from .bench import make_sequences, select_packs
+
+    count = max(packed_rows, int(math.ceil(padded_rows * plan.num_packs / float(plan.num_sequences))))
+    while True:
+        chosen = select_packs(plan, count, config.training.seed)
+        if (len(chosen) >= packed_rows and sum(len(p) for p in chosen) >= padded_rows) or count >= plan.num_packs:
+            break
+        count = int(count * 1.1) + 1
+    lengths = np.asarray([n for pack in chosen for n in pack], dtype=np.int64)
+    if len(chosen) < packed_rows or len(lengths) < padded_rows:
+        raise BenchError("histogram %s holds too few sequences for --steps of both layouts; lower --steps" % (path,))
+    sequences = iter(make_sequences(lengths, int(config.model.get("vocab_size", 30522)), config.training.seed))
+    groups = [[next(sequences) for _ in pack] for pack in chosen]
+    return groups, {"source": path, "packed_mlm_slots": None, "recipe": {}}
+
+
+def lay_out(groups: List[List[Any]], S: int, K: int, M_packed: Optional[int], recipe: Dict[str, Any]):
+    """(packed, padded) pack records of the same sequences, by format.pack_sequences."""
+    from ipu_packing.data.format import mlm_slots, pack_sequences
+
+    prob = float(recipe.get("masked_lm_prob", 0.15))
+    cap = recipe.get("max_predictions_per_seq")
+    packed = pack_sequences(groups, S, K, M_packed or mlm_slots(S, K, prob, cap))
+    padded = pack_sequences([[s] for group in groups for s in group], S, 1, mlm_slots(S, 1, prob, cap))
+    return packed, padded
+
+
+class Timed:
+    """One layout: its config, accounting, runner and the batches of its calls."""
+
+    def __init__(self, name: str, config, accounting, packs: np.ndarray) -> None:
+        import torch
+
+        from ipu_packing.execution import make_runner
+        from ipu_packing.model import PackedBertForPreTraining
+        from ipu_packing.train.loop import _seed_everything
+        from ipu_packing.train.optim import build_optimizer, build_scheduler
+
+        self.name, self.config, self.accounting = name, config, accounting
+        _seed_everything(config.training.seed)  # both layouts start from the same weights
+        model = PackedBertForPreTraining(config.bert_config())
+        optimizer = build_optimizer(model, config.optimizer, accounting.betas)
+        scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)
+        self.runner = make_runner(model, optimizer, accounting.execution, scheduler=scheduler)
+        rng = torch.get_rng_state()
+        self.batches = list(self.runner.dataloader(Rows(packs), num_workers=0))
+        torch.set_rng_state(rng)
+        self.compile_seconds = self.warmup_seconds = 0.0
+        self.seconds: List[float] = []
+        self.steps = self.sequences = self.tokens = self.rows = 0
+
+    def attach(self) -> None:
+        getattr(self.runner, "attach", lambda: None)()  # poptorch: one layout's executable on the IPUs at a time
+
+    def release(self) -> None:
+        getattr(self.runner, "release", lambda: None)()
+
+    def call(self, batch) -> Tuple[float, Any]:
+        start = time.perf_counter()
+        metrics = self.runner.train_step(batch)
+        return time.perf_counter() - start, metrics
+
+    def summary(self) -> Dict[str, Any]:
+        seconds = float(sum(self.seconds))
+        ex = self.accounting.execution
+        return {
+            "steps": self.steps, "sequences": self.sequences, "tokens": self.tokens, "rows": self.rows,
+            "seconds": seconds, "seconds_per_step": seconds / max(1, self.steps),
+            "sequences_per_second": self.sequences / seconds, "tokens_per_second": self.tokens / seconds,
+            "compile_seconds": self.compile_seconds, "warmup_seconds": self.warmup_seconds,
+            "micro_batch_size": ex.micro_batch_size, "gradient_accumulation": self.accounting.gradient_accumulation,
+            "global_batch_packs": ex.global_batch_packs, "betas": list(self.accounting.betas),
+            "call_seconds": list(self.seconds),
+        }
+
+
+def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram: Optional[np.ndarray] = None,
+                     histogram_path: str = "", log: Callable[[str], None] = lambda message: None) -> Dict[str, Any]:
+    import torch
+
+    from ipu_packing.train.loop import check_backend
+
+    packed_config, padded_config = load_layouts(name, overrides)
+    check_backend(packed_config)
+    S, K = packed_config.data.max_seq_length, packed_config.data.max_sequences_per_pack
+    # Rows each layout needs (all processes): one warm-up call and ceil(N / steps per call) timed calls.
+    calls = int(math.ceil(steps / float(packed_config.execution.optimizer_steps_per_call)))
+    source_data, factor = open_source(packed_config, histogram, histogram_path)
+    padded_accounting = padded_config.batch_accounting(1.0)
+    packed_accounting = packed_config.batch_accounting(factor)  # the measured factor, as training uses
+    need_padded = (calls + 1) * rows_per_call(padded_accounting.execution)
+    need_packed = (calls + 1) * rows_per_call(packed_accounting.execution)
+    if histogram is None:
+        groups, source = dataset_groups(packed_config, source_data, need_packed, need_padded)
+    else:
+        groups, source = histogram_groups(packed_config, source_data, histogram_path, need_packed, need_padded)
+    packed_packs, padded_packs = lay_out(groups, S, K, source["packed_mlm_slots"], source["recipe"])
+    if packed_config.training.num_threads:
+        torch.set_num_threads(packed_config.training.num_threads)
+    layouts = [Timed("padded", padded_config, padded_accounting, padded_packs),
+               Timed("packed", packed_config, packed_accounting, packed_packs)]
+    main = int(getattr(layouts[0].runner, "rank", 0)) == 0
+    for layout in layouts:
+        start = time.perf_counter()
+        layout.runner.compile(layout.batches[0])
+        layout.compile_seconds = time.perf_counter() - start
+        layout.warmup_seconds = layout.call(layout.batches[0])[0]
+        layout.release()
+        log("%s: compile %.2f s, warm-up call %.2f s; %s" % (layout.name, layout.compile_seconds,
+                                                             layout.warmup_seconds, layout.accounting.describe()))
+    for i in range(calls):  # padded, packed, padded, packed, ...
+        for layout in layouts:
+            layout.attach()
+            seconds, metrics = layout.call(layout.batches[1 + i])
+            layout.release()
+            layout.seconds.append(seconds)
+            layout.steps += int(getattr(metrics, "optimizer_steps", 1))
+            layout.sequences += int(metrics.sequences)
+            layout.tokens += int(metrics.tokens)
+            layout.rows += rows_per_call(layout.accounting.execution)
+        log("call %d of %d: padded %.3f s, packed %.3f s" % (i + 1, calls, layouts[0].seconds[-1], layouts[1].seconds[-1]))
+    padded, packed = (layout.summary() for layout in layouts)
+    ex = packed_accounting.execution
+    speedup = packed["sequences_per_second"] / padded["sequences_per_second"]
+    theoretical = (packed["sequences"] / float(packed["rows"])) / (padded["sequences"] / float(padded["rows"]))
+    model = layouts[1].runner.model
+    result = {
+        "mode": "config", "config": packed_config.name, "overrides": list(overrides), "main_process": main,
+        "backend": ex.backend, "device": ex.device if ex.backend == "torch" else "ipu",
+        "replication_factor": ex.replication_factor, "pipeline_stages": ex.num_stages, "world_size": ex.world_size,
+        "precision": ex.precision, "attention": getattr(model, "attention_implementation", None),
+        "torch_threads": torch.get_num_threads(), "source": source["source"],
+        "max_seq_length": S, "max_sequences_per_pack": K, "steps": steps,
+        "num_sequences": sum(len(g) for g in groups), "padded_rows": int(len(padded_packs)),
+        "num_packs": int(len(packed_packs)), "packing_factor": float(factor),
+        "batch_accounting": packed_config.training.batch_accounting,
+        "padded_sequences_per_second": padded["sequences_per_second"],
+        "packed_sequences_per_second": packed["sequences_per_second"],
+        "padded_tokens_per_second": padded["tokens_per_second"],
+        "packed_tokens_per_second": packed["tokens_per_second"],
+        "speedup": speedup, "theoretical_speedup": theoretical, "overhead": theoretical / speedup - 1.0,
+        "compile_seconds": padded["compile_seconds"] + packed["compile_seconds"],
+        "padded": padded, "packed": packed,
+    }
+    return result
+
+
+def format_config_result(r: Dict[str, Any]) -> str:
+    lines = [
+        "bench --config %s: %s on %s (replicas %d, stages %d, %s), S=%d, K=%d, %d optimizer steps of each layout"
+        % (r["config"], r["backend"], r["device"], r["replication_factor"], r["pipeline_stages"], r["precision"],
+           r["max_seq_length"], r["max_sequences_per_pack"], r["steps"]),
+        "sequences from %s: %d sequences = %d padded rows = %d packs (packing factor %.4f, accounting %s)"
+        % (r["source"], r["num_sequences"], r["padded_rows"], r["num_packs"], r["packing_factor"], r["batch_accounting"]),
+        "%-7s %8s %11s %12s %13s %12s %12s" % ("layout", "steps", "seq/step", "s/step", "sequences/s", "tokens/s", "compile s"),
+    ]
+    for name in ("padded", "packed"):
+        x = r[name]
+        lines.append("%-7s %8d %11.1f %12.3f %13.1f %12.0f %12.2f" % (
+            name, x["steps"], x["sequences"] / float(max(1, x["steps"])), x["seconds_per_step"],
+            x["sequences_per_second"], x["tokens_per_second"], x["compile_seconds"]))
+    lines.append("speed-up %.3fx (theoretical %.3fx, overhead %.1f%%)" % (r["speedup"], r["theoretical_speedup"],
+                                                                        100.0 * r["overhead"]))
+    return "\n".join(lines)
+
+
+def draw_config_plot(r: Dict[str, Any], path: str) -> str:
+    """Seconds of each timed call of both layouts, in the order they ran, and sequences/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .fsutil import atomic_open
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in ("padded", "packed"):
+        seconds = r[name]["call_seconds"]
+        left.plot(range(1, len(seconds) + 1), seconds, marker="o", label=name)
+    left.set_xlabel("timed call (interleaved)")
+    left.set_ylabel("seconds")
+    left.legend()
+    values = [r["padded_sequences_per_second"], r["packed_sequences_per_second"],
+              r["padded_sequences_per_second"] * r["theoretical_speedup"]]
+    right.bar(["padded", "packed", "packed (theory)"], values, color=["C0", "C1", "0.7"])
+    right.set_ylabel("sequences / s")
+    right.set_title("speed-up %.2fx of %.2fx" % (r["speedup"], r["theoretical_speedup"]))
+    fig.suptitle("%s: packed vs padded through the %s runner" % (r["config"], r["backend"]))
+    fig.tight_layout()
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=90)
+    plt.close(fig)
+    return path
+
+
+SHARED_OPTIONS = ("config", "histogram", "plot", "json", "steps", "overrides", "help")
+"""bench's options that --config takes; the synthetic mode's others are the config's values (refused)."""
+
+
+def main_config(parser, args) -> int:
+    """bench --config: check the options, run, then print (and plot) on the first process only."""
+    from .bench_inputs import check_writable, read_histogram_file
+
+    for action in parser._actions:
+        if action.dest not in SHARED_OPTIONS and getattr(args, action.dest) != action.default:
+            raise BenchError("%s does not apply with --config: set the value in the config (section.key=value)"
+                                   % ("/".join(action.option_strings),))
+    if args.steps < 1:
+        raise BenchError("--steps must be >= 1")
+    histogram = read_histogram_file(args.histogram, None) if args.histogram else None
+    if args.plot:
+        check_writable(args.plot)
+    log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
+    result = run_config_bench(args.config, args.overrides, args.steps, histogram, args.histogram or "", log=log)
+    if not result.pop("main_process"):
+        return 0
+    if args.plot:
+        result["plot"] = draw_config_plot(result, args.plot)
+    print(json.dumps(result, sort_keys=True) if args.json else format_config_result(result))
+    return 0

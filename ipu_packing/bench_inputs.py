@@ -1,0 +1,76 @@
+"""What the benches read and write before anything is timed: length histograms (a file, or a prepared
+dataset's manifest), the shared data directory, and the check that an output path can take a file."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import numpy as np
+
+from .errors import UserError
+
+
+class BenchError(UserError):
+    """Bad input: printed as one line, exit status 2."""
+
+
+def shared_dir() -> str:
+    """IPU_PACKING_SHARED, else <repo>/../shared, else /work/shared."""
+    env = os.environ.get("IPU_PACKING_SHARED")
+    if env:
+        return env
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    candidate = os.path.join(os.path.dirname(repo), "shared")
+    return candidate if os.path.isdir(candidate) else "/work/shared"
+
+
+def read_histogram_file(path: str, max_seq_length: Optional[int]) -> np.ndarray:
+    """(S,) counts from a histogram file (packing.io.load_histogram's formats), S = --max-seq-length,
+    else the file's max_sequence_length, else its number of bins."""
+    from .packing.io import load_histogram
+
+    try:
+        counts, declared = load_histogram(path)
+    except ValueError as exc:
+        raise BenchError(str(exc).splitlines()[0])
+    hist = np.asarray(counts, dtype=np.float64).ravel()
+    if not len(hist) or (hist < 0).any():
+        raise BenchError("histogram file %s: must be a list of counts (bin i = length i+1)" % (path,))
+    S = max_seq_length or declared or len(hist)
+    if hist[S:].sum() > 0:
+        raise BenchError("histogram file %s has sequences longer than --max-seq-length %d" % (path, S))
+    out = np.zeros(S, dtype=np.float64)
+    out[: min(S, len(hist))] = hist[:S]
+    return out
+
+
+def read_dataset_histogram(directory: str) -> np.ndarray:
+    """The sequence_length_histogram of prepared data (prepare's --output DIR, or one dataset directory)."""
+    from .data.errors import DataError
+    from .data.format import MANIFEST, read_manifest
+
+    for candidate in (os.path.join(directory, "padded"), os.path.join(directory, "packed"), directory):
+        if os.path.isfile(os.path.join(candidate, MANIFEST)):
+            try:
+                return np.asarray(read_manifest(candidate)["sequence_length_histogram"], dtype=np.float64)
+            except DataError as exc:
+                raise BenchError(str(exc))
+    raise BenchError("no prepared dataset at %s (no manifest.json in it, or in its packed/ or padded/)" % (directory,))
+
+
+
+def check_writable(path: str) -> None:
+    """Refuse, before a long run, an output path whose directory cannot take a file (missing parent that
+    cannot be made, a file in the way, a read-only file system): by trying, since root passes os.access."""
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise BenchError("cannot write %s: %s" % (path, exc.strerror or exc))
+    if os.path.isdir(path):
+        raise BenchError("cannot write %s: it is a directory" % (path,))
