@@ -149,11 +149,11 @@ class Timed:
 
         from ipu_packing.execution import make_runner
         from ipu_packing.model import PackedBertForPreTraining
-        from ipu_packing.train.loop import _seed_everything
+        from .train.loop import seed_everything
         from ipu_packing.train.optim import build_optimizer, build_scheduler
 
         self.name, self.config, self.accounting = name, config, accounting
-        _seed_everything(config.training.seed)  # both layouts start from the same weights
+        seed_everything(config.training.seed)  # both layouts start from the same weights
         model = PackedBertForPreTraining(config.bert_config())
         optimizer = build_optimizer(model, config.optimizer, accounting.betas)
         scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)

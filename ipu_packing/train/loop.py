@@ -55,7 +55,7 @@ class RunPlan:
         return int(self.resume_state["step"]) if self.resume_state else 0
 
 
-def _seed_everything(seed: int) -> None:
+def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
     torch.manual_seed(seed)
@@ -130,7 +130,7 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
     open_shards(data, open_dataset)
     if config.training.num_threads:
         torch.set_num_threads(config.training.num_threads)
-    _seed_everything(config.training.seed)
+    seed_everything(config.training.seed)
     model_cls = _model_class()
     try:
         model = model_cls(config.bert_config())
@@ -371,7 +371,7 @@ def compile_only(
         data = open_shards(read_training_data(config.data.path), open_dataset)
         check_data_matches(config, data)
     accounting = config.batch_accounting(data.packing_factor if data is not None else config.data.packing_factor_estimate)
-    _seed_everything(config.training.seed)
+    seed_everything(config.training.seed)
     model = _model_class()(config.bert_config())
     optimizer = build_optimizer(model, config.optimizer, accounting.betas)
     scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)
