@@ -149,7 +149,7 @@ class Timed:
 
         from ipu_packing.execution import make_runner
         from ipu_packing.model import PackedBertForPreTraining
-        from .train.loop import seed_everything
+        from ipu_packing.train.loop import seed_everything
         from ipu_packing.train.optim import build_optimizer, build_scheduler
 
         self.name, self.config, self.accounting = name, config, accounting
