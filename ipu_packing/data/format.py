@@ -292,19 +292,24 @@ MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
 }
 
 
-def pack_statistics(lengths: np.ndarray, mlm_counts: np.ndarray, sequences_per_pack: Optional[np.ndarray],
+def pack_statistics(lengths: Optional[np.ndarray], mlm_counts: np.ndarray, sequences_per_pack: Optional[np.ndarray],
                     max_seq_length: int, max_sequences_per_pack: int,
-                    sequences_per_pack_histogram: Optional[np.ndarray] = None) -> Dict[str, Any]:
+                    sequences_per_pack_histogram: Optional[np.ndarray] = None,
+                    sequence_length_histogram: Optional[np.ndarray] = None) -> Dict[str, Any]:
     """The manifest's counts for packs holding sequences of `lengths` with `mlm_counts` predictions,
-    `sequences_per_pack` of them in each pack (or, instead, its (K,) histogram):
-    num_sequences ... sequences_per_pack_histogram."""
+    `sequences_per_pack` of them in each pack: num_sequences ... sequences_per_pack_histogram. Either
+    array may be given as its histogram instead ((S,) sequences of length 1 .. S; (K,) packs of 1 .. K
+    sequences)."""
+    if sequence_length_histogram is None:
+        sequence_length_histogram = np.bincount(np.asarray(lengths, dtype=np.int64) - 1, minlength=max_seq_length)
+    sequence_length_histogram = np.asarray(sequence_length_histogram, dtype=np.int64)
     if sequences_per_pack_histogram is None:
         sequences_per_pack_histogram = (np.bincount(np.asarray(sequences_per_pack) - 1,
                                                     minlength=max_sequences_per_pack)
                                         if len(sequences_per_pack) else np.zeros(max_sequences_per_pack, np.int64))
     sequences_per_pack_histogram = np.asarray(sequences_per_pack_histogram, dtype=np.int64)
-    num_sequences, num_packs = len(lengths), int(sequences_per_pack_histogram.sum())
-    num_tokens = int(np.sum(lengths))
+    num_sequences, num_packs = int(sequence_length_histogram.sum()), int(sequences_per_pack_histogram.sum())
+    num_tokens = int(np.dot(sequence_length_histogram, np.arange(1, len(sequence_length_histogram) + 1)))
     return {
         "num_sequences": num_sequences,
         "num_packs": num_packs,
@@ -312,7 +317,7 @@ def pack_statistics(lengths: np.ndarray, mlm_counts: np.ndarray, sequences_per_p
         "num_masked_tokens": int(np.sum(mlm_counts)),
         "packing_efficiency": num_tokens / float(max(1, num_packs) * max_seq_length),
         "packing_factor": num_sequences / float(max(1, num_packs)),
-        "sequence_length_histogram": np.bincount(np.asarray(lengths) - 1, minlength=max_seq_length).tolist(),
+        "sequence_length_histogram": sequence_length_histogram.tolist(),
         "sequences_per_pack_histogram": sequences_per_pack_histogram.tolist(),
     }
 

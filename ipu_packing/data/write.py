@@ -1,7 +1,8 @@
 """The packing phase of `prepare`, the same for every source of instances: instance files and their
 lengths -> one plan -> the packed dataset and the padded baseline, shards and manifests.
 
-The plan is made from the lengths alone (2 bytes an instance, the only corpus-sized array), and
+The plan is made from the lengths alone (2 bytes an instance, the only corpus-sized arrays, held
+once: by the caller), and
 the instances move through the two streaming passes of data/packs.py (scatter groups of input
 shards to spill files, then gather each output shard), each a task of the worker pool, so no
 process holds more than a group or an output shard however large the corpus.
@@ -19,7 +20,7 @@ import numpy as np
 from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from .format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
 from .packs import PackLayout, dataset_spec
-from .workers import Workers, _length_dtype, _progress, _scatter, _write_shard
+from .workers import Workers, _progress, _scatter, _write_shard
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -55,7 +56,7 @@ class PackSettings:
     progress: bool = True
 
 
-def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], lengths: np.ndarray,
+def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], histogram: np.ndarray,
                     num_masked: int, pack_sizes: np.ndarray, algorithm: str, describe: Callable[[str, str], dict]
                     ) -> dict:
     """Write the manifest next to the shards: the source's fields (`describe(directory, kind)`, which
@@ -69,8 +70,8 @@ def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[
     manifest["field_dtypes"] = {name: dtype.str for name, dtype in field_dtypes(layout.max_seq_length, k,
                                                                                 layout.vocab_size).items()}
     # pack_statistics only sums the MLM counts, so their total stands in for them
-    manifest.update(pack_statistics(lengths, np.array([num_masked], dtype=np.int64), None,
-                                    layout.max_seq_length, k, sequences_per_pack_histogram=pack_sizes))
+    manifest.update(pack_statistics(None, np.array([num_masked], dtype=np.int64), None, layout.max_seq_length, k,
+                                    sequences_per_pack_histogram=pack_sizes, sequence_length_histogram=histogram))
     write_manifest(directory, manifest)
     return manifest
 
@@ -90,17 +91,18 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     from ..packing.slots import KeyedPermutation, SlotMap
 
     s, k = settings.max_seq_length, settings.max_sequences_per_pack
-    lengths = (np.concatenate(shard_lengths) if shard_lengths
-               else np.zeros(0, _length_dtype(s)))  # (N,): all the plan needs, 2 bytes each
-    plan = plan_packing(histogram_from_lengths(lengths, s), s, k, algorithm=settings.packing_algorithm,
+    # the lengths (2 bytes an instance, held by the caller) are all the plan needs: their histogram
+    histogram = sum((histogram_from_lengths(lengths, s) for lengths in shard_lengths), np.zeros(s, np.int64))
+    num_sequences = int(histogram.sum())
+    plan = plan_packing(histogram, s, k, algorithm=settings.packing_algorithm,
                         max_rounds=settings.lp_max_rounds, time_limit=settings.lp_time_limit)
     slot_map = SlotMap(plan, derived_seed(settings.seed, 0))
     datasets = [("packed", k, slot_map.num_packs, slot_map, None, plan.algorithm,
                  slot_map.sequences_per_pack_histogram(k))]
     if settings.padded:
         # K = 1: every pack is one sequence, written in a seeded random order
-        datasets.append(("padded", 1, len(lengths), None, KeyedPermutation(len(lengths), settings.seed, 2),
-                         "none (one sequence per row)", np.array([len(lengths)], dtype=np.int64)))
+        datasets.append(("padded", 1, num_sequences, None, KeyedPermutation(num_sequences, settings.seed, 2),
+                         "none (one sequence per row)", np.array([num_sequences], dtype=np.int64)))
     jobs = []  # (kind, layout, DatasetSpec, sequences-per-pack histogram, algorithm)
     for kind, kind_k, num_packs, kind_map, order, algorithm, pack_sizes in datasets:
         os.makedirs(os.path.join(temp, kind))
@@ -113,7 +115,6 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     spill_dir = os.path.join(temp, "work", "spill")
     os.makedirs(spill_dir)
     groups = _groups(shard_lengths, settings.group_tokens, s)
-    del shard_lengths
 
     def spill(kind: str, g: int) -> str:
         return os.path.join(spill_dir, "%s-%05d.bin" % (kind, g))
@@ -133,7 +134,7 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     manifests = {}
     for kind, layout, spec, pack_sizes, algorithm in jobs:
         shards, entries = entries[:spec.num_shards], entries[spec.num_shards:]
-        manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, lengths, num_masked,
+        manifests[kind] = _finish_dataset(os.path.join(temp, kind), kind, layout, shards, histogram, num_masked,
                                           pack_sizes, algorithm, describe)
     lap("write")
     shutil.rmtree(spill_dir)
