@@ -264,6 +264,20 @@ def test_tfrecord_every_instance_lands_once_bit_for_bit(tmp_path, capsys):
     assert manifest["corpus"]["format"] == "tfrecord" and manifest["corpus"]["records"] == 190
 
 
+def test_gzip_tfrecord(tmp_path, capsys):
+    """TFRecordOptions("GZIP") files: the same records, compressed."""
+    import gzip
+
+    instances = make_instances(50, seed=9)
+    plain = write_tfrecord(str(tmp_path / "plain"), tf_records(instances))
+    with open(plain, "rb") as src, gzip.open(str(tmp_path / "data.tfrecord.gz"), "wb") as dst:
+        dst.write(src.read())
+    os.remove(plain)
+    code, out = run_pack(tmp_path, str(tmp_path / "data.tfrecord.gz"))
+    assert code == 0, capsys.readouterr().err
+    check_round_trip(out, instances)
+
+
 def test_unused_slots_by_weight_are_dropped_and_no_padded(tmp_path, capsys):
     """A TFRecord slot whose weight is 0 is dropped even if its position and id are not 0."""
     instances = make_instances(40, seed=5)

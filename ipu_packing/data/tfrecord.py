@@ -29,7 +29,7 @@ from __future__ import annotations
 import gzip
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
@@ -59,15 +59,17 @@ class RecordError(Exception):
         self.record, self.cause = record, cause
 
 
-def looks_like_tfrecord(head: bytes) -> bool:
-    """Whether the first bytes of a file are a TFRecord header (a length whose masked CRC matches), or
-    gzip (which the reader then opens and checks record by record)."""
-    if head[:2] == GZIP_MAGIC:
-        return True
+def is_tfrecord(path: str) -> bool:
+    """Whether a file starts with a TFRecord header: a length whose masked CRC matches (after gzip's
+    decompression for a gzip file)."""
+    try:
+        with _open(path) as f:
+            head = f.read(_HEADER.size)
+    except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
+        return False
     if len(head) < _HEADER.size:
         return False
-    length, crc = _HEADER.unpack_from(head, 0)
-    return masked_crc(head[:8]) == crc
+    return masked_crc(head[:8]) == _HEADER.unpack_from(head, 0)[1]
 
 
 def _open(path: str) -> BinaryIO:
