@@ -248,6 +248,8 @@ def test_hdf5_every_instance_lands_once_bit_for_bit(tmp_path, capsys):
     assert manifest["corpus"]["format"] == "hdf5" and manifest["corpus"]["files"] == 2
     assert manifest["packing_factor"] > 1.3  # K = 3 really packs
     assert "packed" in capsys.readouterr().out
+    assert main(["inspect", os.path.join(out, "packed")]) == 0
+    assert "packing factor" in capsys.readouterr().out
 
 
 def test_tfrecord_every_instance_lands_once_bit_for_bit(tmp_path, capsys):
@@ -417,6 +419,23 @@ def test_hdf5_errors(tmp_path, capsys, name, build, words):
     good = _two_segments(seed=10)
     path = str(tmp_path / "bad.hdf5")
     build(path, good)
+    code, out = run_pack(tmp_path, path)
+    assert code == 2
+    _error(capsys, "bad.hdf5", *words)
+    _nothing_written(tmp_path, out)
+
+
+@pytest.mark.parametrize("where, words", [(0.3, ["key 'input_ids'", "records 0-399", "damaged"]),
+                                          (0.8, ["key 'masked_lm_ids'", "damaged"])])
+def test_corrupt_hdf5_is_one_line(tmp_path, capsys, where, words):
+    """64 bytes flipped inside a gzip-compressed chunk (0.3: read by a worker) or an object header (0.8:
+    found while checking the inputs): h5py's error becomes one line naming the file and the key."""
+    path = write_hdf5(str(tmp_path / "bad.hdf5"), make_instances(400, seed=15))
+    data = bytearray(open(path, "rb").read())
+    at = int(len(data) * where)
+    data[at:at + 64] = bytes(b ^ 0xFF for b in data[at:at + 64])
+    with open(path, "wb") as f:
+        f.write(bytes(data))
     code, out = run_pack(tmp_path, path)
     assert code == 2
     _error(capsys, "bad.hdf5", *words)

@@ -187,23 +187,33 @@ def detect_format(path: str, wanted: str) -> str:
                     % path)
 
 
+# What h5py raises for a damaged file (a bad checksum, a failed filter, a broken object header)
+H5PY_READ_ERRORS = (OSError, KeyError, ValueError, RuntimeError)
+
+
 def _inspect_hdf5(path: str) -> InputFile:
     h5py = _h5py()
     try:
         f = h5py.File(path, "r")
     except OSError as error:
-        raise DataError("%s: not a readable HDF5 file (%s)" % (path, str(error).splitlines()[0])) from None
+        raise DataError("%s: not a readable HDF5 file (%s)" % (path, " ".join(str(error).split()))) from None
+    shapes = {}
     with f:
-        shapes = {}
         for key in HDF5_KEYS:
             if key not in f:
                 raise DataError("%s: key %r is missing (an NVIDIA BERT HDF5 file has %s)"
                                 % (path, key, ", ".join(HDF5_KEYS)))
-            data = f[key]
-            if not isinstance(data, h5py.Dataset) or data.dtype.kind not in "iu":
+            try:
+                data = f[key]
+                kind = data.dtype.kind if isinstance(data, h5py.Dataset) else None
+                shape = tuple(int(x) for x in data.shape) if kind else ()
+            except H5PY_READ_ERRORS as error:
+                raise DataError("%s: key %r cannot be read: the file is damaged (%s)"
+                                % (path, key, " ".join(str(error).split()))) from None
+            if kind is None or kind not in "iu":
                 raise DataError("%s: key %r should be an integer array, it is %s"
                                 % (path, key, getattr(data, "dtype", "a group")))
-            shapes[key] = tuple(int(x) for x in data.shape)
+            shapes[key] = shape
     n = shapes["input_ids"][0] if shapes["input_ids"] else 0
     expected = {key: "[N, S]" for key in TOKEN_KEYS}
     expected.update({key: "[N, P]" for key in MLM_KEYS}, next_sentence_labels="[N]")
@@ -391,8 +401,8 @@ def convert_hdf5_rows(path: str, start: int, stop: int, out: str, checks: Checks
         with h5py.File(path, "r") as f:
             for key in HDF5_KEYS:
                 arrays[key] = f[key][start:stop]
-    except OSError as error:  # h5py reports a corrupt chunk (bad checksum, failed filter) as OSError
-        raise DataError("%s: key %r, records %d-%d cannot be read (%s)"
+    except H5PY_READ_ERRORS as error:
+        raise DataError("%s: key %r, records %d-%d cannot be read: the file is damaged (%s)"
                         % (path, key, start, stop - 1, " ".join(str(error).split()))) from None
     positions = arrays["masked_lm_positions"]
     used = positions != 0  # zero-padded: position 0 is the [CLS], never a prediction
