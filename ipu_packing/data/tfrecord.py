@@ -39,15 +39,15 @@ _CRC = struct.Struct("<I")
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _crc32c(data) -> int:
+def _crc32c():
     import crc32c  # the one dependency; imported where records are read or written
 
-    return crc32c.crc32c(data)
+    return crc32c.crc32c
 
 
-def masked_crc(data) -> int:
+def masked_crc(data, crc32c=None) -> int:
     """TensorFlow's masked CRC-32C of `data` (any bytes-like object)."""
-    c = _crc32c(data)
+    c = (crc32c or _crc32c())(data)
     return (((c >> 15) | (c << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -88,6 +88,7 @@ def read_batches(path: str, block: int = 16 << 20) -> Iterator[Tuple[int, bytes,
     about `block` bytes (at least one record), so memory is bounded by the block, not the file."""
     header = _HEADER.size
     unpack_header, unpack_crc = _HEADER.unpack_from, _CRC.unpack_from
+    crc32c = _crc32c()
     with _open(path) as f:
         index = 0
         carry = b""
@@ -102,12 +103,14 @@ def read_batches(path: str, block: int = 16 << 20) -> Iterator[Tuple[int, bytes,
             p, n = 0, len(buf)
             while n - p >= header:
                 length, length_crc = unpack_header(buf, p)
-                if masked_crc(view[p:p + 8]) != length_crc:
+                c = crc32c(view[p:p + 8])
+                if (((c >> 15) | (c << 17)) + _MASK_DELTA) & 0xFFFFFFFF != length_crc:
                     raise RecordError(index + len(starts), "length CRC does not match (corrupt file)")
                 end = p + header + length
                 if end + 4 > n:
                     break  # the record continues in the next block
-                if masked_crc(view[p + header:end]) != unpack_crc(buf, end)[0]:
+                c = crc32c(view[p + header:end])
+                if (((c >> 15) | (c << 17)) + _MASK_DELTA) & 0xFFFFFFFF != unpack_crc(buf, end)[0]:
                     raise RecordError(index + len(starts), "data CRC does not match (corrupt record)")
                 starts.append(p + header)
                 ends.append(end)
