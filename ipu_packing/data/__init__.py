@@ -4,6 +4,8 @@ Command line::
 
     python -m ipu_packing.data prepare --input PATH|default --output DIR \\
         --max-seq-length S --max-sequences-per-pack K [--vocab PATH] [--seed N] [--workers N] [...]
+    python -m ipu_packing.data pack --input PATH|DIR|GLOB --vocab VOCAB --output DIR \\
+        --max-sequences-per-pack K [--format auto|hdf5|tfrecord] [--workers N] [--no-padded] [--seed N]
     python -m ipu_packing.data inspect DIR/packed
 
 `prepare` writes DIR/packed/ (K sequences per pack) and DIR/padded/ (the same instances, one per
@@ -31,9 +33,13 @@ Errors caused by the user (missing input, bad UTF-8 naming file and line, bad vo
 shard or manifest naming the shard and the field, non-empty output) raise `DataError`, whose message
 is one line; the command line prints it and exits with status 2.
 
+`pack` writes the same two datasets from data that is already masked and paired (NVIDIA BERT HDF5,
+google-research/bert TFRecords), keeping every instance exactly (existing.py).
+
 Modules: format (the pack format and its reference builder, numpy only), corpus (text -> documents),
 vocab (tokenizers), instances (the recipe), packs (the vectorised pack writer), pipeline (prepare:
-orchestration), dataset (torch Dataset), cli.
+orchestration), existing (pack: HDF5 and TFRecord inputs), tfrecord (TFRecord and tf.train.Example
+without TensorFlow), dataset (torch Dataset), cli.
 """
 
 from .errors import DataError

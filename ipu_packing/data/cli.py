@@ -1,4 +1,4 @@
-"""Command line: `python -m ipu_packing.data prepare|inspect ...`.
+"""Command line: `python -m ipu_packing.data prepare|pack|inspect ...`.
 
 User errors print one line `error: ...` on stderr and exit with status 2, without a traceback.
 """
@@ -46,6 +46,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="characters of text per input shard (unit of work and of RNG seeding; part of the recipe)")
     p.add_argument("--no-padded", action="store_true", help="skip the padded baseline")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    k = commands.add_parser("pack", help="existing NVIDIA BERT HDF5 or google-research/bert TFRecord data -> "
+                            "packed/ and padded/ datasets, every instance kept as it is")
+    k.add_argument("--input", required=True, help="file, directory or glob of .hdf5 / TFRecord files")
+    k.add_argument("--output", required=True, help="output directory (must not exist or be empty)")
+    k.add_argument("--vocab", required=True,
+                   help="the vocab.txt (or Hugging Face tokenizer directory) the data's token ids refer to")
+    k.add_argument("--format", choices=("auto", "hdf5", "tfrecord"), default="auto")
+    k.add_argument("--max-sequences-per-pack", type=int, default=defaults.max_sequences_per_pack)
+    k.add_argument("--lower-case", choices=("auto", "yes", "no"), default=defaults.lower_case,
+                   help="whether the data was lower-cased, for a bare vocab.txt (recorded in the manifest)")
+    k.add_argument("--seed", type=int, default=defaults.seed)
+    k.add_argument("--workers", type=int, default=defaults.workers, help="0: min(4, CPUs)")
+    k.add_argument("--packing-algorithm", default=defaults.packing_algorithm)
+    add_lp_arguments(k)
+    k.add_argument("--shard-mb", type=float, default=defaults.shard_bytes / 2.0 ** 20, help="output shard size")
+    k.add_argument("--no-padded", action="store_true", help="skip the padded baseline")
+    k.add_argument("--quiet", action="store_true", help="no progress bars")
     i = commands.add_parser("inspect", help="print a dataset's manifest, length histogram and packing statistics")
     i.add_argument("directory")
     i.add_argument("--no-verify", action="store_true", help="skip the checksums")
@@ -99,6 +116,29 @@ def _prepare(args: argparse.Namespace) -> None:
     print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
 
 
+def _pack(args: argparse.Namespace) -> None:
+    from .existing import PackConfig, pack
+
+    if not 0 < args.shard_mb < float("inf"):  # also refuses nan
+        raise DataError("--shard-mb must be a number > 0, got %r" % args.shard_mb)
+    _keep_freed_memory()
+    config = PackConfig(
+        input=args.input, output=args.output, vocab=args.vocab, max_sequences_per_pack=args.max_sequences_per_pack,
+        format=args.format, lower_case=args.lower_case, seed=args.seed, workers=args.workers,
+        packing_algorithm=args.packing_algorithm, lp_max_rounds=args.lp_max_rounds, lp_time_limit=args.lp_time_limit,
+        shard_bytes=max(1, int(args.shard_mb * 2 ** 20)), padded=not args.no_padded, progress=not args.quiet)
+    result = pack(config)
+    packed, padded, seconds = result.packed, result.padded, result.seconds
+    print("packed %s (%s, %d files) in %.1f s: %d sequences (%.0f/s) -> %d packs (packing factor %.3f, "
+          "efficiency %.1f%%, M = %d)%s"
+          % (args.output, packed["corpus"]["format"], packed["corpus"]["files"], seconds["total"],
+             packed["num_sequences"], packed["num_sequences"] / seconds["total"], packed["num_packs"],
+             packed["packing_factor"], 100 * packed["packing_efficiency"], packed["mlm_slots"],
+             "; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"], 100 * padded["packing_efficiency"])
+             if padded else ""))
+    print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
+
+
 def _histogram_lines(histogram: List[int], buckets: int = 16, width: int = 40) -> List[str]:
     counts = np.asarray(histogram, dtype=np.int64)
     edges = np.linspace(0, len(counts), min(buckets, len(counts)) + 1).astype(int)
@@ -142,6 +182,8 @@ def _main(argv: Optional[List[str]]) -> int:
     args = _parser().parse_args(argv)
     if args.command == "prepare":
         _prepare(args)
+    elif args.command == "pack":
+        _pack(args)
     else:
         _inspect(args)
     return 0

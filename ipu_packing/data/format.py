@@ -138,20 +138,33 @@ def mlm_slots(max_seq_length: int, max_sequences_per_pack: int, masked_lm_prob: 
     pack can ever use. Every builder still checks each pack against M and raises on overflow.
     """
     s = max_seq_length
-    lengths = np.arange(MIN_SEQ_LENGTH, s + 1)
-    gains = num_to_predict(lengths, masked_lm_prob, max_predictions(s, masked_lm_prob, max_predictions_per_seq))
+    gains = np.full(s + 1, -1, dtype=np.int64)
+    gains[MIN_SEQ_LENGTH:] = num_to_predict(np.arange(MIN_SEQ_LENGTH, s + 1), masked_lm_prob,
+                                            max_predictions(s, masked_lm_prob, max_predictions_per_seq))
+    return max(1, max_pack_predictions(gains, s, max_sequences_per_pack))
+
+
+def max_pack_predictions(gains: np.ndarray, max_seq_length: int, max_sequences_per_pack: int) -> int:
+    """The most predictions a pack of at most K sequences within S tokens can hold when a sequence of
+    length l has at most gains[l] of them ((S + 1,); gains[l] < 0: no sequence has length l).
+
+    `mlm_slots` gives it the recipe's counts; `pack` (data/existing.py) the most that the input's
+    sequences of each length actually have. A dynamic programme over lengths (K * S^2 steps)."""
+    s = max_seq_length
+    gains = np.asarray(gains, dtype=np.int64)
+    lengths = np.flatnonzero(gains[1:s + 1] >= 0) + 1
     best = np.full(s + 1, -1, dtype=np.int64)  # best[t]: most predictions with exactly t tokens so far
     best[0] = 0
     overall = 0
     for _ in range(max_sequences_per_pack):
         new = np.full(s + 1, -1, dtype=np.int64)
-        for length, gain in zip(lengths.tolist(), gains.tolist()):
+        for length, gain in zip(lengths.tolist(), gains[lengths].tolist()):
             prev = best[: s + 1 - length]
             cand = np.where(prev >= 0, prev + gain, -1)
             np.maximum(new[length:], cand, out=new[length:])
         best = new
         overall = max(overall, int(best.max()))
-    return max(1, overall)
+    return overall
 
 
 # ---------------------------------------------------------------------------------------------------

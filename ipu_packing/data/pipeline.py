@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, TypeVar
 
 from ..fsutil import fsync_tree, replace_durably
 from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
@@ -235,12 +235,23 @@ def prepare(config: PrepareConfig) -> PrepareResult:
     _check_output(output)
     corpus_spec = CorpusSpec(config.input, config.format)
     files = corpus_spec.files()  # checks that the input exists before anything is created
+    return write_atomically(output, lambda temp: _prepare_into(config, corpus_spec, files, temp), "preparing")
+
+
+T = TypeVar("T")
+
+
+def write_atomically(output: str, build: Callable[[str], T], doing: str) -> T:
+    """`build(temp)` into a fresh temporary sibling directory of `output` (an absolute path that
+    `_check_output` accepted), which is then fsynced and renamed to `output`; on any failure it is
+    removed, so nothing is left behind. Removes the temporaries of killed runs into the same output
+    first. A full disk becomes one DataError line ("... while <doing> <output> ...")."""
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
     _remove_stale_temporaries(output)
     temp = tempfile.mkdtemp(prefix="%s%d-" % (_temp_prefix(output), os.getpid()), dir=parent)
     try:
-        result = _prepare_into(config, corpus_spec, files, temp)
+        result = build(temp)
         if os.path.isdir(output):
             os.rmdir(output)  # empty (checked above)
         fsync_tree(temp)  # the shards and manifests are on disk before their directory gets its name
@@ -249,8 +260,8 @@ def prepare(config: PrepareConfig) -> PrepareResult:
     except OSError as error:
         shutil.rmtree(temp, ignore_errors=True)
         if _disk_full(error):
-            raise DataError("%s: no space left on device while preparing %s (nothing was kept)"
-                            % (error.filename or parent, output)) from None
+            raise DataError("%s: no space left on device while %s %s (nothing was kept)"
+                            % (error.filename or parent, doing, output)) from None
         raise
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)

@@ -1,0 +1,249 @@
+"""Benchmark of `pack` (a command, not a test): how fast are existing datasets packed, in how much memory?
+
+    python -m ipu_packing.data.pack_bench --instances 1000000 [--format hdf5|tfrecord] [--files 1]
+        [--max-seq-length 128] [--max-sequences-per-pack 3] [--workers 0] [--no-padded]
+
+Writes a synthetic dataset of N instances in the chosen format, laid out as its producer writes it
+(HDF5: NVIDIA's keys, types and gzip compression; TFRecord: google-research/bert's tf.train.Example
+records), with a 30,522-token vocabulary (bert-base-uncased's size), then runs
+`python -m ipu_packing.data pack` on it in a child process and prints: wall seconds, instances/s,
+the peak RSS of the largest process (getrusage of the waited-for descendants: the command and its
+workers; also the peaks of the parent and of the largest worker apart, VmHWM sampled every 50 ms)
+and the output's size. Writing the input is not timed.
+
+Lengths: 40% of the sequences fill S, the rest are uniform in [8, S) (roughly the share of full
+sequences that create_pretraining_data.py makes at S = 128); each has round(15% of its length)
+predictions, at most P = round(0.15 S) + 1, at random positions; a random A/B split; NSP labels 0/1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, Iterator, List, Optional
+
+import numpy as np
+
+from .format import CLS_ID, FIRST_WORD_ID, MASK_ID, SEP_ID, SPECIAL_TOKENS
+
+VOCAB_SIZE = 30522
+CHUNK = 1 << 15
+
+
+def write_vocab(path: str, size: int = VOCAB_SIZE) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(list(SPECIAL_TOKENS) + ["w%d" % i for i in range(size - len(SPECIAL_TOKENS))]) + "\n")
+    return path
+
+
+def synthetic_chunks(n: int, s: int, p: int, seed: int = 0) -> Iterator[Dict[str, np.ndarray]]:
+    """Dense [rows, S] / [rows, P] arrays of n instances, CHUNK rows at a time (see the module notes)."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, n, CHUNK):
+        r = min(CHUNK, n - start)
+        lengths = np.where(rng.random(r) < 0.4, s, rng.integers(8, s, r))
+        col = np.arange(s)[None, :]
+        valid = col < lengths[:, None]
+        a = rng.integers(2, lengths - 3) + 1  # [CLS] A [SEP]: 3 .. length - 3 tokens
+        ids = rng.integers(FIRST_WORD_ID, VOCAB_SIZE, (r, s)).astype(np.int32)
+        rows = np.arange(r)
+        ids[:, 0] = CLS_ID
+        ids[rows, a - 1] = SEP_ID
+        ids[rows, lengths - 1] = SEP_ID
+        ids[~valid] = 0
+        candidate = valid & (col != 0) & (col != (a - 1)[:, None]) & (col != (lengths - 1)[:, None])
+        q = np.minimum(np.maximum(1, np.rint(0.15 * lengths)).astype(np.int64), p)
+        keys = np.where(candidate, rng.random((r, s)), 2.0)
+        order = np.argsort(keys, axis=1)[:, :p]  # (r, P) candidates in random order
+        chosen = np.arange(p)[None, :] < q[:, None]
+        positions = np.sort(np.where(chosen, order, s + 1), axis=1)
+        used = positions <= s
+        positions = np.where(used, positions, 0).astype(np.int32)
+        labels = np.where(used, ids[rows[:, None], positions], 0).astype(np.int32)
+        ids[rows[:, None], positions] = np.where(used, MASK_ID, ids[rows[:, None], positions])
+        ids[:, 0] = CLS_ID
+        yield {"input_ids": ids, "input_mask": valid.astype(np.int8),
+               "segment_ids": ((col >= a[:, None]) & valid).astype(np.int8), "masked_lm_positions": positions,
+               "masked_lm_ids": labels, "masked_lm_weights": used.astype(np.float32),
+               "next_sentence_labels": rng.integers(0, 2, r).astype(np.int8)}
+
+
+def write_hdf5(path: str, n: int, s: int, p: int, seed: int) -> None:
+    """As NVIDIA's create_pretraining_data.py: int32 ids and positions, int8 masks, segments and NSP
+    labels, gzip (level 4, its default)."""
+    import h5py
+
+    dtypes = {"input_ids": "i4", "input_mask": "i1", "segment_ids": "i1", "masked_lm_positions": "i4",
+              "masked_lm_ids": "i4", "next_sentence_labels": "i1"}
+    with h5py.File(path, "w") as f:
+        data = {name: f.create_dataset(name, shape=(n, s) if name in ("input_ids", "input_mask", "segment_ids")
+                                       else (n,) if name == "next_sentence_labels" else (n, p),
+                                       dtype=dtype, compression="gzip", chunks=True)
+                for name, dtype in dtypes.items()}
+        at = 0
+        for chunk in synthetic_chunks(n, s, p, seed):
+            r = len(chunk["next_sentence_labels"])
+            for name in dtypes:
+                data[name][at:at + r] = chunk[name]
+            at += r
+
+
+def _varints(values: np.ndarray) -> List[bytes]:
+    """Each row of non-negative values < 2**21 as its packed varints (vectorised)."""
+    v = values.astype(np.int64)
+    b0 = (v & 0x7F) | np.where(v >= 1 << 7, 0x80, 0)
+    b1 = ((v >> 7) & 0x7F) | np.where(v >= 1 << 14, 0x80, 0)
+    b2 = (v >> 14) & 0x7F
+    size = 1 + (v >= 1 << 7) + (v >= 1 << 14)
+    stacked = np.stack([b0, b1, b2], axis=-1).astype(np.uint8)  # (rows, width, 3)
+    keep = np.arange(3)[None, None, :] < size[..., None]
+    lengths = keep.reshape(len(v), -1).sum(axis=1)
+    flat = stacked[keep]
+    ends = np.cumsum(lengths)
+    data = flat.tobytes()
+    return [data[e - n:e] for e, n in zip(ends.tolist(), lengths.tolist())]
+
+
+def write_tfrecord(path: str, n: int, s: int, p: int, seed: int) -> None:
+    """As google-research/bert's create_pretraining_data.py: one tf.train.Example per instance."""
+    from .tfrecord import _length_delimited, write_records
+
+    names = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+             "masked_lm_weights", "next_sentence_labels")
+
+    def records():
+        for chunk in synthetic_chunks(n, s, p, seed):
+            packed = {name: _varints(chunk[name].reshape(len(chunk[name]), -1)) for name in names
+                      if name != "masked_lm_weights"}
+            weights = chunk["masked_lm_weights"]
+            for i in range(len(weights)):
+                entries = []
+                for name in names:
+                    if name == "masked_lm_weights":
+                        feature = _length_delimited(2, _length_delimited(1, weights[i].astype("<f4").tobytes()))
+                    else:
+                        feature = _length_delimited(3, _length_delimited(1, packed[name][i]))
+                    entries.append(_length_delimited(1, _length_delimited(1, name.encode()) + _length_delimited(2, feature)))
+                yield _length_delimited(1, b"".join(entries))
+
+    write_records(path, records())
+
+
+class PeakSampler(threading.Thread):
+    """Samples the peak RSS (VmHWM) of a process and of its descendants every `interval` seconds."""
+
+    def __init__(self, root: int, interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.parent_kib = self.workers_kib = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from .scale_bench import _tree
+
+        while not self.done.is_set():
+            for pid in _tree(self.root):
+                try:
+                    with open("/proc/%d/status" % pid) as f:
+                        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+                except (OSError, StopIteration, ValueError):
+                    continue
+                if pid == self.root:
+                    self.parent_kib = max(self.parent_kib, kib)
+                else:
+                    self.workers_kib = max(self.workers_kib, kib)
+            self.done.wait(self.interval)
+
+
+def run_pack(inputs: str, vocab: str, output: str, extra: List[str]) -> Dict[str, object]:
+    command = [sys.executable, "-m", "ipu_packing.data", "pack", "--input", inputs, "--vocab", vocab,
+               "--output", output, "--quiet"] + extra
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = PeakSampler(proc.pid)
+    sampler.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    sampler.done.set()
+    sampler.join()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit("pack failed (exit %d):\n%s" % (proc.returncode, err[-4000:]))
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024.0,
+            "parent_peak_rss_mib": sampler.parent_kib / 1024.0, "worker_peak_rss_mib": sampler.workers_kib / 1024.0,
+            "stdout": out.strip()}
+
+
+def _du(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ipu_packing.data.pack_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--instances", type=int, required=True)
+    parser.add_argument("--format", choices=("hdf5", "tfrecord"), default="hdf5")
+    parser.add_argument("--files", type=int, default=1, help="input files (the instances split evenly)")
+    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--max-sequences-per-pack", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--no-padded", action="store_true")
+    parser.add_argument("--workdir", default=None, help="where the input and output go (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the input and output")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.instances < args.files or args.files < 1:
+        parser.error("--instances must be >= --files >= 1")
+    s = args.max_seq_length
+    p = int(round(0.15 * s)) + 1
+    work = tempfile.mkdtemp(prefix="pack-bench-", dir=args.workdir)
+    try:
+        vocab = write_vocab(os.path.join(work, "vocab.txt"))
+        inputs = os.path.join(work, "input")
+        os.makedirs(inputs)
+        started = time.perf_counter()
+        bounds = np.linspace(0, args.instances, args.files + 1).astype(int)
+        for i in range(args.files):
+            name = "part_%05d.%s" % (i, "hdf5" if args.format == "hdf5" else "tfrecord")
+            writer = write_hdf5 if args.format == "hdf5" else write_tfrecord
+            writer(os.path.join(inputs, name), int(bounds[i + 1] - bounds[i]), s, p, seed=i)
+        written = time.perf_counter() - started
+        output = os.path.join(work, "out")
+        extra = ["--max-sequences-per-pack", str(args.max_sequences_per_pack), "--workers", str(args.workers),
+                 "--format", args.format] + (["--no-padded"] if args.no_padded else [])
+        result = run_pack(inputs, vocab, output, extra)
+        with open(os.path.join(output, "packed", "manifest.json")) as f:
+            manifest = json.load(f)
+        result.update(instances=manifest["num_sequences"], packs=manifest["num_packs"],
+                      packing_factor=manifest["packing_factor"], mlm_slots=manifest["mlm_slots"],
+                      input_mib=_du(inputs) / 2.0 ** 20, output_mib=_du(output) / 2.0 ** 20,
+                      write_input_s=written, format=args.format, files=args.files, max_seq_length=s,
+                      workers=args.workers or min(4, os.cpu_count() or 1))
+        result["instances_per_s"] = result["instances"] / result["wall_s"]
+        if args.json:
+            print(json.dumps(result, sort_keys=True))
+        else:
+            print("%s, %d files, %.0f MiB: %d instances at S=%d -> %d packs (factor %.3f, M=%d), output %.0f MiB"
+                  % (args.format, args.files, result["input_mib"], result["instances"], s, result["packs"],
+                     result["packing_factor"], result["mlm_slots"], result["output_mib"]))
+            print("pack with %d workers: wall %.1f s, CPU %.1f s, %.0f instances/s, peak RSS of the largest "
+                  "process %.0f MiB (sampled: parent %.0f MiB, largest worker %.0f MiB)"
+                  % (result["workers"], result["wall_s"], result["cpu_s"], result["instances_per_s"],
+                     result["peak_rss_mib"], result["parent_peak_rss_mib"], result["worker_peak_rss_mib"]))
+            print(result["stdout"].splitlines()[-1] if result["stdout"] else "")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
