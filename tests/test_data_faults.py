@@ -209,7 +209,7 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing(tmp_path):
 def test_a_killed_run_takes_its_workers_along_and_the_next_run_removes_its_leftovers(tmp_path):
     proc, workers, output = _start_with_workers(tmp_path, "out")
     os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    proc.wait(60)  # not communicate(): a surviving worker would hold its pipes open for ever
     for _ in range(600):  # the kernel delivers the parent-death signal at once; allow a loaded machine 30 s
         if not any(_alive(pid) for pid in workers):
             break
@@ -220,3 +220,24 @@ def test_a_killed_run_takes_its_workers_along_and_the_next_run_removes_its_lefto
     corpus, vocab = make_inputs(str(tmp_path / "inputs"))
     assert main(_args(corpus, vocab, output)) == 0  # the next run into the same output
     assert not [n for n in os.listdir(str(tmp_path)) if n.startswith(".out.tmp-")]
+
+
+_DIE_WITH_PARENT = """
+import os, sys
+from ipu_packing.data.workers import _die_with_parent
+_die_with_parent(os.getppid() + int(sys.argv[1]))
+print("alive")
+"""
+
+
+def test_a_worker_whose_parent_died_before_it_asked_to_die_with_it_ends_itself():
+    # the parent-death signal only covers a parent that dies after the prctl call; a worker forked
+    # just before its parent was killed has been re-parented already, and must end itself
+    def run(offset):
+        return subprocess.run([sys.executable, "-c", _DIE_WITH_PARENT, str(offset)], capture_output=True, text=True,
+                              cwd=ROOT, timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+
+    kept = run(0)
+    assert kept.returncode == 0 and kept.stdout.strip() == "alive", kept.stderr
+    orphan = run(12345)
+    assert orphan.returncode == 1 and orphan.stdout == "" and orphan.stderr == ""

@@ -28,9 +28,10 @@ def shard_rng(seed: int, shard: int) -> np.random.Generator:
 _WORKER: Dict[str, object] = {}
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """Worker processes ignore Ctrl-C (the parent reports it once and shuts them down) and, on Linux,
-    get SIGKILL when the parent dies, so a killed prepare leaves no orphans behind."""
+    get SIGKILL when the parent dies, so a killed prepare leaves no orphans behind. A parent killed
+    between the fork and the prctl call has already gone: then the worker ends itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while forking
@@ -40,11 +41,13 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
-def _init_worker(spec: TokenizerSpec, recipe: RecipeConfig, seed: int, in_worker: bool = False) -> None:
-    if in_worker:
-        _die_with_parent()
+def _init_worker(spec: TokenizerSpec, recipe: RecipeConfig, seed: int, parent: Optional[int] = None) -> None:
+    if parent is not None:  # in a worker process
+        _die_with_parent(parent)
     _WORKER.clear()
     _WORKER.update(spec=spec, recipe=recipe, seed=seed, tokenizer=None)
 
@@ -110,7 +113,7 @@ class Workers:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
             import tokenizers  # noqa: F401  (imported once here, inherited by the forked workers)
             self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method),
-                                            initializer=_init_worker, initargs=(spec, recipe, seed, True))
+                                            initializer=_init_worker, initargs=(spec, recipe, seed, os.getpid()))
             try:
                 self.start()
             except BaseException:  # e.g. Ctrl-C held back during the forks: the caller never gets the pool
