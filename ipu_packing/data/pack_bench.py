@@ -21,18 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
 from .format import CLS_ID, FIRST_WORD_ID, MASK_ID, SEP_ID, SPECIAL_TOKENS
+from .scale_bench import du, run_measured
 
 VOCAB_SIZE = 30522
 CHUNK = 1 << 15
@@ -137,53 +135,9 @@ def write_tfrecord(path: str, n: int, s: int, p: int, seed: int) -> None:
     write_records(path, records())
 
 
-class PeakSampler(threading.Thread):
-    """Samples the peak RSS (VmHWM) of a process and of its descendants every `interval` seconds."""
-
-    def __init__(self, root: int, interval: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.root, self.interval = root, interval
-        self.parent_kib = self.workers_kib = 0
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        from .scale_bench import _tree
-
-        while not self.done.is_set():
-            for pid in _tree(self.root):
-                try:
-                    with open("/proc/%d/status" % pid) as f:
-                        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-                except (OSError, StopIteration, ValueError):
-                    continue
-                if pid == self.root:
-                    self.parent_kib = max(self.parent_kib, kib)
-                else:
-                    self.workers_kib = max(self.workers_kib, kib)
-            self.done.wait(self.interval)
-
-
 def run_pack(inputs: str, vocab: str, output: str, extra: List[str]) -> Dict[str, object]:
-    command = [sys.executable, "-m", "ipu_packing.data", "pack", "--input", inputs, "--vocab", vocab,
-               "--output", output, "--quiet"] + extra
-    start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = PeakSampler(proc.pid)
-    sampler.start()
-    out, err = proc.communicate()
-    wall = time.perf_counter() - start
-    sampler.done.set()
-    sampler.join()
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise SystemExit("pack failed (exit %d):\n%s" % (proc.returncode, err[-4000:]))
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024.0,
-            "parent_peak_rss_mib": sampler.parent_kib / 1024.0, "worker_peak_rss_mib": sampler.workers_kib / 1024.0,
-            "stdout": out.strip()}
-
-
-def _du(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+    return run_measured([sys.executable, "-m", "ipu_packing.data", "pack", "--input", inputs, "--vocab", vocab,
+                         "--output", output, "--quiet"] + extra, what="pack")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -224,7 +178,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             manifest = json.load(f)
         result.update(instances=manifest["num_sequences"], packs=manifest["num_packs"],
                       packing_factor=manifest["packing_factor"], mlm_slots=manifest["mlm_slots"],
-                      input_mib=_du(inputs) / 2.0 ** 20, output_mib=_du(output) / 2.0 ** 20,
+                      input_mib=du(inputs) / 2.0 ** 20, output_mib=du(output) / 2.0 ** 20,
                       write_input_s=written, format=args.format, files=args.files, max_seq_length=s,
                       workers=args.workers or min(4, os.cpu_count() or 1))
         result["instances_per_s"] = result["instances"] / result["wall_s"]

@@ -108,16 +108,18 @@ class DescriptorSampler(threading.Thread):
             self.done.wait(self.interval)
 
 
-def run_prepare(corpus: str, output: str, nofile: int, extra: List[str]) -> Dict[str, float]:
-    command = [sys.executable, "-m", "ipu_packing.data", "prepare", "--input", corpus, "--output", output,
-               "--quiet"] + extra
+def run_measured(command: List[str], nofile: Optional[int] = None, what: str = "command") -> Dict[str, object]:
+    """Run `command` in a child process (under a descriptor limit of `nofile`, if given) and measure
+    it: wall and CPU seconds (the child and its workers), peak RSS of the largest process, of the
+    child and of its largest worker, and the most descriptors open at once."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.Popen(command, preexec_fn=limit, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, preexec_fn=limit if nofile else None, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     sampler = DescriptorSampler(proc.pid)
     sampler.start()
     out, err = proc.communicate()
@@ -126,14 +128,20 @@ def run_prepare(corpus: str, output: str, nofile: int, extra: List[str]) -> Dict
     sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
-        raise SystemExit("prepare failed (exit %d):\n%s" % (proc.returncode, err[-4000:]))
+        raise SystemExit("%s failed (exit %d):\n%s" % (what, proc.returncode, err[-4000:]))
     return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "peak_rss_mib": after.ru_maxrss / 1024.0, "parent_peak_rss_mib": sampler.parent_rss,
             "worker_peak_rss_mib": sampler.worker_rss, "max_fds_one_process": sampler.max_one,
             "max_fds_all_processes": sampler.max_all, "processes": sampler.max_processes, "stdout": out.strip()}
 
 
-def _du(path: str) -> int:
+def run_prepare(corpus: str, output: str, nofile: int, extra: List[str]) -> Dict[str, object]:
+    return run_measured([sys.executable, "-m", "ipu_packing.data", "prepare", "--input", corpus, "--output", output,
+                         "--quiet"] + extra, nofile, "prepare")
+
+
+def du(path: str) -> int:
+    """Bytes of the files under `path`."""
     total = 0
     for root, _, names in os.walk(path):
         total += sum(os.path.getsize(os.path.join(root, n)) for n in names)
@@ -170,7 +178,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         result.update(corpus_mb=built["bytes"] / 2.0 ** 20, documents=built["documents"],
                       instances=manifest["num_sequences"], tokens=manifest["num_tokens"],
                       input_shards=manifest["corpus"]["shards"], packs=manifest["num_packs"],
-                      output_mib=_du(output) / 2.0 ** 20, nofile=args.nofile, dupe_factor=args.dupe_factor,
+                      output_mib=du(output) / 2.0 ** 20, nofile=args.nofile, dupe_factor=args.dupe_factor,
                       max_seq_length=args.max_seq_length, workers=args.workers or min(4, os.cpu_count() or 1))
         result["instances_per_s"] = result["instances"] / result["wall_s"]
         result["tokens_per_s"] = result["tokens"] / result["wall_s"]
