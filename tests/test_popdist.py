@@ -194,7 +194,8 @@ def _instance_run(popdist, data_dir, run_dir, n, instance, *extra):
 @pytest.mark.parametrize("n", INSTANCES)
 def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(popdist, data_dir, tmp_path, n):
     run = str(tmp_path / "run")
-    steps = plan_run(load_config("demo", TINY + ["data.dir=%s" % data_dir]), open_dataset=open_dataset).steps_per_epoch
+    steps = plan_run(load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run]),
+                     open_dataset=open_dataset).steps_per_epoch
     assert steps >= 3, steps  # a real epoch of several steps
     one_host, single = _instance_run(popdist, data_dir, str(tmp_path / "one_host"), 1, 0, "training.steps=%d" % steps)
     extra = ["training.steps=%d" % (2 * steps), "checkpoint.every_steps=%d" % steps]
