@@ -237,7 +237,8 @@ def _inspect_hdf5(path: str) -> InputFile:
 
 
 def _inspect_tfrecord(path: str) -> InputFile:
-    from .tfrecord import RecordError, parse_examples, read_batches
+    from .tfexample import parse_examples
+    from .tfrecord import RecordError, read_batches
 
     try:
         for first, buf, starts, ends in read_batches(path, block=1 << 16):
@@ -421,7 +422,8 @@ def convert_hdf5_rows(path: str, start: int, stop: int, out: str, checks: Checks
 
 def convert_tfrecord_file(path: str, out_prefix: str, checks: Checks, block: int) -> ChunkResult:
     """Worker: a google-research/bert TFRecord file -> instance files, one per block of records read."""
-    from .tfrecord import RecordError, parse_examples, read_batches
+    from .tfexample import parse_examples
+    from .tfrecord import RecordError, read_batches
 
     s, p = checks.max_seq_length, checks.prediction_slots
     shapes = {"input_ids": s, "input_mask": s, "segment_ids": s, "masked_lm_positions": p, "masked_lm_ids": p,
