@@ -87,12 +87,12 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     vocab_checksum, do_lower_case, special_token_ids, seed, recipe, corpus) and writes the vocabulary
     file into `directory`. `lap(phase)` is called after the plan, scatter and write phases.
     """
-    from ..packing import histogram_from_lengths, plan_packing
+    from ..packing import plan_packing
     from ..packing.slots import KeyedPermutation, SlotMap
 
     s, k = settings.max_seq_length, settings.max_sequences_per_pack
     # the lengths (2 bytes an instance, held by the caller) are all the plan needs: their histogram
-    histogram = sum((histogram_from_lengths(lengths, s) for lengths in shard_lengths), np.zeros(s, np.int64))
+    groups, histogram = _groups(shard_lengths, settings.group_tokens, s)
     num_sequences = int(histogram.sum())
     plan = plan_packing(histogram, s, k, algorithm=settings.packing_algorithm,
                         max_rounds=settings.lp_max_rounds, time_limit=settings.lp_time_limit)
@@ -114,7 +114,6 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     # scatter: each group of input shards to one spill file per dataset, by output shard
     spill_dir = os.path.join(temp, "work", "spill")
     os.makedirs(spill_dir)
-    groups = _groups(shard_lengths, settings.group_tokens, s)
 
     def spill(kind: str, g: int) -> str:
         return os.path.join(spill_dir, "%s-%05d.bin" % (kind, g))
@@ -142,15 +141,18 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
 
 
 def _groups(shard_lengths: List[np.ndarray], group_tokens: int, max_seq_length: int):
-    """Consecutive input shards in groups of about `group_tokens` tokens (the scatter's unit):
-    (first shard, end shard, first instance, (S,) instances of each length before the group)."""
+    """Consecutive input shards in groups of about `group_tokens` tokens (the scatter's unit), and
+    the histogram of all the lengths (each shard's checked against 1..S), in one pass: ([(first
+    shard, end shard, first instance, (S,) instances of each length before the group)], (S,))."""
+    from ..packing import histogram_from_lengths
+
     groups, before, first, a, tokens = [], np.zeros(max_seq_length, dtype=np.int64), 0, 0, 0
     start_before, start_first = before.copy(), 0
     for i, lengths in enumerate(shard_lengths):
         tokens += int(np.sum(lengths, dtype=np.int64))
-        before += np.bincount(np.asarray(lengths, dtype=np.int64) - 1, minlength=max_seq_length)
+        before += histogram_from_lengths(lengths, max_seq_length)
         first += len(lengths)
         if tokens >= group_tokens or i == len(shard_lengths) - 1:
             groups.append((a, i + 1, start_first, start_before))
             a, tokens, start_before, start_first = i + 1, 0, before.copy(), first
-    return groups
+    return groups, before
