@@ -162,15 +162,11 @@ def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, d
 
 
 def _preload_planner() -> None:
-    """Load what the planner needs (scipy's HiGHS and NNLS extension modules, without importing
-    scipy.optimize) while the workers build instances, so it is not on the critical path between
-    the instance and the planning phases."""
+    """Import the planner's LP solver (highspy) while the workers build instances, so it is not on
+    the critical path between the instance and the planning phases."""
     try:
-        from ..packing._solvers import highs_core, nnls_solver
-
-        highs_core()
-        nnls_solver()
-    except ImportError:  # the planner reports it, if it needs scipy
+        import highspy  # noqa: F401
+    except ImportError:  # the planner reports it, if it needs the LP
         pass
 
 

@@ -109,7 +109,8 @@ def format_table(plan: PackingPlan, top: int) -> str:
         ]
     if plan.lp_rounds is not None:
         rows.append(("LP rounds (stopped by)", "%d (%s)" % (plan.lp_rounds, plan.stopped_by)))
-    rows += [("strategies", "{:,}".format(len(plan.strategies))), ("seconds", "{:.3f}".format(plan.seconds))]
+    rows += [("strategies", "{:,}".format(len(plan.strategies))), ("plan sha256", plan.sha256()),
+             ("seconds", "{:.3f}".format(plan.seconds))]
     width = max(len(name) for name, _ in rows)
     lines = ["%-*s  %s" % (width, name, value) for name, value in rows]
     lines.append("")

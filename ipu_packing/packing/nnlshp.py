@@ -97,7 +97,7 @@ def nnlshp(histogram: np.ndarray, max_seq_length: int, max_sequences_per_pack: i
                 matrix[length - 1, j] += 1
         weight = np.ones(size)  # (S,)
         weight[:SHORT_LENGTHS] = SHORT_WEIGHT
-        from ._solvers import nnls  # lazy, and without importing scipy.optimize (~0.5 s)
+        from scipy.optimize import nnls  # lazy: ~0.5 s of imports that other algorithms do not pay
 
         x, _ = nnls(weight[:, None] * matrix, weight * hist.astype(np.float64))
         counts = np.rint(x).astype(np.int64)

@@ -10,9 +10,9 @@ is then the integer program
 whose columns A[:, j] range over all feasible patterns (far too many to list).
 
 1. Column generation solves the LP relaxation. A restricted master over a pool of patterns
-   (singletons plus the SPFHP/LPFHP strategies) is solved with HiGHS, warm-started after
-   each batch of new columns (scipy's bundled HiGHS object; scipy.optimize.linprog as the
-   fallback). Its duals y price new patterns by the knapsack ``max y.a`` over feasible a,
+   (singletons plus the SPFHP/LPFHP strategies) is solved with HiGHS (the public `highspy`
+   package, imported when the first master is built), warm-started after each batch of new
+   columns. Its duals y price new patterns by the knapsack ``max y.a`` over feasible a,
    solved exactly by dynamic programming over (items used, capacity): O(K S n), or O(S n)
    when K cannot bind. Items whose dual is matched by a shorter item are dropped from
    pricing first (swapping in the shorter one never hurts), which keeps n small. Each round
@@ -29,18 +29,40 @@ whose columns A[:, j] range over all feasible patterns (far too many to list).
    pattern) goes to the greedy heuristics. The cheaper of the two variants wins. Over-covered
    slots are removed afterwards by plan.py (never adding packs).
 4. Stopping. Column generation ends when the LP is solved, when the bound proves the
-   current packing optimal, or after ``max_rounds`` rounds of pricing. These rules depend
-   only on the input, so the same histogram gives the same plan on any machine at any load.
-   The wall-clock ``time_limit`` is only a safety net for pathological inputs; when it
-   fires, the result says so (``stopped_by == "time_limit"``), because that plan then
-   depends on the machine's speed.
-5. plan.py finally keeps the best of this result and the other algorithms' results, so
+   current packing optimal, or after ``max_rounds`` rounds of pricing. The wall-clock
+   ``time_limit`` is only a safety net for pathological inputs; when it fires, the result
+   says so (``stopped_by == "time_limit"``), because that plan then depends on the
+   machine's speed.
+5. plan.py finally keeps the best of this result and the greedy heuristics' results, so
    `optimal` is never worse than them.
+
+Exact decisions (why the same histogram gives the same plan on every machine). The LP solver
+works in floating point; nothing else does, and no decision reads a float's last bits:
+
+- The solver's duals are rounded to a dyadic grid, ``DUAL_GRID_BITS`` bits below 1 (round to
+  nearest: duals that are short rationals, as this LP's usually are, sit far from a rounding
+  boundary), and held as int64. Pricing, its dynamic programme, dual smoothing (weights in
+  tenths), the choice and order of new columns (value, then index: stable sorts only; numpy's
+  SIMD partition and sort break ties differently per CPU) and the reduced-cost test are
+  integer arithmetic, exact in any order. A column counts as improving only when its grid
+  value beats 1 by more than the rounding could add (half a unit per item).
+- Bounds are exact fractions (Python ints: b.y can pass 2**63), so the stopping rules and the
+  certificate compare exactly.
+- The primal x is read through tolerances far above solver noise: ``floor(x + X_TOL)``, the
+  fractional parts on a 2**-20 grid, ties broken by column order; its sum by ``math.fsum``,
+  which is correctly rounded whatever the order.
+- Floating-point reductions (``@``, ``sum``) and BLAS are not used for any decision, so
+  numpy's CPU dispatch and OpenBLAS's kernels cannot move a plan (tests/test_packing_hashes.py
+  replans under other CPU features, BLAS kernels and thread counts and checks pinned hashes).
+The solver itself is pinned (requirements.txt); another HiGHS build could still take another
+pivot path on a degenerate master, which docs/packing.md states.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from fractions import Fraction
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -49,46 +71,75 @@ from ..errors import InputError
 
 from .heuristics import lpfhp, spfhp
 
-REDUCED_COST_TOL = 1e-9
+DUAL_GRID_BITS = 32
+ONE = 1 << DUAL_GRID_BITS  # a dual of 1 on the grid
+X_TOL = 2.0 ** -20  # primal values within this of an integer are that integer
+FRAC_GRID = 1 << 20  # fractional parts of x are compared on this grid
 NEW_COLUMNS_PER_ROUND = 64  # best patterns per round from leading pairs (and as many from single leads)
 PAIR_LEADS_MAX = 1500  # frontier size above which only single leading items are tried
-SMOOTHING = 0.9  # Wentges smoothing weight of the dual centre
+DIVE_TAKE = (7 * FRAC_GRID) // 10  # fractional columns a dive step takes when no pack is whole
+DIVE_STEPS = 1000  # re-solves of the master for the demand that rounding leaves (see _round)
+SMOOTHING_TENTHS = (9, 6, 3, 0)  # Wentges weights of the dual centre, tried in turn
 # Rounds of column generation before it stops with its current (valid) bound. The Wikipedia
 # histogram at S=512 converges in 13-46 rounds (K=max..3); the same lengths spread over
-# S=2048 need 269, so 300 lets such inputs converge too (rounds grow dearer as the master
-# grows: that case takes about 80 s). The time limit is only a safety net above that.
+# S=2048 need a few hundred, so 300 lets such inputs converge too (rounds grow dearer as the
+# master grows). The time limit is only a safety net above that.
 MAX_ROUNDS = 300
 TIME_LIMIT = 600.0
 STOP_REASONS = ("lp_optimal", "bound", "known_optimal", "max_rounds", "time_limit", "stalled")
 # Appending columns keeps the basis primal feasible: primal simplex from it, no presolve.
-MASTER_OPTIONS = (("presolve", "off"), ("simplex_strategy", 4), ("threads", 1))
+MASTER_OPTIONS = (("presolve", "off"), ("simplex_strategy", 4), ("threads", 1), ("random_seed", 0))
 
 
-Column = Tuple[np.ndarray, np.ndarray, bytes]  # (rows int32 ascending, counts float64, key)
+Column = Tuple[np.ndarray, np.ndarray, bytes]  # (rows int32 ascending, counts int64, key)
 
 
 def make_column(rows) -> Column:
     """A pattern from the row index of each item it holds (repeats allowed)."""
     rows, counts = np.unique(np.asarray(rows, dtype=np.int32), return_counts=True)
-    return rows, counts.astype(np.float64), rows.tobytes() + counts.astype(np.int32).tobytes()
+    counts = counts.astype(np.int64)
+    return rows, counts, rows.tobytes() + counts.astype(np.int32).tobytes()
+
+
+def grid_duals(duals: np.ndarray) -> np.ndarray:
+    """(n,) int64: duals in [0, 1] on the grid (units of 2**-DUAL_GRID_BITS), rounded to nearest."""
+    return np.rint(np.clip(np.asarray(duals, dtype=np.float64), 0.0, 1.0) * ONE).astype(np.int64)
+
+
+def column_value(duals: np.ndarray, column: Column) -> int:
+    """y.a on the grid (exact)."""
+    return int((duals[column[0]] * column[1]).sum())
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> int:
+    """Exact a.b of two int64 vectors, as a Python int (the sum can pass 2**63)."""
+    return sum(x * y for x, y in zip(a.tolist(), b.tolist()))
+
+
+def _ceil(value: Fraction) -> int:
+    return -((-value.numerator) // value.denominator)
 
 
 class Pricing:
-    """Exact pricing: best pattern value ``max y.a`` under length S and at most K items."""
+    """Exact pricing on the grid: best pattern value ``max y.a`` under length S and at most K items."""
 
     def __init__(self, lengths: np.ndarray, size: int, limit: int) -> None:
         self.lengths = lengths  # (n,) ascending distinct lengths
         self.size = size
         self.limit = limit
+        # Rounding each dual moves a pattern's value by at most half a unit per item.
+        self.margin = min(limit, size // int(lengths[0]))
 
     def solve(self, duals: np.ndarray):
-        """Returns (best value, candidate patterns (n,) int64 with value > 1, their values)."""
+        """duals: (n,) int64 on the grid. Returns (best value, candidate patterns whose value
+        beats ONE + margin), best first (value, then index)."""
         lengths, size = self.lengths, self.size
+        threshold = ONE + self.margin
         # Frontier: items whose dual beats every shorter item's (others are dominated).
-        running = np.maximum.accumulate(np.concatenate([[0.0], duals]))[:-1]
-        keep = np.flatnonzero(duals > running + 1e-15)
+        running = np.maximum.accumulate(np.concatenate([[0], duals]))[:-1]
+        keep = np.flatnonzero(duals > running)
         if len(keep) == 0:
-            return 0.0, [], []
+            return 0, []
         item_len = lengths[keep]
         item_val = duals[keep]
         bounded = self.limit < size // int(item_len[0])
@@ -105,19 +156,12 @@ class Pricing:
         ok = np.tril(lead_len <= size)
         if self.limit < 2 or len(keep) > PAIR_LEADS_MAX:
             ok[:] = False
-        values = np.where(ok, lead_val + pair_best[np.minimum(size - lead_len, size).clip(0)], -np.inf)
+        values = np.where(ok, lead_val + pair_best[np.minimum(size - lead_len, size).clip(0)], -1).ravel()
         single = item_val + best[size - item_len]  # (f,) one leading item, K - 1 more
-        top = float(max(single.max(), values.max()))
-        flat = np.flatnonzero(values.ravel() > 1.0 + REDUCED_COST_TOL)
-        if len(flat) > NEW_COLUMNS_PER_ROUND:
-            flat = flat[np.argpartition(-values.ravel()[flat], NEW_COLUMNS_PER_ROUND)[:NEW_COLUMNS_PER_ROUND]]
-        leads = [(int(f // pairs), int(f % pairs)) for f in flat]
-        ones = np.flatnonzero(single > 1.0 + REDUCED_COST_TOL)
-        if len(ones) > NEW_COLUMNS_PER_ROUND:
-            ones = ones[np.argpartition(-single[ones], NEW_COLUMNS_PER_ROUND)[:NEW_COLUMNS_PER_ROUND]]
-        leads += [(int(i), -1) for i in ones]
+        top = int(max(single.max(), values.max()))
+        leads = [(int(f // pairs), int(f % pairs)) for f in _best(values, threshold)]
+        leads += [(int(i), -1) for i in _best(single, threshold)]
         patterns = []  # type: List[Column]
-        found = []  # type: List[float]
         seen = set()
         for i, j in leads:
             items = [i] + ([j] + pair_rest(size - int(item_len[i]) - int(item_len[j])) if j >= 0 else rest(size - int(item_len[i])))
@@ -125,13 +169,12 @@ class Pricing:
             if column[2] not in seen:
                 seen.add(column[2])
                 patterns.append(column)
-                found.append(float(duals[column[0]] @ column[1]))
-        return top, patterns, found
+        return top, patterns
 
     def _layers(self, item_len: np.ndarray, item_val: np.ndarray):
         """f[k][c]: best value of at most k items in capacity c; returns f[K-1] and backtrack."""
         size, layers = self.size, self.limit - 1
-        values = np.zeros((layers + 1, size + 1))  # (K, S + 1)
+        values = np.zeros((layers + 1, size + 1), dtype=np.int64)  # (K, S + 1)
         choice = np.full((layers + 1, size + 1), -1, dtype=np.int32)  # (K, S + 1)
         for k in range(1, layers + 1):
             prev, cur, arg = values[k - 1], values[k], choice[k]
@@ -166,7 +209,7 @@ class Pricing:
     def _unbounded(self, item_len: np.ndarray, item_val: np.ndarray):
         """g[c]: best value in capacity c with any number of items (K cannot bind)."""
         size = self.size
-        best = np.zeros(size + 1)  # (S + 1,)
+        best = np.zeros(size + 1, dtype=np.int64)  # (S + 1,)
         choice = np.full(size + 1, -1, dtype=np.int32)  # (S + 1,)
         upto = np.searchsorted(item_len, np.arange(size + 1), side="right")  # (S + 1,)
         for c in range(1, size + 1):
@@ -174,7 +217,7 @@ class Pricing:
             m = int(upto[c])
             if m:
                 cand = best[c - item_len[:m]] + item_val[:m]
-                j = int(np.argmax(cand))
+                j = int(np.argmax(cand))  # the first of equal values: exact on int64
                 if cand[j] > best[c]:
                     best[c] = cand[j]
                     choice[c] = j
@@ -193,41 +236,45 @@ class Pricing:
         return best, rest
 
 
-class _Master:
-    """The restricted master LP ``min 1.x  s.t.  pool x >= demand, x >= 0``.
+def _best(values: np.ndarray, threshold: int) -> np.ndarray:
+    """Indices of the (at most NEW_COLUMNS_PER_ROUND) largest values above threshold, largest
+    first, equal values by index: a stable sort, so the choice is the same on every CPU."""
+    above = np.flatnonzero(values > threshold)
+    order = np.argsort(-values[above], kind="stable")[:NEW_COLUMNS_PER_ROUND]
+    return above[order]
 
-    Columns are appended between solves. With the HiGHS object that scipy bundles
-    (scipy >= 1.15) each solve is warm-started from the previous basis; otherwise every
-    solve starts afresh through scipy.optimize.linprog (same answers, slower).
+
+def _highspy():
+    try:
+        import highspy  # lazy: commands that never plan with the LP do not load it
+    except ImportError as exc:
+        raise InputError("the optimal packer needs the highspy package (pinned in requirements.txt): %s" % exc)
+    return highspy
+
+
+class _Master:
+    """The restricted master LP ``min 1.x  s.t.  pool x >= demand, x >= 0`` in HiGHS.
+
+    Columns are appended between solves, and each solve is warm-started from the previous basis.
     """
 
     def __init__(self, demand: np.ndarray) -> None:
-        self.demand = demand.astype(np.float64)  # (n,)
+        self.demand = demand.astype(np.int64)  # (n,)
         self.columns = []  # type: List[Column]
         self.keys = set()
-        self._matrix = None
-        self.highs = None
-        # scipy is imported here, not at module level: importing scipy.optimize costs ~0.5 s of
-        # start-up that commands which never plan (or plan with a heuristic) should not pay.
-        try:  # private but version-pinned; every failure falls back to linprog
-            from ._solvers import highs_core
-
-            _core = highs_core()
-
-            highs = _core._Highs()
-            highs.setOptionValue("output_flag", False)
-            for key, value in MASTER_OPTIONS:
-                highs.setOptionValue(key, value)
-            n = len(demand)
-            self.inf = highs.getInfinity()
-            highs.addRows(
-                n, self.demand, np.full(n, self.inf), 0,
-                np.zeros(n, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0),
-            )
-            self.highs = highs
-            self.status_optimal = _core.HighsModelStatus.kOptimal
-        except Exception:  # pragma: no cover - depends on the scipy build
-            self.highs = None
+        highspy = _highspy()
+        highs = highspy.Highs()
+        highs.setOptionValue("output_flag", False)
+        for key, value in MASTER_OPTIONS:
+            highs.setOptionValue(key, value)
+        n = len(demand)
+        self.inf = highs.getInfinity()
+        highs.addRows(
+            n, self.demand.astype(np.float64), np.full(n, self.inf), 0,
+            np.zeros(n, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0),
+        )
+        self.highs = highs
+        self.status_optimal = highspy.HighsModelStatus.kOptimal
 
     def add(self, columns: List[Column]) -> int:
         """Appends the columns not yet in the pool; returns how many were new."""
@@ -237,53 +284,42 @@ class _Master:
         for column in fresh:
             self.keys.add(column[2])
             self.columns.append(column)
-        self._matrix = None
-        if self.highs is not None:
-            sizes = np.array([len(c[0]) for c in fresh])
-            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
-            rows = np.concatenate([c[0] for c in fresh]).astype(np.int32)
-            values = np.concatenate([c[1] for c in fresh])
-            k = len(fresh)
-            self.highs.addCols(k, np.ones(k), np.zeros(k), np.full(k, self.inf), len(values), starts, rows, values)
+        sizes = np.array([len(c[0]) for c in fresh])
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+        rows = np.concatenate([c[0] for c in fresh]).astype(np.int32)
+        values = np.concatenate([c[1] for c in fresh]).astype(np.float64)
+        k = len(fresh)
+        self.highs.addCols(k, np.ones(k), np.zeros(k), np.full(k, self.inf), len(values), starts, rows, values)
         return len(fresh)
 
-    @property
-    def matrix(self):
-        """(n, m) sparse CSC matrix of all columns so far."""
-        if self._matrix is None:
-            sizes = np.array([len(c[0]) for c in self.columns])
-            indptr = np.concatenate([[0], np.cumsum(sizes)])
-            rows = np.concatenate([c[0] for c in self.columns])
-            values = np.concatenate([c[1] for c in self.columns])
-            from scipy.sparse import csc_matrix  # lazy: see _Master.__init__
-
-            self._matrix = csc_matrix((values, rows, indptr), shape=(len(self.demand), len(self.columns)))
-        return self._matrix
-
     def solve(self):
-        """Returns (x (m,), objective, duals (n,) >= 0)."""
-        if self.highs is not None:
+        """Returns (x (m,) float64, duals (n,) float64 >= 0)."""
+        self.highs.run()
+        if self.highs.getModelStatus() != self.status_optimal:  # pragma: no cover - a cold solve once
+            self.highs.clearSolver()
             self.highs.run()
-            if self.highs.getModelStatus() == self.status_optimal:
-                sol = self.highs.getSolution()
-                x = np.asarray(sol.col_value, dtype=np.float64)
-                duals = np.maximum(np.asarray(sol.row_dual, dtype=np.float64), 0.0)
-                return x, float(x.sum()), duals
-            self.highs = None  # pragma: no cover - fall back to a cold solve
-        m = len(self.columns)
-        from scipy import optimize
+            if self.highs.getModelStatus() != self.status_optimal:
+                raise RuntimeError("the packing LP's master did not solve: %s"
+                                   % self.highs.modelStatusToString(self.highs.getModelStatus()))
+        sol = self.highs.getSolution()
+        x = np.asarray(sol.col_value, dtype=np.float64)
+        duals = np.maximum(np.asarray(sol.row_dual, dtype=np.float64), 0.0)
+        return x, duals
 
-        res = optimize.linprog(
-            np.ones(m),
-            A_ub=-self.matrix,
-            b_ub=-self.demand,
-            bounds=(0, None),
-            method="highs",
-        )
-        if res.status != 0:
-            raise RuntimeError("master LP failed: %s" % res.message)
-        duals = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
-        return np.asarray(res.x, dtype=np.float64), float(res.fun), duals
+    def solve_for(self, demand: np.ndarray) -> np.ndarray:
+        """x (m,) of the master with another demand (n,) int64 (the pool stays; warm-started)."""
+        for row, value in enumerate(demand.tolist()):
+            self.highs.changeRowBounds(row, float(value), self.inf)
+        return self.solve()[0]
+
+    def covered(self, whole: np.ndarray) -> np.ndarray:
+        """(n,) int64 sequences of each length that `whole` (m,) packs of each column hold (exact)."""
+        sizes = np.array([len(c[0]) for c in self.columns])
+        rows = np.concatenate([c[0] for c in self.columns]).astype(np.int64)
+        counts = np.concatenate([c[1] for c in self.columns])
+        out = np.zeros(len(self.demand), dtype=np.int64)
+        np.add.at(out, rows, counts * np.repeat(whole, sizes))
+        return out
 
 
 def _to_columns(strategies, index: np.ndarray) -> List[Column]:
@@ -304,37 +340,49 @@ def _greedy(residual: np.ndarray, lengths: np.ndarray, size: int, limit: int):
 def _round(x: np.ndarray, master: "_Master", lengths: np.ndarray, size: int, limit: int):
     """Integer packing from the LP solution x (m,): returns (whole (m,), strategies, repeats).
 
-    Two deterministic candidates, the one with fewer packs wins:
+    Three deterministic candidates; the one with fewest packs wins (the first of equals):
     - floor: x rounded down; the residual demand goes to the greedy heuristics.
     - round-up: additionally, fractional columns in decreasing order of their fractional part
       get one more pack while they still cover some residual demand; the rest goes to the
-      greedy heuristics. (Over-covered slots are removed later, never adding packs.)
+      greedy heuristics.
+    - dive: from the floor, the master is solved again for the demand left uncovered; its
+      whole packs are taken, or, where it has none, one pack of each column at or above
+      DIVE_TAKE (else of its largest column), until every sequence is placed or DIVE_STEPS
+      solves have run; the greedy heuristics place what is left.
+    Fractional parts are compared on a grid, equal parts in column order. (Over-covered slots
+    are removed later by plan.py, never adding packs.)
     """
-    demand = master.demand.astype(np.int64)
-    whole = np.floor(x + 1e-6).astype(np.int64)  # (m,)
-    # matrix @ whole, without importing scipy.sparse (~0.2 s): the entries are small integers, so
-    # the float sums are exact in any order.
-    sizes = np.array([len(c[0]) for c in master.columns])
-    rows = np.concatenate([c[0] for c in master.columns]).astype(np.int64)
-    values = np.concatenate([c[1] for c in master.columns]).astype(np.float64)
-    weights = values * np.repeat(whole.astype(np.float64), sizes)
-    covered = np.rint(np.bincount(rows, weights, minlength=len(demand))).astype(np.int64)  # (n,)
-    residual = np.maximum(demand - covered, 0)  # (n,)
-    floor_strategies, floor_repeats = _greedy(residual, lengths, size, limit)
+    whole = np.floor(x + X_TOL).astype(np.int64)  # (m,)
+    residual = np.maximum(master.demand - master.covered(whole), 0)  # (n,)
+    candidates = [(whole,) + tuple(_greedy(residual, lengths, size, limit))]
     up = whole.copy()
     left = residual.copy()
-    frac = x - whole
+    frac = np.maximum(np.rint((x - whole) * FRAC_GRID), 0).astype(np.int64)  # (m,)
     for j in np.argsort(-frac, kind="stable"):
-        if frac[j] <= 1e-9 or not left.any():
+        if frac[j] == 0 or not left.any():
             break
         rows, counts, _ = master.columns[j]
         if (left[rows] > 0).any():
             up[j] += 1
-            left[rows] = np.maximum(left[rows] - counts.astype(np.int64), 0)
-    up_strategies, up_repeats = _greedy(left, lengths, size, limit)
-    if int(up.sum()) + sum(up_repeats) < int(whole.sum()) + sum(floor_repeats):
-        return up, up_strategies, up_repeats
-    return whole, floor_strategies, floor_repeats
+            left[rows] = np.maximum(left[rows] - counts, 0)
+    candidates.append((up,) + tuple(_greedy(left, lengths, size, limit)))
+    dive = whole
+    for _ in range(DIVE_STEPS):
+        if not residual.any():
+            break
+        x = master.solve_for(residual)
+        more = np.floor(x + X_TOL).astype(np.int64)
+        if not more.any():
+            frac = np.rint(x * FRAC_GRID).astype(np.int64)  # (m,) all below FRAC_GRID here
+            high = frac >= DIVE_TAKE
+            if high.any():
+                more[high] = 1
+            else:
+                more[int(np.argmax(frac))] = 1
+        dive = dive + more
+        residual = np.maximum(master.demand - master.covered(dive), 0)
+    candidates.append((dive,) + tuple(_greedy(residual, lengths, size, limit)))
+    return min(candidates, key=lambda c: int(c[0].sum()) + sum(c[2]))
 
 
 class LPResult(NamedTuple):
@@ -342,11 +390,17 @@ class LPResult(NamedTuple):
     """Lengths in each pack pattern; None when ``upper_bound``'s packing was proved optimal."""
     repeats: Optional[List[int]]
     lower_bound: float
-    """Valid lower bound on the packs of any packing of the histogram."""
+    """Valid lower bound on the packs of any packing of the histogram (the exact bound, rounded down)."""
     rounds: int
     """Rounds of column generation run (master LP solves)."""
     stopped_by: str
     """Why column generation stopped: one of STOP_REASONS."""
+
+
+def _float_below(value: Fraction) -> float:
+    """The largest float <= value (a bound must never round up)."""
+    out = float(value)
+    return float(np.nextafter(out, -np.inf)) if Fraction(out) > value else out
 
 
 def optimal(
@@ -375,11 +429,10 @@ def optimal(
     lengths = np.flatnonzero(hist) + 1  # (n,) ascending
     demand = hist[lengths - 1]  # (n,)
     n = len(lengths)
-    tokens = float((demand * lengths).sum())
-    trivial = max(tokens / size, float(demand.sum()) / limit)
-    bound = trivial
-    if upper_bound is not None and upper_bound <= np.ceil(trivial * (1 - 1e-12) - 1e-9):
-        return LPResult(None, None, trivial, 0, "known_optimal")  # already provably optimal
+    tokens = _dot(demand, lengths)
+    bound = max(Fraction(tokens, size), Fraction(int(demand.sum()), limit))  # the trivial bounds
+    if upper_bound is not None and upper_bound <= _ceil(bound):
+        return LPResult(None, None, _float_below(bound), 0, "known_optimal")  # already provably optimal
 
     index = np.zeros(size + 1, dtype=np.int64)  # (S + 1,) row of each present length
     index[lengths] = np.arange(n)
@@ -389,6 +442,7 @@ def optimal(
         strategies, _ = heuristic(hist, size, limit)
         master.add(_to_columns(strategies, index))
     pricing = Pricing(lengths.astype(np.int64), size, limit)
+    threshold = ONE + pricing.margin
 
     # Column generation with Wentges dual smoothing. Patterns are priced at a point between
     # the master's duals y and the best dual found so far (the "centre", which starts at the
@@ -396,29 +450,29 @@ def optimal(
     # long degenerate start of plain column generation (12-16 rounds instead of ~150 on the
     # Wikipedia histogram). A pattern joins the pool only if it improves on y; when none
     # does, the point moves towards y; at y itself "none" proves the LP optimal.
-    centre = lengths / float(size)  # (n,)
-    centre_bound = float(centre @ demand)
+    centre = (lengths.astype(np.int64) * ONE + size // 2) // size  # (n,) l_i / S on the grid
+    centre_bound = Fraction(tokens, size)
     rounds = 0
     while True:
-        x, objective, duals = master.solve()
+        x, duals = master.solve()
+        duals = grid_duals(duals)
+        objective = math.fsum(x)  # correctly rounded: the same in any summation order
         rounds += 1
-        alpha = SMOOTHING
-        while True:
-            point = alpha * centre + (1.0 - alpha) * duals
-            top, patterns, _ = pricing.solve(point)
-            point_bound = float(point @ demand) / max(top, 1.0)
+        for tenths in SMOOTHING_TENTHS:
+            point = (tenths * centre + (10 - tenths) * duals) // 10
+            top, patterns = pricing.solve(point)
+            point_bound = Fraction(_dot(point, demand), max(top, ONE))
             if point_bound > centre_bound:
                 centre, centre_bound = point, point_bound
-            improving = [c for c in patterns if float(duals[c[0]] @ c[1]) > 1.0 + REDUCED_COST_TOL]
-            if improving or alpha == 0.0:
+            improving = [c for c in patterns if column_value(duals, c) > threshold]
+            if improving:
                 break
-            alpha = alpha - 0.3 if alpha > 0.3 else 0.0
         bound = max(bound, centre_bound)
-        integer_bound = np.ceil(bound * (1 - 1e-12) - 1e-9)
+        integer_bound = _ceil(bound)
         if not improving:
             stopped_by = "lp_optimal"
             break
-        if integer_bound >= np.ceil(objective * (1 - 1e-12) - 1e-9):
+        if integer_bound >= math.ceil(objective * (1 - 1e-12) - 1e-9):
             stopped_by = "bound"  # the LP cannot raise the integer bound any further
             break
         if upper_bound is not None and upper_bound <= integer_bound:
@@ -441,5 +495,4 @@ def optimal(
         rows, counts, _ = master.columns[j]
         strategies.append([int(lengths[r]) for r, c in zip(rows, counts) for _ in range(int(c))])
         repeats.append(int(whole[j]))
-    # A hair below the computed bound guards against rounding in b.y (relative 1e-12).
-    return LPResult(strategies, repeats, bound * (1 - 1e-12), rounds, stopped_by)
+    return LPResult(strategies, repeats, _float_below(bound), rounds, stopped_by)

@@ -9,13 +9,17 @@ sequences. The algorithms (see their modules):
 - ``lpfhp``: longest-pack-first, best fit, distributing copies (heuristics.py).
 - ``nnlshp``: non-negative least squares over exact-fit strategies (nnlshp.py).
 - ``optimal`` (default): cutting-stock LP by column generation, rounded and repaired, with
-  an LP lower bound as certificate (optimal.py). It also runs spfhp and lpfhp (and nnlshp
-  when its NNLS is small: S x strategies <= ``NNLSHP_IN_OPTIMAL``) and
-  keeps the plan with the fewest packs, so it is never worse than those.
+  an LP lower bound as certificate (optimal.py). It also runs spfhp and lpfhp and keeps the
+  plan with the fewest packs, so it is never worse than those. Every decision it makes is
+  exact (optimal.py says how), so a histogram gives the same plan on every machine. nnlshp is
+  not among its candidates: its NNLS is floating point through BLAS, and the plan it rounds
+  from moves with the CPU's kernels.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import numbers
 import time
@@ -29,9 +33,6 @@ from ..errors import InputError
 from . import heuristics, nnlshp as _nnlshp, optimal as _optimal
 
 ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "optimal")
-# optimal also runs nnlshp when S x (its number of strategies) is at most this (~2 s of NNLS;
-# the Wikipedia histogram at K >= 3 needs 512 x 22,102 = 11.3M, ~20 s)
-NNLSHP_IN_OPTIMAL = 1500000
 # Limits that keep every count exact. The LP works in float64, which holds integers exactly below
 # 2**53; token totals are int64 products. S is bounded so that a typo is refused before the
 # (S,)-sized arrays are allocated.
@@ -124,6 +125,17 @@ class PackingPlan:
         if not np.array_equal(self.placed_histogram(), self.histogram):
             raise ValueError("the strategies do not hold exactly the histogram's sequences")
 
+    def sha256(self) -> str:
+        """Hex sha256 of the plan itself: S, K and its (strategies, repeats) in their canonical order.
+        The same histogram and settings give the same digest on every machine (docs/packing.md)."""
+        canonical = {
+            "max_seq_length": self.max_seq_length,
+            "max_sequences_per_pack": self.max_sequences_per_pack,
+            "strategies": [list(s) for s in self.strategies],
+            "repeats": [int(r) for r in self.repeats],
+        }
+        return hashlib.sha256(json.dumps(canonical, separators=(",", ":")).encode()).hexdigest()
+
     def to_dict(self, top_strategies: int = 0) -> dict:
         """JSON-ready summary (the CLI's --json keys)."""
         out = {
@@ -142,6 +154,7 @@ class PackingPlan:
             "lp_rounds": self.lp_rounds,
             "stopped_by": self.stopped_by,
             "seconds": self.seconds,
+            "plan_sha256": self.sha256(),
         }
         if top_strategies:
             out["strategies"] = [
@@ -252,11 +265,8 @@ def _run(algorithm: str, hist: np.ndarray, size: int, limit: int, max_rounds: in
         return heuristics.lpfhp(hist, size, limit) + (None, None, None)
     if algorithm == "nnlshp":
         return _nnlshp.nnlshp(hist, size, limit) + (None, None, None)
-    # optimal: the best of the cheap algorithms, then the LP unless they are already optimal.
+    # optimal: the best of the greedy heuristics, then the LP unless they are already optimal.
     candidates = [heuristics.spfhp(hist, size, limit), heuristics.lpfhp(hist, size, limit)]
-    strategies, _ = _nnlshp.exact_fit_strategies(hist, size, limit)
-    if size * len(strategies) <= NNLSHP_IN_OPTIMAL:
-        candidates.append(_nnlshp.nnlshp(hist, size, limit))
     best = min((_normalise(s, r, hist) for s, r in candidates), key=lambda p: int(p[1].sum()))
     lp = _optimal.optimal(
         hist, size, limit, max_rounds=max_rounds, time_limit=time_limit, upper_bound=int(best[1].sum())
