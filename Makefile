@@ -57,3 +57,23 @@ IPU_PYTHON ?= python3
 test-ipu:
 	@$(IPU_PYTHON) -m pytest -q -rs -m ipu tests/test_execution_ipu.py; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test-ipu: nothing ran: poptorch does not import with $(IPU_PYTHON)"; exit 1; fi; exit $$rc
+
+# `make test-sdk`: the whole suite, in one process, on the Poplar SDK's Python stack: Python 3.8, torch 2.0.1
+# (PyPI's, where the SDK's is absent) and requirements-sdk.txt; poptorch itself only comes with the SDK, so its
+# tests run against the stand-ins. PYTHON38 is a Python 3.8 (by default pyenv's 3.8 where pyenv has one, else
+# python3.8; pyenv's shim for python3.8 does not run while another version is selected).
+PYTHON38 ?= $(shell p=$$(pyenv prefix 3.8 2>/dev/null) && echo "$$p/bin/python" || echo python3.8)
+SDK_VENV := .venv-sdk
+SDK_STAMP := $(SDK_VENV)/.installed
+
+$(SDK_STAMP): requirements-sdk.txt
+	$(PYTHON38) -c 'import sys; assert sys.version_info[:2] == (3, 8), sys.version' || \
+		{ echo "test-sdk: PYTHON38=$(PYTHON38) is not a Python 3.8"; exit 1; }
+	$(PYTHON38) -m venv $(SDK_VENV)
+	$(SDK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SDK_VENV)/bin/python -m pip install -q torch==2.0.1 -r requirements-sdk.txt
+	touch $(SDK_STAMP)
+
+.PHONY: test-sdk
+test-sdk: $(SDK_STAMP)
+	$(SDK_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider

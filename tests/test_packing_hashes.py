@@ -101,7 +101,10 @@ def test_plan_hash_is_pinned(name):
 
 def _dispatched_features():
     """numpy's dispatched SIMD targets this CPU has, lowest first (e.g. X86_V3, X86_V4, AVX512_ICL)."""
-    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # numpy < 2 (the Poplar SDK's 1.24)
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
 
     return [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
 
