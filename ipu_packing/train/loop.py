@@ -6,6 +6,8 @@ deterministic given the config: weights are seeded, each epoch's pack order depe
 (training.seed, epoch), and checkpoints carry the RNG states, the data position and the optimizer
 state as the runner keeps it (on IPUs: read back from the device). `compile_only(config)` compiles
 the training step, or loads it from the executable cache, and stops.
+
+Under PopRun the instances agree on their start before the first step (train/instances.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from . import checkpoint as ckpt
 from .config import BatchAccounting, PretrainingConfig
 from .data import TrainingData, batch_rows, check_data_matches, check_vocab_file, open_shards, read_training_data
 from .errors import ConfigError, TrainingError, UserError
+from .instances import agree_on_start, agree_ready
 from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
 from .optim import build_optimizer, build_scheduler
 from .resume import changed_keys, check_resume_matches, load_with_new_hyperparameters, resolve_resume
@@ -175,14 +178,35 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
     runner = make_runner(plan.model, plan.optimizer, plan.accounting.execution, scheduler=plan.scheduler)
     rank = int(getattr(runner, "rank", 0))
     writer = is_writer(runner)
+    group = _instance_group(runner, run_dir)
+    if group is not None:  # PopRun: the instances start alike or all stop, before anything is written
+        agree_on_start(group, step, plan.resume_state is not None, runner.model, log=log if writer else (lambda m: None))
     lock = RunLock(run_dir) if writer else None
+    refused = None  # type: Optional[UserError]
     if lock is not None:
-        lock.acquire()  # before anything is written: a second run in this directory is refused here
+        try:
+            lock.acquire()  # before anything is written: a second run in this directory is refused here
+        except UserError as exc:
+            if group is None:
+                raise
+            refused = exc  # the other PopRun instances learn it and stop too
     try:
-        return _train(plan, runner, rank, writer, step, epoch, position, log)
+        if group is not None:
+            agree_ready(group, refused)
+        return _train(plan, runner, rank, writer, step, epoch, position, log, group)
     finally:
         if lock is not None:
             lock.release()
+
+
+def _instance_group(runner, run_dir: str):
+    """The PopRun instances' InstanceGroup (popdist_backend.instance_group), None on one instance and on torch."""
+    launch = getattr(runner, "launch", None)
+    if launch is None or int(getattr(launch, "num_instances", 1)) <= 1:
+        return None
+    from ipu_packing.execution.popdist_backend import instance_group
+
+    return instance_group(launch, run_dir)
 
 
 def is_writer(runner) -> bool:
@@ -191,7 +215,8 @@ def is_writer(runner) -> bool:
     return bool(getattr(runner, "is_writer", int(getattr(runner, "rank", 0)) == 0))
 
 
-def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int, position: int, log) -> Dict[str, Any]:
+def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int, position: int, log,
+           group=None) -> Dict[str, Any]:
     config, data, accounting = plan.config, plan.data, plan.accounting
     run_dir = plan.run_dir
     total = config.training.steps
