@@ -1,4 +1,4 @@
-"""PopRun instances that agree, or refuse.
+"""PopRun instances that agree, or refuse; the step metrics of the whole run.
 
 Every PopRun instance plans its run alone: it resolves ``checkpoint.resume`` from its own view of the run
 directory and builds (or loads) its own weights. Before the first step the instances exchange what they
@@ -14,6 +14,11 @@ start from (``agree_on_start``), through the ``InstanceGroup`` of execution/popd
   restores is not broadcast. Without horovod (the directory fallback) the weights must agree as they are;
 - then, once instance 0 tried to take the run directory's lock, whether each instance is ready
   (``agree_ready``): when instance 0 cannot take it, every instance stops.
+
+Every host call the instances then reduce their share of the step (``reduce_step``): losses and accuracies
+averaged (each instance holds the same number of replicas), sequences, tokens and packs summed, the step's
+seconds and the compile seconds the slowest instance's. Without horovod that exchange would go through the
+file system every host call; the fallback does not, and a record says how many instances it covers.
 """
 
 from __future__ import annotations
@@ -119,4 +124,32 @@ def agree_ready(group, refused: Optional[UserError]) -> None:
                                 % (_group(not_ready), "its" if len(not_ready) == 1 else "their"))
 
 
-__all__ = ["InstancesDisagree", "agree_on_start", "agree_ready", "weights_digest"]
+STEP_FIELDS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy",
+               "sequences", "tokens", "packs", "seconds", "compile_seconds")
+_MEAN = 5  # the first five are averaged over instances
+_SUM = ("sequences", "tokens", "packs")
+
+
+def reduce_step(group, values: Dict[str, float], calls: int) -> Dict[str, float]:
+    """The whole step from each instance's ``values`` (STEP_FIELDS): means of the losses and accuracies,
+    sums of sequences, tokens and packs, the maximum of the seconds; plus ``instances``, how many instances
+    the result covers (1 where there is no group, or the group cannot exchange every host call)."""
+    if group is None or not group.reduces_metrics:
+        out = dict(values)
+        out["instances"] = 1
+        return out
+    rows = group.allgather([float(values[k]) for k in STEP_FIELDS], name="ipu_packing.step.%d" % calls)
+    out = {}  # type: Dict[str, float]
+    for j, key in enumerate(STEP_FIELDS):
+        column = [r[j] for r in rows]
+        if j < _MEAN:
+            out[key] = sum(column) / len(column)
+        elif key in _SUM:
+            out[key] = sum(column)
+        else:
+            out[key] = max(column)
+    out["instances"] = len(rows)
+    return out
+
+
+__all__ = ["InstancesDisagree", "STEP_FIELDS", "agree_on_start", "agree_ready", "reduce_step", "weights_digest"]
