@@ -357,3 +357,23 @@ def test_without_horovod_files_an_earlier_run_left_are_not_taken_for_this_one(po
 
     outcomes = pds.poprun(popdist, 2, REPLICAS, 2, meet)
     assert [o.value for o in outcomes] == [[[0.0], [1.0]], [[0.0], [1.0]]], outcomes
+
+
+def test_a_horovod_that_cannot_start_under_poprun_stops_in_one_line(popdist, horovod, monkeypatch):
+    """horovod.torch imports but hvd.init() fails (a wheel built without MPI under poprun's mpirun), or
+    reports another process than popdist's instance: one line each, a launch error."""
+    from ipu_packing.errors import UserError
+    from ipu_packing.execution.popdist_backend import HorovodGroup, Launch
+
+    def broken():
+        raise RuntimeError("Horovod has not been built with MPI support.\nRebuild it")
+
+    with monkeypatch.context() as m, pytest.raises(UserError) as err:
+        m.setattr(horovod, "init", broken)
+        HorovodGroup(horovod, Launch(2, 0, 2))
+    assert str(err.value) == ("horovod.torch imports but hvd.init() failed under poprun (RuntimeError: Horovod has not "
+                              "been built with MPI support. Rebuild it): install the Poplar SDK's horovod wheel (built "
+                              "with MPI), or uninstall horovod to meet through the run directory")
+    with pds.as_instance(popdist, 2, REPLICAS, 2, 1), pytest.raises(UserError, match=r"^horovod reports process 1 of 2 "
+                                                                                       r"but popdist instance 0 of 2"):
+        HorovodGroup(horovod, Launch(2, 0, 2))

@@ -216,7 +216,13 @@ class HorovodGroup(InstanceGroup):
 
     def __init__(self, hvd, launch: "Launch") -> None:
         self.hvd = hvd
-        hvd.init()
+        try:
+            hvd.init()
+        except Exception as exc:  # e.g. a wheel built without MPI, under poprun's mpirun
+            raise LaunchError(
+                "horovod.torch imports but hvd.init() failed under poprun (%s: %s): install the Poplar SDK's "
+                "horovod wheel (built with MPI), or uninstall horovod to meet through the run directory"
+                % (type(exc).__name__, " ".join(str(exc).split())[:160]))
         if (hvd.size(), hvd.rank()) != (launch.num_instances, launch.instance):
             raise LaunchError(
                 "horovod reports process %d of %d but popdist instance %d of %d: launch the run with poprun, "
@@ -266,12 +272,14 @@ class DirectoryGroup(InstanceGroup):
         os.replace(tmp, path)
 
     @staticmethod
-    def _read(path: str) -> Any:
+    def _read(path: str, kind: type = dict) -> Any:
+        """The JSON value at ``path`` if it is a ``kind``, else None (absent, partial, or foreign)."""
         try:
             with open(path, "r", encoding="utf-8") as f:
-                return json.load(f)
+                value = json.load(f)
         except (OSError, ValueError):
             return None
+        return value if isinstance(value, kind) else None
 
     def _unreachable(self, missing: List[int], what: str) -> InstancesUnreachable:
         return InstancesUnreachable(
@@ -291,7 +299,8 @@ class DirectoryGroup(InstanceGroup):
             self._write(self._path(name, "hello", self.instance), {"nonce": nonce, "row": row})
             while True:
                 rows = self._read(self._path(name, "rows"))
-                if rows and len(rows.get("nonces", ())) == self.num_instances and rows["nonces"][self.instance] == nonce:
+                if (rows and isinstance(rows.get("nonces"), list) and len(rows["nonces"]) == self.num_instances
+                        and rows["nonces"][self.instance] == nonce and isinstance(rows.get("rows"), list)):
                     self._write(self._path(name, "ack", self.instance), rows["nonce"])
                     return rows["rows"]
                 if time.monotonic() > deadline:
@@ -301,13 +310,14 @@ class DirectoryGroup(InstanceGroup):
         written = None
         while True:
             hellos = {i: self._read(self._path(name, "hello", i)) for i in others}
-            if all(h and "nonce" in h and len(h.get("row", ())) == len(row) for h in hellos.values()):
+            if all(h and "nonce" in h and isinstance(h.get("row"), list) and len(h["row"]) == len(row)
+                   for h in hellos.values()):
                 table = {"nonce": nonce, "nonces": [nonce] + [hellos[i]["nonce"] for i in others],
                          "rows": [row] + [hellos[i]["row"] for i in others]}
                 if table != written:
                     self._write(self._path(name, "rows"), table)
                     written = table
-                acked = [i for i in others if self._read(self._path(name, "ack", i)) == nonce]
+                acked = [i for i in others if self._read(self._path(name, "ack", i), str) == nonce]
                 if len(acked) == len(others):
                     return table["rows"]
                 missing = [i for i in others if i not in acked]
