@@ -57,6 +57,12 @@ def popdist(poptorch, monkeypatch):
     return pds.install(monkeypatch)
 
 
+@pytest.fixture
+def horovod(popdist, monkeypatch, tmp_path):
+    """The Horovod stand-in, its collectives through tmp_path/network (no run directory)."""
+    return pds.install_horovod(monkeypatch, str(tmp_path / "network"))
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=240, seed=0)
@@ -181,37 +187,55 @@ class Recorder(torch.utils.data.Dataset):
         return self.base[i]
 
 
-def _instance_run(popdist, data_dir, run_dir, n, instance, *extra):
-    config = load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir,
-                                         "execution.num_instances=%d" % n] + list(extra))
-    with pds.as_instance(popdist, n, REPLICAS, 2, instance):
-        plan = plan_run(config, open_dataset=open_dataset)
-        plan.data.dataset = recorder = Recorder(plan.data.dataset)
-        execute(plan, log=lambda m: None)
-    return plan, recorder.read
+def _config(data_dir, run_dir, n, *extra):
+    return load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir,
+                                       "execution.num_instances=%d" % n] + list(extra))
+
+
+def _train_instance(data_dir, run_dir, n, *extra):
+    """One instance's training (in the instance's own process): its plan's numbers, the packs it read, what
+    its executor wrote to its replicas."""
+    import poptorch  # the stand-in the test loaded
+
+    plan = plan_run(_config(data_dir, run_dir, n, *extra), open_dataset=open_dataset)
+    plan.data.dataset = recorder = Recorder(plan.data.dataset)
+    before = len(poptorch.executors)
+    execute(plan, log=lambda m: None)
+    (executor,) = poptorch.executors[before:]
+    return {"start_step": plan.start_step, "read": recorder.read, "written_states": executor.written_states,
+            "steps_per_epoch": plan.steps_per_epoch, "G": plan.accounting.global_batch_packs,
+            "accumulation": plan.accounting.gradient_accumulation,
+            "order": [plan.data.epoch_order(plan.config.training.seed, e).tolist() for e in range(2)]}
+
+
+def _poprun_train(popdist, data_dir, run_dirs, n, *extra):
+    """Every instance at once (``run_dirs``: one path for all, or one per instance); their results."""
+    outcomes = pds.poprun(popdist, n, REPLICAS, 2, lambda i: _train_instance(
+        data_dir, run_dirs if isinstance(run_dirs, str) else run_dirs[i], n, *extra))
+    assert all(o.error is None for o in outcomes), outcomes
+    return [o.value for o in outcomes]
 
 
 @pytest.mark.parametrize("n", INSTANCES)
-def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(popdist, data_dir, tmp_path, n):
-    run = str(tmp_path / "run")
-    steps = plan_run(load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run]),
+def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(popdist, horovod, data_dir, tmp_path, n):
+    steps = plan_run(load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % (tmp_path / "x")]),
                      open_dataset=open_dataset).steps_per_epoch
     assert steps >= 3, steps  # a real epoch of several steps
-    one_host, single = _instance_run(popdist, data_dir, str(tmp_path / "one_host"), 1, 0, "training.steps=%d" % steps)
+    (single,) = _poprun_train(popdist, data_dir, str(tmp_path / "one_host"), 1, "training.steps=%d" % steps)
     extra = ["training.steps=%d" % (2 * steps), "checkpoint.every_steps=%d" % steps]
-    reads = {}
-    for instance in reversed(range(n)):  # instance 0 last: nothing may be written before it runs
-        plan, reads[instance] = _instance_run(popdist, data_dir, run, n, instance, *extra)
-        if instance:
-            assert not os.path.exists(run), os.listdir(run)
+    # each instance on a host of its own: instance 0's run directory is the run's; the others write nothing
+    runs = [str(tmp_path / ("host%d" % i) / "run") for i in range(n)]
+    results = _poprun_train(popdist, data_dir, runs, n, *extra)
+    assert [os.path.exists(r) for r in runs] == [True] + [False] * (n - 1)
+    run = runs[0]
+    reads = {i: r["read"] for i, r in enumerate(results)}
     # the global batch and the packing-aware accumulation do not depend on the instance count
-    assert plan.accounting.gradient_accumulation == one_host.accounting.gradient_accumulation
-    assert plan.accounting.global_batch_packs == one_host.accounting.global_batch_packs
-    assert plan.steps_per_epoch == steps
-    G = plan.accounting.global_batch_packs
+    assert results[0]["accumulation"] == single["accumulation"] and results[0]["G"] == single["G"]
+    assert results[0]["steps_per_epoch"] == steps
+    G = results[0]["G"]
     share = G // n
     for epoch in range(2):
-        order = plan.data.epoch_order(plan.config.training.seed, epoch)[: steps * G].tolist()
+        order = results[0]["order"][epoch][: steps * G]
         per_instance = {i: reads[i][epoch * steps * share : (epoch + 1) * steps * share] for i in range(n)}
         everything = Counter(p for r in per_instance.values() for p in r)
         assert everything == Counter(order) and set(everything.values()) == {1}  # each pack exactly once
@@ -219,7 +243,7 @@ def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(pop
             together = sorted(p for i in range(n) for p in per_instance[i][s * share : (s + 1) * share])
             assert together == sorted(order[s * G : (s + 1) * G])
     # the one host read, in total, the same packs in the same steps
-    assert Counter(single[: steps * G]) == Counter(plan.data.epoch_order(plan.config.training.seed, 0)[: steps * G].tolist())
+    assert Counter(single["read"][: steps * G]) == Counter(single["order"][0][: steps * G])
     # instance 0 wrote the run: two checkpoints with the IPU optimizer state it read back, metrics, summary
     saved = ckpt.list_checkpoints(run)
     assert len(saved) == 2
@@ -227,29 +251,28 @@ def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(pop
     assert os.path.isfile(os.path.join(run, "summary.json")) and os.path.isfile(os.path.join(run, "metrics.jsonl"))
 
 
-def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state_to_the_device(popdist, poptorch,
+def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state_to_the_device(popdist, horovod,
                                                                                               data_dir, tmp_path):
     """Instance 0 saved the optimizer state it read back (PopTorch shards it over an instance's own replicas,
     so it is whole); on resume each instance loads that checkpoint, PopTorch writes the state to its replicas
     before the first step, and each instance reads on where it stopped."""
     run = str(tmp_path / "run")
     extra = ["training.steps=4", "checkpoint.every_steps=2"]
-    full = {i: _instance_run(popdist, data_dir, run, 2, i, *extra)[1] for i in (1, 0)}
+    full = _poprun_train(popdist, data_dir, run, 2, *extra)
     first, last = ckpt.list_checkpoints(run)
     saved = ckpt.load_checkpoint(first)["optimizer"]
     assert int(saved["ipu_state"]["step"]) == 2 and saved["ipu_param"]
     os.unlink(last)  # as if the run had been killed after step 2
     os.unlink(os.path.join(run, "summary.json"))
-    for instance in (1, 0):
-        before = len(poptorch.executors)
-        plan, read = _instance_run(popdist, data_dir, run, 2, instance, *extra)
-        assert plan.start_step == 2
-        (executor,) = poptorch.executors[before:]
-        (written,) = executor.written_states  # the checkpoint's state, on this instance's replicas
+    resumed = _poprun_train(popdist, data_dir, run, 2, *extra)
+    for instance, result in enumerate(resumed):
+        assert result["start_step"] == 2
+        (written,) = result["written_states"]  # the checkpoint's state, on this instance's replicas
         assert int(written["ipu_state"]["step"]) == 2
         for name, value in saved["ipu_param"].items():
             assert torch.equal(written["ipu_param"][name], value)
-        assert read == full[instance][len(full[instance]) // 2:]  # steps 3 and 4, as the first run read them
+        read = full[instance]["read"]
+        assert result["read"] == read[len(read) // 2:]  # steps 3 and 4, as the first run read them
     assert int(ckpt.load_checkpoint(ckpt.latest_checkpoint(run))["optimizer"]["ipu_state"]["step"]) == 4
 
 

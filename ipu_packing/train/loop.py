@@ -6,6 +6,10 @@ deterministic given the config: weights are seeded, each epoch's pack order depe
 (training.seed, epoch), and checkpoints carry the RNG states, the data position and the optimizer
 state as the runner keeps it (on IPUs: read back from the device). `compile_only(config)` compiles
 the training step, or loads it from the executable cache, and stops.
+
+Under PopRun the instances agree on their start before the first step and reduce every step's metrics
+(train/instances.py). On IPUs the first step's compile is timed apart (``compile_seconds``), outside the
+step's seconds and throughput.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from . import checkpoint as ckpt
 from .config import BatchAccounting, PretrainingConfig
 from .data import TrainingData, batch_rows, check_data_matches, check_vocab_file, open_shards, read_training_data
 from .errors import ConfigError, TrainingError, UserError
+from .instances import agree_on_start, agree_ready, reduce_step
 from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
 from .optim import build_optimizer, build_scheduler
 from .resume import changed_keys, check_resume_matches, load_with_new_hyperparameters, resolve_resume
@@ -175,14 +180,46 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
     runner = make_runner(plan.model, plan.optimizer, plan.accounting.execution, scheduler=plan.scheduler)
     rank = int(getattr(runner, "rank", 0))
     writer = is_writer(runner)
+    group = _instance_group(runner, run_dir)
+    if group is not None:  # PopRun: the instances start alike or all stop, before anything is written
+        agree_on_start(group, step, plan.resume_state is not None, runner.model, log=log if writer else (lambda m: None))
     lock = RunLock(run_dir) if writer else None
+    refused = None  # type: Optional[UserError]
     if lock is not None:
-        lock.acquire()  # before anything is written: a second run in this directory is refused here
+        try:
+            lock.acquire()  # before anything is written: a second run in this directory is refused here
+        except UserError as exc:
+            if group is None:
+                raise
+            refused = exc  # the other PopRun instances learn it and stop too
     try:
-        return _train(plan, runner, rank, writer, step, epoch, position, log)
+        if group is not None:
+            agree_ready(group, refused)
+        return _train(plan, runner, rank, writer, step, epoch, position, log, group)
     finally:
         if lock is not None:
             lock.release()
+
+
+def _instance_group(runner, run_dir: str):
+    """The PopRun instances' InstanceGroup (popdist_backend.instance_group), None on one instance and on torch."""
+    launch = getattr(runner, "launch", None)
+    if launch is None or int(getattr(launch, "num_instances", 1)) <= 1:
+        return None
+    from ipu_packing.execution.popdist_backend import instance_group
+
+    return instance_group(launch, run_dir)
+
+
+def _compile_first(runner, batch) -> float:
+    """Seconds to compile (or load) the step ahead of its first call, where the runner compiles ahead of time
+    (poptorch: its executor is not compiled yet); 0.0 elsewhere (torch compiles nothing ahead)."""
+    executor = getattr(runner, "executor", None)
+    if executor is None or not hasattr(executor, "isCompiled") or executor.isCompiled():
+        return 0.0
+    start = time.perf_counter()
+    runner.compile(batch)
+    return time.perf_counter() - start
 
 
 def is_writer(runner) -> bool:
@@ -191,7 +228,8 @@ def is_writer(runner) -> bool:
     return bool(getattr(runner, "is_writer", int(getattr(runner, "rank", 0)) == 0))
 
 
-def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int, position: int, log) -> Dict[str, Any]:
+def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int, position: int, log,
+           group=None) -> Dict[str, Any]:
     config, data, accounting = plan.config, plan.data, plan.accounting
     run_dir = plan.run_dir
     total = config.training.steps
@@ -229,6 +267,10 @@ def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int
             os.unlink(jsonl)  # a fresh run in a directory without checkpoints
     if plan.resume_state is not None:
         log("resuming from %s at step %d (epoch %d, batch %d of %d)" % (plan.resume_path, step, epoch, position, plan.steps_per_epoch))
+    if group is not None and not group.reduces_metrics:
+        log("note: no horovod.torch: each step's metrics are instance 0's share (1 of %d instances; \"instances\": 1 "
+            "in metrics.jsonl); install the Poplar SDK's horovod wheel to reduce them over the instances"
+            % (group.num_instances,))
     log(data.describe())
     log(accounting.describe())
     log("training %s: %d steps, %d steps per epoch, run directory %s" % (config.name, total, plan.steps_per_epoch, run_dir))
@@ -238,6 +280,7 @@ def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int
     per_step = accounting.global_batch_packs
     calls = _steps_per_call(accounting.execution)
     history = []
+    compiled = False
     try:
         while step < total:
             order = data.epoch_order(config.training.seed, epoch)
@@ -249,34 +292,43 @@ def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int
             batches = iter(loader)
             torch.set_rng_state(rng)
             for batch in batches:
+                compile_seconds = 0.0
+                if not compiled:  # the first step's compile, timed apart from the step
+                    compile_seconds, compiled = _compile_first(runner, batch), True
                 start = time.perf_counter()
                 metrics = runner.train_step(batch)
                 seconds = time.perf_counter() - start
                 lr = float(plan.optimizer.param_groups[0]["lr"])
                 step += calls
                 position += calls
-                if not math.isfinite(float(metrics.loss)):
+                mine = {k: float(getattr(metrics, k)) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
+                mine.update(sequences=int(metrics.sequences), tokens=int(metrics.tokens), packs=batch_rows(batch),
+                            seconds=seconds, compile_seconds=compile_seconds)
+                whole = reduce_step(group, mine, step)  # every PopRun instance's share (a collective with horovod)
+                if not math.isfinite(whole["loss"]):  # reduced: every instance stops at the same step
                     raise TrainingError(
                         "loss is %s at step %d: the run diverged and stopped; the last checkpoint finite "
-                        "throughout is %s" % (float(metrics.loss), step, last_saved or "none (no checkpoint was written yet)")
+                        "throughout is %s" % (whole["loss"], step, last_saved or "none (no checkpoint was written yet)")
                     )
-                rows = batch_rows(batch)
+                rows, sequences, tokens, seconds = int(whole["packs"]), int(whole["sequences"]), int(whole["tokens"]), whole["seconds"]
                 record = StepRecord(
                     step=step,
-                    loss=float(metrics.loss),
-                    mlm_loss=float(metrics.mlm_loss),
-                    nsp_loss=float(metrics.nsp_loss),
-                    mlm_accuracy=float(metrics.mlm_accuracy),
-                    nsp_accuracy=float(metrics.nsp_accuracy),
+                    loss=whole["loss"],
+                    mlm_loss=whole["mlm_loss"],
+                    nsp_loss=whole["nsp_loss"],
+                    mlm_accuracy=whole["mlm_accuracy"],
+                    nsp_accuracy=whole["nsp_accuracy"],
                     lr=lr,
-                    sequences=int(metrics.sequences),
-                    tokens=int(metrics.tokens),
+                    sequences=sequences,
+                    tokens=tokens,
                     packs=rows,
-                    packing_factor=int(metrics.sequences) / float(max(1, rows)),
+                    packing_factor=sequences / float(max(1, rows)),
                     seconds=seconds,
-                    sequences_per_second=int(metrics.sequences) / max(seconds, 1e-9),
-                    tokens_per_second=int(metrics.tokens) / max(seconds, 1e-9),
+                    sequences_per_second=sequences / max(seconds, 1e-9),
+                    tokens_per_second=tokens / max(seconds, 1e-9),
                     epoch=epoch,
+                    compile_seconds=whole["compile_seconds"],
+                    instances=int(whole["instances"]),
                 )
                 logger.log(record)
                 history.append(record)

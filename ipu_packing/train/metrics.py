@@ -30,10 +30,16 @@ class StepRecord:
     packing_factor: float
     """sequences / packs in this step."""
     seconds: float
-    """Wall time of the step."""
+    """Wall time of the step (of its slowest PopRun instance), its compile left out."""
     sequences_per_second: float
     tokens_per_second: float
     epoch: int
+    compile_seconds: float = 0.0
+    """Seconds compiling (or loading) the step ahead of its first call, apart from ``seconds``: on IPUs the
+    first step of a run, the slowest instance's; 0 on every other step and on torch."""
+    instances: int = 1
+    """PopRun instances whose shares the record sums: all of them with horovod.torch; 1 on one instance,
+    on torch, and under PopRun without horovod (instance 0's share then)."""
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -119,6 +125,8 @@ def run_summary(plan, history, last_saved: Optional[str]) -> Dict[str, Any]:
             "nsp_accuracy": _mean(r.nsp_accuracy for r in last),
         },
         "train_seconds": seconds,
+        "compile_seconds": sum(r.compile_seconds for r in history),
+        "instances": history[-1].instances if history else 1,
         "sequences_per_second": sum(r.sequences for r in history) / max(seconds, 1e-9),
         "tokens_per_second": sum(r.tokens for r in history) / max(seconds, 1e-9),
     }
@@ -127,12 +135,14 @@ def run_summary(plan, history, last_saved: Optional[str]) -> Dict[str, Any]:
 def summary_line(s: Dict[str, Any]) -> str:
     if not s["steps_this_run"]:
         return "nothing to do: already at step %d" % (s["steps"],)
+    compiled = s.get("compile_seconds") or 0.0
     return (
-        "done: %d steps in %.1f s; loss %.3f -> %.3f; MLM accuracy %.3f -> %.3f; NSP accuracy %.3f; "
+        "done: %d steps in %.1f s%s; loss %.3f -> %.3f; MLM accuracy %.3f -> %.3f; NSP accuracy %.3f; "
         "%.1f sequences/s, %.0f real tokens/s; packing factor %.3f"
         % (
             s["steps_this_run"],
             s["train_seconds"],
+            " (and %.1f s compiling)" % compiled if compiled else "",
             s["first_steps"]["loss"],
             s["last_steps"]["loss"],
             s["first_steps"]["mlm_accuracy"],
