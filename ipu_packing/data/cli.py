@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import List, Optional
 
 import numpy as np
@@ -191,3 +192,22 @@ def _main(argv: Optional[List[str]]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     return run_command(_main, argv)
+
+
+def _subcommand(name: str, argv: Optional[List[str]]) -> int:
+    return main([name] + list(sys.argv[1:] if argv is None else argv))
+
+
+def prepare_main(argv: Optional[List[str]] = None) -> int:
+    """The `ipu-packing-prepare` console script: `python -m ipu_packing.data prepare ...`."""
+    return _subcommand("prepare", argv)
+
+
+def pack_main(argv: Optional[List[str]] = None) -> int:
+    """The `ipu-packing-pack` console script: `python -m ipu_packing.data pack ...`."""
+    return _subcommand("pack", argv)
+
+
+def inspect_main(argv: Optional[List[str]] = None) -> int:
+    """The `ipu-packing-inspect` console script: `python -m ipu_packing.data inspect ...`."""
+    return _subcommand("inspect", argv)

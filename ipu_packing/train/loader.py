@@ -20,6 +20,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import typing
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -29,7 +30,15 @@ from .config import PretrainingConfig
 from .errors import ConfigError
 from .sections import CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ScheduleConfig, TrainingConfig
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+def _config_dir() -> str:
+    """configs/ of the checkout this package runs from; for an installed package (`pip install .`), the copy
+    pyproject.toml installs under sys.prefix/share/ipu-packing/configs."""
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+    installed = os.path.join(sys.prefix, "share", "ipu-packing", "configs")
+    return checkout if os.path.isdir(checkout) or not os.path.isdir(installed) else installed
+
+
+CONFIG_DIR = _config_dir()
 DEFAULT_CONFIG = "demo"
 
 _SECTIONS = {
