@@ -10,6 +10,7 @@ prints placement, weight memory per IPU/stage and batch sizes for a config. It i
 
 from __future__ import annotations
 
+import sys
 from typing import List, Optional
 
 from ..errors import ArgumentParser, run_command
@@ -17,6 +18,11 @@ from ..errors import ArgumentParser, run_command
 
 def main(argv: Optional[List[str]] = None) -> int:
     return run_command(_main, argv)
+
+
+def dry_run_main(argv: Optional[List[str]] = None) -> int:
+    """The `ipu-packing-dry-run` console script: `python -m ipu_packing.execution dry-run ...`."""
+    return main(["dry-run"] + list(sys.argv[1:] if argv is None else argv))
 
 
 def _main(argv: Optional[List[str]]) -> int:
