@@ -41,7 +41,7 @@ embeddings, so the part that runs the heads needs the word-embedding weight too)
 ``layers_per_ipu`` split, with the modules and fields of each, are declared in ``stages.py``.
 
 Attention (constructor argument ``attention``, else ``config.packed_attention``, else "dense"):
-  "dense"  matmul + additive float32 mask (B, 1, S, S), 0 or -10000; the default, for IPUs / static graphs.
+  "dense"  matmul + additive mask (B, 1, S, S) in the model's dtype, 0 or -10000; the default, for IPUs.
   "sdpa"   torch scaled_dot_product_attention with a bool mask (B, 1, S, S), True = attend.
   "flex"   FlexAttention with a BlockMask (torch >= 2.5, imported lazily; no attention dropout in training;
            the BlockMask is not a tensor, so not for pipelined stages).

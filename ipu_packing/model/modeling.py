@@ -196,8 +196,11 @@ class PackedBertModel(nn.Module):
 
     def get_attention_mask(self, sequence_ids: torch.Tensor) -> Any:
         """Mask from (B, S) ``sequence_ids`` in the form this model's layers take (see ``attention.py``):
-        dense: float32 (B, 1, S, S) additive; sdpa: bool (B, 1, S, S); flex: a ``BlockMask``."""
-        return build_mask(self.attention_implementation, sequence_ids)
+        dense: (B, 1, S, S) additive, in the model's dtype (fp16 for a ``.half()`` model: half the bytes of
+        an fp32 mask, stashed on every pipeline stage; as transformers' get_extended_attention_mask, whose
+        dtype is the first parameter's); sdpa: bool (B, 1, S, S); flex: a ``BlockMask``."""
+        dtype = self.embeddings.word_embeddings.weight.dtype
+        return build_mask(self.attention_implementation, sequence_ids, dtype)
 
     def forward(
         self,
