@@ -57,7 +57,8 @@ cls.seq_relationship.*. ``PackedBertForPreTraining.from_pretrained(dir)`` reads 
 directory (safetensors or pytorch_model.bin); ``model.save_pretrained(dir)`` writes one that
 ``transformers.BertForPreTraining.from_pretrained`` loads.
 
-Precision: fp32, or bf16/fp16 under torch.autocast (losses are computed in fp32). Works under
+Precision: fp32, or bf16/fp16 under torch.autocast (losses are computed in fp32); a .half() model builds an
+fp16 mask and takes each MLM slot's loss in fp16, summing in fp32 (no fp32 copy of the logits). Works under
 torch.compile(fullgraph=True, dynamic=False). Runs on Python 3.8 / torch 2.0.1 / transformers 4.x
 (the "flex" and "varlen" paths excepted: varlen's kernels need torch >= 2.0 / 2.3, checked at use).
 """

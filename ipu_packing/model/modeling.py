@@ -297,13 +297,24 @@ def _gather(h: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> to
 def _mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
     """Mean cross-entropy and accuracy over valid slots (0 when none) and their count: scalars in the logits'
     dtype, float32 for fp16/bf16 logits (a half-precision sum of thousands of losses, or a count above 2048,
-    would round), so float64 stays float64."""
-    dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    would round), so float64 stays float64.
+
+    fp16/bf16 logits: each slot's loss is taken in the logits' dtype and only those (B*M,) losses are cast to
+    float32 and summed, so no float32 copy of the (B*M, V) logits (nor a float32 log-softmax of them, kept
+    for the backward) is made; Graphcore's app also takes F.cross_entropy of its fp16 logits
+    (nlp/bert/pytorch/modeling.py:302-304). Each slot's loss rounds to its dtype (fp16: 2**-11 relative);
+    docs/model.md gives the measured difference. Under torch.autocast, cross_entropy runs in float32 anyway
+    (autocast's own cast). float32/float64 logits: one summed cross_entropy, as before."""
+    half = logits.dtype in (torch.float16, torch.bfloat16)
+    dtype = torch.float32 if half else logits.dtype
     count = valid.sum().to(dtype)
     denominator = count.clamp(min=1.0)
-    loss_sum = F.cross_entropy(
-        logits.to(dtype).reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+    flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    if half:
+        per_slot = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="none")  # (B*M,), 0 if unused
+        loss_sum = per_slot.to(dtype).sum()
+    else:
+        loss_sum = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="sum")
     correct = (logits.argmax(dim=-1) == labels) & valid
     return loss_sum / denominator, correct.sum().to(dtype) / denominator, count
 
