@@ -51,6 +51,10 @@ Attention (constructor argument ``attention``, else ``config.packed_attention``,
 The rule: q attends to k iff sequence_ids[q] == sequence_ids[k]. Real tokens see only their own sequence;
 padding sees only padding, so no query row is ever fully masked and no path can produce NaN.
 
+config.fused_qkv (model.fused_qkv in a config file; default False): one Linear(H, 3H) per layer for query,
+key and value (self_attention.py), as Graphcore's BertFusedSelfAttention computes them; still loads and
+exports transformers' query/key/value tensors.
+
 Submodules and parameters follow transformers' BertForPreTraining names and shapes: bert.embeddings.*,
 bert.encoder.layer.N.*, bert.pooler.*, cls.predictions.* (decoder tied to word embeddings),
 cls.seq_relationship.*. ``PackedBertForPreTraining.from_pretrained(dir)`` reads a transformers-saved

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.format import IGNORE_INDEX  # the pack format's label of an unused slot (numpy only)
-from .attention import CONFIG_ATTRIBUTE, attend, build_mask, resolve_attention
+from .attention import CONFIG_ATTRIBUTE, build_mask, resolve_attention
+from .self_attention import fused_qkv, self_attention
 
 
 class PackedBertOutput(NamedTuple):
@@ -81,36 +82,6 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(h))  # (B, S, H)
 
 
-class BertSelfAttention(nn.Module):
-    def __init__(self, config: Any, implementation: str) -> None:
-        super().__init__()
-        if config.hidden_size % config.num_attention_heads != 0:
-            raise ValueError(
-                "hidden_size (%d) must be a multiple of num_attention_heads (%d)"
-                % (config.hidden_size, config.num_attention_heads)
-            )
-        self.num_attention_heads = config.num_attention_heads
-        self.attention_head_size = config.hidden_size // config.num_attention_heads
-        self.implementation = implementation
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
-
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.num_attention_heads, self.attention_head_size).transpose(1, 2)
-
-    def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
-        """(B, S, H) -> (B, S, H): context vectors, each token attending only within its own sequence."""
-        batch, length, hidden = h.shape
-        q = self._heads(self.query(h))  # (B, N, S, D)
-        k = self._heads(self.key(h))
-        v = self._heads(self.value(h))
-        context = attend(self.implementation, q, k, v, mask, self.dropout)  # (B, N, S, D)
-        return context.transpose(1, 2).reshape(batch, length, hidden)  # (B, S, H)
-
-
 class BertOutput(nn.Module):
     """Project to the hidden size, dropout, add the residual, LayerNorm: (B, S, in) -> (B, S, H).
 
@@ -131,7 +102,7 @@ class BertOutput(nn.Module):
 class BertAttention(nn.Module):
     def __init__(self, config: Any, implementation: str) -> None:
         super().__init__()
-        self.self = BertSelfAttention(config, implementation)
+        self.self = self_attention(config, implementation)  # query/key/value, or one fused qkv (config.fused_qkv)
         self.output = BertOutput(config, config.hidden_size)
 
     def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
@@ -332,6 +303,7 @@ class PackedBertForPreTraining(nn.Module):
             if getattr(config, flag, False):
                 raise ValueError("%s=True is not supported: the packed model is BERT's bidirectional encoder" % flag)
         _activation(config.hidden_act)  # refuse an unknown activation here, not inside the first layer
+        fused_qkv(config)  # and a fused_qkv that is not a bool
         implementation = resolve_attention(config, attention)
         self.config = copy.deepcopy(config)
         setattr(self.config, CONFIG_ATTRIBUTE, implementation)
@@ -401,12 +373,13 @@ class PackedBertForPreTraining(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str, attention: Optional[str] = None, strict: bool = True
+        cls, directory: str, attention: Optional[str] = None, strict: bool = True, fused_qkv: Optional[bool] = None
     ) -> "PackedBertForPreTraining":
-        """Read a directory written by transformers (config.json + safetensors or pytorch_model.bin)."""
+        """Read a directory written by transformers (config.json + safetensors or pytorch_model.bin);
+        ``fused_qkv`` (default: config.json's, else False) builds the fused projection from its weights."""
         from .checkpoint import load_pretrained
 
-        return load_pretrained(cls, directory, attention=attention, strict=strict)
+        return load_pretrained(cls, directory, attention=attention, strict=strict, fused_qkv=fused_qkv)
 
     def save_pretrained(self, directory: str, safe_serialization: bool = True) -> None:
         """Write config.json + model.safetensors (or pytorch_model.bin) that BertForPreTraining loads back."""
