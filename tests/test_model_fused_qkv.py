@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  (torch 2.0.x does not import it with torch)
 import transformers
 
 from ipu_packing.execution import ExecutionConfig, make_runner
@@ -28,6 +29,7 @@ from test_model_equivalence import (
 )
 from test_model_packs import build_packs, padded_hf_inputs, random_packs, to_torch
 from test_train_loop import data_dir, open_dataset, plan_run, tiny, train  # noqa: F401 (data_dir: a fixture)
+from torch_features import requires_torch_compile
 
 import poptorch_stand_in as si
 
@@ -242,3 +244,16 @@ def test_a_fused_run_starts_from_unfused_weights_and_exports_what_transformers_l
     assert "bert.encoder.layer.0.attention.self.qkv.weight" in state  # the run's own checkpoints stay fused
     assert torch.equal(loaded.bert.encoder.layer[0].attention.self.key.weight,
                        state["bert.encoder.layer.0.attention.self.qkv.weight"].chunk(3)[1])
+
+
+@requires_torch_compile
+def test_the_fused_model_compiles_fullgraph_and_matches_eager():
+    torch.manual_seed(0)
+    model = PackedBertForPreTraining(tiny_config(num_hidden_layers=1, fused_qkv=True)).eval()
+    assert isinstance(model.bert.encoder.layer[0].attention.self, BertFusedSelfAttention)
+    batch = tiny_batch(dtype=torch.int32)
+    eager = model(**batch)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")(**batch)
+    assert (compiled.loss - eager.loss).abs().item() <= 1e-5
+    assert (compiled.mlm_logits - eager.mlm_logits).abs().max().item() <= 1e-5

@@ -67,7 +67,9 @@ class _SelfAttention(nn.Module):
     def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
         """(B, S, H) -> (B, S, H): context vectors, each token attending only within its own sequence."""
         batch, length, hidden = h.shape
-        q, k, v = (self._heads(x) for x in self.projections(h))  # each (B, N, S, D)
+        query, key, value = self.projections(h)  # each (B, S, H)
+        q, k, v = self._heads(query), self._heads(key), self._heads(value)  # each (B, N, S, D); no generator:
+        # torch 2.0.1's dynamo cannot unpack one under fullgraph=True
         context = attend(self.implementation, q, k, v, mask, self.dropout)  # (B, N, S, D)
         return context.transpose(1, 2).reshape(batch, length, hidden)  # (B, S, H)
 
