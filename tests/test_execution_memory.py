@@ -15,6 +15,7 @@ from ipu_packing.execution.dry_run import (
     dry_run_report,
     largest_tensors,
     layer_activation_elements,
+    memory_choices,
     memory_per_device,
     min_gradient_accumulation,
     module_parameters,
@@ -134,10 +135,10 @@ def test_stash_and_activations_by_hand():
     _, whole = memory_per_device(SMALL, ipu(layers_per_ipu=[1, 1], micro_batch_size=2, gradient_accumulation=8,
                                             recompute_checkpoint_every_layer=False), sequence_length=16)
     assert [r["stash"] for r in whole] == [5 * 2048, 3 * (1024 + 2048)]
-    # fp16 halves the activations, not the fp32 mask
+    # fp16 halves the activations and the mask (the model builds it in its dtype: 2*16*16*2 = 1024 bytes)
     _, half = memory_per_device(SMALL, ipu(layers_per_ipu=[1, 1], micro_batch_size=2, gradient_accumulation=8,
                                            precision="fp16"), sequence_length=16)
-    assert [r["stash"] for r in half] == [5 * (512 + 2048), 3 * (2 * 512 + 2048)]
+    assert [r["stash"] for r in half] == [5 * (512 + 1024), 3 * (2 * 512 + 1024)]
     # one IPU: no pipeline, no recomputation: both layers' activations live, one at its peak
     _, single = memory_per_device(SMALL, ipu(micro_batch_size=2, gradient_accumulation=8), sequence_length=16)
     assert single[0]["stash"] == 0 and single[0]["activations"] == 4 * (3840 + 5888)
@@ -161,3 +162,66 @@ def test_report_marks_estimates_flags_900_mb_and_a_too_small_accumulation():
     assert "PopART needs gradient_accumulation >= 9; this config has 8: TOO SMALL" in small
     # the PopTorch options asked for are printed from describe_options
     assert "_Popart.setPatterns" in report and "outputMode" in report
+
+
+def test_memory_choices_by_hand():
+    """SMALL, layers [1, 1], B=2, S=16, H=8, V=96, M=6; groups IPU 0 (embeddings + layer 0, depth 5), IPU 1
+    (layer 1, depth 3), IPU 0 (heads, depth 1).
+    - fp16 mask: each stash entry saves (B, S, S) x 2 bytes = 1024: 5 * 1024 on IPU 0, 3 * 1024 on IPU 1;
+    - fp16 MLM loss: no fp32 (B*M, V) copy on the heads' IPU 0: 2*6*96*4 = 4608;
+    - fused QKV: two (B, S, H) partial gradients at 2 bytes, 2*2*16*8*2 = 1024, on each IPU with a layer."""
+    e = ipu(layers_per_ipu=[1, 1], micro_batch_size=2, gradient_accumulation=8, precision="fp16")
+    plan = plan_placement(2, e)
+    assert memory_choices(SMALL, e, plan, 16, mlm_slots=6) == [
+        {"saved_mask": 5 * 1024, "saved_mlm_logits": 4608, "saved_fused_qkv": 1024},
+        {"saved_mask": 3 * 1024, "saved_mlm_logits": 0, "saved_fused_qkv": 1024},
+    ]
+    assert [r["saved_mlm_logits"] for r in memory_choices(SMALL, e, plan, 16)] == [None, None]  # M not known
+    fp32 = ipu(layers_per_ipu=[1, 1], micro_batch_size=2, gradient_accumulation=8)
+    assert memory_choices(SMALL, fp32, plan_placement(2, fp32), 16, mlm_slots=6) == [
+        {"saved_mask": 0, "saved_mlm_logits": 0, "saved_fused_qkv": 2048},
+        {"saved_mask": 0, "saved_mlm_logits": 0, "saved_fused_qkv": 2048},
+    ]
+    _, rows = memory_per_device(SMALL, e, sequence_length=16, mlm_slots=6)
+    assert [r["saved_mask"] for r in rows] == [5 * 1024, 3 * 1024]
+    for r in rows:  # the savings are not part of the total
+        assert r["total"] == sum(r[k] for k in ("weights", "gradients", "optimizer", "stream_buffer", "stash",
+                                                "activations"))
+
+
+def test_a_fused_qkv_weight_can_become_the_largest_tensor_the_stream_buffer_holds():
+    """SMALL has I = 2H: the fused (3H, H) = 192-element weight is larger than H x I = 128."""
+    fused = transformers.BertConfig(**dict(SMALL.to_dict(), fused_qkv=True))
+    assert largest_tensors(SMALL)["bert.encoder.layer.1"] == 128
+    assert largest_tensors(fused)["bert.encoder.layer.1"] == 192
+    assert largest_tensors(LARGE)["bert.encoder.layer.0"] == 1024 * 4096  # BERT-Large: I = 4H stays the largest
+    e = ipu(layers_per_ipu=[1, 1], micro_batch_size=2, gradient_accumulation=8)
+    plain, with_fused = memory_per_device(SMALL, e)[1][1], memory_per_device(fused, e)[1][1]
+    assert plain["stream_buffer"] == 128 * 8 and with_fused["stream_buffer"] == 192 * 8  # two fp32 moments
+    assert with_fused["params"] == plain["params"]
+
+
+def test_bert_large_512_pod16_dry_run_rows_of_the_memory_choices():
+    """The shipped config as the application runs its dry run: B 2, S 512, M 78 (mlm_slots(512, 3)), V 30522,
+    H 1024, fp16, stash depths 9, 7, 5, 3 on IPUs 0-3."""
+    from ipu_packing.data.format import mlm_slots
+    from ipu_packing.train import load_config
+    from ipu_packing.train.cli import dry_run
+
+    config = load_config("bert_large_512_pod16")
+    e = config.batch_accounting(config.nominal_packing_factor).execution
+    assert mlm_slots(512, 3) == 78
+    _, rows = memory_per_device(config.bert_config(), e, "lamb", 512, mlm_slots=78)
+    mask = 2 * 512 * 512 * 2  # (B, S, S) at 2 bytes less than fp32's 4
+    assert [r["saved_mask"] for r in rows] == [9 * mask, 7 * mask, 5 * mask, 3 * mask]
+    assert [r["saved_mlm_logits"] for r in rows] == [2 * 78 * 30522 * 4, 0, 0, 0]  # 19,045,728 bytes on IPU 0
+    assert [r["saved_fused_qkv"] for r in rows] == [2 * 2 * 512 * 1024 * 2] * 4  # 4,194,304: model.fused_qkv off
+    # the stash holds the fp16 mask: IPU 1 stashes 7 x (8 layer tensors (B, S, H) + the mask) at 2 bytes
+    assert rows[1]["stash"] == 7 * (8 * 2 * 512 * 1024 * 2 + 2 * 512 * 512 * 2) == 124780544
+    report = dry_run(config)
+    assert "* fp16 attention mask (in the stash above)       9.4 MB     7.3 MB     5.2 MB     3.1 MB" in report
+    assert "* fp16 MLM loss: no fp32 logits copy, M 78      19.0 MB     0.0 MB     0.0 MB     0.0 MB" in report
+    assert "* fused QKV: model.fused_qkv off, would save     4.2 MB     4.2 MB     4.2 MB     4.2 MB" in report
+    assert "* stash (depth x B 2 x S 512)                   66.1 MB   124.8 MB    89.1 MB    53.5 MB" in report
+    fused = dry_run(load_config("bert_large_512_pod16", ["model.fused_qkv=true"]))
+    assert "* fused QKV: on (model.fused_qkv)                4.2 MB     4.2 MB     4.2 MB     4.2 MB" in fused

@@ -17,7 +17,10 @@ N attention heads, L_g encoder layers in a pipeline group, d_g its stash depth, 
 - stream buffer (estimate): with the state off chip, the weight update brings each tensor's state on chip
   to update it; at least the largest tensor's state (its shard under sharding) is on chip at once;
 - stash (estimate): see ``stash_depths`` and ``activation_bytes``;
-- activations (estimate): what is live while the recomputed unit runs its backward.
+- activations (estimate): what is live while the recomputed unit runs its backward;
+- saved by Graphcore's memory choices (estimates, not in the total; ``memory_choices``): the fp16 mask's
+  bytes in the stash (already counted at 2 bytes in the stash row), the fp32 (B*M, V) logits copy the fp16
+  MLM loss does without, and the two (B, S, H) partial input gradients a fused QKV does without.
 
 Not counted: code, exchange and IPU-copy buffers, matmul temporaries (bounded by availableMemoryProportion),
 the heads' (B, M, V) logits, host-stream buffers. IPUs whose counted total passes 900 MB are flagged.
@@ -33,6 +36,10 @@ from .popdist_backend import describe_launch
 from .poptorch_backend import describe_options
 
 OPTIMIZER_STATES = {"lamb": 2, "adamw": 2, "adam": 2, "sgd": 1}
+
+
+def _fused_qkv(model_config) -> bool:
+    return bool(getattr(model_config, "fused_qkv", False))  # ipu_packing/model/self_attention.py
 
 
 def module_parameters(model_config) -> Dict[str, int]:
@@ -51,12 +58,12 @@ def module_parameters(model_config) -> Dict[str, int]:
 
 def largest_tensors(model_config) -> Dict[str, int]:
     """Elements of the largest parameter tensor of every placed module (the tied decoder weight counted with
-    the embeddings)."""
+    the embeddings; a fused QKV weight is one (3H, H) tensor)."""
     H, I, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
     P = model_config.max_position_embeddings
     largest = {"bert.embeddings": max(V, P, model_config.type_vocab_size) * H}
     for i in range(model_config.num_hidden_layers):
-        largest["bert.encoder.layer.%d" % i] = max(H * H, H * I)
+        largest["bert.encoder.layer.%d" % i] = max((3 if _fused_qkv(model_config) else 1) * H * H, H * I)
     largest["bert.pooler"] = H * H
     largest["cls"] = max(H * H, V, 2 * H)
     return largest
@@ -105,7 +112,8 @@ def activation_bytes(
     what it stashed. A group stashes, per micro batch in flight (``stash_depths``):
     - with a recomputation checkpoint on every layer: each layer's output (B, S, H), plus its input (B, S, H)
       when that arrives from another IPU; without: only that input, and the whole group is recomputed;
-    - the additive attention mask (B, S, S), fp32 as the model builds it, when the group has layers.
+    - the additive attention mask (B, S, S), in the model's dtype as it builds it (fp16: 2 bytes), when the
+      group has layers.
     Live activations: one layer's peak (checkpoints), or all the group's layers kept plus one peak.
     Without pipelining nothing is recomputed and every layer's activations live until its backward."""
     B, S = execution.micro_batch_size, seq_len
@@ -129,16 +137,49 @@ def activation_bytes(
             tensors, unit = int(received), kept * (len(layers) - 1) + peak
         depth[ipu] = max(depth[ipu], d)
         if d > 1:
-            stash[ipu] += d * (tensors * B * S * H * b + B * S * S * 4)
+            stash[ipu] += d * (tensors * B * S * H * b + B * S * S * b)
         live[ipu] = max(live[ipu], float(unit * b))
     return stash, live, depth
 
 
+def memory_choices(
+    model_config, execution: ExecutionConfig, plan: List[Placement], seq_len: int, mlm_slots: Optional[int] = None
+) -> List[Dict[str, Optional[float]]]:
+    """Bytes each of Graphcore's memory choices saves per IPU (estimates; docs/model.md "Memory choices"):
+    - ``saved_mask``: an fp16 model's mask is fp16, so each stash entry of a group with layers holds (B, S, S)
+      at 2 bytes, not 4 (the stash row already counts 2);
+    - ``saved_mlm_logits``: the fp32 copy of the (B*M, V) logits the fp16 loss does without, B*M*V*4 on the
+      heads' IPU (Graphcore: cross_entropy of fp16 logits, modeling.py:302-304); None without M;
+    - ``saved_fused_qkv``: the two extra (B, S, H) partial input gradients of an unfused layer's backward
+      (three projections' gradients summed), one layer at a time: 2*B*S*H*b on each IPU with layers, with
+      ``model.fused_qkv`` on or (would save) off.
+    The last two are not in the total (logits and backward temporaries are not counted); an fp32 model saves
+    nothing by the first two."""
+    e = execution
+    B, S, H, V = e.micro_batch_size, seq_len, model_config.hidden_size, model_config.vocab_size
+    b = 2 if e.precision == "fp16" else 4
+    rows = [{"saved_mask": 0.0, "saved_mlm_logits": None if mlm_slots is None else 0.0, "saved_fused_qkv": 0.0}
+            for _ in range(e.num_stages)]
+    if e.num_stages > 1:
+        for (ipu, modules), d in zip(pipeline_groups(plan), stash_depths(len(pipeline_groups(plan)))):
+            if d > 1 and any(p.module.startswith("bert.encoder.layer.") for p in modules):
+                rows[ipu]["saved_mask"] += float(d * B * S * S * (4 - b))
+    for p in plan:
+        device = p.ipu if e.backend == "poptorch" else p.stage
+        if p.module == "cls" and mlm_slots is not None and b == 2:
+            rows[device]["saved_mlm_logits"] = float(B * mlm_slots * V * 4)
+        if p.module.startswith("bert.encoder.layer."):
+            rows[device]["saved_fused_qkv"] = float(2 * B * S * H * b)
+    return rows
+
+
 def memory_per_device(
-    model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None
+    model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None,
+    mlm_slots: Optional[int] = None,
 ) -> Tuple[List[Placement], List[Dict[str, float]]]:
     """(placement, one dict per IPU/stage of bytes: params, weights, gradients, optimizer (on chip),
-    optimizer_offchip, stream_buffer, stash, activations, total (on chip), stash_depth)."""
+    optimizer_offchip, stream_buffer, stash, activations, total (on chip), stash_depth; and on IPUs the
+    savings of ``memory_choices``). ``mlm_slots``: M of the packs (sizes the MLM logits' row)."""
     optimizer = optimizer.lower()
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError("optimizer must be one of %s, got %r" % (sorted(OPTIMIZER_STATES), optimizer))
@@ -172,6 +213,7 @@ def memory_per_device(
         state_bytes += TYPE_BYTES[e.second_order_momentum_type]
     shards = e.local_replicas if e.replicated_tensor_sharding else 1
     stash, live, depth = activation_bytes(model_config, e, plan, seq_len)
+    saved = memory_choices(model_config, e, plan, seq_len, mlm_slots)
     rows = []
     for d, n in enumerate(params):
         state = float(n * state_bytes) / shards
@@ -188,17 +230,19 @@ def memory_per_device(
         }
         row["total"] = sum(row[k] for k in ("weights", "gradients", "optimizer", "stream_buffer", "stash",
                                             "activations"))
+        row.update(saved[d])
         rows.append(row)
     return plan, rows
 
 
 def ipu_memory_lines(
-    model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None
+    model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None,
+    mlm_slots: Optional[int] = None,
 ) -> List[str]:
     """The per-IPU memory table (one column per IPU), its flags and the PopART pipeline constraint."""
     e = execution
     seq_len = int(sequence_length or model_config.max_position_embeddings)
-    plan, rows = memory_per_device(model_config, e, optimizer, seq_len)
+    plan, rows = memory_per_device(model_config, e, optimizer, seq_len, mlm_slots)
     shards = ", /%d" % e.local_replicas if e.replicated_tensor_sharding else ""
     moments = e.first_order_momentum_type
     if OPTIMIZER_STATES[optimizer.lower()] == 2:
@@ -223,11 +267,25 @@ def ipu_memory_lines(
         ("off chip: optimizer (%s)" % state if e.optimizer_state_offchip else "off chip: nothing",
          "optimizer_offchip", _fmt_bytes),
     ]
+    half = e.precision == "fp16"
+    if mlm_slots is None:
+        mlm = "* fp16 MLM loss (M unknown)"
+    else:
+        mlm = "* fp16 MLM loss: no fp32 logits copy, M %d" % mlm_slots if half else "* fp16 MLM loss (fp32 model: none)"
+    fused = "on (model.fused_qkv)" if _fused_qkv(model_config) else "model.fused_qkv off, would save"
+    table += [
+        ("saved by Graphcore's choices (docs/model.md)", None, None),
+        ("* fp16 attention mask (%s)" % ("in the stash above" if half else "fp32 model: none"), "saved_mask",
+         _fmt_bytes),
+        (mlm, "saved_mlm_logits", _fmt_bytes),
+        ("* fused QKV: %s" % fused, "saved_fused_qkv", _fmt_bytes),
+    ]
     width = 44
     lines = ["Memory per IPU (* = estimate; /R = sharded over an instance's R replicas; see ipu_packing/execution/dry_run.py)"]
     lines.append("  %-*s" % (width, "") + "".join("%11s" % ("IPU %d" % d) for d in range(len(rows))))
     for label, key, fmt in table:
-        lines.append("  %-*s" % (width, label) + "".join("%11s" % fmt(r[key]) for r in rows))
+        cells = "" if key is None else "".join("%11s" % ("-" if r[key] is None else fmt(r[key])) for r in rows)
+        lines.append(("  %-*s" % (width, label) + cells).rstrip())
     amps = [e.memory_proportion_for(d) for d in range(len(rows))]
     if amps[0] is not None:
         lines.append("  %-*s" % (width, "availableMemoryProportion (not counted)")
@@ -257,13 +315,14 @@ def dry_run_report(
     sequences_per_pack: float = 1.0,
     optimizer: str = "lamb",
     sequence_length: Optional[int] = None,
+    mlm_slots: Optional[int] = None,
 ) -> str:
     """The placement of every layer, memory per IPU (vs 900 MB) or stage, the PopTorch options asked for,
     and the batch sizes. ``sequence_length`` (S of the packs; default the model's max_position_embeddings)
-    sizes the activation estimates."""
+    sizes the activation estimates, ``mlm_slots`` (M) the MLM logits' row."""
     if not sequences_per_pack >= 1.0:
         raise ValueError("sequences per pack must be >= 1, got %r" % (sequences_per_pack,))
-    plan, rows = memory_per_device(model_config, execution, optimizer, sequence_length)
+    plan, rows = memory_per_device(model_config, execution, optimizer, sequence_length, mlm_slots)
     counts = module_parameters(model_config)
     ipu = execution.backend == "poptorch"
     e = execution
@@ -300,7 +359,7 @@ def dry_run_report(
         )
     lines.append("")
     if ipu:
-        lines += ipu_memory_lines(model_config, e, optimizer, sequence_length)
+        lines += ipu_memory_lines(model_config, e, optimizer, sequence_length, mlm_slots)
         lines.append("")
         lines.append("PopTorch options (build_options, translate_optimizer, DataLoader; describe_options)")
         for key, value in describe_options(e).items():

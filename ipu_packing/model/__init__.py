@@ -41,7 +41,7 @@ embeddings, so the part that runs the heads needs the word-embedding weight too)
 ``layers_per_ipu`` split, with the modules and fields of each, are declared in ``stages.py``.
 
 Attention (constructor argument ``attention``, else ``config.packed_attention``, else "dense"):
-  "dense"  matmul + additive float32 mask (B, 1, S, S), 0 or -10000; the default, for IPUs / static graphs.
+  "dense"  matmul + additive mask (B, 1, S, S) in the model's dtype, 0 or -10000; the default, for IPUs.
   "sdpa"   torch scaled_dot_product_attention with a bool mask (B, 1, S, S), True = attend.
   "flex"   FlexAttention with a BlockMask (torch >= 2.5, imported lazily; no attention dropout in training;
            the BlockMask is not a tensor, so not for pipelined stages).
@@ -51,13 +51,18 @@ Attention (constructor argument ``attention``, else ``config.packed_attention``,
 The rule: q attends to k iff sequence_ids[q] == sequence_ids[k]. Real tokens see only their own sequence;
 padding sees only padding, so no query row is ever fully masked and no path can produce NaN.
 
+config.fused_qkv (model.fused_qkv in a config file; default False): one Linear(H, 3H) per layer for query,
+key and value (self_attention.py), as Graphcore's BertFusedSelfAttention computes them; still loads and
+exports transformers' query/key/value tensors.
+
 Submodules and parameters follow transformers' BertForPreTraining names and shapes: bert.embeddings.*,
 bert.encoder.layer.N.*, bert.pooler.*, cls.predictions.* (decoder tied to word embeddings),
 cls.seq_relationship.*. ``PackedBertForPreTraining.from_pretrained(dir)`` reads a transformers-saved
 directory (safetensors or pytorch_model.bin); ``model.save_pretrained(dir)`` writes one that
 ``transformers.BertForPreTraining.from_pretrained`` loads.
 
-Precision: fp32, or bf16/fp16 under torch.autocast (losses are computed in fp32). Works under
+Precision: fp32, or bf16/fp16 under torch.autocast (losses are computed in fp32); a .half() model builds an
+fp16 mask and takes each MLM slot's loss in fp16, summing in fp32 (no fp32 copy of the logits). Works under
 torch.compile(fullgraph=True, dynamic=False). Runs on Python 3.8 / torch 2.0.1 / transformers 4.x
 (the "flex" and "varlen" paths excepted: varlen's kernels need torch >= 2.0 / 2.3, checked at use).
 """

@@ -10,9 +10,11 @@ every query row has at least one allowed key: no row is ever fully masked, so no
 Implementations (chosen per model, see ``resolve_attention``):
 
 - ``"dense"`` (default, suits IPUs and any static-graph compiler): plain matmuls and a softmax, with an
-  additive float mask of shape (B, 1, S, S) holding 0 (attend) or ``MASK_VALUE`` (do not). ``MASK_VALUE``
-  is finite and representable in fp16 and bf16, and ``exp(MASK_VALUE)`` underflows to exactly 0 in every
-  float format, so masked keys contribute exactly nothing.
+  additive float mask of shape (B, 1, S, S) holding 0 (attend) or ``MASK_VALUE`` (do not), built in the
+  model's dtype (``dense_mask(..., dtype)``): fp16 for a ``.half()`` model, as transformers builds the
+  extended mask Graphcore's ``.half()`` model uses (see ``MASK_VALUE``). ``MASK_VALUE`` is finite and exact
+  in fp16, and ``exp(MASK_VALUE)`` underflows to exactly 0 in every float format, so masked keys contribute
+  exactly nothing.
 - ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` (torch >= 2.0) with a boolean mask
   (B, 1, S, S), True = attend.
 - ``"flex"``: FlexAttention (``torch.nn.attention.flex_attention``, torch >= 2.5) with a block-sparse
@@ -55,7 +57,15 @@ CONFIG_ATTRIBUTE = "packed_attention"
 """Name of the optional ``transformers.BertConfig`` attribute that selects the implementation."""
 
 MASK_VALUE = -10000.0
-"""Additive mask value of the dense path: finite in fp16/bf16, and exp() of it is exactly 0."""
+"""Additive mask value of the dense path. transformers 4.18 (the version Graphcore's BERT app pins,
+nlp/bert/pytorch/requirements.txt:1) builds its extended mask as ``(1.0 - mask.to(self.dtype)) * -10000.0``
+(transformers/modeling_utils.py:581-582), ``self.dtype`` being the first parameter's dtype
+(modeling_utils.py:483-487, 141-143): fp16 for Graphcore's ``.half()`` model (run_pretraining.py:134).
+Why -10000 suits fp16: it is exact there (bf16 rounds it to -9984); a score plus it stays finite for any
+score above -55520 (fp16 rounds -65520 and beyond to -inf), where ``torch.finfo(torch.float16).min`` would
+overflow for any score at or below -16; and exp(score - 10000 - m), m the largest allowed score of the row,
+is exactly 0 in fp16 and fp32 unless the masked score exceeds m by 9896 or more, which no attention score
+does. A fully masked row cannot occur: every token attends at least to itself."""
 
 
 def resolve_attention(config: Any, attention: Optional[str] = None) -> str:
@@ -73,10 +83,11 @@ def same_sequence(sequence_ids: torch.Tensor) -> torch.Tensor:
     return (sequence_ids.unsqueeze(2) == sequence_ids.unsqueeze(1)).unsqueeze(1)  # (B, 1, S, S)
 
 
-def dense_mask(sequence_ids: torch.Tensor) -> torch.Tensor:
-    """Additive float32 mask (B, 1, S, S): 0 where attention is allowed, ``MASK_VALUE`` elsewhere."""
+def dense_mask(sequence_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive mask (B, 1, S, S) in ``dtype`` (the model's): 0 where attention is allowed, ``MASK_VALUE``
+    elsewhere. Both values are exact in float32 and float64, so those masks hold the same numbers."""
     allowed = same_sequence(sequence_ids)
-    return (1.0 - allowed.to(torch.float32)) * MASK_VALUE  # (B, 1, S, S)
+    return (1.0 - allowed.to(dtype)) * MASK_VALUE  # (B, 1, S, S)
 
 
 def flex_block_mask(sequence_ids: torch.Tensor) -> Any:
@@ -95,10 +106,10 @@ def flex_block_mask(sequence_ids: torch.Tensor) -> Any:
     return create_block_mask(mask_mod, batch, None, length, length, device=sequence_ids.device)
 
 
-def build_mask(implementation: str, sequence_ids: torch.Tensor) -> Any:
-    """The mask in the form ``attend(implementation, ...)`` takes."""
+def build_mask(implementation: str, sequence_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> Any:
+    """The mask in the form ``attend(implementation, ...)`` takes; ``dtype`` (the model's) is the dense mask's."""
     if implementation == "dense":
-        return dense_mask(sequence_ids)
+        return dense_mask(sequence_ids, dtype)
     if implementation == "sdpa":
         return same_sequence(sequence_ids)
     if implementation == "flex":

@@ -8,6 +8,9 @@ Reading accepts the key spellings found in the wild: a ``module.`` prefix (DDP),
 LayerNorm names, and a bare ``BertModel`` checkpoint (no ``bert.`` prefix; with ``strict=False`` only,
 since the heads are then missing). Tied aliases (``cls.predictions.decoder.weight`` and
 ``cls.predictions.decoder.bias``) are dropped: the tie supplies them. Writing drops them the same way.
+A model with ``config.fused_qkv`` reads and writes transformers' separate query/key/value tensors: its
+fused projection concatenates them when loading and ``export_state_dict`` splits it (self_attention.py);
+``config.json`` records ``fused_qkv``, which transformers ignores.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import warnings
 from typing import Any, Dict, List
 
 import torch
+
+from .self_attention import FUSED_QKV_ATTRIBUTE, hf_layout
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -91,13 +96,15 @@ def _aliases(model: Any) -> List[str]:
     return names
 
 
-def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: bool = True) -> Any:
+def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: bool = True, fused_qkv: Any = None) -> Any:
     from transformers import BertConfig
 
     config_path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(config_path):
         raise FileNotFoundError("no %s in %s (a transformers BERT directory is expected)" % (CONFIG_NAME, directory))
     config = BertConfig.from_json_file(config_path)
+    if fused_qkv is not None:
+        setattr(config, FUSED_QKV_ATTRIBUTE, fused_qkv)
     model = cls(config, attention=attention)
     state = normalize_keys(read_state_dict(directory))
     aliases = _aliases(model)
@@ -124,12 +131,14 @@ def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: boo
 
 
 def export_state_dict(model: Any) -> Dict[str, torch.Tensor]:
+    """transformers' layout: no tied aliases, and a fused ``attention.self.qkv`` split into query, key and
+    value (self_attention.hf_layout); loading concatenates them again (BertFusedSelfAttention)."""
     aliases = _aliases(model)
-    return {
+    return hf_layout({
         key: value.detach().cpu().contiguous()
         for key, value in model.state_dict().items()
         if key not in aliases
-    }
+    })
 
 
 def save_pretrained(model: Any, directory: str, safe_serialization: bool = True) -> None:

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.format import IGNORE_INDEX  # the pack format's label of an unused slot (numpy only)
-from .attention import CONFIG_ATTRIBUTE, attend, build_mask, resolve_attention
+from .attention import CONFIG_ATTRIBUTE, build_mask, resolve_attention
+from .self_attention import fused_qkv, self_attention
 
 
 class PackedBertOutput(NamedTuple):
@@ -81,36 +82,6 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(h))  # (B, S, H)
 
 
-class BertSelfAttention(nn.Module):
-    def __init__(self, config: Any, implementation: str) -> None:
-        super().__init__()
-        if config.hidden_size % config.num_attention_heads != 0:
-            raise ValueError(
-                "hidden_size (%d) must be a multiple of num_attention_heads (%d)"
-                % (config.hidden_size, config.num_attention_heads)
-            )
-        self.num_attention_heads = config.num_attention_heads
-        self.attention_head_size = config.hidden_size // config.num_attention_heads
-        self.implementation = implementation
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
-
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.num_attention_heads, self.attention_head_size).transpose(1, 2)
-
-    def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
-        """(B, S, H) -> (B, S, H): context vectors, each token attending only within its own sequence."""
-        batch, length, hidden = h.shape
-        q = self._heads(self.query(h))  # (B, N, S, D)
-        k = self._heads(self.key(h))
-        v = self._heads(self.value(h))
-        context = attend(self.implementation, q, k, v, mask, self.dropout)  # (B, N, S, D)
-        return context.transpose(1, 2).reshape(batch, length, hidden)  # (B, S, H)
-
-
 class BertOutput(nn.Module):
     """Project to the hidden size, dropout, add the residual, LayerNorm: (B, S, in) -> (B, S, H).
 
@@ -131,7 +102,7 @@ class BertOutput(nn.Module):
 class BertAttention(nn.Module):
     def __init__(self, config: Any, implementation: str) -> None:
         super().__init__()
-        self.self = BertSelfAttention(config, implementation)
+        self.self = self_attention(config, implementation)  # query/key/value, or one fused qkv (config.fused_qkv)
         self.output = BertOutput(config, config.hidden_size)
 
     def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
@@ -196,8 +167,11 @@ class PackedBertModel(nn.Module):
 
     def get_attention_mask(self, sequence_ids: torch.Tensor) -> Any:
         """Mask from (B, S) ``sequence_ids`` in the form this model's layers take (see ``attention.py``):
-        dense: float32 (B, 1, S, S) additive; sdpa: bool (B, 1, S, S); flex: a ``BlockMask``."""
-        return build_mask(self.attention_implementation, sequence_ids)
+        dense: (B, 1, S, S) additive, in the model's dtype (fp16 for a ``.half()`` model: half the bytes of
+        an fp32 mask, stashed on every pipeline stage; as transformers' get_extended_attention_mask, whose
+        dtype is the first parameter's); sdpa: bool (B, 1, S, S); flex: a ``BlockMask``."""
+        dtype = self.embeddings.word_embeddings.weight.dtype
+        return build_mask(self.attention_implementation, sequence_ids, dtype)
 
     def forward(
         self,
@@ -294,13 +268,24 @@ def _gather(h: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> to
 def _mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
     """Mean cross-entropy and accuracy over valid slots (0 when none) and their count: scalars in the logits'
     dtype, float32 for fp16/bf16 logits (a half-precision sum of thousands of losses, or a count above 2048,
-    would round), so float64 stays float64."""
-    dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    would round), so float64 stays float64.
+
+    fp16/bf16 logits: each slot's loss is taken in the logits' dtype and only those (B*M,) losses are cast to
+    float32 and summed, so no float32 copy of the (B*M, V) logits (nor a float32 log-softmax of them, kept
+    for the backward) is made; Graphcore's app also takes F.cross_entropy of its fp16 logits
+    (nlp/bert/pytorch/modeling.py:302-304). Each slot's loss rounds to its dtype (fp16: 2**-11 relative);
+    docs/model.md gives the measured difference. Under torch.autocast, cross_entropy runs in float32 anyway
+    (autocast's own cast). float32/float64 logits: one summed cross_entropy, as before."""
+    half = logits.dtype in (torch.float16, torch.bfloat16)
+    dtype = torch.float32 if half else logits.dtype
     count = valid.sum().to(dtype)
     denominator = count.clamp(min=1.0)
-    loss_sum = F.cross_entropy(
-        logits.to(dtype).reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+    flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    if half:
+        per_slot = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="none")  # (B*M,), 0 if unused
+        loss_sum = per_slot.to(dtype).sum()
+    else:
+        loss_sum = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="sum")
     correct = (logits.argmax(dim=-1) == labels) & valid
     return loss_sum / denominator, correct.sum().to(dtype) / denominator, count
 
@@ -318,6 +303,7 @@ class PackedBertForPreTraining(nn.Module):
             if getattr(config, flag, False):
                 raise ValueError("%s=True is not supported: the packed model is BERT's bidirectional encoder" % flag)
         _activation(config.hidden_act)  # refuse an unknown activation here, not inside the first layer
+        fused_qkv(config)  # and a fused_qkv that is not a bool
         implementation = resolve_attention(config, attention)
         self.config = copy.deepcopy(config)
         setattr(self.config, CONFIG_ATTRIBUTE, implementation)
@@ -387,12 +373,13 @@ class PackedBertForPreTraining(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str, attention: Optional[str] = None, strict: bool = True
+        cls, directory: str, attention: Optional[str] = None, strict: bool = True, fused_qkv: Optional[bool] = None
     ) -> "PackedBertForPreTraining":
-        """Read a directory written by transformers (config.json + safetensors or pytorch_model.bin)."""
+        """Read a directory written by transformers (config.json + safetensors or pytorch_model.bin);
+        ``fused_qkv`` (default: config.json's, else False) builds the fused projection from its weights."""
         from .checkpoint import load_pretrained
 
-        return load_pretrained(cls, directory, attention=attention, strict=strict)
+        return load_pretrained(cls, directory, attention=attention, strict=strict, fused_qkv=fused_qkv)
 
     def save_pretrained(self, directory: str, safe_serialization: bool = True) -> None:
         """Write config.json + model.safetensors (or pytorch_model.bin) that BertForPreTraining loads back."""

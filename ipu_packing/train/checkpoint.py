@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ..fsutil import atomic_open, atomic_write_text, fsync_directory, remove_stale_temporaries
+from ..model.self_attention import hf_layout
 from .errors import UserError
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -213,7 +214,8 @@ def _check_same_architecture(model: torch.nn.Module, loaded: torch.nn.Module, so
 
 
 def _check_state_shapes(model: torch.nn.Module, state: Dict[str, torch.Tensor], source: str) -> None:
-    own = model.state_dict()
+    # compared in transformers' layout: the model loads query/key/value or a fused qkv alike (model.fused_qkv)
+    own, state = hf_layout(model.state_dict()), hf_layout(state)
     missing = [k for k in own if k not in state]
     if missing:
         raise UserError("weights in %s do not match the model: missing %s" % (source, missing[0]))

@@ -49,6 +49,7 @@ def dry_run(config) -> str:
         ),
         accounting.describe() + " (estimated factor; training uses the dataset's measured one)",
     ]
+    from ipu_packing.data.format import mlm_slots
     from ipu_packing.execution import dry_run as dry_run_module
 
     report = dry_run_module.dry_run_report(
@@ -57,6 +58,8 @@ def dry_run(config) -> str:
         sequences_per_pack=accounting.packing_factor,
         optimizer=config.optimizer.name,
         sequence_length=config.data.max_seq_length,
+        # M as `prepare` sizes the packs (the recipe's defaults; a dataset's manifest holds its own)
+        mlm_slots=mlm_slots(config.data.max_seq_length, config.data.expected_sequences_per_pack),
     )
     return "\n".join(lines) + "\n" + report.rstrip("\n")
 

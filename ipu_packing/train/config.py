@@ -30,7 +30,8 @@ from .sections import (
 class PretrainingConfig:
     name: str
     model: Dict[str, Any]
-    """transformers.BertConfig keyword arguments (see `bert_config()`)."""
+    """transformers.BertConfig keyword arguments, and the model's own options (loader.MODEL_OPTION_FIELDS), set
+    on the BertConfig too (see `bert_config()`)."""
     execution_spec: Any
     """ipu_packing.execution.ExecutionConfig as written in the `execution:` section. The file does
     not set gradient_accumulation: it is derived from training.global_batch_sequences and the

@@ -3,7 +3,7 @@
 YAML is a thin, strict layer over the dataclasses. A file has these top-level sections:
 
     base:       optional name (or path) of a config this one extends; sections merge key by key
-    model:      transformers.BertConfig fields only (BERT_CONFIG_FIELDS)
+    model:      transformers.BertConfig fields (BERT_CONFIG_FIELDS) and the model's own (MODEL_OPTION_FIELDS)
     execution:  ipu_packing.execution.ExecutionConfig fields only
     data, optimizer, schedule, training, checkpoint, logging: the dataclasses in sections.py
 
@@ -209,13 +209,22 @@ BERT_CONFIG_FIELDS = (
 )
 
 
+# The packed model's own options, set on the BertConfig as attributes (saved in config.json, which
+# transformers ignores): ipu_packing/model/self_attention.py FUSED_QKV_ATTRIBUTE.
+MODEL_OPTION_FIELDS = (
+    ("fused_qkv", False),
+)
+
+
 def _parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
-    defaults = dict(BERT_CONFIG_FIELDS)
+    defaults = dict(BERT_CONFIG_FIELDS + MODEL_OPTION_FIELDS)
     allowed = [name for name, _ in BERT_CONFIG_FIELDS]
+    own = [name for name, _ in MODEL_OPTION_FIELDS]
     out = {}
     for key, value in raw.items():
         if key not in defaults:
-            raise ConfigError("unknown key model.%s (transformers.BertConfig fields: %s)" % (key, ", ".join(allowed)))
+            raise ConfigError("unknown key model.%s (transformers.BertConfig fields: %s; the model's own: %s)"
+                              % (key, ", ".join(allowed), ", ".join(own)))
         default = defaults[key]
         if default is None:  # classifier_dropout: a number or null
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):

@@ -83,5 +83,14 @@ def check_resume_matches(config: PretrainingConfig, data: TrainingData, state: D
                 "checkpoint %s was trained on a dataset with %s=%r, this dataset has %r"
                 % (path, key, old[key], data.fingerprint()[key])
             )
+    fused = bool(((state.get("config") or {}).get("model") or {}).get("fused_qkv", False))
+    if fused != bool(config.model.get("fused_qkv", False)):
+        # the weights would load in either layout, but the optimizer's moments are per tensor: one fused
+        # qkv tensor per layer against three
+        raise UserError(
+            "checkpoint %s was trained with model.fused_qkv=%s, this config has %s: the optimizer state does not "
+            "carry over; start a new run with checkpoint.init_from=%s (its weights load in either layout)"
+            % (path, str(fused).lower(), str(not fused).lower(), path)
+        )
     if int(state["step"]) > config.training.steps:
         raise UserError("checkpoint %s is at step %d, beyond training.steps=%d" % (path, state["step"], config.training.steps))

@@ -2,8 +2,9 @@
 
 configs/NAME.yaml has one mapping per section (`data:`, `optimizer:`, `schedule:`, `training:`,
 `checkpoint:`, `logging:`); `loader.py` turns each into the dataclass below, rejecting unknown keys and
-wrong types, and `__post_init__` checks the values. `model:` (transformers.BertConfig fields) and
-`execution:` (ipu_packing.execution.ExecutionConfig) are defined where they belong.
+wrong types, and `__post_init__` checks the values. `model:` (transformers.BertConfig fields, plus the
+model's own `fused_qkv`) and `execution:` (ipu_packing.execution.ExecutionConfig) are defined where they
+belong.
 """
 
 from __future__ import annotations
