@@ -1,10 +1,14 @@
 """The streaming assignment (packing/slots.py): a slice placed on its own lands where the whole
 corpus placed at once puts it, and its permutations are bijections."""
 
+import hashlib
+
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from ipu_packing.packing import assign_sequences, histogram_from_lengths, plan_packing
+from ipu_packing.packing.plan import PackingPlan
 from ipu_packing.packing.slots import KeyedPermutation, SlotMap, length_ranks
 
 
@@ -61,3 +65,85 @@ def test_slices_placed_on_their_own_land_where_the_whole_corpus_does(counts, k, 
         np.testing.assert_array_equal(slot_map.pack_sizes(packs), whole.sizes[packs])
     hist = slot_map.sequences_per_pack_histogram(k)
     np.testing.assert_array_equal(hist, np.bincount(whole.sizes - 1, minlength=k))
+
+
+# --- the map itself, pinned: prepared data and the golden losses were made with it ------------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def reference_permutation(n, seed, spawn_key, x, forward=True):
+    """KeyedPermutation's documented recipe in plain Python integers, one point at a time: a
+    6-round balanced Feistel network on [0, 4^h), 4^h >= n, cycle-walked into [0, n)."""
+    half = max(1, ((max(n, 2) - 1).bit_length() + 1) // 2)
+    mask = (1 << half) - 1
+    keys = [int(k) for k in np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(6, np.uint64)]
+    while True:
+        left, right = x >> half, x & mask
+        for key in keys if forward else keys[::-1]:
+            if forward:
+                left, right = right, left ^ (_splitmix64(right ^ key) & mask)
+            else:
+                left, right = right ^ (_splitmix64(left ^ key) & mask), left
+        x = (left << half) | right
+        if x < n:
+            return x
+
+
+@pytest.mark.parametrize("n, spawn_key", [(1, (0,)), (2, (5,)), (3, (1, 9)), (1000, (3,)), (70000, ()),
+                                          (8143857, (0,)), (2**40 + 7, (2,))])
+def test_keyed_permutation_is_the_documented_feistel_network(n, spawn_key):
+    perm = KeyedPermutation(n, 12345, *spawn_key)
+    x = np.unique(np.concatenate([np.arange(min(n, 50)), np.random.default_rng(0).integers(0, n, 200)]))
+    expected = [reference_permutation(n, 12345, spawn_key, int(v)) for v in x]
+    np.testing.assert_array_equal(perm(x), expected)
+    back = [reference_permutation(n, 12345, spawn_key, int(v), forward=False) for v in x]
+    np.testing.assert_array_equal(perm.inverse(x), back)
+
+
+def test_keyed_permutation_values_are_those_of_the_prepared_data():
+    # recorded at commit ac4d48f; a change here changes the bytes of prepared data
+    assert KeyedPermutation(1000, 5, 3)(np.arange(0, 1000, 97)).tolist() == \
+        [196, 525, 476, 722, 509, 12, 576, 20, 382, 618, 374]
+    big = KeyedPermutation(2**40 + 7, 1, 2)
+    x = np.array([0, 1, 2**39, 2**40 + 6])
+    assert big(x).tolist() == [385279358247, 943739531033, 760535189811, 227038882387]
+    assert big.inverse(x).tolist() == [629313081621, 326398479896, 866983104780, 302223809607]
+    assert KeyedPermutation(70000, 9)(np.arange(0, 70000, 6999)).tolist() == \
+        [5980, 32579, 5810, 27743, 36334, 48122, 36294, 49908, 36875, 40066, 23785]
+
+
+def explicit_plan(scale=1):
+    """A plan written out by hand (no planner involved): S = 16, K = 3."""
+    strategies = ((16,), (12, 4), (9, 7), (8, 5, 3), (6, 6, 2), (10,), (1,))
+    repeats = np.array([3000, 2500, 4000, 2000, 1500, 1000, 7], dtype=np.int64) // scale
+    histogram = np.zeros(16, dtype=np.int64)
+    for strategy, count in zip(strategies, repeats):
+        for length in strategy:
+            histogram[length - 1] += count
+    return PackingPlan(algorithm="explicit", max_seq_length=16, max_sequences_per_pack=3, histogram=histogram,
+                       strategies=strategies, repeats=repeats)
+
+
+def test_assignment_and_placement_are_those_of_the_prepared_data():
+    # recorded at commit ac4d48f
+    plan = explicit_plan()
+    lengths = np.repeat(np.arange(1, 17), plan.histogram)
+    np.random.default_rng(5).shuffle(lengths)
+    packs = assign_sequences(plan, lengths, seed=11)
+    assert (len(lengths), len(packs)) == (27507, 14007)
+    assert [packs[p].tolist() for p in (0, 1, 2, 9006)] == [[2821, 19991], [3866, 4882], [15078, 20101],
+                                                              [249, 23359, 19140]]
+    digest = hashlib.sha256(packs.indices.tobytes() + packs.offsets.tobytes()).hexdigest()
+    assert digest == "8a51c2cfd8163a9ba52fcc6d619e2017b875cbb9f7087e307a8409635ed0ff54"
+    before = np.bincount(lengths[:1000] - 1, minlength=16)
+    pack, slot = SlotMap(plan, 11).place(lengths[1000:1010], length_ranks(lengths[1000:1010], before))
+    assert pack.tolist() == [10080, 10821, 6992, 3112, 6492, 13561, 2042, 10137, 8887, 1806]
+    assert slot.tolist() == [0, 0, 0, 0, 1, 1, 0, 1, 0, 0]
