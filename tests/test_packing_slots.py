@@ -2,12 +2,13 @@
 corpus placed at once puts it, and its permutations are bijections."""
 
 import hashlib
+import pickle
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ipu_packing.packing import assign_sequences, histogram_from_lengths, plan_packing
+from ipu_packing.packing import assign_sequences, histogram_from_lengths, plan_packing, slots
 from ipu_packing.packing.plan import PackingPlan
 from ipu_packing.packing.slots import KeyedPermutation, SlotMap, length_ranks
 
@@ -100,12 +101,16 @@ def reference_permutation(n, seed, spawn_key, x, forward=True):
 @pytest.mark.parametrize("n, spawn_key", [(1, (0,)), (2, (5,)), (3, (1, 9)), (1000, (3,)), (70000, ()),
                                           (8143857, (0,)), (2**40 + 7, (2,))])
 def test_keyed_permutation_is_the_documented_feistel_network(n, spawn_key):
+    # tables (h <= 16) or arithmetic (h > 16), pool walk or the whole small domain at once: one map
     perm = KeyedPermutation(n, 12345, *spawn_key)
     x = np.unique(np.concatenate([np.arange(min(n, 50)), np.random.default_rng(0).integers(0, n, 200)]))
     expected = [reference_permutation(n, 12345, spawn_key, int(v)) for v in x]
     np.testing.assert_array_equal(perm(x), expected)
     back = [reference_permutation(n, 12345, spawn_key, int(v), forward=False) for v in x]
     np.testing.assert_array_equal(perm.inverse(x), back)
+    if n <= 70000:  # all of it at once (SlotMap.assign's way) agrees too
+        np.testing.assert_array_equal(perm._everywhere(True)[x], expected)
+        np.testing.assert_array_equal(perm._everywhere(False)[x], back)
 
 
 def test_keyed_permutation_values_are_those_of_the_prepared_data():
@@ -147,3 +152,43 @@ def test_assignment_and_placement_are_those_of_the_prepared_data():
     pack, slot = SlotMap(plan, 11).place(lengths[1000:1010], length_ranks(lengths[1000:1010], before))
     assert pack.tolist() == [10080, 10821, 6992, 3112, 6492, 13561, 2042, 10137, 8887, 1806]
     assert slot.tolist() == [0, 0, 0, 0, 1, 1, 0, 1, 0, 0]
+
+
+ROUTES = [(2, 1 << 14), (37, 1 << 14), (1000, 1 << 14), (64, 0), (64, 1 << 20)]  # (chunk, SMALL_DOMAIN)
+
+
+@pytest.mark.parametrize("chunk, small_domain", ROUTES)
+def test_keyed_permutation_chunk_size_and_route_change_nothing(monkeypatch, chunk, small_domain):
+    x = np.random.default_rng(2).integers(0, 5000, 3000)
+    for n in (5000, 20000):  # small domain (4^7) and not (4^8)
+        perm = KeyedPermutation(n, 4, 8)
+        expected = perm(x), perm.inverse(x), perm._everywhere(True), perm._everywhere(False)
+        with monkeypatch.context() as patch:
+            patch.setattr(slots, "SMALL_DOMAIN", small_domain)
+            perm = KeyedPermutation(n, 4, 8)
+            got = perm(x, chunk=chunk), perm.inverse(x, chunk=chunk), perm._everywhere(True, chunk), \
+                perm._everywhere(False, chunk)
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_keyed_permutation_refuses_arguments_outside_its_domain():
+    perm = KeyedPermutation(10, 0)
+    for bad in ([-1], [10], [0.5]):
+        with pytest.raises(ValueError):
+            perm(np.array(bad))
+        with pytest.raises(ValueError):
+            perm.inverse(np.array(bad))
+
+
+def test_a_slot_map_pickles_small_after_use():
+    # the round tables are rebuilt where used, not shipped to every worker
+    plan = explicit_plan()
+    slot_map = SlotMap(plan, 0)
+    lengths = np.repeat(np.arange(1, 17), plan.histogram)
+    ranks = length_ranks(lengths, np.zeros(16, np.int64))
+    placed = slot_map.place(lengths, ranks)  # builds the tables of every permutation
+    assert len(pickle.dumps(slot_map)) < 20000
+    restored = pickle.loads(pickle.dumps(slot_map))
+    for got, want in zip(restored.place(lengths, ranks), placed):
+        np.testing.assert_array_equal(got, want)

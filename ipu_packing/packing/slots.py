@@ -23,7 +23,7 @@ Shape legend: N sequences in the slice, S max sequence length, J strategies, P p
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -32,6 +32,12 @@ from .plan import PackingPlan
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+# elements per vectorised step: its temporaries (a few int64 arrays of CHUNK) stay in the L2 cache.
+# Results never depend on it (tests/test_packing_slots.py places with several).
+CHUNK = 1 << 13
+# a permutation whose Feistel domain has at most this many points is computed on all of it at once
+# when asked for at least a quarter of it (KeyedPermutation._everywhere)
+SMALL_DOMAIN = 1 << 14
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -49,9 +55,17 @@ class KeyedPermutation:
     4^h >= n; values that land at or past n are sent through it again ("cycle walking") until they
     land inside, which keeps it a bijection of [0, n). As 4^h < 4n, that takes under 4 passes on
     average. Its round function is splitmix64 of the half-word xor a round key.
+
+    Evaluation (the same bits every way): a half-word takes only 2^h values, so for h <= TABLE_BITS
+    each round's function is tabulated once (ROUNDS x 2^h int64, built on first use, not pickled)
+    and a round is a table look-up and an xor; above that it is computed. The network runs on
+    CHUNK values at a time; cycle walking keeps the values still outside [0, n) in a pool that
+    passes through the network once it holds a chunk's worth (`_apply`), and a small domain asked
+    for much of itself is computed whole (`_everywhere`).
     """
 
     ROUNDS = 6
+    TABLE_BITS = 16
 
     def __init__(self, n: int, seed: int, *spawn_key: int) -> None:
         self.n = int(n)
@@ -59,6 +73,21 @@ class KeyedPermutation:
         self.mask = np.uint64((1 << self.half) - 1)
         state = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(self.ROUNDS, np.uint64)
         self.keys = [np.uint64(k) for k in state]
+        self._tables = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_tables"] = None  # rebuilt where used: keeps the pickle O(ROUNDS)
+        return state
+
+    def _round_tables(self):
+        """ROUNDS (2^h,) int64: F_k(v) = splitmix64(v ^ k) & mask for every half-word v, or None
+        where h > TABLE_BITS."""
+        if self._tables is None and self.half <= self.TABLE_BITS:
+            words = np.arange(1 << self.half, dtype=np.uint64)
+            tables = (_mix(words[None, :] ^ np.array(self.keys)[:, None]) & self.mask).astype(np.int64)
+            self._tables = list(tables)  # (ROUNDS,) of (2^h,)
+        return self._tables
 
     def _rounds(self, x: np.ndarray, keys) -> np.ndarray:
         shift = np.uint64(self.half)
@@ -67,18 +96,6 @@ class KeyedPermutation:
             left, right = right, left ^ (_mix(right ^ key) & self.mask)
         return (left << shift) | right
 
-    def _walk(self, x, forward: bool) -> np.ndarray:
-        x = np.atleast_1d(np.asarray(x)).astype(np.uint64)
-        if x.size and (x.max() >= self.n):
-            raise ValueError("permutation argument outside [0, %d)" % self.n)
-        keys = self.keys if forward else self.keys[::-1]
-        y = self._rounds(x, keys) if forward else self._unrounds(x, keys)
-        outside = np.flatnonzero(y >= self.n)
-        while outside.size:
-            y[outside] = self._rounds(y[outside], keys) if forward else self._unrounds(y[outside], keys)
-            outside = outside[y[outside] >= self.n]
-        return y.astype(np.int64)
-
     def _unrounds(self, y: np.ndarray, keys) -> np.ndarray:
         shift = np.uint64(self.half)
         left, right = y >> shift, y & self.mask
@@ -86,13 +103,115 @@ class KeyedPermutation:
             left, right = right ^ (_mix(left ^ key) & self.mask), left
         return (left << shift) | right
 
-    def __call__(self, x) -> np.ndarray:
-        """pi(x), int64, for x in [0, n)."""
-        return self._walk(x, True)
+    def _network(self, x: np.ndarray, forward: bool) -> np.ndarray:
+        """The Feistel network (or its inverse) on (n,) int64 x in [0, 4^h): (n,) int64, new array."""
+        tables = self._round_tables()
+        if tables is None:
+            keys = self.keys if forward else self.keys[::-1]
+            x = x.astype(np.uint64)
+            return (self._rounds(x, keys) if forward else self._unrounds(x, keys)).astype(np.int64)
+        shift = self.half
+        left = np.right_shift(x, shift)
+        right = np.bitwise_and(x, (1 << shift) - 1)
+        looked_up = np.empty_like(left)
+        if forward:  # (L, R) -> (R, L ^ F(R))
+            for table in tables:
+                table.take(right, mode="clip", out=looked_up)
+                np.bitwise_xor(left, looked_up, out=left)
+                left, right = right, left
+        else:  # (L, R) -> (R ^ F(L), L), keys in reverse
+            for table in tables[::-1]:
+                table.take(left, mode="clip", out=looked_up)
+                np.bitwise_xor(right, looked_up, out=right)
+                left, right = right, left
+        np.left_shift(left, shift, out=left)
+        return np.bitwise_or(left, right, out=left)
 
-    def inverse(self, y) -> np.ndarray:
-        """pi^-1(y), int64, for y in [0, n)."""
-        return self._walk(y, False)
+    def _apply(self, x, forward: bool, chunk: int = 0, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """pi or pi^-1 of x, (m,) int64 in [0, n) (unchecked) or a range: into `out` ((m,), any
+        integer type that holds n) or a new (m,) int64 array.
+
+        Cycle walking in a pool: the values that land at or past n wait in it (with their places in
+        the result) and take their next pass through the network together, once the pool holds a
+        chunk's worth, so that the network always runs on large arrays, never on a walk's tail.
+        """
+        chunk = chunk or CHUNK
+        n, domain = self.n, 1 << (2 * self.half)
+        if out is None:
+            out = np.empty(len(x), dtype=np.int64)
+        if domain <= SMALL_DOMAIN and 4 * len(x) >= domain:
+            everywhere = self._everywhere(forward, chunk)
+            out[:] = everywhere[x.start:x.stop] if isinstance(x, range) else everywhere[x]
+            return out
+        at = np.empty(2 * chunk, dtype=np.int64)  # the pool: places in `out` ...
+        pool = np.empty(2 * chunk, dtype=np.int64)  # ... and the values waiting there
+        fill = 0
+        for a in range(0, len(x), chunk):
+            part = x[a:a + chunk]
+            y = self._network(np.arange(part.start, part.stop, dtype=np.int64) if isinstance(part, range) else part,
+                              forward)
+            out[a:a + len(y)] = y
+            outside = np.flatnonzero(y >= n)
+            np.add(outside, a, out=at[fill:fill + len(outside)])
+            np.take(y, outside, out=pool[fill:fill + len(outside)])
+            fill += len(outside)
+            while fill >= chunk:
+                fill = self._pass(out, at, pool, fill, forward)
+        while fill:
+            fill = self._pass(out, at, pool, fill, forward)
+        return out
+
+    def _pass(self, out: np.ndarray, at: np.ndarray, pool: np.ndarray, fill: int, forward: bool) -> int:
+        """One more pass of pool[:fill] through the network; returns how many still wait."""
+        y = self._network(pool[:fill], forward)
+        out[at[:fill]] = y  # final where inside [0, n); the others are written again later
+        outside = np.flatnonzero(y >= self.n)
+        at[:len(outside)] = at[outside]
+        pool[:len(outside)] = y[outside]
+        return len(outside)
+
+    def _everywhere(self, forward: bool, chunk: int = 0, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """pi (or pi^-1) of all of [0, n): into `out` ((n,), any integer type that holds n) or a new
+        (n,) int64 array.
+
+        A small domain is done all at once: the network is applied once to each point of [0, 4^h),
+        then every pointer that points outside [0, n) jumps to where the point it points to points
+        (doubling) until it rests inside, which is where cycle walking stops. (Points on a cycle that
+        never enters [0, n) never rest, but no x in [0, n) is waiting on them.)
+        """
+        chunk = chunk or CHUNK
+        n, domain = self.n, 1 << (2 * self.half)
+        if domain > SMALL_DOMAIN:
+            return self._apply(range(n), forward, chunk, out)
+        jump = np.empty(domain, dtype=np.int64)
+        for c in range(0, domain, chunk):
+            jump[c:c + chunk] = self._network(np.arange(c, min(c + chunk, domain), dtype=np.int64), forward)
+        away = np.flatnonzero(jump >= n)  # once a pointer rests inside, it stays
+        waiting = away[away < n]
+        while waiting.size:
+            jump[away] = jump[jump[away]]
+            away = away[jump[away] >= n]
+            waiting = waiting[jump[waiting] >= n]
+        if out is None:
+            return jump[:n].copy()
+        out[:] = jump[:n]
+        return out
+
+    def _walk(self, x, forward: bool, chunk: int) -> np.ndarray:
+        x = np.atleast_1d(np.asarray(x))
+        if x.size and not np.issubdtype(x.dtype, np.integer):
+            raise ValueError("permutation argument must be integers, got dtype %s" % x.dtype)
+        if x.size and (int(x.min()) < 0 or int(x.max()) >= self.n):
+            raise ValueError("permutation argument outside [0, %d)" % self.n)
+        return self._apply(x.astype(np.int64).ravel(), forward, chunk).reshape(x.shape)
+
+    def __call__(self, x, chunk: int = 0) -> np.ndarray:
+        """pi(x), int64, for x in [0, n); `chunk` (default CHUNK) changes only the speed."""
+        return self._walk(x, True, chunk)
+
+    def inverse(self, y, chunk: int = 0) -> np.ndarray:
+        """pi^-1(y), int64, for y in [0, n); `chunk` (default CHUNK) changes only the speed."""
+        return self._walk(y, False, chunk)
 
 
 def length_ranks(lengths: np.ndarray, before: np.ndarray) -> np.ndarray:
