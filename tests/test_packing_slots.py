@@ -192,3 +192,53 @@ def test_a_slot_map_pickles_small_after_use():
     restored = pickle.loads(pickle.dumps(slot_map))
     for got, want in zip(restored.place(lengths, ranks), placed):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("chunk, small_domain", ROUTES)
+def test_slot_map_chunk_size_and_route_change_nothing(monkeypatch, chunk, small_domain):
+    plan = explicit_plan(scale=10)  # 2,746 sequences
+    lengths = np.repeat(np.arange(1, 17), plan.histogram)
+    np.random.default_rng(1).shuffle(lengths)
+    expected = assign_sequences(plan, lengths, seed=4)  # default chunk, default route
+    before = np.bincount(lengths[:100] - 1, minlength=16)
+    ranks = length_ranks(lengths[100:900], before)
+    placed = SlotMap(plan, 4).place(lengths[100:900], ranks)
+    monkeypatch.setattr(slots, "SMALL_DOMAIN", small_domain)
+    slot_map = SlotMap(plan, 4)
+    indices, offsets = slot_map.assign(lengths, chunk=chunk)
+    np.testing.assert_array_equal(indices, expected.indices)
+    np.testing.assert_array_equal(offsets, expected.offsets)
+    for got, want in zip(slot_map.place(lengths[100:900], ranks, chunk=chunk), placed):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_lengths_of_any_integer_type_are_ranked_and_placed_alike():
+    plan = explicit_plan(scale=10)
+    lengths = np.repeat(np.arange(1, 17), plan.histogram)
+    np.random.default_rng(3).shuffle(lengths)
+    before = np.zeros(16, dtype=np.int64)
+    ranks = length_ranks(lengths, before)
+    slot_map = SlotMap(plan, 2)
+    pack, slot = slot_map.place(lengths, ranks)
+    whole = assign_sequences(plan, lengths, seed=2)
+    for dtype in (np.uint8, np.int16, np.uint16, np.int32, np.uint64):
+        np.testing.assert_array_equal(length_ranks(lengths.astype(dtype), before), ranks)
+        for got, want in zip(slot_map.place(lengths.astype(dtype), ranks), (pack, slot)):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(assign_sequences(plan, lengths.astype(dtype), seed=2).indices, whole.indices)
+
+
+def test_bad_lengths_and_ranks_are_refused():
+    with pytest.raises(ValueError, match="1..3"):
+        length_ranks(np.array([1, 4]), np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match="1..3"):
+        length_ranks(np.array([0, 1]), np.zeros(3, np.int64))
+    slot_map = SlotMap(explicit_plan(scale=1000), 0)  # 3 packs of (16,), 2 of (12, 4), 4 of (9, 7), ...
+    with pytest.raises(ValueError, match="more sequences"):
+        slot_map.place(np.array([16]), np.array([3]))
+    with pytest.raises(ValueError, match="negative"):
+        slot_map.place(np.array([16]), np.array([-1]))
+    with pytest.raises(ValueError, match="1..16"):
+        slot_map.place(np.array([17]), np.array([0]))
+    with pytest.raises(ValueError, match="histogram"):
+        slot_map.assign(np.array([16, 16]))
