@@ -63,26 +63,28 @@ def _mix(x: np.ndarray) -> np.ndarray:
 class KeyedPermutation:
     """A seeded pseudo-random permutation of [0, n), computed pointwise.
 
-    A balanced Feistel network of ROUNDS rounds permutes [0, 4^h) for the smallest h with
-    4^h >= n; values that land at or past n are sent through it again ("cycle walking") until they
-    land inside, which keeps it a bijection of [0, n). As 4^h < 4n, that takes under 4 passes on
-    average. Its round function is splitmix64 of the half-word xor a round key.
+    A Feistel network of ROUNDS rounds permutes [0, 2^b) for the smallest b >= 2 with 2^b >= n:
+    a value is a high part of ceil(b/2) bits and a low part of floor(b/2) bits (one bit apart
+    when b is odd), and each round xors a keyed function of one part into the other and swaps
+    them. Values that land at or past n are sent through it again ("cycle walking") until they
+    land inside, which keeps it a bijection of [0, n); as 2^b < 2n (n > 2), that takes under 2
+    passes on average. Its round function is splitmix64 of the part xor a round key.
 
-    Evaluation (the same bits every way): a half-word takes only 2^h values, so for h <= TABLE_BITS
-    each round's function is tabulated once (ROUNDS x 2^h int64, built on first use, not pickled)
-    and a round is a table look-up and an xor; above that it is computed. The network runs on
-    CHUNK values at a time; cycle walking keeps the values still outside [0, n) in a pool that
-    passes through the network once it holds a chunk's worth (`_apply`), and a small domain asked
-    for much of itself is computed whole (`_everywhere`).
+    Evaluation (the same bits every way): a part takes at most 2^ceil(b/2) values, so where that
+    is at most 2^TABLE_BITS each round's function is tabulated once (built on first use, not
+    pickled) and a round is a table look-up and an xor; above that it is computed. The network
+    runs on CHUNK values at a time; cycle walking keeps the values still outside [0, n) in a pool
+    that passes through the network once it holds a chunk's worth (`_apply`), and a small domain
+    asked for much of itself is computed whole (`_everywhere`).
     """
 
-    ROUNDS = 6
+    ROUNDS = 6  # even: the parts end where they started
     TABLE_BITS = 16
 
     def __init__(self, n: int, seed: int, *spawn_key: int) -> None:
         self.n = int(n)
-        self.half = max(1, ((max(self.n, 2) - 1).bit_length() + 1) // 2)
-        self.mask = np.uint64((1 << self.half) - 1)
+        self.bits = max(2, (max(self.n, 1) - 1).bit_length())  # the network permutes [0, 2^bits)
+        self.high, self.low = (self.bits + 1) // 2, self.bits // 2  # widths of the two parts
         state = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(self.ROUNDS, np.uint64)
         self.keys = [np.uint64(k) for k in state]
         self._tables = None
@@ -92,37 +94,42 @@ class KeyedPermutation:
         state["_tables"] = None  # rebuilt where used: keeps the pickle O(ROUNDS)
         return state
 
+    def _widths(self, i: int) -> Tuple[int, int]:
+        """Round i reads a part of the first width and xors into one of the second."""
+        return (self.low, self.high) if i % 2 == 0 else (self.high, self.low)
+
     def _round_tables(self):
-        """ROUNDS (2^h,) int64: F_k(v) = splitmix64(v ^ k) & mask for every half-word v, or None
-        where h > TABLE_BITS."""
-        if self._tables is None and self.half <= self.TABLE_BITS:
-            words = np.arange(1 << self.half, dtype=np.uint64)
-            tables = (_mix(words[None, :] ^ np.array(self.keys)[:, None]) & self.mask).astype(np.int64)
-            self._tables = list(tables)  # (ROUNDS,) of (2^h,)
+        """ROUNDS int64 tables: round i's F_i(v) = splitmix64(v ^ key_i) & (2^out - 1) for every
+        value v of the part it reads, or None where a part exceeds TABLE_BITS."""
+        if self._tables is None and self.high <= self.TABLE_BITS:
+            tables = [None] * self.ROUNDS
+            for parity in (0, 1):  # the even rounds read parts of one width, the odd ones of the other
+                width, out = self._widths(parity)
+                keys = np.array(self.keys[parity::2], dtype=np.uint64)[:, None]
+                words = np.arange(1 << width, dtype=np.uint64)[None, :]
+                tables[parity::2] = list((_mix(words ^ keys) & np.uint64((1 << out) - 1)).astype(np.int64))
+            self._tables = tables
         return self._tables
 
-    def _rounds(self, x: np.ndarray, keys) -> np.ndarray:
-        shift = np.uint64(self.half)
-        left, right = x >> shift, x & self.mask
-        for key in keys:
-            left, right = right, left ^ (_mix(right ^ key) & self.mask)
-        return (left << shift) | right
-
-    def _unrounds(self, y: np.ndarray, keys) -> np.ndarray:
-        shift = np.uint64(self.half)
-        left, right = y >> shift, y & self.mask
-        for key in keys:
-            left, right = right ^ (_mix(left ^ key) & self.mask), left
+    def _computed(self, x: np.ndarray, forward: bool) -> np.ndarray:
+        """The network without tables, on (n,) uint64."""
+        shift = np.uint64(self.low)
+        left, right = x >> shift, x & np.uint64((1 << self.low) - 1)
+        rounds = range(self.ROUNDS) if forward else range(self.ROUNDS - 1, -1, -1)
+        for i in rounds:
+            mask = np.uint64((1 << self._widths(i)[1]) - 1)
+            if forward:  # (L, R) -> (R, L ^ F(R))
+                left, right = right, left ^ (_mix(right ^ self.keys[i]) & mask)
+            else:  # (L, R) -> (R ^ F(L), L)
+                left, right = right ^ (_mix(left ^ self.keys[i]) & mask), left
         return (left << shift) | right
 
     def _network(self, x: np.ndarray, forward: bool) -> np.ndarray:
-        """The Feistel network (or its inverse) on (n,) int64 x in [0, 4^h): (n,) int64, new array."""
+        """The Feistel network (or its inverse) on (n,) int64 x in [0, 2^b): (n,) int64, new array."""
         tables = self._round_tables()
         if tables is None:
-            keys = self.keys if forward else self.keys[::-1]
-            x = x.astype(np.uint64)
-            return (self._rounds(x, keys) if forward else self._unrounds(x, keys)).astype(np.int64)
-        shift = self.half
+            return self._computed(x.astype(np.uint64), forward).astype(np.int64)
+        shift = self.low
         left = np.right_shift(x, shift)
         right = np.bitwise_and(x, (1 << shift) - 1)
         looked_up = np.empty_like(left)
@@ -131,7 +138,7 @@ class KeyedPermutation:
                 table.take(right, mode="clip", out=looked_up)
                 np.bitwise_xor(left, looked_up, out=left)
                 left, right = right, left
-        else:  # (L, R) -> (R ^ F(L), L), keys in reverse
+        else:  # (L, R) -> (R ^ F(L), L), rounds in reverse
             for table in tables[::-1]:
                 table.take(left, mode="clip", out=looked_up)
                 np.bitwise_xor(right, looked_up, out=right)
@@ -148,7 +155,7 @@ class KeyedPermutation:
         chunk's worth, so that the network always runs on large arrays, never on a walk's tail.
         """
         chunk = chunk or CHUNK
-        n, domain = self.n, 1 << (2 * self.half)
+        n, domain = self.n, 1 << self.bits
         if out is None:
             out = np.empty(len(x), dtype=np.int64)
         if domain <= SMALL_DOMAIN and 4 * len(x) >= domain:
@@ -186,13 +193,13 @@ class KeyedPermutation:
         """pi (or pi^-1) of all of [0, n): into `out` ((n,), any integer type that holds n) or a new
         (n,) int64 array.
 
-        A small domain is done all at once: the network is applied once to each point of [0, 4^h),
+        A small domain is done all at once: the network is applied once to each point of [0, 2^b),
         then every pointer that points outside [0, n) jumps to where the point it points to points
         (doubling) until it rests inside, which is where cycle walking stops. (Points on a cycle that
         never enters [0, n) never rest, but no x in [0, n) is waiting on them.)
         """
         chunk = chunk or CHUNK
-        n, domain = self.n, 1 << (2 * self.half)
+        n, domain = self.n, 1 << self.bits
         if domain > SMALL_DOMAIN:
             return self._apply(range(n), forward, chunk, out)
         jump = np.empty(domain, dtype=np.int64)
