@@ -146,3 +146,26 @@ def test_the_earlier_spelling_of_S_still_parses():
     assert build_parser().parse_args(["--histogram", "h.npy", "--max-sequence-length", "16"]).max_seq_length == 16
     assert build_parser().parse_args(["--histogram", "h.npy", "--max-seq-length", "16"]).max_seq_length == 16
     assert build_parser().parse_args(["--histogram", "h.npy"]).max_seq_length is None
+
+
+def test_bench_assign_reports_seconds_memory_and_the_ratio_to_a_stable_argsort(files):
+    proc = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--algorithms", "optimal", "--assign",
+               "--assign-repeats", 2, "--json", module="ipu_packing.packing.bench")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout.splitlines()[-1])
+    assert row["assign"] is True and row["repeats"] == 2
+    assert row["num_sequences"] == int(HIST.sum())
+    assert row["num_packs"] == plan_packing(HIST, 16, None, "optimal").num_packs
+    assert row["seconds"] > 0 and row["argsort_seconds"] > 0 and row["argsort_int64_seconds"] > 0
+    assert row["ratio_to_argsort"] == pytest.approx(row["seconds"] / row["argsort_seconds"])
+    assert row["peak_mib"] > 0
+    assert [len(row["runs"][k]) for k in ("assign", "argsort", "argsort_int64")] == [2, 2, 2]
+    assert row["seconds"] == min(row["runs"]["assign"]) and row["argsort_seconds"] == min(row["runs"]["argsort"])
+    text = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--algorithms", "optimal", "--assign",
+               "--assign-repeats", 1, module="ipu_packing.packing.bench")
+    assert text.returncode == 0, text.stderr
+    assert "assign_sequences (optimal plan): 37 sequences" in text.stdout
+    assert "stable np.argsort of the same lengths" in text.stdout and "x the uint16 argsort" in text.stdout
+    bad = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--assign", "--assign-repeats", 0,
+              module="ipu_packing.packing.bench")
+    assert bad.returncode == 2 and "--assign-repeats" in bad.stderr

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import InputError
 
 from .plan import PackingPlan
-from .slots import SlotMap, length_ranks
+from .slots import SlotMap, count_lengths
 
 
 def histogram_from_lengths(lengths, max_seq_length: int) -> np.ndarray:
@@ -36,8 +36,7 @@ def histogram_from_lengths(lengths, max_seq_length: int) -> np.ndarray:
                 "sequence lengths must lie in 1..%d, found %d"
                 % (max_seq_length, low if low < 1 else high)
             )
-    counts = np.bincount(lengths.astype(np.int64) - 1, minlength=max_seq_length)
-    return counts.astype(np.int64)
+    return count_lengths(lengths, max_seq_length)
 
 
 @dataclass(frozen=True)
@@ -83,9 +82,5 @@ def assign_sequences(plan: PackingPlan, lengths, seed: int) -> PackAssignment:
         )
     # slots.py places each sequence from its length and its rank among its length alone (the recipe
     # is explained there), so that prepare can place a corpus a slice at a time; here all at once.
-    slot_map = SlotMap(plan, seed)
-    packs, slots = slot_map.place(lengths, length_ranks(lengths, np.zeros(size, dtype=np.int64)))
-    indices = np.lexsort((slots, packs))  # (N,) by pack, longest first within
-    offsets = np.zeros(slot_map.num_packs + 1, dtype=np.int64)  # (P + 1,)
-    np.cumsum(np.bincount(packs, minlength=slot_map.num_packs), out=offsets[1:])
-    return PackAssignment(indices=indices.astype(np.int64), offsets=offsets)
+    indices, offsets = SlotMap(plan, seed).assign(lengths, checked=True)
+    return PackAssignment(indices=indices, offsets=offsets)

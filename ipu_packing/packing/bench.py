@@ -1,11 +1,17 @@
 """Benchmark: every packing algorithm side by side on one histogram (not a test).
 
     python -m ipu_packing.packing.bench --histogram FILE --max-seq-length N \\
-        [--max-sequences-per-pack K|max] [--json]
+        [--max-sequences-per-pack K|max] [--assign [--assign-repeats R]] [--json]
 
 Columns: efficiency (real tokens / pack tokens), theoretical speed-up (sequences per pack),
 packs above the LP lower bound that `optimal` proves (no packing can have fewer packs than
 that bound), and wall-clock seconds of planning. Timings depend on the machine's load.
+
+--assign also times assign_sequences for the optimal plan on synthetic lengths with the
+histogram's counts (int64, shuffled), next to its yardstick measured in the same process on the
+same lengths: a stable np.argsort of them as uint16 (numpy's radix sort, the fastest stable
+argsort numpy has for small integers; the int64 one is timed too). Each is the best of R runs,
+interleaved and untraced; the peak memory comes from one more assignment run under tracemalloc.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ def _main(argv: Optional[List[str]]) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per algorithm, one per line")
     parser.add_argument("--assign", action="store_true",
                         help="also time assign_sequences for the optimal plan on synthetic lengths with these counts")
+    parser.add_argument("--assign-repeats", type=int, default=3, metavar="R",
+                        help="--assign: best of R runs of the assignment and of the argsort (default 3)")
     add_lp_arguments(parser)
     args = parser.parse_args(argv)
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -55,7 +63,9 @@ def _main(argv: Optional[List[str]]) -> int:
         plans[name] = plan_packing(counts, length, args.max_sequences_per_pack, name,
                                    max_rounds=args.lp_max_rounds, time_limit=args.lp_time_limit)
     bound = plans["optimal"].lower_bound_integer
-    assignment = _time_assignment(plans["optimal"]) if args.assign else None
+    if args.assign_repeats < 1:
+        raise InputError("--assign-repeats must be at least 1, got %d" % args.assign_repeats)
+    assignment = _time_assignment(plans["optimal"], args.assign_repeats) if args.assign else None
     k = "max" if args.max_sequences_per_pack is None else str(args.max_sequences_per_pack)
     if args.json:
         for name in names:
@@ -83,11 +93,16 @@ def _main(argv: Optional[List[str]]) -> int:
               " (the (N,) lengths input itself: %.0f MiB)" % (
                   "{:,}".format(assignment["num_sequences"]), "{:,}".format(assignment["num_packs"]),
                   assignment["seconds"], assignment["peak_mib"], assignment["input_mib"]))
+        print("stable np.argsort of the same lengths: %.2f s as uint16, %.2f s as int64; the assignment takes"
+              " %.1fx the uint16 argsort (best of %d each, same process)" % (
+                  assignment["argsort_seconds"], assignment["argsort_int64_seconds"],
+                  assignment["ratio_to_argsort"], assignment["repeats"]))
     return 0
 
 
-def _time_assignment(plan) -> dict:
-    """Times assign_sequences on shuffled lengths with the plan's histogram; peak memory by tracemalloc."""
+def _time_assignment(plan, repeats: int = 3) -> dict:
+    """Times assign_sequences on shuffled lengths with the plan's histogram against a stable argsort
+    of the same lengths, best of `repeats` each; peak memory of one more run by tracemalloc."""
     import time
     import tracemalloc
 
@@ -97,10 +112,21 @@ def _time_assignment(plan) -> dict:
 
     lengths = np.repeat(np.arange(1, plan.max_seq_length + 1, dtype=np.int64), plan.histogram)  # (N,)
     np.random.default_rng(0).shuffle(lengths)
+    small = lengths.astype(np.uint16 if plan.max_seq_length < 1 << 16 else np.int64)  # (N,)
+
+    def timed(run) -> float:
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+
+    assign_runs, argsort_runs, argsort_int64_runs = [], [], []
+    for _ in range(repeats):  # interleaved, so that each meets the same state of the machine
+        assign_runs.append(timed(lambda: assign_sequences(plan, lengths, seed=0)))
+        argsort_runs.append(timed(lambda: np.argsort(small, kind="stable")))
+        argsort_int64_runs.append(timed(lambda: np.argsort(lengths, kind="stable")))
+    seconds, argsort_seconds = min(assign_runs), min(argsort_runs)
     tracemalloc.start()
-    start = time.perf_counter()
     packs = assign_sequences(plan, lengths, seed=0)
-    seconds = time.perf_counter() - start
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {
@@ -108,6 +134,11 @@ def _time_assignment(plan) -> dict:
         "num_sequences": int(len(lengths)),
         "num_packs": len(packs),
         "seconds": seconds,
+        "argsort_seconds": argsort_seconds,
+        "argsort_int64_seconds": min(argsort_int64_runs),
+        "ratio_to_argsort": seconds / argsort_seconds if argsort_seconds > 0 else None,
+        "repeats": repeats,
+        "runs": {"assign": assign_runs, "argsort": argsort_runs, "argsort_int64": argsort_int64_runs},
         "peak_mib": peak / 2.0**20,
         "input_mib": lengths.nbytes / 2.0**20,
     }

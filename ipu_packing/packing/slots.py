@@ -18,12 +18,20 @@ The permutations are keyed Feistel networks (`KeyedPermutation`): a bijection th
 element by element, vectorised, in O(1) memory, with its inverse, instead of a stored shuffle of n
 entries. So placing a slice costs memory proportional to the slice, whatever the corpus.
 
+Two ways to compute the same map. `SlotMap.place` goes forwards, from (length, rank) to (pack,
+slot), for any slice. `SlotMap.assign` places a whole corpus backwards: a stable counting sort
+groups the sequences by length; slot s of length l holds the one of rank pi_l^-1(s), evaluated for
+all s at once; plan pack p starts at offsets[pi_P(p)], evaluated for the P packs, not for the N
+sequences; each sequence index is then scattered to its place. Everything runs in fixed-size
+chunks (CHUNK), so temporaries stay small and in cache, and in integer arithmetic only: neither the
+chunk size nor the machine changes a bit of the result.
+
 Shape legend: N sequences in the slice, S max sequence length, J strategies, P packs.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -32,6 +40,16 @@ from .plan import PackingPlan
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+# elements per vectorised step: its temporaries (a few int64 arrays of CHUNK) stay in the L2 cache.
+# Results never depend on it (tests/test_packing_slots.py places with several).
+CHUNK = 1 << 13
+# a permutation whose Feistel domain has at most this many points is computed on all of it at once
+# when asked for at least a quarter of it (KeyedPermutation._everywhere)
+SMALL_DOMAIN = 1 << 14
+# SlotMap.assign's gathers and scatters go STEPS * CHUNK elements at a time
+STEPS = 8
+# sequences per step of the counting sort by length (a radix argsort of each step's lengths)
+SORT_CHUNK = 1 << 16
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -45,65 +63,244 @@ def _mix(x: np.ndarray) -> np.ndarray:
 class KeyedPermutation:
     """A seeded pseudo-random permutation of [0, n), computed pointwise.
 
-    A balanced Feistel network of ROUNDS rounds permutes [0, 4^h) for the smallest h with
-    4^h >= n; values that land at or past n are sent through it again ("cycle walking") until they
-    land inside, which keeps it a bijection of [0, n). As 4^h < 4n, that takes under 4 passes on
-    average. Its round function is splitmix64 of the half-word xor a round key.
+    A Feistel network of ROUNDS rounds permutes [0, 2^b) for the smallest b >= 2 with 2^b >= n:
+    a value is a high part of ceil(b/2) bits and a low part of floor(b/2) bits (one bit apart
+    when b is odd), and each round xors a keyed function of one part into the other and swaps
+    them. Values that land at or past n are sent through it again ("cycle walking") until they
+    land inside, which keeps it a bijection of [0, n); as 2^b < 2n (n > 2), that takes under 2
+    passes on average. Its round function is splitmix64 of the part xor a round key.
+
+    Evaluation (the same bits every way): a part takes at most 2^ceil(b/2) values, so where that
+    is at most 2^TABLE_BITS each round's function is tabulated once (built on first use, not
+    pickled) and a round is a table look-up and an xor; above that it is computed. The network
+    runs on CHUNK values at a time; cycle walking keeps the values still outside [0, n) in a pool
+    that passes through the network once it holds a chunk's worth (`_apply`), and a small domain
+    asked for much of itself is computed whole (`_everywhere`).
     """
 
-    ROUNDS = 6
+    ROUNDS = 6  # even: the parts end where they started
+    TABLE_BITS = 16
 
     def __init__(self, n: int, seed: int, *spawn_key: int) -> None:
         self.n = int(n)
-        self.half = max(1, ((max(self.n, 2) - 1).bit_length() + 1) // 2)
-        self.mask = np.uint64((1 << self.half) - 1)
+        self.bits = max(2, (max(self.n, 1) - 1).bit_length())  # the network permutes [0, 2^bits)
+        self.high, self.low = (self.bits + 1) // 2, self.bits // 2  # widths of the two parts
         state = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(self.ROUNDS, np.uint64)
         self.keys = [np.uint64(k) for k in state]
+        self._tables = None
 
-    def _rounds(self, x: np.ndarray, keys) -> np.ndarray:
-        shift = np.uint64(self.half)
-        left, right = x >> shift, x & self.mask
-        for key in keys:
-            left, right = right, left ^ (_mix(right ^ key) & self.mask)
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_tables"] = None  # rebuilt where used: keeps the pickle O(ROUNDS)
+        return state
+
+    def _widths(self, i: int) -> Tuple[int, int]:
+        """Round i reads a part of the first width and xors into one of the second."""
+        return (self.low, self.high) if i % 2 == 0 else (self.high, self.low)
+
+    def _round_tables(self):
+        """ROUNDS int64 tables: round i's F_i(v) = splitmix64(v ^ key_i) & (2^out - 1) for every
+        value v of the part it reads, or None where a part exceeds TABLE_BITS."""
+        if self._tables is None and self.high <= self.TABLE_BITS:
+            tables = [None] * self.ROUNDS
+            for parity in (0, 1):  # the even rounds read parts of one width, the odd ones of the other
+                width, out = self._widths(parity)
+                keys = np.array(self.keys[parity::2], dtype=np.uint64)[:, None]
+                words = np.arange(1 << width, dtype=np.uint64)[None, :]
+                tables[parity::2] = list((_mix(words ^ keys) & np.uint64((1 << out) - 1)).astype(np.int64))
+            self._tables = tables
+        return self._tables
+
+    def _computed(self, x: np.ndarray, forward: bool) -> np.ndarray:
+        """The network without tables, on (n,) uint64."""
+        shift = np.uint64(self.low)
+        left, right = x >> shift, x & np.uint64((1 << self.low) - 1)
+        rounds = range(self.ROUNDS) if forward else range(self.ROUNDS - 1, -1, -1)
+        for i in rounds:
+            mask = np.uint64((1 << self._widths(i)[1]) - 1)
+            if forward:  # (L, R) -> (R, L ^ F(R))
+                left, right = right, left ^ (_mix(right ^ self.keys[i]) & mask)
+            else:  # (L, R) -> (R ^ F(L), L)
+                left, right = right ^ (_mix(left ^ self.keys[i]) & mask), left
         return (left << shift) | right
 
-    def _walk(self, x, forward: bool) -> np.ndarray:
-        x = np.atleast_1d(np.asarray(x)).astype(np.uint64)
-        if x.size and (x.max() >= self.n):
-            raise ValueError("permutation argument outside [0, %d)" % self.n)
-        keys = self.keys if forward else self.keys[::-1]
-        y = self._rounds(x, keys) if forward else self._unrounds(x, keys)
+    def _network(self, x: np.ndarray, forward: bool) -> np.ndarray:
+        """The Feistel network (or its inverse) on (n,) int64 x in [0, 2^b): (n,) int64, new array."""
+        tables = self._round_tables()
+        if tables is None:
+            return self._computed(x.astype(np.uint64), forward).astype(np.int64)
+        shift = self.low
+        left = np.right_shift(x, shift)
+        right = np.bitwise_and(x, (1 << shift) - 1)
+        looked_up = np.empty_like(left)
+        if forward:  # (L, R) -> (R, L ^ F(R))
+            for table in tables:
+                table.take(right, mode="clip", out=looked_up)
+                np.bitwise_xor(left, looked_up, out=left)
+                left, right = right, left
+        else:  # (L, R) -> (R ^ F(L), L), rounds in reverse
+            for table in tables[::-1]:
+                table.take(left, mode="clip", out=looked_up)
+                np.bitwise_xor(right, looked_up, out=right)
+                left, right = right, left
+        np.left_shift(left, shift, out=left)
+        return np.bitwise_or(left, right, out=left)
+
+    def _apply(self, x, forward: bool, chunk: int = 0, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """pi or pi^-1 of x, (m,) int64 in [0, n) (unchecked) or a range: into `out` ((m,), any
+        integer type that holds n) or a new (m,) int64 array.
+
+        Cycle walking in a pool: the values that land at or past n wait in it (with their places in
+        the result) and take their next pass through the network together, once the pool holds a
+        chunk's worth, so that the network always runs on large arrays, never on a walk's tail.
+        """
+        chunk = chunk or CHUNK
+        n, domain = self.n, 1 << self.bits
+        if out is None:
+            out = np.empty(len(x), dtype=np.int64)
+        if domain <= SMALL_DOMAIN and 4 * len(x) >= domain:
+            everywhere = self._everywhere(forward, chunk)
+            out[:] = everywhere[x.start:x.stop] if isinstance(x, range) else everywhere[x]
+            return out
+        at = np.empty(2 * chunk, dtype=np.int64)  # the pool: places in `out` ...
+        pool = np.empty(2 * chunk, dtype=np.int64)  # ... and the values waiting there
+        fill = 0
+        for a in range(0, len(x), chunk):
+            part = x[a:a + chunk]
+            y = self._network(np.arange(part.start, part.stop, dtype=np.int64) if isinstance(part, range) else part,
+                              forward)
+            out[a:a + len(y)] = y
+            outside = np.flatnonzero(y >= n)
+            np.add(outside, a, out=at[fill:fill + len(outside)])
+            np.take(y, outside, out=pool[fill:fill + len(outside)])
+            fill += len(outside)
+            while fill >= chunk:
+                fill = self._pass(out, at, pool, fill, forward)
+        while fill:
+            fill = self._pass(out, at, pool, fill, forward)
+        return out
+
+    def _pass(self, out: np.ndarray, at: np.ndarray, pool: np.ndarray, fill: int, forward: bool) -> int:
+        """One more pass of pool[:fill] through the network; returns how many still wait."""
+        y = self._network(pool[:fill], forward)
+        out[at[:fill]] = y  # final where inside [0, n); the others are written again later
         outside = np.flatnonzero(y >= self.n)
-        while outside.size:
-            y[outside] = self._rounds(y[outside], keys) if forward else self._unrounds(y[outside], keys)
-            outside = outside[y[outside] >= self.n]
-        return y.astype(np.int64)
+        at[:len(outside)] = at[outside]
+        pool[:len(outside)] = y[outside]
+        return len(outside)
 
-    def _unrounds(self, y: np.ndarray, keys) -> np.ndarray:
-        shift = np.uint64(self.half)
-        left, right = y >> shift, y & self.mask
-        for key in keys:
-            left, right = right ^ (_mix(left ^ key) & self.mask), left
-        return (left << shift) | right
+    def _everywhere(self, forward: bool, chunk: int = 0, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """pi (or pi^-1) of all of [0, n): into `out` ((n,), any integer type that holds n) or a new
+        (n,) int64 array.
 
-    def __call__(self, x) -> np.ndarray:
-        """pi(x), int64, for x in [0, n)."""
-        return self._walk(x, True)
+        A small domain is done all at once: the network is applied once to each point of [0, 2^b),
+        then every pointer that points outside [0, n) jumps to where the point it points to points
+        (doubling) until it rests inside, which is where cycle walking stops. (Points on a cycle that
+        never enters [0, n) never rest, but no x in [0, n) is waiting on them.)
+        """
+        chunk = chunk or CHUNK
+        n, domain = self.n, 1 << self.bits
+        if domain > SMALL_DOMAIN:
+            return self._apply(range(n), forward, chunk, out)
+        jump = np.empty(domain, dtype=np.int64)
+        for c in range(0, domain, chunk):
+            jump[c:c + chunk] = self._network(np.arange(c, min(c + chunk, domain), dtype=np.int64), forward)
+        away = np.flatnonzero(jump >= n)  # once a pointer rests inside, it stays
+        waiting = away[away < n]
+        while waiting.size:
+            jump[away] = jump[jump[away]]
+            away = away[jump[away] >= n]
+            waiting = waiting[jump[waiting] >= n]
+        if out is None:
+            return jump[:n].copy()
+        out[:] = jump[:n]
+        return out
 
-    def inverse(self, y) -> np.ndarray:
-        """pi^-1(y), int64, for y in [0, n)."""
-        return self._walk(y, False)
+    def _walk(self, x, forward: bool, chunk: int) -> np.ndarray:
+        x = np.atleast_1d(np.asarray(x))
+        if x.size and not np.issubdtype(x.dtype, np.integer):
+            raise ValueError("permutation argument must be integers, got dtype %s" % x.dtype)
+        if x.size and (int(x.min()) < 0 or int(x.max()) >= self.n):
+            raise ValueError("permutation argument outside [0, %d)" % self.n)
+        return self._apply(x.astype(np.int64).ravel(), forward, chunk).reshape(x.shape)
+
+    def __call__(self, x, chunk: int = 0) -> np.ndarray:
+        """pi(x), int64, for x in [0, n); `chunk` (default CHUNK) changes only the speed."""
+        return self._walk(x, True, chunk)
+
+    def inverse(self, y, chunk: int = 0) -> np.ndarray:
+        """pi^-1(y), int64, for y in [0, n); `chunk` (default CHUNK) changes only the speed."""
+        return self._walk(y, False, chunk)
+
+
+def _index_type(n: int) -> type:
+    """The integer type that holds 0..n: int32 where it does (half the memory), else int64."""
+    return np.int32 if n < 1 << 31 else np.int64
+
+
+def _by_length(lengths: np.ndarray, size: int) -> Iterator[Tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """A stable counting sort of (N,) lengths in 1..size (unchecked), SORT_CHUNK at a time:
+    yields (c, order, key, shift, count) for each chunk lengths[c:c + m], where order (m,) sorts it
+    by length (corpus order within each), key (m,) = its lengths in that order, and for each length
+    l, count[l] of the chunk's sequences have it and its i-th in `order` is the
+    (i - shift[l])-th of them in corpus order ((size + 1,) int64, indexed by length)."""
+    small = np.uint8 if size < 1 << 8 else np.uint16 if size < 1 << 16 else np.int64
+    every = np.arange(size + 2)
+    for c in range(0, len(lengths), SORT_CHUNK):
+        key = lengths[c:c + SORT_CHUNK].astype(small, copy=False)
+        order = np.argsort(key, kind="stable")  # numpy's radix sort: lengths are small integers
+        key = key[order]
+        bounds = np.searchsorted(key, every)  # (size + 2,) where each length starts in `key`
+        yield c, order, key, bounds[:-1], np.diff(bounds)
+
+
+def count_lengths(lengths: np.ndarray, size: int) -> np.ndarray:
+    """(size,) int64: how many of (N,) integer lengths in 1..size (unchecked) are 1, 2, ... size;
+    SORT_CHUNK at a time, so that no (N,) copy is made whatever their type."""
+    counts = np.zeros(size + 1, dtype=np.int64)
+    cast = not np.can_cast(lengths.dtype, np.intp)  # uint64: bincount takes intp
+    for c in range(0, len(lengths), SORT_CHUNK):
+        part = lengths[c:c + SORT_CHUNK]
+        counts += np.bincount(part.astype(np.intp) if cast else part, minlength=size + 1)
+    return counts[1:]
+
+
+def _group_by_length(lengths: np.ndarray, size: int, counts: Optional[np.ndarray] = None
+                     ) -> Tuple[np.ndarray, np.ndarray]:
+    """(order, starts) for (N,) lengths in 1..size (unchecked) with histogram `counts` ((size,),
+    counted here if None): order (N,) int32 (int64 past 2^31) groups the sequences by length,
+    corpus order within each length (a stable argsort); the sequences of length l are
+    order[starts[l - 1]:starts[l]], starts (size + 1,) int64."""
+    starts = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(count_lengths(lengths, size) if counts is None else counts, out=starts[1:])
+    order = np.empty(len(lengths), dtype=_index_type(len(lengths)))
+    cursor = np.concatenate([[0], starts[:-1]])  # (size + 1,) where length l's next ones go
+    for c, chunk_order, key, shift, count in _by_length(lengths, size):
+        place = (cursor - shift)[key] + np.arange(len(key))
+        order[place] = chunk_order + c
+        cursor += count
+    return order, starts
+
+
+def _check_lengths(lengths: np.ndarray, size: int) -> np.ndarray:
+    lengths = np.asarray(lengths)
+    if lengths.size and not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError("lengths must be integers, got dtype %s" % lengths.dtype)
+    if lengths.size and (int(lengths.min()) < 1 or int(lengths.max()) > size):
+        raise ValueError("lengths outside 1..%d" % size)
+    return lengths.ravel()
 
 
 def length_ranks(lengths: np.ndarray, before: np.ndarray) -> np.ndarray:
     """(N,) int64: each sequence's rank among the sequences of its length, in corpus order, where
     `before` (S,) counts the sequences of each length that come before this slice."""
-    lengths = np.asarray(lengths)
-    order = np.argsort(lengths, kind="stable")  # (N,) grouped by length, corpus order within
-    grouped = lengths[order]
-    first = np.searchsorted(grouped, grouped, side="left")  # (N,) start of each one's length group
+    before = np.asarray(before, dtype=np.int64)
+    lengths = _check_lengths(lengths, len(before))
+    seen = np.concatenate([[0], before])  # (S + 1,) sequences of length l before the chunk
     ranks = np.empty(len(lengths), dtype=np.int64)
-    ranks[order] = np.asarray(before, dtype=np.int64)[grouped.astype(np.int64) - 1] + (np.arange(len(order)) - first)
+    for c, order, key, shift, count in _by_length(lengths, len(before)):
+        ranks[order + c] = (seen - shift)[key] + np.arange(len(key))
+        seen += count
     return ranks
 
 
@@ -127,13 +324,12 @@ class SlotMap:
         self.seg_position = np.array([t[2] for t in segments], dtype=np.int64)  # column q: slot in the pack
         self.seg_pack = self.pack_start[seg_strategy] if len(segments) else np.zeros(0, np.int64)
         size = repeats[seg_strategy] if len(segments) else np.zeros(0, np.int64)
+        self.seg_size = size
         # seg_slot[i]: first slot (among those of its length) of segment i
         by_length = np.searchsorted(seg_length, np.arange(1, self.max_seq_length + 2))  # (S + 1,)
         self.seg_bounds = by_length
-        self.seg_slot = np.zeros(len(segments), dtype=np.int64)
-        for l in range(self.max_seq_length):
-            a, b = by_length[l], by_length[l + 1]
-            self.seg_slot[a:b] = np.concatenate([[0], np.cumsum(size[a:b])[:-1]]) if b > a else []
+        before = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)  # slots of segments before i
+        self.seg_slot = before - before[by_length[seg_length - 1]] if len(segments) else np.zeros(0, np.int64)
         self.seed = seed
         self._packs = KeyedPermutation(self.num_packs, seed, 0)
         self._lengths = {}
@@ -144,28 +340,78 @@ class SlotMap:
             perm = self._lengths[length] = KeyedPermutation(self.histogram[length - 1], self.seed, 1, length)
         return perm
 
-    def place(self, lengths: np.ndarray, ranks: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def place(self, lengths: np.ndarray, ranks: np.ndarray, chunk: int = 0) -> Tuple[np.ndarray, np.ndarray]:
         """(pack, slot): (N,) int64 pack indices in [0, P) and (N,) int64 slots in the pack, for
-        sequences of `lengths` with `ranks` (`length_ranks`)."""
-        lengths = np.asarray(lengths).astype(np.int64)
-        ranks = np.asarray(ranks, dtype=np.int64)
-        if len(lengths) and (lengths.min() < 1 or lengths.max() > self.max_seq_length):
-            raise ValueError("lengths outside 1..%d" % self.max_seq_length)
-        if len(lengths) and np.any(ranks >= self.histogram[lengths - 1]):
-            raise ValueError("more sequences of some length than the plan holds")
+        sequences of `lengths` with `ranks` (`length_ranks`). `chunk` changes only the speed."""
+        lengths = _check_lengths(lengths, self.max_seq_length)
+        ranks = np.asarray(ranks, dtype=np.int64).ravel()
+        if len(ranks) != len(lengths):
+            raise ValueError("%d lengths but %d ranks" % (len(lengths), len(ranks)))
+        chunk = chunk or CHUNK
+        order, starts = _group_by_length(lengths, self.max_seq_length)
         plan_pack = np.empty(len(lengths), dtype=np.int64)
         slot = np.empty(len(lengths), dtype=np.int64)
-        order = np.argsort(lengths, kind="stable")
-        grouped = lengths[order]
-        cuts = np.flatnonzero(np.diff(grouped)) + 1
-        for chosen in np.split(order, cuts) if len(order) else []:
-            length = int(lengths[chosen[0]])
-            shuffled = self._within(length)(ranks[chosen])  # (n,) slot among length's slots
+        for length in np.flatnonzero(np.diff(starts)) + 1:
+            perm = self._within(length)
+            chosen = order[starts[length - 1]:starts[length]]  # (n,) the sequences of this length
+            rank = ranks[chosen]
+            if rank.min() < 0:
+                raise ValueError("negative rank")
+            if rank.max() >= perm.n:
+                raise ValueError("more sequences of some length than the plan holds")
+            shuffled = perm._apply(rank, True, chunk)  # (n,) slot among length's slots
             a, b = self.seg_bounds[length - 1], self.seg_bounds[length]
-            seg = a + np.searchsorted(self.seg_slot[a:b], shuffled, side="right") - 1
+            seg = a + np.searchsorted(self.seg_slot[a:b], shuffled, side="right") - 1  # (n,) its segment
             plan_pack[chosen] = self.seg_pack[seg] + (shuffled - self.seg_slot[seg])
             slot[chosen] = self.seg_position[seg]
-        return self._packs(plan_pack) if len(plan_pack) else plan_pack, slot
+        return self._packs._apply(plan_pack, True, chunk), slot
+
+    def assign(self, lengths: np.ndarray, chunk: int = 0, checked: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+        """(indices, offsets) of a whole corpus whose histogram is the plan's: (N,) int64 sequence
+        indices by pack, longest first within, and (P + 1,) int64 pack offsets into them
+        (`PackAssignment`). The same map as `place`, run backwards: slot s of length l holds the
+        sequence of rank pi_l^-1(s), so no ranks are computed and pi_P runs over the P packs, not
+        over the N sequences. `chunk` changes only the speed; `checked`: the caller has checked
+        that `lengths` are integers with the plan's histogram (assign_sequences does)."""
+        if checked:
+            lengths = np.asarray(lengths)
+        else:
+            lengths = _check_lengths(lengths, self.max_seq_length)
+            if not np.array_equal(count_lengths(lengths, self.max_seq_length), self.histogram):
+                raise ValueError("lengths do not match the plan's histogram")
+        chunk = chunk or CHUNK
+        order, starts = _group_by_length(lengths, self.max_seq_length, self.histogram)  # (N,), (S + 1,)
+        num_packs = self.num_packs
+        # start[p]: where plan pack p's sequences begin in `indices`; first its pack pi_P(p)
+        start = self._packs._everywhere(True, chunk, np.empty(num_packs, dtype=_index_type(len(lengths))))  # (P,)
+        step = STEPS * chunk  # the loops below need no cache-sized steps, only bounded ones
+        offsets = np.empty(num_packs + 1, dtype=np.int64)  # (P + 1,) first each pack's size, at its pack + 1
+        offsets[0] = 0
+        for c in range(0, num_packs, step):
+            d = min(c + step, num_packs)
+            j, k = np.searchsorted(self.pack_start, c, side="right") - 1, np.searchsorted(self.pack_start, d)
+            spans = np.minimum(self.pack_start[j + 1:k + 1], d) - np.maximum(self.pack_start[j:k], c)
+            offsets[start[c:d] + 1] = np.repeat(self.strategy_size[j:k], spans)
+        np.cumsum(offsets, out=offsets)
+        for c in range(0, num_packs, step):
+            start[c:c + step] = offsets[start[c:c + step]]
+        indices = np.empty(len(lengths), dtype=np.int64)  # (N,)
+        buffer = np.empty(int(self.histogram.max(initial=0)), dtype=order.dtype)  # (max n_l,)
+        for length in np.flatnonzero(self.histogram) + 1:
+            perm, base = self._within(length), starts[length - 1]
+            ranks = perm._everywhere(False, chunk, buffer[:perm.n])  # (n,) slot s of this length holds rank ranks[s]
+            np.add(ranks, base, out=ranks)  # its place in `order`
+            a, b = self.seg_bounds[length - 1], self.seg_bounds[length]
+            first, end = self.seg_slot[a:b], self.seg_slot[a:b] + self.seg_size[a:b]  # length's segments
+            pack_of_first, position = self.seg_pack[a:b] - first, self.seg_position[a:b]
+            for c in range(0, perm.n, step):
+                d = min(c + step, perm.n)
+                # the segments that slots c..d fall in, and how many fall in each
+                i, k = np.searchsorted(first, c, side="right") - 1, np.searchsorted(first, d)
+                spans = np.minimum(end[i:k], d) - np.maximum(first[i:k], c)
+                plan_pack = np.arange(c, d, dtype=np.int64) + np.repeat(pack_of_first[i:k], spans)
+                indices[start[plan_pack] + np.repeat(position[i:k], spans)] = order[ranks[c:d]]
+        return indices, offsets
 
     def pack_sizes(self, packs: np.ndarray) -> np.ndarray:
         """(n,) int64 sequences in each of `packs`."""
