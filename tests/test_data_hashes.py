@@ -23,11 +23,11 @@ PINNED = {
     128: {"python": "3.11.7", "corpus_sha256": "a89c8aada67987762fdb77d7b482f0e49166f94dba7730e94abf700a20992b93",
           "vocab_checksum": "a97e1821af9912aa375fc8ae26c854b0411a18e01a4613d25e6f5ecd52de3c22",
           "plan_sha256": "1fd634209ae052392ce35ef83d974d534d2f2c0444651805a4c0bb34c1bd2020", "num_packs": 36803,
-          "shards_sha256": "0d98424c14ca7beee3969cf96031874c10103635ab0cf9a3ee86ecf632efef26"},
+          "shards_sha256": "77628d6db102cbaf90b1ebb367ed29e2e72978bfb6888d58d03c249d5cfb0b8f"},
     512: {"python": "3.11.7", "corpus_sha256": "a89c8aada67987762fdb77d7b482f0e49166f94dba7730e94abf700a20992b93",
           "vocab_checksum": "a97e1821af9912aa375fc8ae26c854b0411a18e01a4613d25e6f5ecd52de3c22",
           "plan_sha256": "75503bf31ba5db9e12492b0f58c6cd755459ae6b6c85afa8a766fd74993ef5e1", "num_packs": 9895,
-          "shards_sha256": "93269460dab8287ad5080d584e087d8caa48a7d6451e2e3285bf5a2e645b59c4"},
+          "shards_sha256": "a0dd37c4c398df40e0da9e254b45a27dc40e3ad0d6e008df1ce92522fe806b81"},
 }
 
 
