@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ipu_packing.packing import assign_sequences, histogram_from_lengths, plan_packing, slots
+from ipu_packing.packing import assign_sequences, histogram_from_lengths, permutation, plan_packing
 from ipu_packing.packing.plan import PackingPlan
 from ipu_packing.packing.slots import KeyedPermutation, SlotMap, length_ranks
 
@@ -182,7 +182,7 @@ def test_keyed_permutation_chunk_size_and_route_change_nothing(monkeypatch, chun
         perm = KeyedPermutation(n, 4, 8)
         expected = perm(x), perm.inverse(x), perm._everywhere(True), perm._everywhere(False)
         with monkeypatch.context() as patch:
-            patch.setattr(slots, "SMALL_DOMAIN", small_domain)
+            patch.setattr(permutation, "SMALL_DOMAIN", small_domain)
             perm = KeyedPermutation(n, 4, 8)
             got = perm(x, chunk=chunk), perm.inverse(x, chunk=chunk), perm._everywhere(True, chunk), \
                 perm._everywhere(False, chunk)
@@ -221,7 +221,7 @@ def test_slot_map_chunk_size_and_route_change_nothing(monkeypatch, chunk, small_
     before = np.bincount(lengths[:100] - 1, minlength=16)
     ranks = length_ranks(lengths[100:900], before)
     placed = SlotMap(plan, 4).place(lengths[100:900], ranks)
-    monkeypatch.setattr(slots, "SMALL_DOMAIN", small_domain)
+    monkeypatch.setattr(permutation, "SMALL_DOMAIN", small_domain)
     slot_map = SlotMap(plan, 4)
     indices, offsets = slot_map.assign(lengths, chunk=chunk)
     np.testing.assert_array_equal(indices, expected.indices)

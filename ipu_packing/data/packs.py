@@ -35,7 +35,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..packing.slots import KeyedPermutation, SlotMap, length_ranks
+from ..packing.permutation import KeyedPermutation
+from ..packing.slots import SlotMap, length_ranks
 from .errors import DataError
 from .format import IGNORE_INDEX, pack_dtype
 from .instances import Instances, _ranges

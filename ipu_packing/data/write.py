@@ -88,7 +88,8 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     file into `directory`. `lap(phase)` is called after the plan, scatter and write phases.
     """
     from ..packing import plan_packing
-    from ..packing.slots import KeyedPermutation, SlotMap
+    from ..packing.permutation import KeyedPermutation
+    from ..packing.slots import SlotMap
 
     s, k = settings.max_seq_length, settings.max_sequences_per_pack
     # the lengths (2 bytes an instance, held by the caller) are all the plan needs: their histogram
