@@ -37,9 +37,12 @@ is one line; the command line prints it and exits with status 2.
 google-research/bert TFRecords), keeping every instance exactly (existing.py).
 
 Modules: format (the pack format and its reference builder, numpy only), corpus (text -> documents),
-vocab (tokenizers), instances (the recipe), packs (the vectorised pack writer), pipeline (prepare:
-orchestration), existing (pack: HDF5 and TFRecord inputs), tfrecord (TFRecord and tf.train.Example
-without TensorFlow), dataset (torch Dataset), cli.
+vocab (tokenizers), instances (the recipe), packs (the vectorised pack writer), workers (the worker
+processes and their tasks), write (the packing phase `prepare` and `pack` share: plan, scatter, gather,
+manifest), pipeline (prepare: orchestration), existing and existing_read (pack: HDF5 and TFRecord
+inputs), tfrecord and tfexample (TFRecord framing and tf.train.Example without TensorFlow), synthetic
+(random instances for benchmarks), dataset (torch Dataset), cli; pack_bench and scale_bench are
+benchmark commands.
 """
 
 from .errors import DataError

@@ -95,7 +95,8 @@ class ExecutionConfig:
     """torch.compile backend when ``torch_compile`` is set ("inductor"; "eager" captures graphs without
     generating code, which is how the tests count compilations cheaply)."""
     seed: int = 0
-    """poptorch randomSeed, and the seed of the runner's data-order permutation when shuffling."""
+    """poptorch's randomSeed (the device's random number generator: dropout, stochastic rounding). The
+    data order is not the runner's: the training loop's epoch order is seeded by training.seed."""
 
     # ---- Graphcore's memory and PopART settings (poptorch only; the torch backend ignores them) --------
     # Defaults are the `defaults:` block of Graphcore's published app (graphcore/examples nlp/bert/pytorch,
