@@ -43,7 +43,18 @@ def _read_weight_file(path: str) -> Dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(path)
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return load_tensors(path)
+
+
+def load_tensors(path: str) -> Any:
+    """torch.load(path) without running code (weights_only) and without torch's warnings: a file that
+    is refused is reported by the caller in one line, and a warning about its pickle protocol above
+    that line would make it two (the one reader of torch files, for weights and step checkpoints)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def read_state_dict(directory: str) -> Dict[str, torch.Tensor]:

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ..fsutil import atomic_open, atomic_write_text, fsync_directory, remove_stale_temporaries
+from ..model.checkpoint import load_tensors
 from ..model.self_attention import hf_layout
 from .errors import UserError
 
@@ -142,7 +143,7 @@ def load_checkpoint(path: str) -> Dict[str, Any]:
     if not os.path.isfile(path):
         raise UserError("checkpoint not found: %s" % (path,))
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_tensors(path)
     except Exception as exc:  # a truncated or foreign file, or a pickle that wants to run code
         raise UserError("checkpoint %s is unreadable or not a plain tensor checkpoint (%s: %s)"
                         % (path, type(exc).__name__, _one_line(exc)[:160]))
