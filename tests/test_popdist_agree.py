@@ -24,15 +24,22 @@ import time
 import pytest
 import torch
 
+import app_fixtures as fx
 import popdist_stand_in as pds
 from ipu_packing.data import open_dataset
 from ipu_packing.data.format import IGNORE_INDEX
 from ipu_packing.execution import make_runner as real_make_runner
 from ipu_packing.train import checkpoint as ckpt, load_config
 from ipu_packing.train.loop import execute, plan_run
-from test_popdist import REPLICAS, TINY, data_dir, horovod, popdist, poptorch  # noqa: F401  (fixtures)
+from test_popdist import REPLICAS, TINY  # poptorch, popdist and horovod: fixtures of conftest.py
 
 START_LINE = "error: PopRun instances disagree on where to start: %s (is checkpoint.output_dir on storage every host shares?)\n"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """tests/test_popdist.py's dataset, prepared again for this module."""
+    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=240, seed=0)
 
 
 def _overrides(data_dir, run_dir, n, *extra, base=TINY):

@@ -24,19 +24,13 @@ TINY = [
     "data.max_seq_length=32", "execution.micro_batch_size=4", "training.global_batch_sequences=16",
     "logging.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=0.01",
 ]
+# torch on one thread in every test (conftest.py): the killed subprocess runs with OMP_NUM_THREADS=1, same reductions
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the killed subprocess runs with OMP_NUM_THREADS=1: same reductions
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny(data_dir, run_dir, *extra):

@@ -8,13 +8,21 @@ import pickle
 import pytest
 import torch
 
-from ipu_packing.train import UserError, load_config
+import app_fixtures as fx
+from ipu_packing.train import UserError
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.cli import main
-from ipu_packing.train.loop import execute, plan_run
 from ipu_packing.train.runlock import RunLock
 
-from test_train_loop import TINY, data_dir, one_thread  # noqa: F401  (fixtures shared with the loop tests)
+from test_train_loop import TINY
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # as the loop tests (conftest.py)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """The loop tests' dataset (tests/test_train_loop.py), prepared again for this module."""
+    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
 def args(data_dir, run, *extra):
