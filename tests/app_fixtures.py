@@ -76,7 +76,8 @@ def _write(directory: str, store: Instances, members, offsets, S: int, K: int, k
     write_manifest(directory, manifest)
 
 
-def write_prepared(root: str, S: int = 32, K: int = 3, V: int = 64, num_sequences: int = 96, seed: int = 0, vocab_tag: str = "") -> str:
+def write_prepared(root: str, S: int = 32, K: int = 3, V: int = 64, num_sequences: int = 96, seed: int = 0,
+                   vocab_tag: str = "") -> str:
     """Write root/packed and root/padded from the same instances; returns root."""
     rng = np.random.default_rng(seed)
     cap = max_predictions(S)

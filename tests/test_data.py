@@ -352,7 +352,8 @@ def test_tokenizer_sources_and_lower_casing(tmp_path):
     with pytest.raises(DataError, match="neither tokenizer.json nor vocab.txt"):
         load_tokenizer(str(empty))
     (tmp_path / "in" / "more.txt").write_text("x\n", encoding="utf-8")
-    assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in"))] == ["corpus.txt", "more.txt", "vocab.txt"]
+    assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in"))] == [
+        "corpus.txt", "more.txt", "vocab.txt"]
     assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in" / "*r*.txt"))] == ["corpus.txt", "more.txt"]
     with pytest.raises(DataError, match="matches no files"):
         resolve_inputs(str(tmp_path / "*.nothing"))

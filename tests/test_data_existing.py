@@ -307,7 +307,8 @@ def test_workers_do_not_change_the_bytes(tmp_path, capsys):
         names = sorted(os.listdir(os.path.join(one[1], kind)))
         assert names == sorted(os.listdir(os.path.join(two[1], kind)))
         for name in names:
-            assert open(os.path.join(one[1], kind, name), "rb").read() == open(os.path.join(two[1], kind, name), "rb").read()
+            assert (open(os.path.join(one[1], kind, name), "rb").read()
+                    == open(os.path.join(two[1], kind, name), "rb").read())
 
 
 def test_mlm_slots_come_from_the_data(tmp_path, capsys):

@@ -41,7 +41,8 @@ VARLEN_PACKS = [
     [4, 4, 4, 4, 4, 4, 4, 4],  # 8, full
     [1, 2, 3, 1, 2, 3, 1, 2],  # 8, padded
 ]
-KERNELS = ("grouped", pytest.param("nested", marks=pytest.mark.skipif(NESTED_MISSING is not None, reason=str(NESTED_MISSING))))
+KERNELS = ("grouped",
+           pytest.param("nested", marks=pytest.mark.skipif(NESTED_MISSING is not None, reason=str(NESTED_MISSING))))
 
 
 @pytest.fixture(params=KERNELS)

@@ -281,7 +281,8 @@ def ipu_memory_lines(
         ("* fused QKV: %s" % fused, "saved_fused_qkv", _fmt_bytes),
     ]
     width = 44
-    lines = ["Memory per IPU (* = estimate; /R = sharded over an instance's R replicas; see ipu_packing/execution/dry_run.py)"]
+    lines = ["Memory per IPU (* = estimate; /R = sharded over an instance's R replicas; "
+             "see ipu_packing/execution/dry_run.py)"]
     lines.append("  %-*s" % (width, "") + "".join("%11s" % ("IPU %d" % d) for d in range(len(rows))))
     for label, key, fmt in table:
         cells = "" if key is None else "".join("%11s" % ("-" if r[key] is None else fmt(r[key])) for r in rows)
@@ -373,7 +374,8 @@ def dry_run_report(
                          % (d, _fmt_count(r["params"]), _fmt_bytes(r["weights"]), _fmt_bytes(r["gradients"]),
                             _fmt_bytes(r["optimizer"]), _fmt_bytes(r["total"])))
     if not ipu and e.num_stages > 1 and e.replication_factor > 1:
-        lines.append("  note: backend torch runs DDP replication or a pipeline, not both: make_runner refuses this config")
+        lines.append("  note: backend torch runs DDP replication or a pipeline, not both: "
+                     "make_runner refuses this config")
     if not ipu and e.num_stages > 1:
         lines.append("  (the last stage holds a copy of the tied word embedding; their gradients are summed each step)")
     lines.append("")

@@ -164,7 +164,8 @@ class Pricing:
         patterns = []  # type: List[Column]
         seen = set()
         for i, j in leads:
-            items = [i] + ([j] + pair_rest(size - int(item_len[i]) - int(item_len[j])) if j >= 0 else rest(size - int(item_len[i])))
+            items = [i] + ([j] + pair_rest(size - int(item_len[i]) - int(item_len[j])) if j >= 0
+                           else rest(size - int(item_len[i])))
             column = make_column(keep[items])
             if column[2] not in seen:
                 seen.add(column[2])

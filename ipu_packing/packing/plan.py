@@ -176,7 +176,8 @@ def _validate(histogram, max_seq_length, max_sequences_per_pack, algorithm) -> n
         raise InputError("max_seq_length must be at most %d, got %d" % (MAX_SEQ_LENGTH, max_seq_length))
     if max_sequences_per_pack is not None:
         if isinstance(max_sequences_per_pack, bool) or not isinstance(max_sequences_per_pack, numbers.Integral):
-            raise InputError("max_sequences_per_pack must be an integer >= 1 or None, got %r" % (max_sequences_per_pack,))
+            raise InputError("max_sequences_per_pack must be an integer >= 1 or None, got %r"
+                             % (max_sequences_per_pack,))
         if max_sequences_per_pack < 1:
             raise InputError("max_sequences_per_pack must be >= 1, got %d" % max_sequences_per_pack)
     try:
