@@ -40,7 +40,9 @@ def _instances(rng: np.random.Generator, n: int, S: int, V: int, cap: int) -> In
         a_lengths.append(2 + a)
         counts.append(k)
         positions.append(chosen)
-    as32 = lambda values: np.asarray(values, dtype=np.int32)
+    def as32(values):
+        return np.asarray(values, dtype=np.int32)
+
     return Instances(as32(np.concatenate(tokens)), as32(lengths), as32(a_lengths), as32(nsp), as32(counts),
                      as32(np.concatenate(positions)), as32(np.concatenate(labels)))
 

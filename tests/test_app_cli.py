@@ -147,7 +147,7 @@ def test_dataset_with_another_vocabulary(workspace):
 def test_finished_run_resumes_to_nothing_and_reports(workspace):
     summary = json.load(open(os.path.join(workspace["run"], "summary.json")))
     assert summary["steps"] == 2 and summary["steps_this_run"] == 2
-    rows = [json.loads(l) for l in open(os.path.join(workspace["run"], "metrics.jsonl"))]
+    rows = [json.loads(line) for line in open(os.path.join(workspace["run"], "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2]
 
 

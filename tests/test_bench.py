@@ -4,7 +4,6 @@ the JSON keys and the plot. Speed itself is reported by the command, never asser
 import contextlib
 import io
 import json
-import os
 
 import numpy as np
 import pytest

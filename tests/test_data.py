@@ -242,7 +242,7 @@ def test_mlm_slots_is_the_exact_bound():
         for n in range(1, k + 1):
             for combo in itertools.combinations_with_replacement(lengths.tolist(), n):
                 if sum(combo) <= 24:
-                    best = max(best, sum(gain[l] for l in combo))
+                    best = max(best, sum(gain[length] for length in combo))
         assert mlm_slots(24, k, max_predictions_per_seq=3) == best
     assert mlm_slots(128, 1, max_predictions_per_seq=20) == 19 and mlm_slots(128, 3, max_predictions_per_seq=20) == 20
     assert (mlm_slots(128, 3), mlm_slots(512, 3), mlm_slots(128, 1), mlm_slots(512, 1)) == (20, 78, 19, 77)

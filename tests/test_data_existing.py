@@ -483,8 +483,10 @@ def test_wrong_format_for_the_flag(tmp_path, capsys):
 def _tf_error_cases():
     good = _two_segments(seed=13)
     records = list(tf_records(good))
-    framed = lambda recs: b"".join(struct.pack("<Q", len(d)) + struct.pack("<I", masked(struct.pack("<Q", len(d)))) + d
-                                   + struct.pack("<I", masked(d)) for d in recs)
+    def framed(recs):
+        return b"".join(struct.pack("<Q", len(d)) + struct.pack("<I", masked(struct.pack("<Q", len(d)))) + d
+                        + struct.pack("<I", masked(d)) for d in recs)
+
     whole = framed(records)
     second = len(framed(records[:1]))  # record 1 starts here
     cases = {

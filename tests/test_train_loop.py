@@ -1,7 +1,6 @@
 """The training loop on a tiny model and a small prepared dataset (tests/app_fixtures.py):
 metrics, checkpoints, bitwise resume after a kill, NaN stop, phase-1 init, export to transformers."""
 
-import json
 import os
 import signal
 import subprocess

@@ -109,7 +109,7 @@ class PipelineRunner:
         self._scale = float(config.loss_scaling) if config.precision == "fp16" else 1.0
         self._pipelining = pipelining
         self.schedule = None
-        self._shared = None  # type: Optional[List[torch.nn.Parameter]]
+        self._shared: Optional[List[torch.nn.Parameter]] = None
         self._dist = dist
 
     def _build_schedule(self, batch) -> None:

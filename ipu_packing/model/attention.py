@@ -179,7 +179,7 @@ def varlen_layout(sequence_ids: torch.Tensor, kernel: Optional[str] = None) -> V
     groups = ()  # type: Tuple[torch.Tensor, ...]
     if kernel == "grouped":
         starts = offsets[:-1]
-        by_length = {}  # type: Dict[int, List[int]]
+        by_length: Dict[int, List[int]] = {}
         for i, n in enumerate(lengths):
             by_length.setdefault(n, []).append(i)
         built = []

@@ -25,7 +25,7 @@ import numbers
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -225,7 +225,7 @@ def _normalise(strategies, repeats, hist: np.ndarray) -> Tuple[Tuple[Tuple[int, 
     Dropping a sequence from a pack never adds a pack (a pack left empty disappears), so the
     pack count can only fall. Raises AssertionError if the strategies hold too few sequences.
     """
-    counts = {}  # type: Dict[Tuple[int, ...], int]
+    counts: Dict[Tuple[int, ...], int] = {}
     for strategy, count in zip(strategies, repeats):
         count = int(count)
         if count > 0 and len(strategy) > 0:

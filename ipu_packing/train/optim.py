@@ -18,7 +18,7 @@ Graphcore's app exempts biases from the trust ratio.
 from __future__ import annotations
 
 import math
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 

@@ -36,8 +36,8 @@ Sum = "Sum"
 Min = "Min"
 Max = "Max"
 
-_state = {"rank": None, "size": None, "count": 0}  # type: Dict[str, Any]
-calls = []  # type: List[tuple]
+_state: Dict[str, Any] = {"rank": None, "size": None, "count": 0}
+calls: List[tuple] = []
 """(operation, name) of every collective this process ran (test helper)."""
 
 
@@ -95,7 +95,7 @@ def _exchange(op: str, name: Optional[str], tensor: torch.Tensor,
     wanted = list(range(world)) if senders is None else senders
     timeout = float(os.environ.get(TIMEOUT_ENV, "60"))
     deadline = time.monotonic() + timeout
-    got = {}  # type: Dict[int, Dict[str, Any]]
+    got: Dict[int, Dict[str, Any]] = {}
     pause = 0.002
     while True:
         for r in wanted:
