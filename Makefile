@@ -11,7 +11,7 @@ DEMO_DATA  := $(OUT)/data/demo_128
 DEMO_512   := $(OUT)/data/demo_512
 BENCH_ARGS ?=
 
-.PHONY: venv test pretrain bench compare clean
+.PHONY: venv test lint pretrain bench compare clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,10 @@ $(STAMP): requirements.txt
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# `make lint`: ruff with the settings in pyproject.toml ([tool.ruff]); .ci/run runs it before `make test`.
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 $(DEMO_DATA)/packed/manifest.json: | $(STAMP)
 	$(PY) -m ipu_packing.data prepare --input default --output $(DEMO_DATA) --max-seq-length 128 --max-sequences-per-pack 3

@@ -50,8 +50,10 @@ from .data.format import (CLS_ID, FIRST_WORD_ID, IGNORE_INDEX, MASK_ID, SEP_ID, 
 MODEL_PRESETS = {
     # name: transformers.BertConfig overrides
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, vocab_size=8192),
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024, vocab_size=30522),
-    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, vocab_size=30522),
+    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+                  vocab_size=30522),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                 vocab_size=30522),
 }
 
 
@@ -139,7 +141,8 @@ def select_packs(plan, count: Optional[int], seed: int) -> List[Tuple[int, ...]]
     return [strategies[int(j)][0] for j in np.searchsorted(ends, targets, side="right")]
 
 
-def timed_layouts(plan, S: int, K: int, timed_packs: Optional[int], vocab_size: int, seed: int) -> Tuple[Layout, Layout]:
+def timed_layouts(plan, S: int, K: int, timed_packs: Optional[int], vocab_size: int,
+                  seed: int) -> Tuple[Layout, Layout]:
     """(padded, packed): the sequences of `timed_packs` packs of the plan, one per row and as the plan
     packs them, with M sized as the data pipeline sizes it (format.mlm_slots)."""
     chosen = select_packs(plan, timed_packs, seed)
@@ -230,7 +233,8 @@ def run_bench(
         times = _time_interleaved(runner, (padded, packed), micro_batch_size, torch)
         for name, seconds in times.items():
             per_row[name].append(seconds)
-        log("repeat %d: padded %.2f ms per row, packed %.2f ms per row" % (r + 1, 1000 * times["padded"], 1000 * times["packed"]))
+        log("repeat %d: padded %.2f ms per row, packed %.2f ms per row"
+            % (r + 1, 1000 * times["padded"], 1000 * times["packed"]))
 
     padded_row = statistics.median(per_row["padded"])
     packed_row = statistics.median(per_row["packed"])
@@ -272,24 +276,31 @@ def run_bench(
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m ipu_packing.bench", description=__doc__.split("\n\n")[0])
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--histogram", help="length histogram JSON (key 'histogram', bin i = length i+1); default: the shared Wikipedia 512 one")
+    source.add_argument("--histogram", help="length histogram JSON (key 'histogram', bin i = length i+1); "
+                        "default: the shared Wikipedia 512 one")
     source.add_argument("--data", help="prepared data (prepare's --output DIR, or one dataset directory)")
     p.add_argument("--max-seq-length", type=int, default=None, help="S (default: the histogram's or dataset's)")
-    p.add_argument("--max-sequences-per-pack", type=int, default=3, help="K of the packed layout (default: %(default)s)")
+    p.add_argument("--max-sequences-per-pack", type=int, default=3,
+                   help="K of the packed layout (default: %(default)s)")
     p.add_argument("--timed-packs", type=int, default=128,
                    help="packs of the plan to time, with their sequences padded; 0 = all (default: %(default)s)")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per training step (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=5, help="timed passes over both layouts, interleaved (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed passes over both layouts, interleaved (default: %(default)s)")
     p.add_argument("--model", choices=sorted(MODEL_PRESETS), default="tiny", help="BERT size (default: %(default)s)")
-    p.add_argument("--attention", default=None, help="model attention implementation (dense, sdpa, ...; default: the model's)")
+    p.add_argument("--attention", default=None,
+                   help="model attention implementation (dense, sdpa, ...; default: the model's)")
     p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s: steadier timings on a shared machine; 0 = torch default)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default: %(default)s: steadier timings on a shared machine; 0 = torch default)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default=os.path.join("output", "bench", "bench.png"), help="PNG path (default: %(default)s)")
+    p.add_argument("--plot", default=os.path.join("output", "bench", "bench.png"),
+                   help="PNG path (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--config", default=None, help="time through this training config's runner, data and batch "
                    "accounting (configs/NAME.yaml or a path); sequences from its prepared dataset, or --histogram")
-    p.add_argument("--steps", type=int, default=10, help="with --config: optimizer steps of each layout (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=10,
+                   help="with --config: optimizer steps of each layout (default: %(default)s)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="with --config: config overrides")
     return p
 
@@ -318,7 +329,8 @@ def _main(argv: Optional[List[str]]) -> int:
     if args.data:
         histogram = read_dataset_histogram(args.data)
         if args.max_seq_length and args.max_seq_length != len(histogram):
-            raise BenchError("--max-seq-length %d differs from the dataset's S=%d" % (args.max_seq_length, len(histogram)))
+            raise BenchError("--max-seq-length %d differs from the dataset's S=%d"
+                             % (args.max_seq_length, len(histogram)))
     else:
         path = args.histogram or os.path.join(shared_dir(), "data", "wikipedia_512_histogram.json")
         if not args.histogram and not os.path.isfile(path):
@@ -357,7 +369,8 @@ def _main(argv: Optional[List[str]]) -> int:
     if args.plot:
         result.plot = draw_plot(result, histogram, args.plot)
     if args.json:
-        print(json.dumps(dict(asdict(result), **({"attention_comparison": comparison} if comparison else {})), sort_keys=True))
+        print(json.dumps(dict(asdict(result), **({"attention_comparison": comparison} if comparison else {})),
+                         sort_keys=True))
     else:
         print(format_result(result))
         if comparison:

@@ -6,9 +6,9 @@ varlen, all four (layout, attention) pairs interleaved in every repeat so that a
 alike. Each ratio is of sequences per second, printed beside the FLOP model's prediction.
 
 FLOP model (training FLOPs are ~3x forward for every term, so forward counts give the ratios). Per row of
-S tokens, with H hidden, I intermediate, L layers, V vocabulary, M MLM slots and sequence lengths l_i:
+S tokens, with H hidden, FF intermediate, L layers, V vocabulary, M MLM slots and sequence lengths l_i:
 
-    linear    L * S * 2 * (4 H^2 + 2 H I)      every token, padding included (shapes are static)
+    linear    L * S * 2 * (4 H^2 + 2 H FF)     every token, padding included (shapes are static)
     attention L * 4 H * S^2   (dense)           QK^T and PV over all S x S pairs
               L * 4 H * sum l_i^2   (varlen)    only pairs within a sequence
     heads     M * 2 * (H^2 + H V)               MLM transform and decoder per slot
@@ -20,7 +20,7 @@ LayerNorm, GELU, embeddings and the optimizer step, and the varlen gathers: a lo
 from __future__ import annotations
 
 import statistics
-from typing import Dict, Sequence
+from typing import Dict
 
 import numpy as np
 
@@ -45,11 +45,11 @@ def sequence_lengths(sequence_ids: np.ndarray) -> list:
 
 def flops_per_sequence(layout, model: Dict[str, int], attention: str) -> float:
     """Forward FLOPs of the FLOP model (module docstring), per real sequence of ``layout``."""
-    H, I, L, V = (int(model[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
+    H, FF, L, V = (int(model[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
     ids = layout.arrays["sequence_ids"]
     rows, S = ids.shape
     M = layout.arrays["mlm_positions"].shape[1]
-    linear = rows * L * S * 2.0 * (4 * H * H + 2 * H * I)
+    linear = rows * L * S * 2.0 * (4 * H * H + 2 * H * FF)
     if attention == "dense":
         pairs = rows * float(S) * S
     else:
@@ -102,7 +102,7 @@ def compare_attention(padded, packed, model_kwargs: Dict[str, object], micro_bat
         layout = layouts[layout_name]
         key = "%s+%s" % (layout_name, attention)
         per_sequence[key] = statistics.median(per_row[key]) * layout.rows / float(layout.sequences)
-    flops = {"%s+%s" % (l, a): flops_per_sequence(layouts[l], model_kwargs, a) for l, a in PAIRS}
+    flops = {"%s+%s" % (name, a): flops_per_sequence(layouts[name], model_kwargs, a) for name, a in PAIRS}
     ratios = []
     for name, top, bottom in RATIOS:
         top_key, bottom_key = "%s+%s" % top, "%s+%s" % bottom

@@ -74,7 +74,8 @@ def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
     right.set_yscale("log")
     right.set_title(
         "%d sequences -> %d packs (%.3fx); timed: %d rows vs %d packs"
-        % (result.plan_sequences, result.plan_packs, result.plan_theoretical_speedup, result.padded_rows, result.num_packs),
+        % (result.plan_sequences, result.plan_packs, result.plan_theoretical_speedup, result.padded_rows,
+           result.num_packs),
         fontsize=9,
     )
     fig.tight_layout()
@@ -88,9 +89,11 @@ def format_result(r: Result) -> str:
     return "\n".join(
         [
             "model %s (hidden %d, %d layers, vocab %d), attention %s, micro batch %d, %d torch threads, %d repeats"
-            % (r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"], r.model["vocab_size"], r.attention, r.micro_batch_size, r.torch_threads, r.repeats),
+            % (r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"], r.model["vocab_size"],
+               r.attention, r.micro_batch_size, r.torch_threads, r.repeats),
             "plan: %d sequences -> %d packs (K=%d, %s): theoretical speed-up %.3fx"
-            % (r.plan_sequences, r.plan_packs, r.max_sequences_per_pack, r.packing_algorithm, r.plan_theoretical_speedup),
+            % (r.plan_sequences, r.plan_packs, r.max_sequences_per_pack, r.packing_algorithm,
+               r.plan_theoretical_speedup),
             "timed: %d sequences (%d real tokens), S=%d; %d padded rows vs %d packs (efficiency %.2f%%)"
             % (r.num_sequences, r.num_tokens, r.max_seq_length, r.padded_rows, r.num_packs, 100 * r.packing_efficiency),
             "padded: %10.2f sequences/s %12.1f tokens/s" % (r.padded_sequences_per_second, r.padded_tokens_per_second),

@@ -242,8 +242,10 @@ def _main(argv: Optional[List[str]]) -> int:
     parser = ArgumentParser(prog="python -m ipu_packing.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_a", help="candidate run directory (e.g. packed)")
     parser.add_argument("run_b", help="baseline run directory (e.g. padded)")
-    parser.add_argument("--window", type=int, default=None, help="smoothing window in steps (default: a tenth of the shorter run)")
-    parser.add_argument("--warmup", type=int, default=None, help="steps left out of throughput (default: a tenth of the shorter run)")
+    parser.add_argument("--window", type=int, default=None,
+                        help="smoothing window in steps (default: a tenth of the shorter run)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="steps left out of throughput (default: a tenth of the shorter run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", default=None, help="PNG: MLM loss against sequences seen and against seconds")
     args = parser.parse_args(argv)

@@ -40,7 +40,9 @@ def _instances(rng: np.random.Generator, n: int, S: int, V: int, cap: int) -> In
         a_lengths.append(2 + a)
         counts.append(k)
         positions.append(chosen)
-    as32 = lambda values: np.asarray(values, dtype=np.int32)
+    def as32(values):
+        return np.asarray(values, dtype=np.int32)
+
     return Instances(as32(np.concatenate(tokens)), as32(lengths), as32(a_lengths), as32(nsp), as32(counts),
                      as32(np.concatenate(positions)), as32(np.concatenate(labels)))
 
@@ -76,7 +78,8 @@ def _write(directory: str, store: Instances, members, offsets, S: int, K: int, k
     write_manifest(directory, manifest)
 
 
-def write_prepared(root: str, S: int = 32, K: int = 3, V: int = 64, num_sequences: int = 96, seed: int = 0, vocab_tag: str = "") -> str:
+def write_prepared(root: str, S: int = 32, K: int = 3, V: int = 64, num_sequences: int = 96, seed: int = 0,
+                   vocab_tag: str = "") -> str:
     """Write root/packed and root/padded from the same instances; returns root."""
     rng = np.random.default_rng(seed)
     cap = max_predictions(S)

@@ -40,8 +40,8 @@ class Result:
 def run_app(*args, in_process=True):
     if not in_process:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-        return subprocess.run([sys.executable, os.path.join(REPO, "run_pretraining.py")] + list(args), cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run([sys.executable, os.path.join(REPO, "run_pretraining.py")] + list(args), cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=300)
     import contextlib
     import io
 
@@ -87,7 +87,8 @@ def expect_user_error(workspace, args, *fragments, in_process=True):
 
 
 def base(workspace, data=None):
-    return ["--config", "demo", "data.dir=%s" % (data or workspace["good"]), "checkpoint.output_dir=%s" % workspace["run"]] + TINY
+    return ["--config", "demo", "data.dir=%s" % (data or workspace["good"]),
+            "checkpoint.output_dir=%s" % workspace["run"]] + TINY
 
 
 def test_missing_dataset(workspace):
@@ -132,8 +133,8 @@ def test_dataset_with_another_sequence_length(workspace):
 
 
 def test_dataset_with_another_vocabulary(workspace):
-    expect_user_error(workspace, base(workspace) + ["model.vocab_size=100"], "vocabulary of 64 tokens", "model.vocab_size is 100",
-                      in_process=False)
+    expect_user_error(workspace, base(workspace) + ["model.vocab_size=100"], "vocabulary of 64 tokens",
+                      "model.vocab_size is 100", in_process=False)
     # same size, other tokens: the phase-1 model's vocab.txt differs from the dataset's
     export = os.path.join(workspace["run"], "final")
     expect_user_error(workspace, base(workspace, workspace["other_vocab"]) + [
@@ -146,7 +147,7 @@ def test_dataset_with_another_vocabulary(workspace):
 def test_finished_run_resumes_to_nothing_and_reports(workspace):
     summary = json.load(open(os.path.join(workspace["run"], "summary.json")))
     assert summary["steps"] == 2 and summary["steps_this_run"] == 2
-    rows = [json.loads(l) for l in open(os.path.join(workspace["run"], "metrics.jsonl"))]
+    rows = [json.loads(line) for line in open(os.path.join(workspace["run"], "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2]
 
 

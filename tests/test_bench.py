@@ -4,7 +4,6 @@ the JSON keys and the plot. Speed itself is reported by the command, never asser
 import contextlib
 import io
 import json
-import os
 
 import numpy as np
 import pytest
@@ -29,7 +28,8 @@ def test_select_packs_keeps_the_plan_mix():
     assert all(sum(p) <= 64 and len(p) <= 3 for p in chosen)
     everything = bench.select_packs(plan, 0, seed=3)
     assert len(everything) == plan.num_packs
-    assert sorted(n for p in everything for n in p) == sorted(np.repeat(np.arange(1, 65), synthetic_histogram().astype(int)))
+    assert sorted(n for p in everything for n in p) == sorted(
+        np.repeat(np.arange(1, 65), synthetic_histogram().astype(int)))
 
 
 def test_padded_and_packed_layouts_hold_the_same_sequences():
@@ -85,16 +85,19 @@ def test_json_output_and_plot(tmp_path):
     threads = torch.get_num_threads()
     try:
         code, out, err = run_main(["--histogram", str(hist_file), "--max-seq-length", "64", "--timed-packs", "8",
-                                   "--micro-batch-size", "4", "--repeats", "1", "--threads", "1", "--json", "--plot", str(plot)])
+                                   "--micro-batch-size", "4", "--repeats", "1", "--threads", "1", "--json",
+                                   "--plot", str(plot)])
     finally:
         torch.set_num_threads(threads)
     assert code == 0, err
     result = json.loads(out)
-    for key in ("padded_sequences_per_second", "packed_sequences_per_second", "speedup", "theoretical_speedup", "overhead"):
+    for key in ("padded_sequences_per_second", "packed_sequences_per_second", "speedup", "theoretical_speedup",
+                "overhead"):
         assert isinstance(result[key], float), key
     assert result["num_packs"] == 8
     assert result["theoretical_speedup"] == result["padded_rows"] / 8.0
-    assert result["speedup"] == pytest.approx(result["packed_sequences_per_second"] / result["padded_sequences_per_second"])
+    assert result["speedup"] == pytest.approx(
+        result["packed_sequences_per_second"] / result["padded_sequences_per_second"])
     assert result["overhead"] == pytest.approx(result["theoretical_speedup"] / result["speedup"] - 1.0)
     assert open(str(plot), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 

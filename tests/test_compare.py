@@ -13,9 +13,9 @@ def write_run(root, name, sequences, seconds, mlm_loss, batch=40):
     path = os.path.join(str(root), name)
     os.makedirs(path)
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
-        for i, (s, t, l) in enumerate(zip(sequences, seconds, mlm_loss)):
-            f.write(json.dumps({"step": i + 1, "sequences": s, "tokens": 10 * s, "seconds": t, "mlm_loss": l,
-                                "mlm_accuracy": 0.1 * (i + 1), "nsp_accuracy": 0.5, "loss": l + 0.7}) + "\n")
+        for i, (s, t, loss) in enumerate(zip(sequences, seconds, mlm_loss)):
+            f.write(json.dumps({"step": i + 1, "sequences": s, "tokens": 10 * s, "seconds": t, "mlm_loss": loss,
+                                "mlm_accuracy": 0.1 * (i + 1), "nsp_accuracy": 0.5, "loss": loss + 0.7}) + "\n")
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({"training": {"global_batch_sequences": batch, "batch_accounting": "accumulation"}}, f)
     return path

@@ -24,7 +24,8 @@ def test_what_is_not_a_number_stays_a_string(text):
 def test_exponent_in_an_override_a_file_and_a_list(tmp_path):
     assert load_config("demo", ["optimizer.lr=1e-4"]).optimizer.lr == 1e-4
     path = tmp_path / "c.yaml"
-    path.write_text("base: %s\noptimizer:\n  lr: 5e-4\n  betas: [0.9, 9.99e-1]\n" % os.path.join(CONFIG_DIR, "demo.yaml"))
+    path.write_text("base: %s\noptimizer:\n  lr: 5e-4\n  betas: [0.9, 9.99e-1]\n"
+                    % os.path.join(CONFIG_DIR, "demo.yaml"))
     config = load_config(str(path))
     assert config.optimizer.lr == 5e-4
     assert list(config.optimizer.betas) == [0.9, 0.999]

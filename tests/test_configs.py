@@ -28,9 +28,8 @@ def test_every_shipped_config_loads(name):
         assert sum(config.execution.layers_per_ipu) == layers
     # the step's sequences (nominal packing factor) match the stated global batch
     accounting = config.batch_accounting(config.nominal_packing_factor)
-    assert accounting.unpacked_accumulation * config.execution.micro_batch_size * config.execution.replication_factor == (
-        config.training.global_batch_sequences
-    )
+    assert (accounting.unpacked_accumulation * config.execution.micro_batch_size
+            * config.execution.replication_factor == config.training.global_batch_sequences)
     config.bert_config()  # a valid transformers.BertConfig
 
 
@@ -40,13 +39,15 @@ def test_every_shipped_config_loads(name):
     ("base", "pod16", 12, [0, 4, 4, 4], 8, 4, 512, [0.25], 128.0, False),
     ("base", "pod64", 12, [0, 4, 4, 4], 8, 16, 128, [0.25], 128.0, False),
 ])
-def test_ipu_configs_follow_the_published_ones(size, pod, layers, split, micro, replicas, accumulation, amp, loss_scale, bias_correction):
+def test_ipu_configs_follow_the_published_ones(size, pod, layers, split, micro, replicas, accumulation, amp, loss_scale,
+                                              bias_correction):
     packed = load_config("bert_%s_512_%s" % (size, pod))
     padded = load_config("bert_%s_512_%s_padded" % (size, pod))
     for config in (packed, padded):
         ex = config.execution
         assert config.model["num_hidden_layers"] == layers
-        assert (ex.backend, ex.layers_per_ipu, ex.micro_batch_size, ex.replication_factor) == ("poptorch", split, micro, replicas)
+        assert (ex.backend, ex.layers_per_ipu, ex.micro_batch_size, ex.replication_factor) == (
+            "poptorch", split, micro, replicas)
         assert ex.available_memory_proportion == amp and ex.loss_scaling == loss_scale and ex.precision == "fp16"
         assert config.training.global_batch_sequences == 16384 and config.training.steps == 2137
         assert config.optimizer.name == "lamb" and config.optimizer.lr == 0.002828

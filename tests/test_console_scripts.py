@@ -30,7 +30,8 @@ def test_the_user_facing_commands_have_console_scripts():
 def test_each_console_script_reports_a_bad_option_in_one_line(name, capsys):
     module, function = scripts()[name].split(":")
     main = getattr(importlib.import_module(module), function)
-    assert main(["--config", "demo", "--no-such-option"] if name == "ipu-packing-dry-run" else ["--no-such-option"]) == 2
+    argv = ["--config", "demo", "--no-such-option"] if name == "ipu-packing-dry-run" else ["--no-such-option"]
+    assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and err.startswith("error: "), err
     assert "--no-such-option" in err or "the following arguments are required" in err, err

@@ -242,7 +242,7 @@ def test_mlm_slots_is_the_exact_bound():
         for n in range(1, k + 1):
             for combo in itertools.combinations_with_replacement(lengths.tolist(), n):
                 if sum(combo) <= 24:
-                    best = max(best, sum(gain[l] for l in combo))
+                    best = max(best, sum(gain[length] for length in combo))
         assert mlm_slots(24, k, max_predictions_per_seq=3) == best
     assert mlm_slots(128, 1, max_predictions_per_seq=20) == 19 and mlm_slots(128, 3, max_predictions_per_seq=20) == 20
     assert (mlm_slots(128, 3), mlm_slots(512, 3), mlm_slots(128, 1), mlm_slots(512, 1)) == (20, 78, 19, 77)
@@ -352,7 +352,8 @@ def test_tokenizer_sources_and_lower_casing(tmp_path):
     with pytest.raises(DataError, match="neither tokenizer.json nor vocab.txt"):
         load_tokenizer(str(empty))
     (tmp_path / "in" / "more.txt").write_text("x\n", encoding="utf-8")
-    assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in"))] == ["corpus.txt", "more.txt", "vocab.txt"]
+    assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in"))] == [
+        "corpus.txt", "more.txt", "vocab.txt"]
     assert [os.path.basename(p) for p in resolve_inputs(str(tmp_path / "in" / "*r*.txt"))] == ["corpus.txt", "more.txt"]
     with pytest.raises(DataError, match="matches no files"):
         resolve_inputs(str(tmp_path / "*.nothing"))

@@ -35,10 +35,11 @@ def test_prepare_then_inspect_exit_0(tmp_path, capsys):
     assert main(["inspect", os.path.join(output, "packed")]) == 0
     assert capsys.readouterr().err == ""
     # a second run into the now non-empty directory is refused and changes nothing
-    before = {n: os.path.getmtime(os.path.join(output, "packed", n)) for n in os.listdir(os.path.join(output, "packed"))}
+    packed = os.path.join(output, "packed")
+    before = {n: os.path.getmtime(os.path.join(packed, n)) for n in os.listdir(packed)}
     assert main(_args(corpus, vocab, output)) == 2
     _one_line_error(capsys, output, "not empty")
-    assert before == {n: os.path.getmtime(os.path.join(output, "packed", n)) for n in os.listdir(os.path.join(output, "packed"))}
+    assert before == {n: os.path.getmtime(os.path.join(packed, n)) for n in os.listdir(packed)}
 
 
 def test_user_errors_exit_2_with_one_line_and_leave_nothing(tmp_path, capsys):

@@ -307,7 +307,8 @@ def test_workers_do_not_change_the_bytes(tmp_path, capsys):
         names = sorted(os.listdir(os.path.join(one[1], kind)))
         assert names == sorted(os.listdir(os.path.join(two[1], kind)))
         for name in names:
-            assert open(os.path.join(one[1], kind, name), "rb").read() == open(os.path.join(two[1], kind, name), "rb").read()
+            assert (open(os.path.join(one[1], kind, name), "rb").read()
+                    == open(os.path.join(two[1], kind, name), "rb").read())
 
 
 def test_mlm_slots_come_from_the_data(tmp_path, capsys):
@@ -482,8 +483,10 @@ def test_wrong_format_for_the_flag(tmp_path, capsys):
 def _tf_error_cases():
     good = _two_segments(seed=13)
     records = list(tf_records(good))
-    framed = lambda recs: b"".join(struct.pack("<Q", len(d)) + struct.pack("<I", masked(struct.pack("<Q", len(d)))) + d
-                                   + struct.pack("<I", masked(d)) for d in recs)
+    def framed(recs):
+        return b"".join(struct.pack("<Q", len(d)) + struct.pack("<I", masked(struct.pack("<Q", len(d)))) + d
+                        + struct.pack("<I", masked(d)) for d in recs)
+
     whole = framed(records)
     second = len(framed(records[:1]))  # record 1 starts here
     cases = {

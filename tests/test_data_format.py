@@ -21,7 +21,8 @@ def instance(draw):
     positions = sorted(draw(st.sets(st.integers(1, length - 1), max_size=4)))
     labels = draw(st.lists(st.integers(0, 999), min_size=len(positions), max_size=len(positions)))
     types = (np.arange(length) >= a_length).astype(np.int64)
-    return Instance(np.array(ids), types, np.array(positions, dtype=np.int64), np.array(labels), draw(st.integers(0, 1)))
+    return Instance(np.array(ids), types, np.array(positions, dtype=np.int64), np.array(labels),
+                    draw(st.integers(0, 1)))
 
 
 def _store(path, sequences):

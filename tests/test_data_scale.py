@@ -30,8 +30,8 @@ def _prepare_under_64_descriptors(tmp_path, name, workers, group_tokens):
     corpus = write_bert_corpus(str(tmp_path / "inputs" / "corpus.txt"), documents=300)
     vocab = write_vocab(str(tmp_path / "inputs" / "vocab.txt"))
     output = str(tmp_path / name)
-    proc = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, corpus, vocab, output, str(workers), str(group_tokens)], cwd=ROOT,
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    proc = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, corpus, vocab, output, str(workers), str(group_tokens)],
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return output, json.loads(proc.stdout.strip().splitlines()[-1])
 

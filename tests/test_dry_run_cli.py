@@ -68,7 +68,8 @@ def test_same_report_by_name_and_overrides(name):
     [
         ("execution:\n  replication: 2\n", "unknown key execution.replication"),
         ("model:\n  hiden_size: 3\n", "unknown key model.hiden_size"),
-        ("model:\n  num_hidden_layers: 4\nexecution:\n  layers_per_ipu: [1, 1]\n", "sums to 2, but model.num_hidden_layers is 4"),
+        ("model:\n  num_hidden_layers: 4\nexecution:\n  layers_per_ipu: [1, 1]\n",
+         "sums to 2, but model.num_hidden_layers is 4"),
         ("execution:\n  backend: tpu\n", "execution.backend must be one of"),
         ("train:\n  anything: 1\n", "unknown config section 'train'"),
         ("[1, 2", "not valid YAML"),
@@ -92,8 +93,9 @@ def test_module_command_runs(tmp_path):
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "ipu_packing.execution", "dry-run", "--config", "bert_large_512_pod16"],
-                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "ipu_packing.execution", "dry-run", "--config",
+                           "bert_large_512_pod16"], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     _, out_t, _ = call(train_main, ["--config", "bert_large_512_pod16", "--dry-run"])
     assert proc.stdout == out_t and packs_per_step(proc.stdout) == 8192

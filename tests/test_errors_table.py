@@ -35,7 +35,8 @@ COMMANDS = {"train": train_main, "data": data_main, "packing": packing_main, "pa
 def ws(tmp_path_factory):
     """A workspace: a prepared fixture dataset, a text corpus + vocab, histograms, a file in the way."""
     root = tmp_path_factory.mktemp("ws")
-    w = {"root": str(root), "data": fx.write_prepared(str(root / "prepared"), S=32, K=3, V=64, num_sequences=96, seed=0)}
+    w = {"root": str(root),
+         "data": fx.write_prepared(str(root / "prepared"), S=32, K=3, V=64, num_sequences=96, seed=0)}
     w["corpus"], w["vocab"] = make_inputs(str(root))
     (root / "zero.json").write_text('{"histogram": [0, 0, 0], "max_sequence_length": 8}')
     (root / "inf.json").write_text('{"histogram": [1, Infinity], "max_sequence_length": 8}')
@@ -99,7 +100,8 @@ CASES = [
     ("train", lambda w: _train(w, "checkpoint.output_dir=%s" % os.path.join(w["root"], "a_file", "run")), ["a_file"]),
     ("train", lambda w: _train(w, "data.dir=%s" % os.path.join(w["root"], "nowhere")), ["nowhere"]),
     # the execution package's dry run (same loader)
-    ("execution", lambda w: ["dry-run", "--config", "demo", "model.hidden_dropout_prob=5"], ["model.hidden_dropout_prob"]),
+    ("execution", lambda w: ["dry-run", "--config", "demo", "model.hidden_dropout_prob=5"],
+     ["model.hidden_dropout_prob"]),
     ("execution", lambda w: ["dry-run"], ["--config"]),
     ("execution", lambda w: ["dry-run", "--config", "bert_large_512_pod128", "execution.num_instances=3"],
      ["execution.replication_factor 32", "execution.num_instances 3"]),
@@ -170,8 +172,8 @@ def test_a_full_disk_while_checkpointing_is_one_line(ws, capsys, monkeypatch):
 
 
 def test_inspect_into_a_closed_pipe_is_silent(ws):
-    proc = subprocess.Popen([sys.executable, "-m", "ipu_packing.data", "inspect", os.path.join(ws["data"], "packed")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "ipu_packing.data", "inspect", os.path.join(ws["data"], "packed")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.readline()
     proc.stdout.close()
     err = proc.stderr.read().decode()

@@ -1,8 +1,9 @@
 """Must show 1: distributed equivalence on CPU.
 
-Two processes (torch.multiprocessing, with the environment torchrun would set; gloo) train N optimizer steps as (a) DDP with 2 replicas and (b) a
-2-stage torch.distributed.pipelining pipeline (GPipe and 1F1B); each must end with the weights one process
-reaches with the same global batch (same packs, same micro batches, accumulation x replicas).
+Two processes (torch.multiprocessing, with the environment torchrun would set; gloo) train N optimizer steps as
+(a) DDP with 2 replicas and (b) a 2-stage torch.distributed.pipelining pipeline (GPipe and 1F1B); each must
+end with the weights one process reaches with the same global batch (same packs, same micro batches,
+accumulation x replicas).
 
 Optimizer: SGD with momentum (lr 0.05), whose update is linear in the gradient. The runs differ only in
 float32 summation order (DDP averages two partial gradient sums, the pipeline sums the tied embedding's two
@@ -91,7 +92,8 @@ def distributed_runs(tmp_path_factory):
     jobs = [
         ("ddp", dict(micro_batch_size=MICRO, gradient_accumulation=2, replication_factor=2)),
         ("gpipe", dict(micro_batch_size=MICRO, gradient_accumulation=4, layers_per_ipu=[1, 1])),
-        ("1f1b", dict(micro_batch_size=MICRO, gradient_accumulation=4, layers_per_ipu=[1, 1], pipeline_schedule="1f1b")),
+        ("1f1b", dict(micro_batch_size=MICRO, gradient_accumulation=4, layers_per_ipu=[1, 1],
+                      pipeline_schedule="1f1b")),
     ]
     if PIPELINING_MISSING:  # torch < 2.4 (the Poplar SDK's 2.0.1): DDP only, the pipeline cases skip
         jobs = [job for job in jobs if "layers_per_ipu" not in job[1]]
@@ -123,4 +125,5 @@ def test_two_processes_match_one(distributed_runs, single_process, name):
 
 def test_config_asks_for_the_processes_it_needs():
     with pytest.raises(UserError, match="torchrun --nproc-per-node 2"):
-        make_runner(build_model(), torch.optim.SGD(build_model().parameters(), lr=0.1), ExecutionConfig(replication_factor=2))
+        make_runner(build_model(), torch.optim.SGD(build_model().parameters(), lr=0.1),
+                    ExecutionConfig(replication_factor=2))

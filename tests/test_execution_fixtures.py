@@ -41,7 +41,8 @@ def build_model(num_layers: int = 2, seed: int = 0) -> nn.Module:
 
 def make_packs(num_packs: int, seed: int = 0, max_sequences_per_pack: int = MAX_SEQ):
     return synthetic_packs(
-        num_packs, SEQ_LEN, max_sequences_per_pack, MAX_MASKED, tiny_bert_config().vocab_size, np.random.default_rng(seed)
+        num_packs, SEQ_LEN, max_sequences_per_pack, MAX_MASKED, tiny_bert_config().vocab_size,
+        np.random.default_rng(seed),
     )
 
 

@@ -143,7 +143,8 @@ def test_golden_losses_hold_with_other_cpu_kernels(default_data_128, tmp_path):
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default", PYTHONPATH=repo)
     result = subprocess.run(
         [sys.executable, os.path.join(repo, "run_pretraining.py"), "--config", "demo",
-         "data.dir=%s" % os.path.dirname(default_data_128), "training.steps=%d" % STEPS, "checkpoint.output_dir=%s" % run,
+         "data.dir=%s" % os.path.dirname(default_data_128), "training.steps=%d" % STEPS,
+         "checkpoint.output_dir=%s" % run,
          "logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.export=false"],
         env=env, capture_output=True, text=True, timeout=600, cwd=repo)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -28,12 +28,19 @@ from test_model_equivalence import (
     CONFIGS, FP64_ATOL, MLM_SLOTS, MAX_SEQUENCES, PACK_LENGTHS, SEQ_LEN, gather_reference, make_config, randomize_,
 )
 from test_model_packs import build_packs, padded_hf_inputs, random_packs, to_torch
-from test_train_loop import data_dir, open_dataset, plan_run, tiny, train  # noqa: F401 (data_dir: a fixture)
+from test_train_loop import open_dataset, plan_run, tiny, train
 from torch_features import requires_torch_compile
 
+import app_fixtures as fx
 import poptorch_stand_in as si
 
 QKV = ("query", "key", "value")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """The loop tests' dataset (tests/test_train_loop.py), prepared again for this module."""
+    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
 def fused_twin(model: PackedBertForPreTraining, attention: str = None) -> PackedBertForPreTraining:

@@ -117,7 +117,7 @@ class _Float32Outputs(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.numels = []  # type: List[int]
+        self.numels: List[int] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

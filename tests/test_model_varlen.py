@@ -41,7 +41,8 @@ VARLEN_PACKS = [
     [4, 4, 4, 4, 4, 4, 4, 4],  # 8, full
     [1, 2, 3, 1, 2, 3, 1, 2],  # 8, padded
 ]
-KERNELS = ("grouped", pytest.param("nested", marks=pytest.mark.skipif(NESTED_MISSING is not None, reason=str(NESTED_MISSING))))
+KERNELS = ("grouped",
+           pytest.param("nested", marks=pytest.mark.skipif(NESTED_MISSING is not None, reason=str(NESTED_MISSING))))
 
 
 @pytest.fixture(params=KERNELS)
@@ -219,8 +220,8 @@ def test_flop_model_counts_only_within_sequence_pairs():
     sequences = bench.make_sequences(lengths, 100, seed=0)
     packed = bench.build_layout("packed", sequences, [[0, 1], [2, 3]], 16, 3, 5)
     model = dict(hidden_size=8, intermediate_size=32, num_hidden_layers=2, vocab_size=100)
-    H, I, L, V, S, M = 8, 32, 2, 100, 16, 5
-    linear = 2 * L * S * 2 * (4 * H * H + 2 * H * I)
+    H, FF, L, V, S, M = 8, 32, 2, 100, 16, 5
+    linear = 2 * L * S * 2 * (4 * H * H + 2 * H * FF)
     heads = 2 * M * 2 * (H * H + H * V)
     dense = (linear + L * 4 * H * 2 * S * S + heads) / 4
     varlen = (linear + L * 4 * H * (100 + 36 + 144 + 9) + heads) / 4

@@ -37,7 +37,8 @@ def files(tmp_path):
 
 @pytest.mark.parametrize(
     "name, algorithm, limit",
-    [("h.npy", "optimal", "3"), ("h.txt", "lpfhp", "max"), ("list.json", "optimal", "max"), ("obj.json", "nnlshp", "2")],
+    [("h.npy", "optimal", "3"), ("h.txt", "lpfhp", "max"), ("list.json", "optimal", "max"),
+     ("obj.json", "nnlshp", "2")],
 )
 def test_json_output_matches_the_library(files, name, algorithm, limit):
     proc = run("--histogram", files / name, "--max-seq-length", 16,

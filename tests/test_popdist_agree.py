@@ -24,15 +24,23 @@ import time
 import pytest
 import torch
 
+import app_fixtures as fx
 import popdist_stand_in as pds
 from ipu_packing.data import open_dataset
 from ipu_packing.data.format import IGNORE_INDEX
 from ipu_packing.execution import make_runner as real_make_runner
 from ipu_packing.train import checkpoint as ckpt, load_config
 from ipu_packing.train.loop import execute, plan_run
-from test_popdist import REPLICAS, TINY, data_dir, horovod, popdist, poptorch  # noqa: F401  (fixtures)
+from test_popdist import REPLICAS, TINY  # poptorch, popdist and horovod: fixtures of conftest.py
 
-START_LINE = "error: PopRun instances disagree on where to start: %s (is checkpoint.output_dir on storage every host shares?)\n"
+START_LINE = ("error: PopRun instances disagree on where to start: %s "
+              "(is checkpoint.output_dir on storage every host shares?)\n")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """tests/test_popdist.py's dataset, prepared again for this module."""
+    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=240, seed=0)
 
 
 def _overrides(data_dir, run_dir, n, *extra, base=TINY):
@@ -43,7 +51,8 @@ def _overrides(data_dir, run_dir, n, *extra, base=TINY):
 def _fabricate_checkpoint(popdist, config, step, n, perturb=0.0):
     """A checkpoint at ``step`` as instance 0 of ``config``'s run would have saved it (its weights plus
     ``perturb``: another copy of "the same" checkpoint)."""
-    with pds.as_instance(popdist, n, config.execution_spec.replication_factor, config.execution_spec.ipus_per_replica, 0):
+    with pds.as_instance(popdist, n, config.execution_spec.replication_factor, config.execution_spec.ipus_per_replica,
+                         0):
         plan = plan_run(config, open_dataset=open_dataset)
     model = {k: v + perturb if v.is_floating_point() else v for k, v in plan.model.state_dict().items()}
     state = {"step": step, "model": model, "optimizer": plan.optimizer.state_dict(),
@@ -82,7 +91,8 @@ def _stopped(outcomes, line):
 
 
 def _starts(n, resumed_step):
-    rest = "instances %s start at step 0" % ", ".join(str(i) for i in range(1, n)) if n > 2 else "instance 1 starts at step 0"
+    rest = ("instances %s start at step 0" % ", ".join(str(i) for i in range(1, n)) if n > 2
+            else "instance 1 starts at step 0")
     return "instance 0 resumes step %d, %s" % (resumed_step, rest)
 
 
@@ -90,13 +100,15 @@ def _starts(n, resumed_step):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_unshared_run_directories_stop_every_instance_in_one_line_naming_their_starts(popdist, horovod, data_dir, tmp_path, n):
+def test_unshared_run_directories_stop_every_instance_in_one_line_naming_their_starts(popdist, horovod, data_dir,
+                                                                                     tmp_path, n):
     """Instance 0's host holds the run's checkpoint at step 2, the others' local disks nothing: instance 0
     would resume, the others start afresh. Every instance stops before a step, naming each start."""
     runs = [str(tmp_path / ("host%d" % i) / "run") for i in range(n)]
     saved = _fabricate_checkpoint(popdist, load_config("demo", _overrides(data_dir, runs[0], n)), 2, n)
     before = sorted(os.listdir(runs[0]))
-    outcomes = pds.poprun(popdist, n, REPLICAS, 2, lambda i: _command(["--config", "demo"] + _overrides(data_dir, runs[i], n)))
+    outcomes = pds.poprun(popdist, n, REPLICAS, 2, lambda i: _command(
+        ["--config", "demo"] + _overrides(data_dir, runs[i], n)))
     _stopped(outcomes, START_LINE % _starts(n, 2))
     assert sorted(os.listdir(runs[0])) == before and ckpt.list_checkpoints(runs[0]) == [saved]  # nothing written
     assert not any(os.path.exists(r) for r in runs[1:])
@@ -109,11 +121,12 @@ def test_pod128_refuses_an_instance_that_would_resume_from_another_step(popdist,
     shrink = ["model.vocab_size=64", "model.hidden_size=16", "model.intermediate_size=32", "model.num_hidden_layers=4",
               "model.num_attention_heads=2", "data.max_seq_length=32", "execution.layers_per_ipu=[1,1,1,1]",
               "execution.replication_factor=4", "execution.use_ipu_model=true", "execution.executable_cache_dir=",
-              "execution.micro_batch_size=1", "training.global_batch_sequences=72", "logging.progress_bar=false", "logging.tensorboard=false",
-              "checkpoint.export=false", "data.num_workers=0"]
+              "execution.micro_batch_size=1", "training.global_batch_sequences=72", "logging.progress_bar=false",
+              "logging.tensorboard=false", "checkpoint.export=false", "data.num_workers=0"]
     runs = [str(tmp_path / ("host%d" % i) / "run") for i in range(2)]
     config = load_config("bert_large_512_pod128", _overrides(data_dir, runs[1], 2, base=shrink))
-    assert (config.execution_spec.num_instances, config.execution_spec.ipus_per_replica, config.execution_spec.precision) == (2, 4, "fp16")
+    assert (config.execution_spec.num_instances, config.execution_spec.ipus_per_replica,
+            config.execution_spec.precision) == (2, 4, "fp16")
     _fabricate_checkpoint(popdist, config, 2, 2)
     outcomes = pds.poprun(popdist, 2, 4, 4, lambda i: _command(
         ["--config", "bert_large_512_pod128"] + _overrides(data_dir, runs[i], 2, base=shrink)))
@@ -175,7 +188,8 @@ def test_a_shared_run_directory_resumes_every_instance_and_logs_the_whole_step(p
         assert [name for op, name in r["collectives"] if op == "broadcast"] == sorted(names)
         assert r["compiled_first"] == [True]  # compiled ahead of the first step, outside its timing
     assert len({r["started"][0] for r in results}) == 1
-    assert any(line.startswith("PopRun: %d instances start at step 2 from instance 0's weights" % n) for line in results[0]["lines"])
+    assert any(line.startswith("PopRun: %d instances start at step 2 from instance 0's weights" % n)
+               for line in results[0]["lines"])
     # metrics.jsonl (instance 0 writes it) holds the whole step: every instance's share reduced
     rows = ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))
     assert [r["step"] for r in rows] == [3, 4]
@@ -183,7 +197,8 @@ def test_a_shared_run_directory_resumes_every_instance_and_logs_the_whole_step(p
     for k, row in enumerate(rows):
         shares = [r["own"][k] for r in results]
         assert row["instances"] == n and row["packs"] == G
-        assert row["sequences"] == sum(s["sequences"] for s in shares) == _sequences(data, order[(2 + k) * G:(3 + k) * G])
+        assert row["sequences"] == sum(s["sequences"] for s in shares) == _sequences(
+            data, order[(2 + k) * G:(3 + k) * G])
         assert row["tokens"] == sum(s["tokens"] for s in shares)
         assert row["loss"] == pytest.approx(sum(s["loss"] for s in shares) / n, rel=1e-9)
         assert row["mlm_accuracy"] == pytest.approx(sum(s["mlm_accuracy"] for s in shares) / n, rel=1e-9)
@@ -191,7 +206,8 @@ def test_a_shared_run_directory_resumes_every_instance_and_logs_the_whole_step(p
     assert rows[0]["compile_seconds"] > 0 and rows[1]["compile_seconds"] == 0.0
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert summary["instances"] == n and summary["compile_seconds"] == rows[0]["compile_seconds"]
-    assert summary["sequences_per_second"] == pytest.approx(sum(r["sequences"] for r in rows) / sum(r["seconds"] for r in rows))
+    assert summary["sequences_per_second"] == pytest.approx(sum(r["sequences"] for r in rows)
+                                                            / sum(r["seconds"] for r in rows))
 
 
 def _state_names_and_data(popdist, config, n):
@@ -211,10 +227,12 @@ def test_a_run_directory_in_use_stops_every_instance(popdist, horovod, data_dir,
 
     run = str(tmp_path / "run")
     with RunLock(run):
-        outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(["--config", "demo"] + _overrides(data_dir, run, 2)))
+        outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(
+            ["--config", "demo"] + _overrides(data_dir, run, 2)))
     (code0, _, err0), (code1, out1, err1) = (o.value for o in outcomes)
     assert code0 == 2 and err0.startswith("error: run directory %s is in use by pid %d" % (run, os.getpid())), err0
-    assert (code1, err1) == (2, "error: PopRun instance 0 could not start (its error line says why): every instance stops\n")
+    assert (code1, err1) == (
+        2, "error: PopRun instance 0 could not start (its error line says why): every instance stops\n")
     assert not ckpt.list_checkpoints(run)
 
 
@@ -225,12 +243,14 @@ def test_copies_of_a_checkpoint_that_differ_at_the_same_step_are_refused(popdist
     runs = [str(tmp_path / ("host%d" % i) / "run") for i in range(2)]
     for i, run in enumerate(runs):
         _fabricate_checkpoint(popdist, load_config("demo", _overrides(data_dir, run, 2)), 2, 2, perturb=0.5 * i)
-    outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(["--config", "demo"] + _overrides(data_dir, runs[i], 2)))
+    outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(
+        ["--config", "demo"] + _overrides(data_dir, runs[i], 2)))
     for o in outcomes:
         code, _, err = o.value
         assert code == 2 and err.count("\n") == 1, err
-        assert re.fullmatch(r"error: PopRun instances disagree on the weights at step 2: instance 0 sha256 [0-9a-f]{12}, "
-                            r"instance 1 sha256 [0-9a-f]{12} \(each instance resumed its own copy of the checkpoint: is "
+        assert re.fullmatch(r"error: PopRun instances disagree on the weights at step 2: "
+                            r"instance 0 sha256 [0-9a-f]{12}, instance 1 sha256 [0-9a-f]{12} "
+                            r"\(each instance resumed its own copy of the checkpoint: is "
                             r"checkpoint\.output_dir on storage every host shares\?\)\n", err), err
     assert outcomes[0].value[2] == outcomes[1].value[2]  # the same line on both
 
@@ -261,20 +281,24 @@ def test_without_horovod_a_shared_run_directory_checks_the_start_and_logs_instan
     config = load_config("demo", _overrides(data_dir, run, 2))
     _fabricate_checkpoint(popdist, config, 2, 2)
     G = _state_names_and_data(popdist, config, 2)[2]
-    outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(["--config", "demo"] + _overrides(data_dir, run, 2)))
+    outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(
+        ["--config", "demo"] + _overrides(data_dir, run, 2)))
     for o in outcomes:
         assert o.error is None and o.value[0] == 0, o
     out = outcomes[0].value[1]
-    assert re.search(r"^PopRun: 2 instances start at step 2 from the same weights \(sha256 [0-9a-f]{12}, checked through "
-                     r"files in %s " % re.escape(os.path.join(run, ".instances")), out, re.M), out
+    assert re.search(r"^PopRun: 2 instances start at step 2 from the same weights "
+                     r"\(sha256 [0-9a-f]{12}, checked through files in %s "
+                     % re.escape(os.path.join(run, ".instances")), out, re.M), out
     assert "note: no horovod.torch: each step's metrics are instance 0's share (1 of 2 instances" in out
     rows = ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))
-    assert [(r["step"], r["instances"], r["packs"]) for r in rows] == [(3, 1, G // 2), (4, 1, G // 2)]  # one of two shares
+    assert [(r["step"], r["instances"], r["packs"]) for r in rows] == [
+        (3, 1, G // 2), (4, 1, G // 2)]  # one of two shares
 
 
 def test_without_horovod_unshared_run_directories_stop_every_instance(popdist, no_horovod, data_dir, tmp_path):
     runs = [str(tmp_path / ("host%d" % i) / "run") for i in range(2)]
-    outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(["--config", "demo"] + _overrides(data_dir, runs[i], 2)))
+    outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(
+        ["--config", "demo"] + _overrides(data_dir, runs[i], 2)))
     tail = ("within 2 s: the run has no horovod.torch, so the instances meet through files in the run directory; is "
             "checkpoint.output_dir on storage every host shares? (or install the Poplar SDK's horovod wheel, as "
             "Graphcore's app does)\n")
@@ -292,9 +316,10 @@ def test_without_horovod_weights_that_differ_are_refused(popdist, no_horovod, da
                                                                                  perturb_instance=1))
     for o in outcomes:
         assert o.error is not None and o.user_error, o
-        assert re.fullmatch(r"PopRun instances disagree on the weights at step 0: instance 0 sha256 [0-9a-f]{12}, instance 1 "
-                            r"sha256 [0-9a-f]{12} \(equal seeds built different weights, or checkpoint\.init_from differs "
-                            r"between hosts; with horovod\.torch instance 0's would be broadcast\)", o.message), o.message
+        assert re.fullmatch(r"PopRun instances disagree on the weights at step 0: "
+                            r"instance 0 sha256 [0-9a-f]{12}, instance 1 sha256 [0-9a-f]{12} "
+                            r"\(equal seeds built different weights, or checkpoint\.init_from differs between hosts; "
+                            r"with horovod\.torch instance 0's would be broadcast\)", o.message), o.message
 
 
 # ---- compile time apart from the step, on every backend -------------------------------------------------

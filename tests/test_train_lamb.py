@@ -91,7 +91,8 @@ def test_parameter_groups_follow_graphcore():
 
 def test_schedule_warmup_then_linear_and_poly():
     linear = WarmupDecay(total_steps=10, warmup_steps=2, decay="linear")
-    assert [linear(s) for s in range(11)] == pytest.approx([0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0])
+    assert [linear(s) for s in range(11)] == pytest.approx(
+        [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0])
     poly = WarmupDecay(total_steps=10, warmup_steps=2, decay="poly", power=2.0, end_fraction=0.1)
     assert poly(6) == pytest.approx(0.1 + 0.9 * 0.5 ** 2)
     assert poly(10) == pytest.approx(0.1)

@@ -1,7 +1,6 @@
 """The training loop on a tiny model and a small prepared dataset (tests/app_fixtures.py):
 metrics, checkpoints, bitwise resume after a kill, NaN stop, phase-1 init, export to transformers."""
 
-import json
 import os
 import signal
 import subprocess
@@ -24,19 +23,13 @@ TINY = [
     "data.max_seq_length=32", "execution.micro_batch_size=4", "training.global_batch_sequences=16",
     "logging.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=0.01",
 ]
+# torch on one thread in every test (conftest.py): the killed subprocess runs with OMP_NUM_THREADS=1, same reductions
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the killed subprocess runs with OMP_NUM_THREADS=1: same reductions
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny(data_dir, run_dir, *extra):
@@ -48,7 +41,8 @@ def train(config, **kwargs):
 
 
 def losses(run_dir):
-    return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"]) for r in ckpt.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+    return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"])
+            for r in ckpt.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
 
 
 def test_metrics_checkpoints_and_export(data_dir, tmp_path):
@@ -79,7 +73,8 @@ def test_metrics_checkpoints_and_export(data_dir, tmp_path):
     hf = transformers.BertForPreTraining.from_pretrained(os.path.join(run, "final")).eval()
     ours = PackedBertForPreTraining(tiny(data_dir, run).bert_config()).eval()
     ours.load_state_dict(state["model"])
-    assert open(os.path.join(run, "final", "vocab.txt")).read() == open(os.path.join(data_dir, "packed", "vocab.txt")).read()
+    assert (open(os.path.join(run, "final", "vocab.txt")).read()
+            == open(os.path.join(data_dir, "packed", "vocab.txt")).read())
     pack = open_dataset(os.path.join(data_dir, "padded"), as_tensors=False)[0]
     n = int((pack["sequence_ids"] != 0).sum())
     ids = torch.as_tensor(pack["input_ids"][:n], dtype=torch.long)[None]
@@ -120,7 +115,8 @@ def test_resume_after_kill_gives_bitwise_the_same_losses(data_dir, tmp_path):
     killed = str(tmp_path / "killed")
     overrides = TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % killed] + args
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, "-c", KILLER, REPO, "5"] + overrides, env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", KILLER, REPO, "5"] + overrides, env=env, capture_output=True,
+                          text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert [os.path.basename(p) for p in ckpt.list_checkpoints(killed)] == ["step_0000002.pt", "step_0000004.pt"]
     assert [row[0] for row in losses(killed)] == [1, 2, 3, 4, 5]

@@ -65,7 +65,8 @@ def _free_port() -> int:
 
 
 def _losses(run_dir):
-    return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"]) for r in ckpt.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+    return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"])
+            for r in ckpt.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
 
 
 @pytest.mark.skipif(PIPELINING_MISSING is not None, reason=PIPELINING_MISSING or "")

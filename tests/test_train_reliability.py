@@ -8,13 +8,21 @@ import pickle
 import pytest
 import torch
 
-from ipu_packing.train import UserError, load_config
+import app_fixtures as fx
+from ipu_packing.train import UserError
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.cli import main
-from ipu_packing.train.loop import execute, plan_run
 from ipu_packing.train.runlock import RunLock
 
-from test_train_loop import TINY, data_dir, one_thread  # noqa: F401  (fixtures shared with the loop tests)
+from test_train_loop import TINY
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # as the loop tests (conftest.py)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """The loop tests' dataset (tests/test_train_loop.py), prepared again for this module."""
+    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
 def args(data_dir, run, *extra):
@@ -46,7 +54,8 @@ def test_a_state_with_non_finite_weights_is_never_saved(tmp_path):
     state = {"step": 3, "model": {"w": torch.tensor([1.0, float("inf")])}, "optimizer": {"state": {}}}
     with pytest.raises(ckpt.NonFiniteState, match="model.w"):
         ckpt.save_checkpoint(str(tmp_path), state, keep=2)
-    state = {"step": 3, "model": {"w": torch.ones(2)}, "optimizer": {"state": {0: {"exp_avg": torch.tensor([float("nan")])}}}}
+    state = {"step": 3, "model": {"w": torch.ones(2)},
+             "optimizer": {"state": {0: {"exp_avg": torch.tensor([float("nan")])}}}}
     with pytest.raises(ckpt.NonFiniteState, match="optimizer.state.0.exp_avg"):
         ckpt.save_checkpoint(str(tmp_path), state, keep=2)
     assert ckpt.list_checkpoints(str(tmp_path)) == []
@@ -73,7 +82,8 @@ def _crafted(path, marker):
 def test_a_crafted_pickle_runs_no_code(where, data_dir, tmp_path, capsys):
     run = str(tmp_path / "run")
     marker = str(tmp_path / "pwned")
-    evil = os.path.join(run, "checkpoints", "step_0000001.pt") if where == "run_checkpoints" else str(tmp_path / "evil.pt")
+    evil = (os.path.join(run, "checkpoints", "step_0000001.pt") if where == "run_checkpoints"
+            else str(tmp_path / "evil.pt"))
     _crafted(evil, marker)
     extra = {"init_from": ["checkpoint.init_from=%s" % evil], "run_checkpoints": [],
              "resume_path": ["checkpoint.resume=%s" % evil]}[where]

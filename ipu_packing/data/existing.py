@@ -110,7 +110,8 @@ class PackConfig:
         from ..packing import ALGORITHMS
 
         if self.packing_algorithm not in ALGORITHMS:
-            raise DataError("--packing-algorithm must be one of %s, got %r" % ("/".join(ALGORITHMS), self.packing_algorithm))
+            raise DataError("--packing-algorithm must be one of %s, got %r"
+                            % ("/".join(ALGORITHMS), self.packing_algorithm))
 
     @property
     def num_workers(self) -> int:

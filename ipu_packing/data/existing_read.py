@@ -267,7 +267,9 @@ def dense_to_instances(ids: np.ndarray, mask: np.ndarray, segments: np.ndarray, 
         r = _first(bad)
         raise DataError("%s: next_sentence_labels holds %d; only 0 (B follows A) and 1 (B is random) are allowed"
                         % (where(r), nsp[r]))
-    as32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)
+    def as32(a):
+        return np.ascontiguousarray(a, dtype=np.int32)
+
     return Instances(as32(tokens), lengths, as32(a_lengths), as32(nsp), counts, as32(mlm_positions), as32(mlm_labels))
 
 

@@ -367,7 +367,8 @@ def read_manifest(directory: str) -> Dict[str, Any]:
         if key not in manifest:
             raise DataError("%s: field %r is missing" % (path, key))
         value = manifest[key]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else isinstance(value, kind)
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float
+              else isinstance(value, kind))
         if kind is int and isinstance(value, bool):
             ok = False
         if not ok:
@@ -391,7 +392,8 @@ def read_manifest(directory: str) -> Dict[str, Any]:
             raise DataError("%s: field 'shards' entry %d should be {file, num_packs, sha256}" % (path, i))
         total += shard["num_packs"]
     if total != manifest["num_packs"]:
-        raise DataError("%s: field 'num_packs' is %d but the shards hold %d packs" % (path, manifest["num_packs"], total))
+        raise DataError("%s: field 'num_packs' is %d but the shards hold %d packs"
+                        % (path, manifest["num_packs"], total))
     if len(manifest["sequence_length_histogram"]) != manifest["max_seq_length"]:
         raise DataError("%s: field 'sequence_length_histogram' should have max_seq_length bins" % path)
     if sum(manifest["sequence_length_histogram"]) != manifest["num_sequences"]:

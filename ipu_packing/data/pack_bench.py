@@ -130,7 +130,8 @@ def write_tfrecord(path: str, n: int, s: int, p: int, seed: int) -> None:
                         feature = _length_delimited(2, _length_delimited(1, weights[i].astype("<f4").tobytes()))
                     else:
                         feature = _length_delimited(3, _length_delimited(1, packed[name][i]))
-                    entries.append(_length_delimited(1, _length_delimited(1, name.encode()) + _length_delimited(2, feature)))
+                    entries.append(_length_delimited(1, _length_delimited(1, name.encode())
+                                                     + _length_delimited(2, feature)))
                 yield _length_delimited(1, b"".join(entries))
 
     write_records(path, records())

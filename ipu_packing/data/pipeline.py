@@ -116,7 +116,8 @@ class PrepareConfig:
         from ..packing import ALGORITHMS
 
         if self.packing_algorithm not in ALGORITHMS:
-            raise DataError("--packing-algorithm must be one of %s, got %r" % ("/".join(ALGORITHMS), self.packing_algorithm))
+            raise DataError("--packing-algorithm must be one of %s, got %r"
+                            % ("/".join(ALGORITHMS), self.packing_algorithm))
         self.recipe  # validates the recipe fields
 
     @property

@@ -7,8 +7,9 @@ Builds a corpus of about N MB in BERT format from text on the machine (the embed
 its documents shuffled anew for each copy), then runs `python -m ipu_packing.data prepare` on it in a
 child process under a descriptor limit of --nofile, and prints: wall and CPU seconds (the child and its
 workers), instances/s and tokens/s, the peak RSS of the largest process (getrusage of the waited-for
-descendants) and, sampled from /proc, of the prepare process and of its largest worker, the most descriptors open at once (sampled from /proc every 20 ms: in one process and in
-all of them together), and the output's size on disk. Building the corpus is not timed.
+descendants) and, sampled from /proc, of the prepare process and of its largest worker, the most
+descriptors open at once (sampled from /proc every 20 ms: in one process and in all of them together),
+and the output's size on disk. Building the corpus is not timed.
 """
 
 from __future__ import annotations

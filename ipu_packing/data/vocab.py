@@ -306,4 +306,5 @@ def train_default_vocab(sentences: Sequence[str], vocab_size: int = DEFAULT_VOCA
     vocab = [""] * len(by_id)
     for token, i in by_id.items():
         vocab[i] = token
-    return TokenizerSpec(vocab, True, source="default (WordPiece trained on the default corpus, %d tokens)" % len(vocab))
+    return TokenizerSpec(vocab, True,
+                         source="default (WordPiece trained on the default corpus, %d tokens)" % len(vocab))

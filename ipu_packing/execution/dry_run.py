@@ -44,10 +44,10 @@ def _fused_qkv(model_config) -> bool:
 
 def module_parameters(model_config) -> Dict[str, int]:
     """Parameter count of every placed module (BertForPreTraining layout, tied decoder counted once)."""
-    H, I, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
+    H, FF, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
     P, T = model_config.max_position_embeddings, model_config.type_vocab_size
     counts = {"bert.embeddings": (V + P + T) * H + 2 * H}
-    per_layer = 4 * (H * H + H) + 2 * H + (H * I + I) + (I * H + H) + 2 * H  # attention, LN, FFN, LN
+    per_layer = 4 * (H * H + H) + 2 * H + (H * FF + FF) + (FF * H + H) + 2 * H  # attention, LN, FFN, LN
     for i in range(model_config.num_hidden_layers):
         counts["bert.encoder.layer.%d" % i] = per_layer
     counts["bert.pooler"] = H * H + H
@@ -59,11 +59,11 @@ def module_parameters(model_config) -> Dict[str, int]:
 def largest_tensors(model_config) -> Dict[str, int]:
     """Elements of the largest parameter tensor of every placed module (the tied decoder weight counted with
     the embeddings; a fused QKV weight is one (3H, H) tensor)."""
-    H, I, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
+    H, FF, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
     P = model_config.max_position_embeddings
     largest = {"bert.embeddings": max(V, P, model_config.type_vocab_size) * H}
     for i in range(model_config.num_hidden_layers):
-        largest["bert.encoder.layer.%d" % i] = max((3 if _fused_qkv(model_config) else 1) * H * H, H * I)
+        largest["bert.encoder.layer.%d" % i] = max((3 if _fused_qkv(model_config) else 1) * H * H, H * FF)
     largest["bert.pooler"] = H * H
     largest["cls"] = max(H * H, V, 2 * H)
     return largest
@@ -94,11 +94,11 @@ def stash_depths(num_groups: int) -> List[int]:
 def layer_activation_elements(model_config, micro_batch: int, seq_len: int) -> Tuple[int, int]:
     """(kept, peak) activation elements of one encoder layer (estimate): ``kept`` is what its backward reads
     (q, k, v, context, attention-output LayerNorm input and output, FFN input to the second LayerNorm: 7 of
-    (B, S, H); the FFN's pre- and post-GELU (B, S, I); the attention probabilities (B, N, S, S)); ``peak`` adds
-    the two (B, N, S, S) gradients (of the probabilities and of the scores) live in the attention backward."""
+    (B, S, H); the FFN's pre- and post-GELU (B, S, FF); the attention probabilities (B, N, S, S)); ``peak``
+    adds the two (B, N, S, S) gradients (of the probabilities and of the scores) live in the attention backward."""
     B, S = micro_batch, seq_len
-    H, I, N = model_config.hidden_size, model_config.intermediate_size, model_config.num_attention_heads
-    kept = B * S * (7 * H + 2 * I) + B * N * S * S
+    H, FF, N = model_config.hidden_size, model_config.intermediate_size, model_config.num_attention_heads
+    kept = B * S * (7 * H + 2 * FF) + B * N * S * S
     return kept, kept + 2 * B * N * S * S
 
 
@@ -281,7 +281,8 @@ def ipu_memory_lines(
         ("* fused QKV: %s" % fused, "saved_fused_qkv", _fmt_bytes),
     ]
     width = 44
-    lines = ["Memory per IPU (* = estimate; /R = sharded over an instance's R replicas; see ipu_packing/execution/dry_run.py)"]
+    lines = ["Memory per IPU (* = estimate; /R = sharded over an instance's R replicas; "
+             "see ipu_packing/execution/dry_run.py)"]
     lines.append("  %-*s" % (width, "") + "".join("%11s" % ("IPU %d" % d) for d in range(len(rows))))
     for label, key, fmt in table:
         cells = "" if key is None else "".join("%11s" % ("-" if r[key] is None else fmt(r[key])) for r in rows)
@@ -373,7 +374,8 @@ def dry_run_report(
                          % (d, _fmt_count(r["params"]), _fmt_bytes(r["weights"]), _fmt_bytes(r["gradients"]),
                             _fmt_bytes(r["optimizer"]), _fmt_bytes(r["total"])))
     if not ipu and e.num_stages > 1 and e.replication_factor > 1:
-        lines.append("  note: backend torch runs DDP replication or a pipeline, not both: make_runner refuses this config")
+        lines.append("  note: backend torch runs DDP replication or a pipeline, not both: "
+                     "make_runner refuses this config")
     if not ipu and e.num_stages > 1:
         lines.append("  (the last stage holds a copy of the tied word embedding; their gradients are summed each step)")
     lines.append("")

@@ -226,7 +226,8 @@ class HorovodGroup(InstanceGroup):
         if (hvd.size(), hvd.rank()) != (launch.num_instances, launch.instance):
             raise LaunchError(
                 "horovod reports process %d of %d but popdist instance %d of %d: launch the run with poprun, "
-                "which starts one process per instance" % (hvd.rank(), hvd.size(), launch.instance, launch.num_instances))
+                "which starts one process per instance"
+                % (hvd.rank(), hvd.size(), launch.instance, launch.num_instances))
         self.num_instances, self.instance = launch.num_instances, launch.instance
         self.transport = "horovod.torch (collectives over the network)"
 
@@ -255,7 +256,8 @@ class DirectoryGroup(InstanceGroup):
     Each file is written whole and renamed into place. An instance that waits longer than ``timeout``
     seconds raises InstancesUnreachable naming what it did not see."""
 
-    def __init__(self, directory: str, launch: "Launch", timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, directory: str, launch: "Launch", timeout: float,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.directory = directory
         self.num_instances, self.instance = launch.num_instances, launch.instance
         self.timeout = timeout

@@ -340,7 +340,8 @@ class PoptorchRunner:
 
     def train_step(self, batch) -> StepMetrics:
         if self.config.compile_only:
-            raise RuntimeError("execution.compile_only: call runner.compile(batch), nothing can run on an offline target")
+            raise RuntimeError("execution.compile_only: call runner.compile(batch), "
+                               "nothing can run on an offline target")
         outputs = self.executor(*self._args(batch))
         # Mean of what came back, divided by the micro batches summed into each value (output_mode "sum").
         summed = self.config.output_sum_count

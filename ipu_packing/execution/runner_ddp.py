@@ -28,7 +28,8 @@ class TorchRunner:
 
     def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None) -> None:
         if config.num_stages != 1:
-            raise ValueError("TorchRunner runs one stage; use PipelineRunner for layers_per_ipu %r" % config.layers_per_ipu)
+            raise ValueError("TorchRunner runs one stage; use PipelineRunner for layers_per_ipu %r"
+                             % config.layers_per_ipu)
         self.config = config
         self.rank, self.world, self.device = init_distributed(config)
         self.model = model.to(self.device)

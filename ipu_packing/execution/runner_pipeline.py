@@ -103,12 +103,13 @@ class PipelineRunner:
         part_stage = torch_stages(stages, self.world)
         self.plan = plan_placement(num_layers, config)
         self.inputs = tuple(stages.inputs)  # the model's forward arguments, in its order
-        self.stage_modules = [_Stage(model, stages, part_stage, s, self.world, config, self.device) for s in range(self.world)]
+        self.stage_modules = [_Stage(model, stages, part_stage, s, self.world, config, self.device)
+                              for s in range(self.world)]
         self.stage_module = self.stage_modules[self.rank]
         self._scale = float(config.loss_scaling) if config.precision == "fp16" else 1.0
         self._pipelining = pipelining
         self.schedule = None
-        self._shared = None  # type: Optional[List[torch.nn.Parameter]]
+        self._shared: Optional[List[torch.nn.Parameter]] = None
         self._dist = dist
 
     def _build_schedule(self, batch) -> None:

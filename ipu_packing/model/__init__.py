@@ -7,7 +7,8 @@ in each sequence, MLM only at the masked slots, NSP once per sequence from its o
 Use:
 
     from ipu_packing.model import PackedBertForPreTraining, PackedBertOutput
-    model = PackedBertForPreTraining(transformers.BertConfig(...), attention=None)  # "dense" | "sdpa" | "flex" | "varlen"
+    # attention: None (the default) | "dense" | "sdpa" | "flex" | "varlen"
+    model = PackedBertForPreTraining(transformers.BertConfig(...), attention=None)
     out = model(input_ids=..., token_type_ids=..., position_ids=..., sequence_ids=...,   # each (B, S)
                 mlm_positions=..., mlm_labels=...,                                      # each (B, M)
                 cls_positions=..., nsp_labels=...)                                      # each (B, K)

@@ -179,7 +179,7 @@ def varlen_layout(sequence_ids: torch.Tensor, kernel: Optional[str] = None) -> V
     groups = ()  # type: Tuple[torch.Tensor, ...]
     if kernel == "grouped":
         starts = offsets[:-1]
-        by_length = {}  # type: Dict[int, List[int]]
+        by_length: Dict[int, List[int]] = {}
         for i, n in enumerate(lengths):
             by_length.setdefault(n, []).append(i)
         built = []
@@ -197,7 +197,8 @@ def varlen_attend(
     """(B, N, S, D) q, k, v -> (B, N, S, D): SDPA within each sequence of ``layout``; zeros at padding."""
     batch, heads, length, size = query.shape
     if (batch, length) != (layout.batch, layout.length):
-        raise ValueError("varlen layout is for (B, S) = %r, inputs are %r" % ((layout.batch, layout.length), (batch, length)))
+        raise ValueError("varlen layout is for (B, S) = %r, inputs are %r"
+                         % ((layout.batch, layout.length), (batch, length)))
     p = dropout.p if dropout.training else 0.0
 
     def tokens(x: torch.Tensor) -> torch.Tensor:

@@ -146,7 +146,8 @@ def _main(argv: Optional[List[str]]) -> int:
             args.batch, args.max_seq_length, args.max_sequences_per_pack, args.max_predictions_per_seq, args.vocab_size,
             generator
         ),
-        "padded": make_batch(args.batch, args.max_seq_length, 1, args.max_predictions_per_seq, args.vocab_size, generator),
+        "padded": make_batch(args.batch, args.max_seq_length, 1, args.max_predictions_per_seq, args.vocab_size,
+                             generator),
     }
     workloads = {name: {k: v.to(device) for k, v in fields.items()} for name, fields in workloads.items()}
     autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
@@ -187,7 +188,8 @@ def _main(argv: Optional[List[str]]) -> int:
     print(
         "shape: B=%d S=%d; packed K=%d M=%d; padded K=1 M=%d; %d timed steps each (median), %d warm-up"
         % (args.batch, args.max_seq_length, args.max_sequences_per_pack,
-           workloads["packed"]["mlm_labels"].shape[1], workloads["padded"]["mlm_labels"].shape[1], args.steps, args.warmup)
+           workloads["packed"]["mlm_labels"].shape[1], workloads["padded"]["mlm_labels"].shape[1], args.steps,
+           args.warmup)
     )
     fastest = {name: min(values) for name, values in times.items()}
     print("%-8s %14s %14s %14s %12s %14s" % ("run", "median ms/pack", "min ms/pack", "cpu ms/pack", "seq/s",

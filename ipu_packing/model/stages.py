@@ -105,7 +105,8 @@ def pretraining_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> S
     counts = list(layers_per_ipu) or [num_layers]
     if sum(counts) != num_layers or any(n < 0 for n in counts):
         raise ValueError(
-            "layers_per_ipu %r places %d encoder layers but the model has %d" % (list(layers_per_ipu), sum(counts), num_layers)
+            "layers_per_ipu %r places %d encoder layers but the model has %d"
+            % (list(layers_per_ipu), sum(counts), num_layers)
         )
     parts = [Part("Embedding", "bert.embeddings", ("bert.embeddings",), 0, _EMBEDDING_FIELDS, (HIDDEN,))]
     layer = 0
@@ -113,7 +114,8 @@ def pretraining_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> S
         for _ in range(n):
             path = "bert.encoder.layer.%d" % layer
             parts.append(
-                Part("Encoder%d" % layer, path, (path,), device, (HIDDEN, _MASK_FIELD), (HIDDEN,), checkpoint_output=True)
+                Part("Encoder%d" % layer, path, (path,), device, (HIDDEN, _MASK_FIELD), (HIDDEN,),
+                     checkpoint_output=True)
             )
             layer += 1
     parts.append(Part("Heads", "cls", ("bert.pooler", "cls"), 0, (HIDDEN,) + _LABEL_FIELDS, (OUTPUT,)))

@@ -67,8 +67,10 @@ def add_lp_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="python -m ipu_packing.packing", description="Plan sequence packing for a length histogram.")
-    parser.add_argument("--histogram", required=True, help=".npy, .txt (one count per line) or .json; bin i = length i + 1")
+    parser = ArgumentParser(prog="python -m ipu_packing.packing",
+                            description="Plan sequence packing for a length histogram.")
+    parser.add_argument("--histogram", required=True,
+                        help=".npy, .txt (one count per line) or .json; bin i = length i + 1")
     parser.add_argument("--max-seq-length", type=parse_length, default=None,
                         help="S, pack size in tokens (default: the JSON file's max_sequence_length)")
     parser.add_argument("--max-sequence-length", dest="max_seq_length", type=parse_length, default=argparse.SUPPRESS,
@@ -103,7 +105,8 @@ def format_table(plan: PackingPlan, top: int) -> str:
     ]
     if plan.lower_bound_packs is not None:
         rows += [
-            ("LP lower bound (packs)", "{:,.3f} -> at least {:,}".format(plan.lower_bound_packs, plan.lower_bound_integer)),
+            ("LP lower bound (packs)",
+             "{:,.3f} -> at least {:,}".format(plan.lower_bound_packs, plan.lower_bound_integer)),
             ("packs above the bound", "{:,}".format(plan.packs_above_bound)),
             ("best possible efficiency", "{:.4%}".format(plan.efficiency_bound)),
         ]

@@ -25,7 +25,7 @@ import numbers
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -176,7 +176,8 @@ def _validate(histogram, max_seq_length, max_sequences_per_pack, algorithm) -> n
         raise InputError("max_seq_length must be at most %d, got %d" % (MAX_SEQ_LENGTH, max_seq_length))
     if max_sequences_per_pack is not None:
         if isinstance(max_sequences_per_pack, bool) or not isinstance(max_sequences_per_pack, numbers.Integral):
-            raise InputError("max_sequences_per_pack must be an integer >= 1 or None, got %r" % (max_sequences_per_pack,))
+            raise InputError("max_sequences_per_pack must be an integer >= 1 or None, got %r"
+                             % (max_sequences_per_pack,))
         if max_sequences_per_pack < 1:
             raise InputError("max_sequences_per_pack must be >= 1, got %d" % max_sequences_per_pack)
     try:
@@ -224,7 +225,7 @@ def _normalise(strategies, repeats, hist: np.ndarray) -> Tuple[Tuple[Tuple[int, 
     Dropping a sequence from a pack never adds a pack (a pack left empty disappears), so the
     pack count can only fall. Raises AssertionError if the strategies hold too few sequences.
     """
-    counts = {}  # type: Dict[Tuple[int, ...], int]
+    counts: Dict[Tuple[int, ...], int] = {}
     for strategy, count in zip(strategies, repeats):
         count = int(count)
         if count > 0 and len(strategy) > 0:

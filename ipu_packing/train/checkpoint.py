@@ -181,7 +181,8 @@ def is_hf_dir(path: str) -> bool:
         return False
     return any(
         os.path.isfile(os.path.join(path, name))
-        for name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+        for name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                     "pytorch_model.bin.index.json")
     )
 
 
@@ -194,7 +195,8 @@ def load_phase1_weights(model: torch.nn.Module, source: str, model_cls) -> Optio
         try:
             loaded = model_cls.from_pretrained(source)
         except Exception as exc:
-            raise UserError("cannot load phase-1 weights from %s (%s: %s)" % (source, type(exc).__name__, _one_line(exc)))
+            raise UserError("cannot load phase-1 weights from %s (%s: %s)"
+                            % (source, type(exc).__name__, _one_line(exc)))
         _check_same_architecture(model, loaded, source)
         model.load_state_dict(loaded.state_dict())
         vocab = os.path.join(source, "vocab.txt")
@@ -203,7 +205,8 @@ def load_phase1_weights(model: torch.nn.Module, source: str, model_cls) -> Optio
     if os.path.isdir(source):
         path = latest_checkpoint(source)
         if path is None:
-            raise UserError("checkpoint.init_from %s holds neither a Hugging Face BERT (config.json + weights) nor checkpoints" % (source,))
+            raise UserError("checkpoint.init_from %s holds neither a Hugging Face BERT (config.json + weights) "
+                            "nor checkpoints" % (source,))
     state = load_checkpoint(path)
     _check_state_shapes(model, state["model"], path)
     model.load_state_dict(state["model"])

@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="run_pretraining.py",
         description="BERT phase-2 pretraining on packed sequences (configs/*.yaml; overrides as section.key=value).",
     )
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config name in configs/ or a YAML path (default: %(default)s)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="config name in configs/ or a YAML path (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print placement, memory and batch sizes; train nothing")
     parser.add_argument("--list-configs", action="store_true", help="print the shipped config names")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="e.g. training.steps=20")

@@ -65,7 +65,8 @@ class PretrainingConfig:
             )
         hidden, heads = int(self.model.get("hidden_size", 768)), int(self.model.get("num_attention_heads", 12))
         if hidden % heads:
-            raise ConfigError("model.hidden_size %d is not a multiple of model.num_attention_heads %d" % (hidden, heads))
+            raise ConfigError("model.hidden_size %d is not a multiple of model.num_attention_heads %d"
+                              % (hidden, heads))
         self.unpacked_accumulation  # raises ConfigError when the batch does not divide
         self.execution  # raises ConfigError when a pipeline is too shallow for its accumulation
 
@@ -156,7 +157,8 @@ class BatchAccounting:
                                                 ex.replication_factor, " / packing factor %.3f" % packing_factor
                                                 if training.batch_accounting == "accumulation" else "")
             ) from None
-        return BatchAccounting(training.batch_accounting, float(packing_factor), unpacked, accumulation, betas, execution)
+        return BatchAccounting(training.batch_accounting, float(packing_factor), unpacked, accumulation, betas,
+                               execution)
 
     def describe(self) -> str:
         if self.method == "accumulation":

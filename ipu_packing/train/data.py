@@ -17,7 +17,8 @@ import torch
 from .checkpoint import file_sha256
 from .errors import UserError
 
-PREPARE_HINT = "python -m ipu_packing.data prepare --input default --output DIR --max-seq-length S --max-sequences-per-pack K"
+PREPARE_HINT = ("python -m ipu_packing.data prepare --input default --output DIR --max-seq-length S "
+                "--max-sequences-per-pack K")
 
 
 @dataclass
@@ -86,7 +87,8 @@ def read_training_data(path: str) -> TrainingData:
             raise UserError("dataset is corrupt: %s field %s is missing or not an integer" % (manifest_path, key))
         fields[key] = value
     if fields["num_packs"] < 1 or fields["num_sequences"] < fields["num_packs"]:
-        raise UserError("dataset is corrupt: %s says num_packs=%d, num_sequences=%d" % (manifest_path, fields["num_packs"], fields["num_sequences"]))
+        raise UserError("dataset is corrupt: %s says num_packs=%d, num_sequences=%d"
+                        % (manifest_path, fields["num_packs"], fields["num_sequences"]))
     vocab_path = os.path.join(path, "vocab.txt")
     vocab_path = vocab_path if os.path.isfile(vocab_path) else None
     return TrainingData(
@@ -116,7 +118,8 @@ def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
         raise UserError("dataset is corrupt: %s" % (message,))
     if len(dataset) != data.num_packs:
         raise UserError(
-            "dataset is corrupt: %s has %d packs, its manifest says num_packs=%d" % (data.path, len(dataset), data.num_packs)
+            "dataset is corrupt: %s has %d packs, its manifest says num_packs=%d"
+            % (data.path, len(dataset), data.num_packs)
         )
     data.dataset = dataset
     return data

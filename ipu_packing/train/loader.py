@@ -145,7 +145,8 @@ def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
         raise ConfigError("config %s must be a mapping of sections, got %s" % (path, type(raw).__name__))
     for key, value in raw.items():
         if key not in _TOP_KEYS:
-            raise ConfigError("unknown config section %r in %s (expected one of: %s)" % (key, path, ", ".join(_TOP_KEYS)))
+            raise ConfigError("unknown config section %r in %s (expected one of: %s)"
+                              % (key, path, ", ".join(_TOP_KEYS)))
         if key != "base" and value is not None and not isinstance(value, dict):
             raise ConfigError("config section %r in %s must be a mapping" % (key, path))
     base = raw.pop("base", None)

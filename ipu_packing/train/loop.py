@@ -155,7 +155,8 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
                 optimizer.load_state_dict(resume_state["optimizer"])
                 scheduler.load_state_dict(resume_state["scheduler"])
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-            raise UserError("checkpoint %s does not fit this config (%s)" % (resume_path, " ".join(str(exc).split())[:200]))
+            raise UserError("checkpoint %s does not fit this config (%s)"
+                            % (resume_path, " ".join(str(exc).split())[:200]))
     return RunPlan(config, data, accounting, model, optimizer, scheduler, resume_state, resume_path, steps_per_epoch,
                    changed)
 
@@ -165,7 +166,8 @@ def _steps_per_call(execution) -> int:
     return int(getattr(execution, "optimizer_steps_per_call", 1))
 
 
-def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Optional[Callable] = None) -> Dict[str, Any]:
+def execute(plan: RunPlan, log: Callable[[str], None] = print,
+            make_runner: Optional[Callable] = None) -> Dict[str, Any]:
     """Train to config.training.steps, holding the run directory's lock. Returns a summary dict (also
     written to run_dir/summary.json; a finished run returns the one it wrote and writes nothing)."""
     if make_runner is None:
@@ -182,7 +184,8 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print, make_runner: Opti
     writer = is_writer(runner)
     group = _instance_group(runner, run_dir)
     if group is not None:  # PopRun: the instances start alike or all stop, before anything is written
-        agree_on_start(group, step, plan.resume_state is not None, runner.model, log=log if writer else (lambda m: None))
+        agree_on_start(group, step, plan.resume_state is not None, runner.model,
+                       log=log if writer else (lambda m: None))
     lock = RunLock(run_dir) if writer else None
     refused = None  # type: Optional[UserError]
     if lock is not None:
@@ -238,7 +241,8 @@ def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int
         try:
             runner.load_optimizer_state_dict(plan.resume_state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
-            raise UserError("checkpoint %s does not fit this config (%s)" % (plan.resume_path, " ".join(str(exc).split())[:200]))
+            raise UserError("checkpoint %s does not fit this config (%s)"
+                            % (plan.resume_path, " ".join(str(exc).split())[:200]))
         per_rank = plan.resume_state.get("rng_per_rank") or [plan.resume_state["rng"]]
         ckpt.set_rng_state(per_rank[rank] if rank < len(per_rank) else plan.resume_state["rng"])
     # Under torchrun or poprun every process runs this loop; only the writer (the first) writes files and logs.
@@ -260,20 +264,23 @@ def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int
             ckpt.atomic_write_text(before, json.dumps(plan.resume_state.get("config"), indent=2, sort_keys=True) + "\n")
             log("checkpoint.resume=force: continuing with new values of %s (the old config is in %s)"
                 % (", ".join(plan.changed_on_resume), before))
-        ckpt.atomic_write_text(os.path.join(run_dir, "config.json"), json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+        ckpt.atomic_write_text(os.path.join(run_dir, "config.json"),
+                               json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
         if plan.resume_state is not None:
             ckpt.truncate_jsonl(jsonl, step)
         elif os.path.exists(jsonl):
             os.unlink(jsonl)  # a fresh run in a directory without checkpoints
     if plan.resume_state is not None:
-        log("resuming from %s at step %d (epoch %d, batch %d of %d)" % (plan.resume_path, step, epoch, position, plan.steps_per_epoch))
+        log("resuming from %s at step %d (epoch %d, batch %d of %d)"
+            % (plan.resume_path, step, epoch, position, plan.steps_per_epoch))
     if group is not None and not group.reduces_metrics:
         log("note: no horovod.torch: each step's metrics are instance 0's share (1 of %d instances; \"instances\": 1 "
             "in metrics.jsonl); install the Poplar SDK's horovod wheel to reduce them over the instances"
             % (group.num_instances,))
     log(data.describe())
     log(accounting.describe())
-    log("training %s: %d steps, %d steps per epoch, run directory %s" % (config.name, total, plan.steps_per_epoch, run_dir))
+    log("training %s: %d steps, %d steps per epoch, run directory %s"
+        % (config.name, total, plan.steps_per_epoch, run_dir))
 
     logger = MetricsLogger(run_dir, total, step, config.logging if main else _silent(config.logging), log=log)
     last_saved = plan.resume_path
@@ -284,7 +291,8 @@ def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int
     try:
         while step < total:
             order = data.epoch_order(config.training.seed, epoch)
-            subset = torch.utils.data.Subset(data.dataset, order[position * per_step : plan.steps_per_epoch * per_step].tolist())
+            subset = torch.utils.data.Subset(data.dataset,
+                                             order[position * per_step : plan.steps_per_epoch * per_step].tolist())
             loader = runner.dataloader(subset, num_workers=config.data.num_workers)
             # Creating a DataLoader iterator draws a base seed from torch's global RNG; keep the
             # RNG stream independent of where a run was resumed.
@@ -301,7 +309,8 @@ def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int
                 lr = float(plan.optimizer.param_groups[0]["lr"])
                 step += calls
                 position += calls
-                mine = {k: float(getattr(metrics, k)) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
+                mine = {k: float(getattr(metrics, k))
+                        for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
                 mine.update(sequences=int(metrics.sequences), tokens=int(metrics.tokens), packs=batch_rows(batch),
                             seconds=seconds, compile_seconds=compile_seconds)
                 whole = reduce_step(group, mine, step)  # every PopRun instance's share (a collective with horovod)
@@ -310,7 +319,8 @@ def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int
                         "loss is %s at step %d: the run diverged and stopped; the last checkpoint finite "
                         "throughout is %s" % (whole["loss"], step, last_saved or "none (no checkpoint was written yet)")
                     )
-                rows, sequences, tokens, seconds = int(whole["packs"]), int(whole["sequences"]), int(whole["tokens"]), whole["seconds"]
+                rows, sequences, tokens, seconds = (int(whole["packs"]), int(whole["sequences"]), int(whole["tokens"]),
+                                                    whole["seconds"])
                 record = StepRecord(
                     step=step,
                     loss=whole["loss"],
@@ -351,7 +361,8 @@ def _train(plan: RunPlan, runner, rank: int, writer: bool, step: int, epoch: int
                     break
             if step < total and position != 0:  # the loader stopped early: its batches are not global_batch_packs
                 raise TrainingError(
-                    "the data loader gave fewer batches than %d per epoch; batch size mismatch" % (plan.steps_per_epoch,)
+                    "the data loader gave fewer batches than %d per epoch; batch size mismatch"
+                    % (plan.steps_per_epoch,)
                 )
     finally:
         logger.close()
@@ -387,7 +398,8 @@ def _gathered(runner, obj) -> list:
     return parts
 
 
-def _save(plan: RunPlan, runner, step: int, epoch: int, position: int, record: StepRecord, optimizer_state, rng_states) -> str:
+def _save(plan: RunPlan, runner, step: int, epoch: int, position: int, record: StepRecord, optimizer_state,
+          rng_states) -> str:
     model = runner.model
     state = {
         "step": step,
@@ -422,7 +434,8 @@ def compile_only(
     if os.path.isfile(os.path.join(config.data.path, "manifest.json")):
         data = open_shards(read_training_data(config.data.path), open_dataset)
         check_data_matches(config, data)
-    accounting = config.batch_accounting(data.packing_factor if data is not None else config.data.packing_factor_estimate)
+    accounting = config.batch_accounting(data.packing_factor if data is not None
+                                         else config.data.packing_factor_estimate)
     seed_everything(config.training.seed)
     model = _model_class()(config.bert_config())
     optimizer = build_optimizer(model, config.optimizer, accounting.betas)
@@ -436,13 +449,15 @@ def compile_only(
     else:
         batch = _generated_batch(config, accounting.execution.packs_per_loader_item)
         source = "a generated batch (S=%d, K=%d, M=%d; no dataset at %s)" % (
-            config.data.max_seq_length, config.data.expected_sequences_per_pack, batch["mlm_positions"].shape[1], config.data.path)
+            config.data.max_seq_length, config.data.expected_sequences_per_pack, batch["mlm_positions"].shape[1],
+            config.data.path)
     start = time.perf_counter()
     runner.compile(batch)
     seconds = time.perf_counter() - start
     cache = accounting.execution.executable_cache_dir
     log("compile only: compiled (or loaded) the training step of %s for %s in %.1f s" % (config.name, source, seconds))
-    log("executable cache: %s" % (os.path.abspath(cache) if cache else "none (execution.executable_cache_dir is empty: nothing kept)"))
+    log("executable cache: %s"
+        % (os.path.abspath(cache) if cache else "none (execution.executable_cache_dir is empty: nothing kept)"))
     return {"config": config.name, "executable_cache": cache, "compile_seconds": seconds}
 
 

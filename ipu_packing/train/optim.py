@@ -18,7 +18,7 @@ Graphcore's app exempts biases from the trust ratio.
 from __future__ import annotations
 
 import math
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -79,7 +79,8 @@ class LAMB(torch.optim.Optimizer):
                     w_norm = w_norm.clamp(max=float(group["max_weight_norm"]))
                 u_norm = torch.linalg.vector_norm(update)
                 trust = torch.where(
-                    (w_norm > 0) & (u_norm > 0), w_norm / u_norm.clamp(min=torch.finfo(u_norm.dtype).tiny), torch.ones_like(w_norm)
+                    (w_norm > 0) & (u_norm > 0), w_norm / u_norm.clamp(min=torch.finfo(u_norm.dtype).tiny),
+                    torch.ones_like(w_norm),
                 )
                 p.add_(update * trust, alpha=-group["lr"])
         return loss
@@ -147,5 +148,6 @@ class WarmupDecay:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule_config, total_steps: int):
     warmup = int(math.floor(schedule_config.warmup_fraction * total_steps))
-    fn = WarmupDecay(total_steps, warmup, schedule_config.decay, schedule_config.poly_power, schedule_config.end_lr_fraction)
+    fn = WarmupDecay(total_steps, warmup, schedule_config.decay, schedule_config.poly_power,
+                     schedule_config.end_lr_fraction)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)

@@ -93,4 +93,5 @@ def check_resume_matches(config: PretrainingConfig, data: TrainingData, state: D
             % (path, str(fused).lower(), str(not fused).lower(), path)
         )
     if int(state["step"]) > config.training.steps:
-        raise UserError("checkpoint %s is at step %d, beyond training.steps=%d" % (path, state["step"], config.training.steps))
+        raise UserError("checkpoint %s is at step %d, beyond training.steps=%d"
+                        % (path, state["step"], config.training.steps))

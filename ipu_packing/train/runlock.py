@@ -30,7 +30,7 @@ class RunLock:
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, LOCK_NAME)
-        self._fd = None  # type: Optional[int]
+        self._fd: Optional[int] = None
         self.took_over = False
         """True when a lock file from a run that is no longer alive was found and taken over."""
 

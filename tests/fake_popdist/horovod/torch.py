@@ -36,8 +36,8 @@ Sum = "Sum"
 Min = "Min"
 Max = "Max"
 
-_state = {"rank": None, "size": None, "count": 0}  # type: Dict[str, Any]
-calls = []  # type: List[tuple]
+_state: Dict[str, Any] = {"rank": None, "size": None, "count": 0}
+calls: List[tuple] = []
 """(operation, name) of every collective this process ran (test helper)."""
 
 
@@ -77,7 +77,8 @@ def local_rank() -> int:
     return int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
 
 
-def _exchange(op: str, name: Optional[str], tensor: torch.Tensor, senders: Optional[List[int]] = None) -> List[torch.Tensor]:
+def _exchange(op: str, name: Optional[str], tensor: torch.Tensor,
+              senders: Optional[List[int]] = None) -> List[torch.Tensor]:
     """Every rank's tensor of this collective (only ``senders``' are read; all ranks write theirs)."""
     _need_init()
     n = _state["count"]
@@ -94,7 +95,7 @@ def _exchange(op: str, name: Optional[str], tensor: torch.Tensor, senders: Optio
     wanted = list(range(world)) if senders is None else senders
     timeout = float(os.environ.get(TIMEOUT_ENV, "60"))
     deadline = time.monotonic() + timeout
-    got = {}  # type: Dict[int, Dict[str, Any]]
+    got: Dict[int, Dict[str, Any]] = {}
     pause = 0.002
     while True:
         for r in wanted:
@@ -126,7 +127,8 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None, op: Optional[str] = None) -> torch.Tensor:
+def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+              op: Optional[str] = None) -> torch.Tensor:
     if op is None:
         op = Average if average is None or average else Sum
     stacked = torch.stack([p.to(tensor.dtype) for p in _exchange("allreduce", name, tensor)])

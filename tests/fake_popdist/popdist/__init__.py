@@ -42,7 +42,8 @@ def poprun_env(num_instances: int, num_replicas: int, ipus_per_replica: int, ins
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError("poprun: counts must be integers >= 1, got %r" % (value,))
     if num_replicas % num_instances:
-        raise ValueError("poprun: --num-replicas %d must be divisible by --num-instances %d" % (num_replicas, num_instances))
+        raise ValueError("poprun: --num-replicas %d must be divisible by --num-instances %d"
+                         % (num_replicas, num_instances))
     if not 0 <= instance < num_instances:
         raise ValueError("poprun: instance %d of %d" % (instance, num_instances))
     return {
