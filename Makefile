@@ -11,7 +11,7 @@ DEMO_DATA  := $(OUT)/data/demo_128
 DEMO_512   := $(OUT)/data/demo_512
 BENCH_ARGS ?=
 
-.PHONY: venv test lint pretrain bench compare clean
+.PHONY: venv test test-fast lint pretrain bench compare clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,10 @@ $(STAMP): requirements.txt
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# `make test-fast`: a developer's loop, the tests not marked slow (tests/conftest.py says which), on 2 workers.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" -n 2
 
 # `make lint`: ruff with the settings in pyproject.toml ([tool.ruff]); .ci/run runs it before `make test`.
 lint: $(STAMP)

@@ -61,3 +61,39 @@ def horovod(popdist, monkeypatch, tmp_path):
     import popdist_stand_in as pds
 
     return pds.install_horovod(monkeypatch, str(tmp_path / "network"))
+
+
+# The `slow` marker (pytest.ini): what `make test-fast` leaves out for a developer's loop. Whole modules whose
+# tests start processes, train or prepare real data, and single tests that take seconds (measured with
+# `pytest --durations=0` on the 2-core machine); tests may also carry @pytest.mark.slow themselves.
+SLOW_MODULES = {
+    "test_bench.py", "test_bench_config.py", "test_data_faults.py", "test_data_hashes.py", "test_data_scale.py",
+    "test_dry_run_cli.py", "test_entry_points.py", "test_error_path_warnings.py", "test_errors_table.py",
+    "test_execution_distributed.py", "test_execution_static_shapes.py", "test_golden_losses.py",
+    "test_ipu_configs_run.py", "test_packing_reference.py", "test_popdist.py", "test_popdist_agree.py",
+    "test_poptorch_dataloader.py", "test_train_pipeline_resume.py", "test_train_poptorch.py",
+    "test_train_runlock.py", "test_train_loop.py", "test_train_reliability.py", "test_app_cli.py",
+    "test_compat.py", "test_data_cli.py", "test_data.py", "test_data_existing.py", "test_execution_poptorch.py",
+    "test_execution_ipu_options.py", "test_packing_stopping.py", "test_packing_cli.py", "test_console_scripts.py",
+}
+SLOW_TESTS = (
+    "test_model_fused_qkv.py::test_a_two_stage_torch_pipeline_of_the_fused_model_matches_one_process",
+    "test_model_half.py::test_half_mlm_loss_against_the_fp32_copy_on_a_bert_sized_vocabulary",
+    "test_model_varlen.py::test_varlen_under_torch_compile_aot_eager",
+    "test_model.py::test_torch_compile_fullgraph_matches_eager",
+    "test_model_fused_qkv.py::test_the_fused_model_compiles_fullgraph_and_matches_eager",
+    "test_configs.py::test_demo_512_packed_steps_hold_as_many_sequences_as_the_padded_ones",
+    "test_packing_hashes.py::test_plan_hash_is_pinned[wikipedia",
+    "test_packing_hashes.py::test_without_highspy",
+    "test_packing_hashes.py::test_planning_imports_no_solver",
+    "test_model_varlen.py::test_bench_varlen",
+    "test_model.py::test_attention_paths_agree",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = os.path.basename(str(item.fspath))
+        node = name + "::" + item.name
+        if name in SLOW_MODULES or node.startswith(SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
