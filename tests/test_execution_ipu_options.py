@@ -31,9 +31,9 @@ API, POPART_ENUMS = NAMES.API, NAMES.POPART_ENUMS
 
 @pytest.fixture
 def poptorch(monkeypatch):
-    pt = si.load_stand_in()
-    monkeypatch.setitem(sys.modules, "poptorch", pt)
-    return pt
+    pt = si.install(monkeypatch)
+    yield pt
+    si.end_workers(pt)
 
 
 # What Graphcore's ipu_options.py:104-132 sets (graphcore/examples 3cc8f81f), written out here.
@@ -102,7 +102,7 @@ def test_graphcore_settings_arrive_for_every_shipped_config(poptorch, name):
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
-def test_lamb_types_and_dataloader_mode_arrive_through_the_runner(poptorch, name):
+def test_lamb_types_and_dataloader_mode_arrive_through_the_runner(poptorch, name, monkeypatch):
     # a tiny model, the config's settings
     e = ExecutionConfig(**dict(asdict(SHIPPED[name]), layers_per_ipu=[0, 1, 1], available_memory_proportion=[]))
     model = PackedBertForPreTraining(_tiny(2))
@@ -115,8 +115,10 @@ def test_lamb_types_and_dataloader_mode_arrive_through_the_runner(poptorch, name
     assert opt.kwargs["accum_type"] is torch.float16
     assert opt.kwargs["first_order_momentum_accum_type"] is torch.float32
     assert opt.kwargs["second_order_momentum_accum_type"] is torch.float32
-    loader = runner.dataloader([], num_workers=0)
-    assert loader.poptorch_mode is poptorch.DataLoaderMode.AsyncRebatched  # pretraining_data.py:260
+    asked = []  # the DataLoader's arguments (an asynchronous one would start its worker process)
+    monkeypatch.setattr(poptorch, "DataLoader", lambda *args, **kwargs: asked.append(kwargs))
+    runner.dataloader([], num_workers=0)
+    assert asked[0]["mode"] is poptorch.DataLoaderMode.AsyncRebatched  # pretraining_data.py:260
     # the tied decoder runs as a serialized matmul (factor 2 over the vocabulary)
     assert poptorch.serialized == []
     x = torch.randn(2, 3, model.config.hidden_size).half()

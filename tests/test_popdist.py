@@ -44,9 +44,9 @@ TINY = [
 
 @pytest.fixture
 def poptorch(monkeypatch):
-    pt = si.load_stand_in()
-    monkeypatch.setitem(sys.modules, "poptorch", pt)
-    return pt
+    pt = si.install(monkeypatch)
+    yield pt
+    si.end_workers(pt)
 
 
 @pytest.fixture
@@ -182,8 +182,11 @@ class Recorder(torch.utils.data.Dataset):
 
 
 def _instance_run(popdist, data_dir, run_dir, n, instance, *extra):
+    # The Recorder sees the reads made in this process: a Sync loader's. An asynchronous one (the shipped
+    # mode) reads in its worker process, from a pickled copy of the dataset.
     config = load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir,
-                                         "execution.num_instances=%d" % n] + list(extra))
+                                         "execution.num_instances=%d" % n, "execution.dataloader_mode=sync"]
+                         + list(extra))
     with pds.as_instance(popdist, n, REPLICAS, 2, instance):
         plan = plan_run(config, open_dataset=open_dataset)
         plan.data.dataset = recorder = Recorder(plan.data.dataset)
