@@ -83,7 +83,8 @@ def test_the_item_is_the_combined_batch_rebatched_by_the_worker(poptorch):
     assert sync.combinedBatchSize == 24 and len(sync) == 3
     expected = _rows(sync)
     assert expected == [list(range(24)), list(range(24, 48)), list(range(48, 72))]  # the short rest dropped
-    for mode, kwargs in ((Mode.Async, {}), (Mode.AsyncRebatched, {}), (Mode.AsyncRebatched, {"rebatched_worker_size": 5})):
+    for mode, kwargs in ((Mode.Async, {}), (Mode.AsyncRebatched, {}),
+                         (Mode.AsyncRebatched, {"rebatched_worker_size": 5})):
         loader = poptorch.DataLoader(opts, data, batch_size=2, mode=mode, **kwargs)
         assert len(loader) == 3 and _rows(b.clone() for b in loader) == expected, (mode, kwargs)
     # without drop_last the worker hands out the short rest as a last, smaller element

@@ -1190,9 +1190,11 @@ class _AsynchronousWorker:
                 self._command_pipe.send(_HostCommand.Shutdown)
             except (BrokenPipeError, OSError):
                 pass
+        # PopTorch's worker writes to shared memory and polls its commands; the stand-in's may be blocked
+        # sending an element through a full pipe: closing the host's end ends that send
+        self._data_pipe.close()
         self._process.join()
-        for pipe in (self._command_pipe, self._data_pipe):
-            pipe.close()
+        self._command_pipe.close()
 
     def _receive(self):
         try:
@@ -1319,7 +1321,7 @@ class _AsynchronousWorkerProcess:
             self._mainLoopNoInterrupt(conn, command_pipe)
         except KeyboardInterrupt:
             pass
-        except (EOFError, BrokenPipeError):  # the host is gone
+        except (EOFError, BrokenPipeError, ConnectionResetError):  # the host is gone, or shut the worker down
             pass
 
     def _mainLoopNoInterrupt(self, conn, command_pipe) -> None:
