@@ -259,8 +259,10 @@ def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state
 @pytest.mark.parametrize("n", INSTANCES)
 def test_the_instance_s_dataloader_workers_read_disjoint_parts(popdist, n):
     """Instance and worker together: each instance's DataLoader (2 worker processes) deals its own slice of
-    each step to its workers; over all instances and workers every item comes once."""
-    config = _execution(n, device_iterations=1)
+    each step to its workers; over all instances and workers every item comes once. (A Sync loader: an
+    asynchronous one deals the same way inside its accessor's worker, whose torch workers forkserver starts,
+    a few seconds each here; test_poptorch_dataloader.py runs that once.)"""
+    config = _execution(n, device_iterations=1, dataloader_mode="sync")
     G = config.global_batch_packs
     items = list(range(3 * G + 7))  # three whole steps and a remainder nobody reads
     seen = Counter()

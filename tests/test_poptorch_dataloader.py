@@ -73,6 +73,15 @@ def test_sync_reads_here_async_reads_in_a_worker_started_by_the_sharing_strategy
         assert (parent == os.getpid()) is our_child, strategy
         assert int(got[0][0, 3]) == (7 if forked else 0), strategy
         loader.terminate()
+    # with torch workers of its own: they read, in the worker's child processes (started by the worker's
+    # own start method, forkserver), and the worker puts their batches together in order
+    loader = poptorch.DataLoader(opts, data, batch_size=2, num_workers=2,
+                                 mode=poptorch.DataLoaderMode.AsyncRebatched)
+    worker = loader._accessor.worker_pid
+    got = [b.clone() for b in loader]
+    assert _rows(got) == _rows([first, second])
+    readers = {int(p) for b in got for p in b[:, 1]}
+    assert len(readers) == 2 and worker not in readers and os.getpid() not in readers
 
 
 def test_the_item_is_the_combined_batch_rebatched_by_the_worker(poptorch):
