@@ -9,7 +9,6 @@ import json
 import math
 import os
 import socket
-import sys
 
 import numpy as np
 import pytest

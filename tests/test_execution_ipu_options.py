@@ -9,7 +9,6 @@ ipu_options.py, optimization.py, configs_pretraining.yml, pretraining_data.py), 
 from __future__ import annotations
 
 import inspect
-import sys
 import types
 from dataclasses import asdict
 
