@@ -159,7 +159,10 @@ class Timed:
         scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)
         self.runner = make_runner(model, optimizer, accounting.execution, scheduler=scheduler)
         rng = torch.get_rng_state()
-        self.batches = list(self.runner.dataloader(Rows(packs), num_workers=0))
+        # A copy of each batch: an asynchronous poptorch.DataLoader (the IPU configs' mode) hands out the memory
+        # of its ring buffer, which its worker refills once the next batch is asked for.
+        self.batches = [{k: v.clone() for k, v in batch.items()}
+                        for batch in self.runner.dataloader(Rows(packs), num_workers=0)]
         torch.set_rng_state(rng)
         self.compile_seconds = self.warmup_seconds = 0.0
         self.seconds: List[float] = []

@@ -1,11 +1,11 @@
 """Loading the PopDist stand-in (tests/fake_popdist/popdist) and simulating poprun's instances.
 
-Like the PopTorch stand-in it is never on sys.path: ``install`` loads it from its files as the package
-``popdist`` (with ``popdist.poptorch``, built on the ``poptorch`` already in sys.modules) for one test, and
-``as_instance`` sets the environment poprun gives one instance. ``install_horovod`` loads the Horovod
-stand-in (tests/fake_popdist/horovod) as ``horovod`` + ``horovod.torch``, exchanging through a directory the
-test names; ``without_horovod`` makes ``import horovod.torch`` fail. A subprocess gets them with
-``PYTHONPATH=STAND_IN_DIR``.
+Like the PopTorch stand-in it is on sys.path only during the test that installs it: ``install`` loads it from
+its files as the package ``popdist`` (with ``popdist.poptorch``, built on the ``poptorch`` already in
+sys.modules) for one test, and ``as_instance`` sets the environment poprun gives one instance.
+``install_horovod`` loads the Horovod stand-in (tests/fake_popdist/horovod) as ``horovod`` + ``horovod.torch``,
+exchanging through a directory the test names; ``without_horovod`` makes ``import horovod.torch`` fail. A
+subprocess gets them with ``PYTHONPATH=STAND_IN_DIR``.
 """
 
 from __future__ import annotations
@@ -19,12 +19,15 @@ STAND_IN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_po
 
 
 def install(monkeypatch):
-    """Load the stand-in as ``popdist`` + ``popdist.poptorch`` into sys.modules (undone after the test)."""
+    """Load the stand-in as ``popdist`` + ``popdist.poptorch`` into sys.modules, and put STAND_IN_DIR on sys.path
+    (for the worker processes of an asynchronous DataLoader, which unpickle the popdist Options), both undone
+    after the test."""
     package_dir = os.path.join(STAND_IN_DIR, "popdist")
     spec = importlib.util.spec_from_file_location("popdist", os.path.join(package_dir, "__init__.py"),
                                                   submodule_search_locations=[package_dir])
     popdist = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "popdist", popdist)
+    monkeypatch.syspath_prepend(STAND_IN_DIR)
     spec.loader.exec_module(popdist)
     sub = importlib.util.spec_from_file_location("popdist.poptorch", os.path.join(package_dir, "poptorch.py"))
     module = importlib.util.module_from_spec(sub)

@@ -1,14 +1,17 @@
 """Loading the PopTorch stand-in (tests/fake_poptorch/poptorch) and the tiny models and batches its tests use.
 
 The stand-in is loaded from its file under the name ``poptorch`` and put in ``sys.modules`` for one test
-(fresh each time); it is never on sys.path, so tests/test_execution_ipu.py only ever imports the real one.
-A subprocess gets it with ``PYTHONPATH=STAND_IN_DIR``.
+(fresh each time); it is never on sys.path outside such a test, so tests/test_execution_ipu.py only ever
+imports the real one. ``install`` also puts STAND_IN_DIR on sys.path for the test, as an installed poptorch
+would be there: the worker process of an asynchronous DataLoader (started by forkserver or spawn) imports
+poptorch to unpickle the loader. A subprocess gets it with ``PYTHONPATH=STAND_IN_DIR``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from typing import Dict, Sequence
 
 import numpy as np
@@ -27,6 +30,25 @@ def load_stand_in():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def install(monkeypatch):
+    """A fresh stand-in as ``poptorch`` for one test: in sys.modules and importable from sys.path (by the
+    DataLoader's worker processes), both undone after the test. The fixture calls ``end_workers`` after it."""
+    module = load_stand_in()
+    monkeypatch.setitem(sys.modules, "poptorch", module)
+    monkeypatch.syspath_prepend(STAND_IN_DIR)
+    # Speed only: the forkserver (started once, by the first worker) imports torch, so each worker it forks
+    # has it; every worker still re-imports the test process's __main__ and the stand-in itself.
+    torch.multiprocessing.set_forkserver_preload(["torch"])
+    return module
+
+
+def end_workers(module) -> None:
+    """End the worker of every asynchronous DataLoader the stand-in ``module`` made (PopTorch's atexit hook
+    would keep each alive until the interpreter exits)."""
+    for accessor in module.accessors:
+        accessor.terminate()
 
 
 def tiny_model(num_layers: int, seed: int = 0, attention: str = "dense", dropout: float = 0.1) -> PackedBertForPreTraining:

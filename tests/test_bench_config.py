@@ -9,7 +9,6 @@ import json
 import math
 import os
 import socket
-import sys
 
 import numpy as np
 import pytest
@@ -123,9 +122,14 @@ def test_histogram_sequences_through_the_config(data_dir, tmp_path):
     assert r["theoretical_speedup"] == r["packed"]["sequences"] / float(r["packed"]["rows"])
 
 
-def test_poptorch_runner_under_the_stand_in_reports_compile_time(data_dir, monkeypatch):
-    poptorch = si.load_stand_in()
-    monkeypatch.setitem(sys.modules, "poptorch", poptorch)
+@pytest.fixture
+def poptorch(monkeypatch):
+    pt = si.install(monkeypatch)
+    yield pt
+    si.end_workers(pt)
+
+
+def test_poptorch_runner_under_the_stand_in_reports_compile_time(data_dir, poptorch):
     overrides = TINY + ["data.dir=%s" % data_dir, "execution.backend=poptorch", "execution.layers_per_ipu=[1,1]",
                         "execution.use_ipu_model=true", "execution.micro_batch_size=1", "training.global_batch_sequences=12",
                         "execution.device_iterations=2"]

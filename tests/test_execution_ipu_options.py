@@ -9,7 +9,6 @@ ipu_options.py, optimization.py, configs_pretraining.yml, pretraining_data.py), 
 from __future__ import annotations
 
 import inspect
-import sys
 import types
 from dataclasses import asdict
 
@@ -31,9 +30,9 @@ API, POPART_ENUMS = NAMES.API, NAMES.POPART_ENUMS
 
 @pytest.fixture
 def poptorch(monkeypatch):
-    pt = si.load_stand_in()
-    monkeypatch.setitem(sys.modules, "poptorch", pt)
-    return pt
+    pt = si.install(monkeypatch)
+    yield pt
+    si.end_workers(pt)
 
 
 # What Graphcore's ipu_options.py:104-132 sets (graphcore/examples 3cc8f81f), written out here.
@@ -68,7 +67,7 @@ def test_the_stand_in_knows_only_the_real_names(poptorch):
     assert opts.calls == []
     with pytest.raises(TypeError, match=r"unexpected arguments \['first_order_momentum_accum_type'\]"):
         poptorch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1, first_order_momentum_accum_type=torch.half)
-    assert set(inspect.signature(poptorch.DataLoader).parameters) - {"kwargs"} <= {
+    assert set(inspect.signature(poptorch.DataLoader.__init__).parameters) - {"self", "kwargs"} <= {
         n.split(".", 1)[1] for n in API["param"] if n.startswith("DataLoader.")}
     with pytest.raises(poptorch.Error, match="factor 3 is not a factor of the output channels 8"):
         poptorch.serializedMatMul(torch.ones(2, 4), torch.ones(4, 8), poptorch.MatMulSerializationMode.OutputChannels, 3)
@@ -102,7 +101,7 @@ def test_graphcore_settings_arrive_for_every_shipped_config(poptorch, name):
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
-def test_lamb_types_and_dataloader_mode_arrive_through_the_runner(poptorch, name):
+def test_lamb_types_and_dataloader_mode_arrive_through_the_runner(poptorch, name, monkeypatch):
     # a tiny model, the config's settings
     e = ExecutionConfig(**dict(asdict(SHIPPED[name]), layers_per_ipu=[0, 1, 1], available_memory_proportion=[]))
     model = PackedBertForPreTraining(_tiny(2))
@@ -115,8 +114,10 @@ def test_lamb_types_and_dataloader_mode_arrive_through_the_runner(poptorch, name
     assert opt.kwargs["accum_type"] is torch.float16
     assert opt.kwargs["first_order_momentum_accum_type"] is torch.float32
     assert opt.kwargs["second_order_momentum_accum_type"] is torch.float32
-    loader = runner.dataloader([], num_workers=0)
-    assert loader.poptorch_mode is poptorch.DataLoaderMode.AsyncRebatched  # pretraining_data.py:260
+    asked = []  # the DataLoader's arguments (an asynchronous one would start its worker process)
+    monkeypatch.setattr(poptorch, "DataLoader", lambda *args, **kwargs: asked.append(kwargs))
+    runner.dataloader([], num_workers=0)
+    assert asked[0]["mode"] is poptorch.DataLoaderMode.AsyncRebatched  # pretraining_data.py:260
     # the tied decoder runs as a serialized matmul (factor 2 over the vocabulary)
     assert poptorch.serialized == []
     x = torch.randn(2, 3, model.config.hidden_size).half()

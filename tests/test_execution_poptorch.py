@@ -31,9 +31,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture
 def poptorch(monkeypatch):
-    pt = si.load_stand_in()
-    monkeypatch.setitem(sys.modules, "poptorch", pt)
-    return pt
+    pt = si.install(monkeypatch)
+    yield pt
+    si.end_workers(pt)
 
 
 def shipped_ipu_configs(multi_host: bool = False):
@@ -291,15 +291,19 @@ def test_dataloader_combined_batch_and_lr_schedule(poptorch):
     # combined batch = micro x device iterations x replication x accumulation
     assert config.combined_batch_packs == 2 * 2 * 1 * 5
     loader = runner.dataloader(PackDataset(si.packs(3 * config.combined_batch_packs)))
-    batches = list(loader)
-    assert len(batches) == 3 and batches[0]["input_ids"].shape[0] == 20 and loader.micro_batch_size == 2
-    metrics = [runner.train_step(b) for b in batches]
+    # an element of an asynchronous loader is valid until the next one is asked for: use it in the loop
+    rows, sequences, metrics = [], [], []
+    for batch in loader:
+        rows.append(batch["input_ids"].shape[0])
+        sequences.append(int((batch["nsp_labels"] != -100).sum()))
+        metrics.append(runner.train_step(batch))
+    assert rows == [20, 20, 20] and loader.micro_batch_size == 2
     # One host call = device_iterations optimizer steps: the scheduler steps twice per call, and the new
     # learning rate reaches the IPU through setOptimizer after every call that changed it.
     (ex,) = poptorch.executors
     assert [m.optimizer_steps for m in metrics] == [2, 2, 2]
     assert [lrs[0] for lrs in ex.set_optimizer_lrs] == [1e-3, 1e-3 * 0.5**2, 1e-3 * 0.5**4, 1e-3 * 0.5**6]
-    assert metrics[0].sequences == int((batches[0]["nsp_labels"] != -100).sum())
+    assert [m.sequences for m in metrics] == sequences
     assert metrics[0].loss > 0 and ex.calls == 3
 
 

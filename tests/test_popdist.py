@@ -44,9 +44,9 @@ TINY = [
 
 @pytest.fixture
 def poptorch(monkeypatch):
-    pt = si.load_stand_in()
-    monkeypatch.setitem(sys.modules, "poptorch", pt)
-    return pt
+    pt = si.install(monkeypatch)
+    yield pt
+    si.end_workers(pt)
 
 
 @pytest.fixture
@@ -188,8 +188,11 @@ class Recorder(torch.utils.data.Dataset):
 
 
 def _config(data_dir, run_dir, n, *extra):
+    # The Recorder sees the reads made in this process: a Sync loader's. An asynchronous one (the shipped
+    # mode) reads in its worker process, from a pickled copy of the dataset.
     return load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir,
-                                       "execution.num_instances=%d" % n] + list(extra))
+                                       "execution.num_instances=%d" % n, "execution.dataloader_mode=sync"]
+                       + list(extra))
 
 
 def _train_instance(data_dir, run_dir, n, *extra):
@@ -279,8 +282,10 @@ def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state
 @pytest.mark.parametrize("n", INSTANCES)
 def test_the_instance_s_dataloader_workers_read_disjoint_parts(popdist, n):
     """Instance and worker together: each instance's DataLoader (2 worker processes) deals its own slice of
-    each step to its workers; over all instances and workers every item comes once."""
-    config = _execution(n, device_iterations=1)
+    each step to its workers; over all instances and workers every item comes once. (A Sync loader: an
+    asynchronous one deals the same way inside its accessor's worker, whose torch workers forkserver starts,
+    a few seconds each here; test_poptorch_dataloader.py runs that once.)"""
+    config = _execution(n, device_iterations=1, dataloader_mode="sync")
     G = config.global_batch_packs
     items = list(range(3 * G + 7))  # three whole steps and a remainder nobody reads
     seen = Counter()

@@ -39,9 +39,9 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture
 def poptorch(monkeypatch):
-    pt = si.load_stand_in()
-    monkeypatch.setitem(sys.modules, "poptorch", pt)
-    return pt
+    pt = si.install(monkeypatch)
+    yield pt
+    si.end_workers(pt)
 
 
 def _config(data_dir, run_dir, *extra):

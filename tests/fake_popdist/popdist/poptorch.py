@@ -48,6 +48,8 @@ class _BlockedDistributed:
         return self._inner.numProcesses
 
     def __getattr__(self, name: str):
+        if name.startswith("_"):  # pickle looks attributes up before _inner is set
+            raise AttributeError(name)
         if name in _BLOCKED_DISTRIBUTED:
             return _refuse("Distributed." + name)
         return getattr(self._inner, name)
