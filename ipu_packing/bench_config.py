@@ -237,7 +237,8 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
             layout.sequences += int(metrics.sequences)
             layout.tokens += int(metrics.tokens)
             layout.rows += rows_per_call(layout.accounting.execution)
-        log("call %d of %d: padded %.3f s, packed %.3f s" % (i + 1, calls, layouts[0].seconds[-1], layouts[1].seconds[-1]))
+        log("call %d of %d: padded %.3f s, packed %.3f s"
+            % (i + 1, calls, layouts[0].seconds[-1], layouts[1].seconds[-1]))
     padded, packed = (layout.summary() for layout in layouts)
     ex = packed_accounting.execution
     speedup = packed["sequences_per_second"] / padded["sequences_per_second"]
@@ -270,8 +271,10 @@ def format_config_result(r: Dict[str, Any]) -> str:
         % (r["config"], r["backend"], r["device"], r["replication_factor"], r["pipeline_stages"], r["precision"],
            r["max_seq_length"], r["max_sequences_per_pack"], r["steps"]),
         "sequences from %s: %d sequences = %d padded rows = %d packs (packing factor %.4f, accounting %s)"
-        % (r["source"], r["num_sequences"], r["padded_rows"], r["num_packs"], r["packing_factor"], r["batch_accounting"]),
-        "%-7s %8s %11s %12s %13s %12s %12s" % ("layout", "steps", "seq/step", "s/step", "sequences/s", "tokens/s", "compile s"),
+        % (r["source"], r["num_sequences"], r["padded_rows"], r["num_packs"], r["packing_factor"],
+           r["batch_accounting"]),
+        "%-7s %8s %11s %12s %13s %12s %12s"
+        % ("layout", "steps", "seq/step", "s/step", "sequences/s", "tokens/s", "compile s"),
     ]
     for name in ("padded", "packed"):
         x = r[name]

@@ -100,7 +100,8 @@ def poprun(popdist, num_instances: int, num_replicas: int, ipus_per_replica: int
     """Run ``target(instance)`` in one process per instance, all at once, as poprun starts them: each is a
     fork of the test's process (with the stand-ins it loaded) in the environment poprun gives that instance,
     sharing nothing with the others but the file system (with the Horovod stand-in installed, each call is
-    a job of its own, its collectives in a fresh directory of the stand-in's network). Returns every instance's Outcome, in instance order;
+    a job of its own, its collectives in a fresh directory of the stand-in's network). Returns every
+    instance's Outcome, in instance order;
     ``target``'s result must pickle. An instance still running after ``timeout`` seconds is killed and the
     test fails."""
     import pickle
@@ -147,7 +148,8 @@ def poprun(popdist, num_instances: int, num_replicas: int, ipus_per_replica: int
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     if children:
-        raise AssertionError("simulated instances %s still ran after %.0f s (a hang)" % (sorted(children.values()), timeout))
+        raise AssertionError("simulated instances %s still ran after %.0f s (a hang)"
+                             % (sorted(children.values()), timeout))
     outcomes = []
     for instance in range(num_instances):
         with open(os.path.join(results, "%d.pickle" % instance), "rb") as f:

@@ -51,7 +51,8 @@ def end_workers(module) -> None:
         accessor.terminate()
 
 
-def tiny_model(num_layers: int, seed: int = 0, attention: str = "dense", dropout: float = 0.1) -> PackedBertForPreTraining:
+def tiny_model(num_layers: int, seed: int = 0, attention: str = "dense",
+               dropout: float = 0.1) -> PackedBertForPreTraining:
     """A BERT of ``num_layers`` layers, hidden 16: a shipped config's split at a size a test can trace."""
     torch.manual_seed(seed)
     config = transformers.BertConfig(

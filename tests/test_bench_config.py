@@ -131,8 +131,8 @@ def poptorch(monkeypatch):
 
 def test_poptorch_runner_under_the_stand_in_reports_compile_time(data_dir, poptorch):
     overrides = TINY + ["data.dir=%s" % data_dir, "execution.backend=poptorch", "execution.layers_per_ipu=[1,1]",
-                        "execution.use_ipu_model=true", "execution.micro_batch_size=1", "training.global_batch_sequences=12",
-                        "execution.device_iterations=2"]
+                        "execution.use_ipu_model=true", "execution.micro_batch_size=1",
+                        "training.global_batch_sequences=12", "execution.device_iterations=2"]
     code, out, err = run_main(["--config", "demo", "--steps", "4", "--json", "--plot", ""] + overrides)
     assert code == 0, err
     r = json.loads(out)

@@ -55,10 +55,7 @@ ENTRY_POINTS = {
     "ipu_packing/execution/__main__.py": ["-m", "ipu_packing.execution"],
     "ipu_packing/packing/__main__.py": ["-m", "ipu_packing.packing"],
 }
-NOT_GUARDED_YET = {
-    "ipu_packing/packing/__main__.py": "ipu_packing/packing/ is another engineer's; multiprocessing never re-imports "
-                                       "a package's __main__ (test_unguarded_entry_points_...)",
-}
+NOT_GUARDED_YET = {}  # path: why (none left)
 
 PROBE = r'''
 """Test probe (tests/test_entry_points.py): the first time the command parses its arguments, start a child

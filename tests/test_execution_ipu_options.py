@@ -70,7 +70,8 @@ def test_the_stand_in_knows_only_the_real_names(poptorch):
     assert set(inspect.signature(poptorch.DataLoader.__init__).parameters) - {"self", "kwargs"} <= {
         n.split(".", 1)[1] for n in API["param"] if n.startswith("DataLoader.")}
     with pytest.raises(poptorch.Error, match="factor 3 is not a factor of the output channels 8"):
-        poptorch.serializedMatMul(torch.ones(2, 4), torch.ones(4, 8), poptorch.MatMulSerializationMode.OutputChannels, 3)
+        poptorch.serializedMatMul(torch.ones(2, 4), torch.ones(4, 8),
+                                  poptorch.MatMulSerializationMode.OutputChannels, 3)
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

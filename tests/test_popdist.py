@@ -90,16 +90,19 @@ def test_the_stand_in_answers_and_refuses_as_popdist_documents(popdist):
     with pds.as_instance(popdist, 4, 8, 2, 3):
         assert popdist.isPopdistEnvSet()
         assert (popdist.getNumTotalReplicas(), popdist.getNumInstances(), popdist.getInstanceIndex()) == (8, 4, 3)
-        assert (popdist.getNumLocalReplicas(), popdist.getReplicaIndexOffset(), popdist.getNumIpusPerReplica()) == (2, 6, 2)
+        got = (popdist.getNumLocalReplicas(), popdist.getReplicaIndexOffset(), popdist.getNumIpusPerReplica())
+        assert got == (2, 6, 2)
         opts = popdist.poptorch.Options(ipus_per_replica=2)
         assert opts.value("replicationFactor") == 2  # the local replicas
         assert (opts.Distributed.processId, opts.Distributed.numProcesses) == (3, 4)
         # the calls that would undo it (poptorch tests/popdist_test.py:9-41)
-        for call, name in [(lambda: opts.replicationFactor(8), "replicationFactor"), (lambda: opts.useIpuId(1), "useIpuId"),
+        for call, name in [(lambda: opts.replicationFactor(8), "replicationFactor"),
+                           (lambda: opts.useIpuId(1), "useIpuId"),
                            (lambda: opts.Distributed.disable(), "Distributed.disable"),
                            (lambda: opts.Distributed.setEnvVarNames("A", "B"), "Distributed.setEnvVarNames"),
                            (lambda: opts.Distributed.configureProcessId(1, 2), "Distributed.configureProcessId")]:
-            with pytest.raises(RuntimeError, match=r"Cannot call `%s` with popdist\.poptorch\.Options" % re.escape(name)):
+            refused = r"Cannot call `%s` with popdist\.poptorch\.Options" % re.escape(name)
+            with pytest.raises(RuntimeError, match=refused):
                 call()
         assert popdist.execute_on_instances({0}, lambda: "saved") is None
     with pds.as_instance(popdist, 4, 8, 2, 0):
@@ -221,8 +224,8 @@ def _poprun_train(popdist, data_dir, run_dirs, n, *extra):
 
 @pytest.mark.parametrize("n", INSTANCES)
 def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(popdist, horovod, data_dir, tmp_path, n):
-    steps = plan_run(load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % (tmp_path / "x")]),
-                     open_dataset=open_dataset).steps_per_epoch
+    config = load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % (tmp_path / "x")])
+    steps = plan_run(config, open_dataset=open_dataset).steps_per_epoch
     assert steps >= 3, steps  # a real epoch of several steps
     (single,) = _poprun_train(popdist, data_dir, str(tmp_path / "one_host"), 1, "training.steps=%d" % steps)
     extra = ["training.steps=%d" % (2 * steps), "checkpoint.every_steps=%d" % steps]
@@ -326,7 +329,8 @@ def test_without_popdist_several_instances_stop_in_one_line_naming_the_poplar_sd
 def test_several_instances_outside_poprun_and_a_poprun_mismatch_stop_in_one_line(tmp_path):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_popdist_env", os.path.join(pds.STAND_IN_DIR, "popdist", "__init__.py"))
+    spec = importlib.util.spec_from_file_location(
+        "_popdist_env", os.path.join(pds.STAND_IN_DIR, "popdist", "__init__.py"))
     stand_in = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stand_in)
     path = [pds.STAND_IN_DIR, si.STAND_IN_DIR]

@@ -29,7 +29,8 @@ TINY = [
     "checkpoint.export=false",
 ]
 # BERT-Large's POD16 config with a tiny hidden size: its 24 layers, [3, 7, 7, 7] split, batch and precision.
-LARGE_TINY = ["model.hidden_size=16", "model.num_attention_heads=2", "model.intermediate_size=32", "model.vocab_size=128"]
+LARGE_TINY = ["model.hidden_size=16", "model.num_attention_heads=2", "model.intermediate_size=32",
+              "model.vocab_size=128"]
 
 
 @pytest.fixture(scope="module")

@@ -238,7 +238,8 @@ class _DistributedGroup(_Group):
 
     def __init__(self, log: list) -> None:
         super().__init__(log, "Distributed")
-        self._process = (int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")), int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+        self._process = (int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")),
+                         int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
 
     def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedGroup":
         self._log.append(("Distributed.configureProcessId", (process_id, num_processes), {}))
@@ -406,7 +407,8 @@ def removeBlocks(module: torch.nn.Module) -> None:
 
 def _record_poptorch_op(name: str) -> None:
     if _TRACE is not None:
-        _TRACE.ops.append((name, _TRACE.current[1] if _TRACE.current else None, _TRACE.current[0] if _TRACE.current else None))
+        current = _TRACE.current
+        _TRACE.ops.append((name, current[1] if current else None, current[0] if current else None))
 
 
 def recomputationCheckpoint(*tensors):
@@ -530,7 +532,10 @@ def _run_op(func, args, kwargs):
     written = {}  # the tensors this op writes in place, by their float32 copies
     for i, arg in enumerate(func._schema.arguments):
         if arg.alias_info is not None and arg.alias_info.is_write:
-            original, copy_ = (args[i], up_args[i]) if i < len(args) else (kwargs.get(arg.name), up_kwargs.get(arg.name))
+            if i < len(args):
+                original, copy_ = args[i], up_args[i]
+            else:
+                original, copy_ = kwargs.get(arg.name), up_kwargs.get(arg.name)
             if isinstance(original, torch.Tensor) and original is not copy_:
                 original.copy_(copy_)
                 written[id(copy_)] = original
@@ -719,7 +724,8 @@ class PoplarExecutor:
 
     def _micro_batch(self, args) -> Tuple[torch.Tensor, ...]:
         opts = self._options
-        per_call = opts._int("deviceIterations") * opts._int("replicationFactor") * opts._int("Training.gradientAccumulation")
+        per_call = (opts._int("deviceIterations") * opts._int("replicationFactor")
+                    * opts._int("Training.gradientAccumulation"))
         n = int(args[0].shape[0])
         if n % per_call:
             raise Error("the batch dimension (%d) is not a multiple of device iterations x replicas x accumulation (%d)"
@@ -774,7 +780,8 @@ class PoplarExecutor:
             if accumulation < stages:
                 raise Error("For pipelining, depth (gradient accumulation factor) must equal at least the number of "
                             "pipeline stages (%d)" % stages)
-        unsupported = sorted({op[0] for op in trace.ops if not op[0].startswith("poptorch.") and documented_name(op[0]) is None})
+        unsupported = sorted({op[0] for op in trace.ops
+                              if not op[0].startswith("poptorch.") and documented_name(op[0]) is None})
         if unsupported:
             raise Error("unsupported operation(s) (not in PopTorch's supported_ops.rst): %s" % ", ".join(unsupported))
         if self._training:
