@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
@@ -36,12 +35,13 @@ def one_thread():
 
 @pytest.fixture
 def poptorch(monkeypatch):
-    """The PopTorch stand-in (tests/fake_poptorch), fresh, as ``poptorch`` in sys.modules for one test."""
+    """The PopTorch stand-in (tests/fake_poptorch), fresh, as ``poptorch`` in sys.modules for one test; the
+    workers its asynchronous DataLoaders started are ended after it."""
     import poptorch_stand_in as si  # here, not at the top: it imports transformers, which most tests do not need
 
-    pt = si.load_stand_in()
-    monkeypatch.setitem(sys.modules, "poptorch", pt)
-    return pt
+    pt = si.install(monkeypatch)  # with its directory on sys.path: an asynchronous loader's worker imports it
+    yield pt
+    si.end_workers(pt)
 
 
 @pytest.fixture

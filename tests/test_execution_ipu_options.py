@@ -28,13 +28,6 @@ NAMES = si.load_stand_in()  # for its name tables (API, POPART_ENUMS); each test
 API, POPART_ENUMS = NAMES.API, NAMES.POPART_ENUMS
 
 
-@pytest.fixture
-def poptorch(monkeypatch):
-    pt = si.install(monkeypatch)
-    yield pt
-    si.end_workers(pt)
-
-
 # What Graphcore's ipu_options.py:104-132 sets (graphcore/examples 3cc8f81f), written out here.
 GRAPHCORE_POPART = {
     "disableGradAccumulationTensorStreams": True,  # :106

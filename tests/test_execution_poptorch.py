@@ -29,13 +29,6 @@ import poptorch_stand_in as si
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def poptorch(monkeypatch):
-    pt = si.install(monkeypatch)
-    yield pt
-    si.end_workers(pt)
-
-
 def shipped_ipu_configs(multi_host: bool = False):
     """Every shipped config with the poptorch backend, as run: the ExecutionConfig the application derives
     (accumulation from the global batch and the config's packing factor estimate). One-host configs, or

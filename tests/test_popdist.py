@@ -42,27 +42,6 @@ TINY = [
 ]
 
 
-@pytest.fixture
-def poptorch(monkeypatch):
-    pt = si.install(monkeypatch)
-    yield pt
-    si.end_workers(pt)
-
-
-@pytest.fixture
-def popdist(poptorch, monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("POPDIST_") or name.startswith("OMPI_COMM_WORLD"):
-            monkeypatch.delenv(name)
-    return pds.install(monkeypatch)
-
-
-@pytest.fixture
-def horovod(popdist, monkeypatch, tmp_path):
-    """The Horovod stand-in, its collectives through tmp_path/network (no run directory)."""
-    return pds.install_horovod(monkeypatch, str(tmp_path / "network"))
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=240, seed=0)

@@ -38,13 +38,6 @@ def data_dir(tmp_path_factory):
     return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
-@pytest.fixture
-def poptorch(monkeypatch):
-    pt = si.install(monkeypatch)
-    yield pt
-    si.end_workers(pt)
-
-
 def _config(data_dir, run_dir, *extra):
     return load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir] + list(extra))
 
