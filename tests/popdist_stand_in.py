@@ -96,6 +96,18 @@ class Outcome:
                                              if self.error else "ok")
 
 
+def _forget_the_forkserver() -> None:
+    """A poprun instance is a process of its own, not a fork of the test: it has no forkserver yet. A fork
+    inherits multiprocessing's record of the test's forkserver, which is not its child (os.waitpid raises
+    ChildProcessError when an asynchronous loader asks for a worker), so the instance starts its own."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_inherited_fds"):
+        if hasattr(server, name):
+            setattr(server, name, None)
+
+
 def poprun(popdist, num_instances: int, num_replicas: int, ipus_per_replica: int, target, timeout: float = 90.0):
     """Run ``target(instance)`` in one process per instance, all at once, as poprun starts them: each is a
     fork of the test's process (with the stand-ins it loaded) in the environment poprun gives that instance,
@@ -124,6 +136,7 @@ def poprun(popdist, num_instances: int, num_replicas: int, ipus_per_replica: int
                 import torch
 
                 torch.set_num_threads(1)  # as a DataLoader worker does after a fork
+                _forget_the_forkserver()
                 os.environ.update(env)
                 try:
                     outcome = Outcome(instance, value=target(instance))
