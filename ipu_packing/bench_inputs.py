@@ -16,13 +16,13 @@ class BenchError(UserError):
 
 
 def shared_dir() -> str:
-    """IPU_PACKING_SHARED, else <repo>/../shared, else /work/shared."""
+    """IPU_PACKING_SHARED, else <repo>/../shared (where the checkout's CI and developers have it)."""
     env = os.environ.get("IPU_PACKING_SHARED")
     if env:
         return env
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     candidate = os.path.join(os.path.dirname(repo), "shared")
-    return candidate if os.path.isdir(candidate) else "/work/shared"
+    return candidate
 
 
 def read_histogram_file(path: str, max_seq_length: Optional[int]) -> np.ndarray:

@@ -22,6 +22,7 @@ from ipu_packing.data.format import pack_sequences, unpack
 from ipu_packing.train import load_config
 from ipu_packing.train.data import read_training_data
 from torch_features import PIPELINING_MISSING
+from spawned import leave_after
 
 TINY = [
     "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
@@ -158,16 +159,13 @@ def _free_port() -> int:
 def _pipeline_worker(rank, world, port, data_dir, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
-    import torch.distributed as dist
-
-    try:
+    def work():
         code, out, err = run_main(["--config", "demo", "--steps", "2", "--json", "--plot", ""] + TINY
                                   + ["data.dir=%s" % data_dir, "execution.layers_per_ipu=[1,1]"])
         with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
             json.dump({"code": code, "out": out, "err": err}, f)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+    leave_after(work)
 
 
 @pytest.mark.skipif(PIPELINING_MISSING is not None, reason=PIPELINING_MISSING or "")

@@ -33,6 +33,7 @@ from ipu_packing.execution.synthetic import PackDataset
 
 from test_execution_fixtures import build_model, make_packs
 from torch_features import PIPELINING_MISSING
+from spawned import leave_after
 
 STEPS = 3
 MICRO = 2
@@ -57,14 +58,14 @@ def _worker(rank, world, port, jobs, outdir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    try:
+
+    def work():
         for name, kwargs in jobs:
             state, losses = train(ExecutionConfig(**kwargs))
             torch.save((state, losses), os.path.join(outdir, "%s.rank%d.pt" % (name, rank)))
         assert dist.get_backend() == "gloo"
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+    leave_after(work)
 
 
 def _free_port() -> int:

@@ -33,6 +33,7 @@ from torch_features import requires_torch_compile
 
 import app_fixtures as fx
 import poptorch_stand_in as si
+from spawned import leave_after
 
 QKV = ("query", "key", "value")
 
@@ -289,14 +290,12 @@ def _fused_pipeline_worker(rank, world, port, outdir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    import torch.distributed as dist
 
-    try:
+    def work():
         state = _train_fused(ExecutionConfig(micro_batch_size=2, gradient_accumulation=4, layers_per_ipu=[1, 1]))
         torch.save(state, os.path.join(outdir, "rank%d.pt" % rank))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+    leave_after(work)
 
 
 def test_a_two_stage_torch_pipeline_of_the_fused_model_matches_one_process(tmp_path):

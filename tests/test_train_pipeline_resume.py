@@ -23,6 +23,7 @@ from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
 from torch_features import PIPELINING_MISSING
+from spawned import leave_after
 
 TINY = [
     "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
@@ -38,7 +39,8 @@ def _worker(rank, world, port, data_dir, reference, resumed):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    try:
+
+    def work():
         for run_dir in (reference, resumed):
             config = load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir])
             execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
@@ -46,9 +48,8 @@ def _worker(rank, world, port, data_dir, reference, resumed):
             if run_dir == reference and rank == 0:
                 _interrupted_copy(reference, resumed)
             dist.barrier()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+    leave_after(work)
 
 
 def _interrupted_copy(reference, resumed):
