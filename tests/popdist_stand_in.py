@@ -22,35 +22,33 @@ def install(monkeypatch):
     """Load the stand-in as ``popdist`` + ``popdist.poptorch`` into sys.modules, and put STAND_IN_DIR on sys.path
     (for the worker processes of an asynchronous DataLoader, which unpickle the popdist Options), both undone
     after the test."""
-    package_dir = os.path.join(STAND_IN_DIR, "popdist")
-    spec = importlib.util.spec_from_file_location("popdist", os.path.join(package_dir, "__init__.py"),
-                                                  submodule_search_locations=[package_dir])
-    popdist = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "popdist", popdist)
     monkeypatch.syspath_prepend(STAND_IN_DIR)
-    spec.loader.exec_module(popdist)
-    sub = importlib.util.spec_from_file_location("popdist.poptorch", os.path.join(package_dir, "poptorch.py"))
-    module = importlib.util.module_from_spec(sub)
-    monkeypatch.setitem(sys.modules, "popdist.poptorch", module)
-    sub.loader.exec_module(module)
-    popdist.poptorch = module
+    popdist, _ = _load_package(monkeypatch, "popdist", "poptorch")
     return popdist
+
+
+def _load_package(monkeypatch, name: str, submodule: str):
+    """STAND_IN_DIR/name as the package ``name`` and its ``name.submodule`` in sys.modules (undone after the
+    test): returns (package, submodule)."""
+    package_dir = os.path.join(STAND_IN_DIR, name)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(package_dir, "__init__.py"),
+                                                  submodule_search_locations=[package_dir])
+    package = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, package)
+    spec.loader.exec_module(package)
+    sub = importlib.util.spec_from_file_location(name + "." + submodule,
+                                                 os.path.join(package_dir, submodule + ".py"))
+    module = importlib.util.module_from_spec(sub)
+    monkeypatch.setitem(sys.modules, name + "." + submodule, module)
+    sub.loader.exec_module(module)
+    setattr(package, submodule, module)
+    return package, module
 
 
 def install_horovod(monkeypatch, network_dir: str):
     """Load the Horovod stand-in as ``horovod`` + ``horovod.torch`` (undone after the test); its collectives
     travel through ``network_dir`` (HOROVOD_STAND_IN_DIR), which stands for the network between the hosts."""
-    package_dir = os.path.join(STAND_IN_DIR, "horovod")
-    spec = importlib.util.spec_from_file_location("horovod", os.path.join(package_dir, "__init__.py"),
-                                                  submodule_search_locations=[package_dir])
-    horovod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "horovod", horovod)
-    spec.loader.exec_module(horovod)
-    sub = importlib.util.spec_from_file_location("horovod.torch", os.path.join(package_dir, "torch.py"))
-    module = importlib.util.module_from_spec(sub)
-    monkeypatch.setitem(sys.modules, "horovod.torch", module)
-    sub.loader.exec_module(module)
-    horovod.torch = module
+    _, module = _load_package(monkeypatch, "horovod", "torch")
     monkeypatch.setenv(module.DIR_ENV, network_dir)
     monkeypatch.setenv(module.TIMEOUT_ENV, "30")
     return module
