@@ -295,7 +295,6 @@ def optimal(
         strategies, _ = heuristic(hist, size, limit)
         master.add(_to_columns(strategies, index))
     pricing = Pricing(lengths.astype(np.int64), size, limit)
-    threshold = ONE + pricing.margin
 
     # Column generation with Wentges dual smoothing. Patterns are priced at a point between
     # the master's duals y and the best dual found so far (the "centre", which starts at the
@@ -317,7 +316,7 @@ def optimal(
             point_bound = Fraction(_dot(point, demand), max(top, ONE))
             if point_bound > centre_bound:
                 centre, centre_bound = point, point_bound
-            improving = [c for c in patterns if column_value(duals, c) > threshold]
+            improving = [c for c in patterns if column_value(duals, c) > pricing.threshold]
             if improving:
                 break
         bound = max(bound, centre_bound)

@@ -47,13 +47,14 @@ class Pricing:
         self.size = size
         self.limit = limit
         # Rounding each dual moves a pattern's value by at most half a unit per item.
-        self.margin = min(limit, size // int(lengths[0]))
+        # A column improves only when its grid value beats 1 by more than that: ONE + the most items a pack holds.
+        self.threshold = ONE + min(limit, size // int(lengths[0]))
 
     def solve(self, duals: np.ndarray):
         """duals: (n,) int64 on the grid. Returns (best value, candidate patterns whose value
-        beats ONE + margin), best first (value, then index)."""
+        beat ``threshold``), best first (value, then index)."""
         lengths, size = self.lengths, self.size
-        threshold = ONE + self.margin
+        threshold = self.threshold
         # Frontier: items whose dual beats every shorter item's (others are dominated).
         running = np.maximum.accumulate(np.concatenate([[0], duals]))[:-1]
         keep = np.flatnonzero(duals > running)
