@@ -11,8 +11,11 @@ test_entry_points.py::test_an_unguarded_run_pretraining_fails_under_the_stand_in
     that finishes the run; no process of the killed run is left behind. By default (b) runs the POD64 BERT-Large
     config (one host, 16 replicas): each run here is a few seconds of CPU, and the suite has a budget.
     IPU_PACKING_ALL_CONFIG_RUNS=1 runs (b) for every one-host config. POD128's two instances agree on their
-    start before they train, so they must run at once: tests/test_popdist_agree.py trains, resumes and
-    refuses them that way.
+    start before they train, so (c) runs them at once.
+(c) POD128: its two PopRun instances as two run_pretraining.py processes started at once, as poprun starts
+    them (PopDist and Horovod stand-ins, one shared run directory, a network directory per job): both are
+    killed as their second host call begins (poprun tears the job down), instance 1 on a host whose
+    run directory is empty is refused with instance 0 in one line, and both resume and finish.
 
 The model is shrunk (hidden 16, one layer on each IPU that has layers, S=32, vocab 64) and the global batch
 set to 9 or 10 micro batches per replica, the least a 4-IPU pipeline takes (PopART's 2G-1, G = 5 groups);
@@ -48,8 +51,7 @@ CONFIGS = sorted(os.path.basename(p)[: -len(".yaml")]
                  for p in glob.glob(os.path.join(REPO, "configs", "bert_*pod*.yaml")))
 DEFAULT_RUNS = ("bert_large_512_pod64",)
 # PopRun instances agree on their start before training (train/instances.py), so the two instances of POD128
-# must run at once; these runs start one process at a time. tests/test_popdist_agree.py trains, resumes and
-# refuses simulated POD128 instances that run at once.
+# must run at once: (c) starts them together; (b) starts one process at a time.
 TOGETHER = ("bert_large_512_pod128",)
 ALL_RUNS = os.environ.get("IPU_PACKING_ALL_CONFIG_RUNS") == "1"
 SMALL = ["model.hidden_size=16", "model.num_attention_heads=2", "model.intermediate_size=32", "model.vocab_size=64",
@@ -160,6 +162,9 @@ def runs(data_dir, tmp_path_factory):
     for name in [n for n in (CONFIGS if ALL_RUNS else DEFAULT_RUNS) if n not in TOGETHER]:
         run = Run(name, data_dir, os.path.join(root, "train"))
         jobs["train", name] = lambda run=run: _kill_and_resume(run)
+    for name in TOGETHER:
+        run = Run(name, data_dir, os.path.join(root, "together"))
+        jobs["together", name] = lambda run=run: _together(run)
     for name in CONFIGS:
         run = Run(name, data_dir, os.path.join(root, "compile_only"))
         jobs["compile_only", name] = lambda run=run: _compile_only(run)
@@ -232,7 +237,7 @@ def _kill_and_resume(run: Run):
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.skip(reason="its PopRun instances must run at once: test_popdist_agree.py"))
+    pytest.param(n, marks=pytest.mark.skip(reason="its PopRun instances must run at once: (c) runs them"))
     if n in TOGETHER else n if n in DEFAULT_RUNS else pytest.param(n, marks=pytest.mark.skipif(
         not ALL_RUNS, reason="IPU_PACKING_ALL_CONFIG_RUNS=1 runs every config")) for n in CONFIGS])
 def test_training_checkpoints_is_killed_and_resumes_with_the_loader_s_worker(runs, name):
@@ -257,3 +262,78 @@ def test_training_checkpoints_is_killed_and_resumes_with_the_loader_s_worker(run
     (worker,) = result["workers"]
     assert worker["main_file"] == ENTRY and not _alive(worker["pid"])
     assert len(_worker_lines(run)) == 2 + len(done["others"])
+
+
+# ---- (c) POD128: both PopRun instances at once ------------------------------------------------------------------
+
+START_LINE = ("error: PopRun instances disagree on where to start: instance 0 resumes step 1, instance 1 starts "
+              "at step 0 (is checkpoint.output_dir on storage every host shares?)")
+
+
+def _job(run: Run, label: str, *extra, kill_at=None, run_dirs=None):
+    """One poprun job of ``run``: every instance a run_pretraining.py process, all started at once, each with
+    poprun's environment for it and the job's own Horovod network directory; ``run_dirs[i]``, where given, is
+    instance i's checkpoint.output_dir (its host's disk). Returns every instance's result, in order."""
+    network = os.path.join(run.cwd, "network", label)
+    os.makedirs(network)
+    procs = []
+    for i in range(run.instances):
+        env = run.env(i, HOROVOD_STAND_IN_DIR=network, HOROVOD_STAND_IN_TIMEOUT="120",
+                      **({KILL_AT_CALL: str(kill_at)} if kill_at else {}))
+        own = ["checkpoint.output_dir=%s" % run_dirs[i]] if run_dirs else []
+        procs.append(run.start(*(list(extra) + own), instance=i, env=env))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(procs)) as pool:
+        return list(pool.map(_finish, procs))
+
+
+def _together(run: Run):
+    train = ["training.steps=2", "checkpoint.every_steps=1", "execution.precision=fp32"]
+    killed = _job(run, "killed", *train, kill_at=2)
+    after_kill = {"checkpoints": [os.path.basename(p) for p in ckpt.list_checkpoints(run.run_dir)],
+                  "steps": _steps(run.run_dir), "workers": _worker_lines(run),
+                  "summary": os.path.exists(os.path.join(run.run_dir, "summary.json"))}
+    deadline = time.time() + 60
+    while any(_alive(w["pid"]) or _alive(w["ppid"]) for w in after_kill["workers"]) and time.time() < deadline:
+        time.sleep(0.1)
+    after_kill["left_behind"] = [p for w in after_kill["workers"] for p in (w["pid"], w["ppid"]) if _alive(p)]
+    before = _snapshot(run.run_dir)
+    empty = os.path.join(run.cwd, "host1", "run")  # instance 1's host sees no checkpoint
+    refused = _job(run, "refused", *train, run_dirs=[run.run_dir, empty])
+    refused_state = {"unchanged": _snapshot(run.run_dir) == before, "empty": os.path.exists(empty)}
+    seen = len(_worker_lines(run))
+    resumed = _job(run, "resumed", *train)
+    latest = ckpt.latest_checkpoint(run.run_dir)
+    return {"run": run, "killed": killed, "after_kill": after_kill, "refused": refused, "refused_state": refused_state,
+            "resumed": resumed, "steps": _steps(run.run_dir), "workers": _worker_lines(run)[seen:],
+            "latest": os.path.basename(latest) if latest else None,
+            "summary": os.path.exists(os.path.join(run.run_dir, "summary.json"))}
+
+
+@pytest.mark.parametrize("name", TOGETHER)
+def test_pod128_instances_at_once_are_killed_refused_apart_and_resume_together(runs, name):
+    done = runs["together", name]
+    run, after = done["run"], done["after_kill"]
+    assert run.instances == 2
+    # killed: both instances as their second host call begins, after instance 0 saved step 1
+    assert [r["returncode"] for r in done["killed"]] == [-signal.SIGKILL] * 2, [r["stderr"][-2000:]
+                                                                               for r in done["killed"]]
+    assert after["checkpoints"] == ["step_0000001.pt"] and after["steps"] == [1] and not after["summary"]
+    assert len(after["workers"]) == 2  # one loader worker per instance, each from its own forkserver
+    for worker in after["workers"]:
+        assert worker["sharing_strategy"] == "ForkServer" and worker["main_name"] == "__mp_main__"
+        assert worker["main_file"] == ENTRY
+    assert len({w["ppid"] for w in after["workers"]}) == 2
+    assert after["left_behind"] == []
+    # refused apart: instance 1's run directory is empty, instance 0's holds step 1; neither trains a step
+    for r in done["refused"]:
+        assert r["returncode"] == 2, r["stderr"][-2000:]
+        assert r["stderr"].strip().splitlines() == [START_LINE]
+        assert "done:" not in r["stdout"]
+    assert done["refused_state"] == {"unchanged": True, "empty": False}
+    # resumed together: both from step 1, instance 0 logs and writes, instance 1 prints nothing
+    first, second = done["resumed"]
+    assert first["returncode"] == 0 and second["returncode"] == 0, (first["stderr"][-2000:], second["stderr"][-2000:])
+    assert "resuming from %s at step 1" % os.path.join(run.run_dir, "checkpoints", "step_0000001.pt") in first["stdout"]
+    assert second["stdout"] == ""
+    assert done["steps"] == [1, 2] and done["latest"] == "step_0000002.pt" and done["summary"]
+    assert len(done["workers"]) == 2 and all(w["main_file"] == ENTRY for w in done["workers"])
