@@ -10,6 +10,9 @@ Modes: ``mkstemp`` and ``mkdtemp`` create 0600 files and 0700 directories whatev
 dataset or an export written through them could not be shared. Every file ``atomic_open`` writes gets
 ``0o666 & ~umask`` and every directory ``make_temp_dir`` makes gets ``0o777 & ~umask``, as ``open`` and
 ``mkdir`` would give them (``file_mode``, ``dir_mode``).
+
+Paths named inside files (a Hugging Face index's shard names, a manifest's shard entries) are joined to
+their directory only through ``contained_path``, which refuses any that leaves it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import contextlib
 import os
 import tempfile
 from typing import IO, Iterator, Optional
+
+from .errors import InputError
 
 TMP_SUFFIX = ".tmp"
 
@@ -53,6 +58,30 @@ def make_temp_dir(prefix: str, dir: str) -> str:
     path = tempfile.mkdtemp(prefix=prefix, dir=dir)
     os.chmod(path, dir_mode())
     return path
+
+
+def contained_path(root: str, relative: str, what: str = "a path") -> str:
+    """``root/relative``, refused unless it stays inside ``root``: ``relative`` must be a non-empty
+    relative path (no NUL, no absolute path, no ``..`` that climbs out), and where it exists, its real
+    path (symlinks resolved) must be inside ``root``'s real path. The one place a name read from a file
+    becomes a path. ``what`` names the name in the error, e.g. "shard 'x' in /d/model.safetensors.index.json".
+
+    A symlink that leaves the directory is refused like any other escape; a Hugging Face hub cache snapshot
+    (shards linked into ../../blobs) is read after copying it with ``cp -rL``."""
+    if not isinstance(relative, str) or not relative or "\0" in relative:
+        raise InputError("%s is not a file name: %r" % (what, relative))
+    if os.path.isabs(relative) or os.path.splitdrive(relative)[0]:
+        raise InputError("%s is an absolute path (%s): only names inside %s are read" % (what, relative, root))
+    joined = os.path.normpath(os.path.join(root, relative))
+    base = os.path.normpath(root)
+    if os.path.commonpath([os.path.abspath(joined), os.path.abspath(base)]) != os.path.abspath(base):
+        raise InputError("%s leaves its directory %s (%s)" % (what, root, relative))
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(joined)
+    if os.path.commonpath([real, real_root]) != real_root:
+        raise InputError("%s leaves its directory %s through a symlink (%s -> %s; copy the directory with "
+                         "`cp -rL` to read it)" % (what, root, relative, real))
+    return joined
 
 
 def fsync_directory(path: str) -> None:
