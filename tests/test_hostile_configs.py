@@ -78,7 +78,7 @@ CASES = [
      ["nested deeper"]),
     ("big-file", _file("# padding\n" * (MAX_CONFIG_BYTES // 10 + 1) + "training:\n  steps: 1\n"),
      ["larger than %d bytes" % MAX_CONFIG_BYTES]),
-    ("huge-int", _file("training:\n  steps: %s\n" % ("9" * 5000)), ["c.yaml"]),
+    ("huge-int", _file("training:\n  steps: %s\n" % ("9" * 5000)), ["c.yaml", "5000 digits"]),
     # the same reader for every override value
     ("override-alias", lambda tmp: TINY + ["execution.layers_per_ipu=[&a 1, *a]"], ["alias"]),
     ("override-dup", lambda tmp: TINY + ["optimizer.betas={a: 1, a: 2}"], ["duplicate key 'a'", "optimizer.betas"]),

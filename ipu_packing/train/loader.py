@@ -12,7 +12,8 @@ a valid key with no change here; an unknown key or a wrong type is a `ConfigErro
 dotted key. Command-line overrides are dotted keys with YAML values (`training.steps=20`,
 `execution.layers_per_ipu=[3,7,7,7]`), applied left to right (the last one given wins). Files and override
 values go through one strict YAML reader (`_yaml_load`): a duplicate key or section, an anchor or alias, a
-merge key, nesting beyond MAX_DEPTH or a file beyond MAX_CONFIG_BYTES is refused naming the line.
+merge key, nesting beyond MAX_DEPTH, an integer beyond MAX_INT_DIGITS or a file beyond MAX_CONFIG_BYTES is
+refused naming the line.
 Nothing is rewritten while parsing: values that depend on the dataset's packing factor are derived later
 (`PretrainingConfig.batch_accounting`).
 """
@@ -59,6 +60,8 @@ MAX_CONFIG_BYTES = 1 << 20
 """Largest config file (or override value) read: shipped configs are ~2 KB."""
 MAX_DEPTH = 20
 """Deepest nesting of mappings and lists (a section is 1 deep, its keys' values 2, a list in them 3)."""
+MAX_INT_DIGITS = 100
+"""Longest integer literal (a seed is below 2**63: 19 digits)."""
 
 
 class _Loader(yaml.SafeLoader):
@@ -106,6 +109,16 @@ class _Loader(yaml.SafeLoader):
                     raise _Refused(key_node.start_mark, "duplicate key %r (first at line %d)" % (key, line))
                 first[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
+
+
+    def construct_yaml_int(self, node):  # type: ignore[override]
+        digits = len(str(node.value))
+        if digits > MAX_INT_DIGITS:  # Python 3.11 refuses > 4,300 digits with a ValueError; 3.8 would parse it
+            raise _Refused(node.start_mark, "an integer of %d digits (at most %d)" % (digits, MAX_INT_DIGITS))
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 class _Refused(Exception):
