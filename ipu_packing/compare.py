@@ -25,6 +25,7 @@ target" is a time the run had actually reached. W defaults to a tenth of the sho
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from . import jsonout
 from .errors import ArgumentParser, UserError, run_command
 
 LIKE_FOR_LIKE = 0.05
@@ -58,40 +60,84 @@ class Run:
     summary: Dict[str, Any] = field(default_factory=dict)
 
 
+COUNTS = ("step", "sequences", "tokens", "seconds")
+"""Fields of a step record that must be finite and >= 0; the losses and accuracies may be NaN (a diverged run)."""
+CURVES = ("mlm_loss", "mlm_accuracy", "nsp_accuracy")
+
+
 def read_run(path: str) -> Run:
+    """A run directory's series, every record checked before use: each metrics line is a JSON object with
+    the numeric fields, and config.json and summary.json (when present) are JSON objects. Anything else is
+    a CompareError naming the file and the line."""
     metrics = os.path.join(path, "metrics.jsonl")
     if not os.path.isdir(path):
         raise CompareError("%s is not a run directory" % (path,))
     if not os.path.isfile(metrics):
         raise CompareError("%s has no metrics.jsonl (is it a run directory of run_pretraining.py?)" % (path,))
-    rows = []
-    with open(metrics, "r", encoding="utf-8") as f:
+    keys = COUNTS + CURVES
+    columns: Dict[str, List[float]] = {k: [] for k in keys}
+    with open(metrics, "rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                raise CompareError("%s line %d is not JSON" % (metrics, number))
-    if not rows:
+            row = _json_value(line, "%s line %d" % (metrics, number))
+            if not isinstance(row, dict):
+                raise CompareError("%s line %d is %s, not a step record (a JSON object)"
+                                   % (metrics, number, _kind(row)))
+            for k in keys:
+                value = row.get(k)
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    missing = [m for m in keys if isinstance(row.get(m), bool)
+                               or not isinstance(row.get(m), (int, float))]
+                    raise CompareError("%s step record %d lacks %s" % (metrics, number, ", ".join(missing)))
+                try:
+                    value = float(value)
+                except OverflowError:
+                    value = float("inf")
+                if k in COUNTS and not (math.isfinite(value) and value >= 0):
+                    raise CompareError("%s line %d: %s must be a finite number >= 0, got %s"
+                                       % (metrics, number, k, repr(row.get(k))[:40]))
+                columns[k].append(value)
+    if not columns["step"]:
         raise CompareError("%s holds no steps" % (metrics,))
-    keys = ("step", "sequences", "tokens", "seconds", "mlm_loss", "mlm_accuracy", "nsp_accuracy")
-    for number, row in enumerate(rows, 1):
-        missing = [k for k in keys if not isinstance(row.get(k), (int, float)) or isinstance(row.get(k), bool)]
-        if missing:
-            raise CompareError("%s step record %d lacks %s" % (metrics, number, ", ".join(missing)))
-    column = {k: np.array([float(r[k]) for r in rows]) for k in keys}
+    column = {k: np.array(v, dtype=np.float64) for k, v in columns.items()}
     extra = {}
     for name in ("config", "summary"):
         file = os.path.join(path, name + ".json")
         if os.path.isfile(file):
-            try:
-                with open(file, "r", encoding="utf-8") as f:
-                    extra[name] = json.load(f)
-            except ValueError:
-                raise CompareError("%s is not JSON" % (file,))
+            with open(file, "rb") as f:
+                value = _json_value(f.read(), file)
+            if not isinstance(value, dict):
+                raise CompareError("%s is %s, not a JSON object" % (file, _kind(value)))
+            extra[name] = value
+    training = extra.get("config", {}).get("training")
+    if training is not None and not isinstance(training, dict):
+        raise CompareError("%s: training is %s, not a JSON object" % (os.path.join(path, "config.json"),
+                                                                     _kind(training)))
     return Run(path, column["step"].astype(np.int64), column["sequences"], column["tokens"], column["seconds"],
                column["mlm_loss"], column["mlm_accuracy"], column["nsp_accuracy"], **extra)
+
+
+def _json_value(data: bytes, where: str) -> Any:
+    """json.loads(data), every way it can fail (not UTF-8, torn, nested past the recursion limit) one
+    CompareError naming ``where``."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CompareError("%s is not UTF-8 (%s)" % (where, exc.reason))
+    except RecursionError:
+        raise CompareError("%s is not JSON this reads: nested too deeply" % (where,))
+    except ValueError as exc:
+        raise CompareError("%s is not JSON (%s; a torn last line?)" % (where, " ".join(str(exc).split())[:120]))
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(type(value), "a number")
+
+
+def _ratio(top: float, bottom: float) -> float:
+    """top / bottom, NaN where bottom is 0 (jsonout writes it as null with a warning)."""
+    return float(top) / float(bottom) if bottom else float("nan")
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
@@ -127,12 +173,13 @@ def loss_gap(a: Run, b: Run, window: int) -> float:
         return float("nan")
     la = np.interp(seen_b[points], seen_a, smooth(a.mlm_loss, window))
     lb = smooth(b.mlm_loss, window)[points]
-    return float(np.max(np.abs(la - lb) / np.abs(lb)))
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero or NaN loss: NaN or inf, reported as null
+        return float(np.max(np.abs(la - lb) / np.abs(lb)))
 
 
 def describe(run: Run, warmup: int, window: int) -> Dict[str, Any]:
     keep = slice(min(warmup, len(run.steps) - 1), None)
-    training = run.config.get("training", {}) if isinstance(run.config, dict) else {}
+    training = run.config.get("training") or {}
     return {
         "path": run.path,
         "steps": int(len(run.steps)),
@@ -174,10 +221,10 @@ def compare(a: Run, b: Run, window: Optional[int] = None, warmup: Optional[int] 
     if abs(mean_a - mean_b) > LIKE_FOR_LIKE * mean_b:
         warnings.append(
             "sequences per optimizer step differ: %.1f (A) against %.1f (B), %+.1f%%; the runs are not like for like"
-            % (mean_a, mean_b, 100.0 * (mean_a / mean_b - 1.0))
+            % (mean_a, mean_b, 100.0 * (_ratio(mean_a, mean_b) - 1.0))
         )
     return Comparison(
-        throughput_ratio=throughput(a, warmup) / throughput(b, warmup),
+        throughput_ratio=_ratio(throughput(a, warmup), throughput(b, warmup)),
         time_to_target_ratio=None if t_a is None or t_b is None else t_b / max(t_a, 1e-12),
         target_mlm_loss=target,
         loss_gap=loss_gap(a, b, window),
@@ -238,6 +285,29 @@ def draw(a: Run, b: Run, window: int, path: str) -> str:
     return path
 
 
+def check_plot_path(path: str) -> None:
+    """Refuse a --plot path before any work: an extension matplotlib cannot write (naming those it can), a
+    directory, or a parent that is a file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    supported = sorted(FigureCanvasBase.get_supported_filetypes())
+    extension = os.path.splitext(path)[1][1:].lower()
+    if extension not in supported:
+        raise CompareError("--plot %s: %s; supported: %s" % (
+            path, "unsupported extension .%s" % extension if extension else "no file extension",
+            ", ".join("." + e for e in supported)))
+    if os.path.isdir(path):
+        raise CompareError("--plot %s is a directory" % (path,))
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise CompareError("--plot %s: %s is not a directory" % (path, parent))
+
+
 def _main(argv: Optional[List[str]]) -> int:
     parser = ArgumentParser(prog="python -m ipu_packing.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_a", help="candidate run directory (e.g. packed)")
@@ -249,6 +319,8 @@ def _main(argv: Optional[List[str]]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", default=None, help="PNG: MLM loss against sequences seen and against seconds")
     args = parser.parse_args(argv)
+    if args.plot is not None:
+        check_plot_path(args.plot)
     if args.window is not None and args.window < 1:
         raise CompareError("--window must be >= 1, got %d" % args.window)
     if args.warmup is not None and args.warmup < 0:
@@ -257,7 +329,7 @@ def _main(argv: Optional[List[str]]) -> int:
     result = compare(a, b, window=args.window, warmup=args.warmup)
     if args.plot:
         draw(a, b, result.window, args.plot)
-    print(json.dumps(asdict(result), sort_keys=True) if args.json else format_comparison(result))
+    print(jsonout.dumps(asdict(result), sort_keys=True) if args.json else format_comparison(result))
     return 0
 
 

@@ -10,6 +10,9 @@ through :func:`run_command`, which decides by exception *type*, never by message
 - Ctrl-C: one line ``error: interrupted``, exit status 130 (128 + SIGINT), as a shell reports it.
 - A reader that closed the pipe (``inspect ... | head``): no message, exit status 141
   (128 + SIGPIPE), as ``git log | head`` and other Unix tools end.
+- An exception a dependency raises on bad bytes (``describe_dependency_fault``: gzip, zlib, zip, JSON,
+  UTF-8, YAML, pickle, safetensors, a truncated file, input nested past the recursion limit) and memory
+  running out: one line naming the cause, exit status 2.
 - Anything else is a bug and keeps its traceback.
 
 Commands validate their input before writing anything, so an error leaves no partial output.
@@ -21,6 +24,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import sys
 from typing import Callable, Iterator, List, Optional
 
@@ -66,9 +70,89 @@ def one_line(text: str) -> str:
 
 def describe_os_error(error: OSError) -> str:
     """``<cause>: <path>`` for an OSError, naming the file where the error knows it."""
-    cause = _OS_CAUSES.get(error.errno or 0) or error.strerror or type(error).__name__
+    cause = (_OS_CAUSES.get(error.errno or 0) or error.strerror
+             or (one_line("%s: %s" % (type(error).__name__, error))[:300] if str(error) else type(error).__name__))
     names = [n for n in (error.filename, getattr(error, "filename2", None)) if n]
     return "%s: %s" % (cause, " -> ".join(str(n) for n in names)) if names else cause
+
+
+# Exception classes that a dependency raises only when the bytes it was given are bad (a file of the
+# user's), found by module and class name so that this module imports none of them; each with the words
+# of its line. Mapping by class, not by "anything raised while reading", keeps the rule that a bug
+# shows its traceback: these classes come from decoders and parsers, not from a logic error of ours
+# (KeyError, TypeError, AttributeError, IndexError, ValueError in general still show their traceback).
+_DEPENDENCY_FAULTS = (
+    ("json", "JSONDecodeError", "not valid JSON"),
+    ("builtins", "UnicodeDecodeError", "not valid UTF-8 text"),
+    ("gzip", "BadGzipFile", "not a valid gzip file"),
+    ("zlib", "error", "corrupt compressed data (zlib)"),
+    ("zipfile", "BadZipFile", "not a valid zip/.npz file"),
+    ("pickle", "UnpicklingError", "not a readable pickle or torch file"),
+    ("yaml", "YAMLError", "not valid YAML"),
+    ("builtins", "EOFError", "a file ended early"),
+)
+_STORAGE_CODE = re.compile(r"\bcode: (\d+)")
+
+
+def describe_dependency_fault(error: BaseException) -> Optional[str]:
+    """One line for an exception a reader or writer of a user's file raised on bad input (the classes in
+    _DEPENDENCY_FAULTS, safetensors' SafetensorError, MemoryError, and a RecursionError raised inside a
+    dependency's parser), or None: then it is a bug, and its traceback is kept.
+
+    RecursionError and MemoryError are decided by where they happened, since our own code can also
+    recurse or allocate without end: a RecursionError counts only when the innermost frame is not
+    ipu_packing's own (json's or yaml's decoder on input nested too deeply); a MemoryError always counts
+    (the environment refused, as for a full disk) and its line names the place that asked for the memory,
+    so a bug that allocates without bound is still found."""
+    detail = one_line(error)[:300]
+    if isinstance(error, MemoryError):
+        return "out of memory (a size read from a file may be absurd)%s" % _where(error)
+    if isinstance(error, RecursionError):
+        frame = _innermost(error)
+        if frame is None or _ours(frame):
+            return None
+        return "input nested too deeply to read (%s, in %s)" % (detail or "RecursionError", _short(frame))
+    for module, name, words in _DEPENDENCY_FAULTS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and isinstance(error, cls):
+            return "%s: %s" % (words, detail) if detail else words
+    kind = type(error)
+    if kind.__name__ == "SafetensorError" and kind.__module__.split(".")[0] == "safetensors":
+        code = _STORAGE_CODE.search(str(error))
+        if code and int(code.group(1)) in _OS_CAUSES:
+            return _OS_CAUSES[int(code.group(1))]
+        return "not a readable safetensors file: %s" % (detail,)
+    return None
+
+
+def _innermost(error: BaseException) -> Optional[str]:
+    tb = error.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename
+
+
+def _ours(filename: str) -> bool:
+    return os.path.dirname(os.path.abspath(filename)).startswith(_PACKAGE_DIR)
+
+
+def _short(filename: str) -> str:
+    return os.path.relpath(filename, os.path.dirname(_PACKAGE_DIR)) if _ours(filename) else os.path.basename(filename)
+
+
+def _where(error: BaseException) -> str:
+    """" in <file>:<line>" of the innermost frame of ipu_packing's own that the exception went through."""
+    tb, last = error.__traceback__, None
+    while tb is not None:
+        if _ours(tb.tb_frame.f_code.co_filename):
+            last = tb
+        tb = tb.tb_next
+    return "" if last is None else " in %s:%d" % (_short(last.tb_frame.f_code.co_filename), last.tb_lineno)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _quiet_stdout() -> None:
@@ -137,9 +221,12 @@ def run_command(main: Callable[[Optional[List[str]]], int], argv: Optional[List[
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
-    except OSError as error:
+    except Exception as error:  # re-raised, traceback and all, unless it is an OSError or a dependency's fault
+        cause = describe_dependency_fault(error)
+        if cause is None and not isinstance(error, OSError):
+            raise
         quiet.start()
-        message, code = describe_os_error(error), USER_ERROR_EXIT
+        message, code = cause or describe_os_error(error), USER_ERROR_EXIT  # type: ignore[arg-type]
     quiet.finish()  # the exception and its traceback are gone: collect what they held, quietly
     try:
         sys.stdout.flush()
@@ -158,6 +245,7 @@ __all__ = [
     "USER_ERROR_EXIT",
     "InputError",
     "UserError",
+    "describe_dependency_fault",
     "describe_os_error",
     "one_line",
     "run_command",

@@ -5,6 +5,14 @@ empty file, or the rename itself unrecorded. The recipe here is the usual one: w
 file in the target's directory, fsync it, rename it over the target, then fsync the directory so
 the rename is on disk too. Temporaries are named ``.<name>.<random>.tmp``; ``remove_stale_temporaries``
 deletes those a killed writer left behind.
+
+Modes: ``mkstemp`` and ``mkdtemp`` create 0600 files and 0700 directories whatever the umask, so a
+dataset or an export written through them could not be shared. Every file ``atomic_open`` writes gets
+``0o666 & ~umask`` and every directory ``make_temp_dir`` makes gets ``0o777 & ~umask``, as ``open`` and
+``mkdir`` would give them (``file_mode``, ``dir_mode``).
+
+Paths named inside files (a Hugging Face index's shard names, a manifest's shard entries) are joined to
+their directory only through ``contained_path``, which refuses any that leaves it.
 """
 
 from __future__ import annotations
@@ -14,7 +22,66 @@ import os
 import tempfile
 from typing import IO, Iterator, Optional
 
+from .errors import InputError
+
 TMP_SUFFIX = ".tmp"
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux reports it (/proc/self/status); elsewhere
+    by setting and restoring it (not atomic against another thread doing the same)."""
+    try:
+        with open("/proc/self/status", "r", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0o666 less the umask."""
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    """The mode ``os.mkdir`` gives a new directory: 0o777 less the umask."""
+    return 0o777 & ~current_umask()
+
+
+def make_temp_dir(prefix: str, dir: str) -> str:
+    """``tempfile.mkdtemp`` whose directory gets ``dir_mode()`` instead of 0700: for a directory that is
+    renamed into place as an output (a dataset, an export)."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=dir)
+    os.chmod(path, dir_mode())
+    return path
+
+
+def contained_path(root: str, relative: str, what: str = "a path") -> str:
+    """``root/relative``, refused unless it stays inside ``root``: ``relative`` must be a non-empty
+    relative path (no NUL, no absolute path, no ``..`` that climbs out), and where it exists, its real
+    path (symlinks resolved) must be inside ``root``'s real path. The one place a name read from a file
+    becomes a path. ``what`` names the name in the error, e.g. "shard 'x' in /d/model.safetensors.index.json".
+
+    A symlink that leaves the directory is refused like any other escape; a Hugging Face hub cache snapshot
+    (shards linked into ../../blobs) is read after copying it with ``cp -rL``."""
+    if not isinstance(relative, str) or not relative or "\0" in relative:
+        raise InputError("%s is not a file name: %r" % (what, relative))
+    if os.path.isabs(relative) or os.path.splitdrive(relative)[0]:
+        raise InputError("%s is an absolute path (%s): only names inside %s are read" % (what, relative, root))
+    joined = os.path.normpath(os.path.join(root, relative))
+    base = os.path.normpath(root)
+    if os.path.commonpath([os.path.abspath(joined), os.path.abspath(base)]) != os.path.abspath(base):
+        raise InputError("%s leaves its directory %s (%s)" % (what, root, relative))
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(joined)
+    if os.path.commonpath([real, real_root]) != real_root:
+        raise InputError("%s leaves its directory %s through a symlink (%s -> %s; copy the directory with "
+                         "`cp -rL` to read it)" % (what, root, relative, real))
+    return joined
 
 
 def fsync_directory(path: str) -> None:
@@ -57,6 +124,7 @@ def atomic_open(path: str, mode: str = "wb", encoding: Optional[str] = None) -> 
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=TMP_SUFFIX, dir=directory)
     try:
+        os.fchmod(fd, file_mode())  # mkstemp's 0600 would keep the output from the group the umask allows
         with os.fdopen(fd, mode, encoding=encoding) as f:
             yield f
             f.flush()

@@ -65,16 +65,35 @@ def read_state_dict(directory: str) -> Dict[str, torch.Tensor]:
             return _read_weight_file(path)
         path = os.path.join(directory, index)
         if os.path.isfile(path):
-            with open(path, "r", encoding="utf-8") as handle:
-                weight_map = json.load(handle)["weight_map"]
             state: Dict[str, torch.Tensor] = {}
-            for shard in sorted(set(weight_map.values())):
-                state.update(_read_weight_file(os.path.join(directory, shard)))
+            for shard in _index_shards(directory, path):
+                state.update(_read_weight_file(shard))
             return state
     raise FileNotFoundError(
         "no weights in %s: expected one of %s"
         % (directory, ", ".join((SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME, BIN_NAME, BIN_INDEX_NAME)))
     )
+
+
+def _index_shards(directory: str, path: str) -> List[str]:
+    """The shard files an index names, each refused unless it is a file name inside ``directory``
+    (fsutil.contained_path): an index is a file, and a file does not choose what else is read."""
+    from ..errors import InputError
+    from ..fsutil import contained_path
+
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            index = json.load(handle)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+        raise InputError("%s is not a JSON index: %s" % (path, " ".join(str(exc).split())[:200]))
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise InputError("%s has no weight_map (a mapping of tensor names to shard files)" % (path,))
+    shards: Dict[str, str] = {}
+    for name in weight_map.values():
+        if not isinstance(name, str) or name not in shards:
+            shards[name] = contained_path(directory, name, "shard %r in %s" % (name, path))
+    return [shards[name] for name in sorted(shards)]
 
 
 def normalize_keys(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

@@ -17,10 +17,10 @@ interleaved and untraced; the peak memory comes from one more assignment run und
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import List, Optional
 
+from .. import jsonout
 from ..errors import ArgumentParser, InputError, run_command
 from .cli import add_lp_arguments, parse_length, parse_limit
 from .io import load_histogram
@@ -71,9 +71,9 @@ def _main(argv: Optional[List[str]]) -> int:
         for name in names:
             row = plans[name].to_dict()
             row["packs_above_lp_bound"] = plans[name].num_packs - bound
-            print(json.dumps(row))
+            print(jsonout.dumps(row))
         if assignment is not None:
-            print(json.dumps(assignment))
+            print(jsonout.dumps(assignment))
         return 0
     print("histogram %s, max length %d, max sequences per pack %s" % (args.histogram, length, k))
     print("%s sequences; LP lower bound %s packs (best possible efficiency %.4f%%)" % (

@@ -10,9 +10,9 @@ ipu_packing.errors.run_command.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import List, Optional
 
+from .. import jsonout
 from ..errors import ArgumentParser, InputError, run_command
 from .io import load_histogram
 from .optimal import MAX_ROUNDS, TIME_LIMIT
@@ -127,7 +127,7 @@ def format_table(plan: PackingPlan, top: int) -> str:
 def _main(argv: Optional[List[str]]) -> int:
     args = build_parser().parse_args(argv)
     plan = load_and_plan(args)
-    print(json.dumps(plan.to_dict()) if args.json else format_table(plan, args.top))
+    print(jsonout.dumps(plan.to_dict()) if args.json else format_table(plan, args.top))
     return 0
 
 

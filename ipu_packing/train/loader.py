@@ -10,8 +10,12 @@ YAML is a thin, strict layer over the dataclasses. A file has these top-level se
 Every key is checked against its dataclass's fields and their types, so a field added to a dataclass is
 a valid key with no change here; an unknown key or a wrong type is a `ConfigError` that names the
 dotted key. Command-line overrides are dotted keys with YAML values (`training.steps=20`,
-`execution.layers_per_ipu=[3,7,7,7]`). Nothing is rewritten while parsing: values that depend on the
-dataset's packing factor are derived later (`PretrainingConfig.batch_accounting`).
+`execution.layers_per_ipu=[3,7,7,7]`), applied left to right (the last one given wins). Files and override
+values go through one strict YAML reader (`_yaml_load`): a duplicate key or section, an anchor or alias, a
+merge key, nesting beyond MAX_DEPTH, an integer beyond MAX_INT_DIGITS or a file beyond MAX_CONFIG_BYTES is
+refused naming the line.
+Nothing is rewritten while parsing: values that depend on the dataset's packing factor are derived later
+(`PretrainingConfig.batch_accounting`).
 """
 
 from __future__ import annotations
@@ -52,13 +56,76 @@ _SECTIONS = {
 _TOP_KEYS = ("base", "model", "execution") + tuple(_SECTIONS)
 
 
-class _Loader(yaml.SafeLoader):
-    """yaml.SafeLoader that reads numbers as people write them.
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest config file (or override value) read: shipped configs are ~2 KB."""
+MAX_DEPTH = 20
+"""Deepest nesting of mappings and lists (a section is 1 deep, its keys' values 2, a list in them 3)."""
+MAX_INT_DIGITS = 100
+"""Longest integer literal (a seed is below 2**63: 19 digits)."""
 
-    PyYAML follows YAML 1.1, whose float pattern needs a dot and a signed exponent, so ``1e-4`` and
-    ``1.0e30`` load as *strings* and ``optimizer.lr=1e-4`` would be refused as "not a number". YAML
+
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader made strict, and reading numbers as people write them.
+
+    Strict: a key given twice in one mapping (a section twice in one file) is refused, naming the key and
+    both lines; anchors, aliases and merge keys (``<<``) are refused outright, so what a file holds is
+    what it says and a small file cannot expand into a large one ("billion laughs"); nesting is at most
+    MAX_DEPTH, which also keeps PyYAML's recursive composer far from Python's recursion limit.
+
+    Numbers: PyYAML follows YAML 1.1, whose float pattern needs a dot and a signed exponent, so ``1e-4``
+    and ``1.0e30`` load as *strings* and ``optimizer.lr=1e-4`` would be refused as "not a number". YAML
     1.2 (the current spec) reads them as floats; this loader adds that rule for plain scalars.
     """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[override]
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _Refused(event.start_mark, "anchors and aliases are not supported (%s%s); write the value out"
+                           % ("*" if isinstance(event, yaml.AliasEvent) else "&", event.anchor))
+        if self._depth >= MAX_DEPTH:
+            raise _Refused(event.start_mark, "nested deeper than %d levels" % MAX_DEPTH)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        if isinstance(node, yaml.MappingNode):
+            first: Dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise _Refused(key_node.start_mark, "merge keys (<<) are not supported; write the keys out")
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    line = first.get(key)
+                except TypeError:  # an unhashable key: PyYAML's own message follows
+                    continue
+                if line is not None:
+                    raise _Refused(key_node.start_mark, "duplicate key %r (first at line %d)" % (key, line))
+                first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+    def construct_yaml_int(self, node):  # type: ignore[override]
+        digits = len(str(node.value))
+        if digits > MAX_INT_DIGITS:  # Python 3.11 refuses > 4,300 digits with a ValueError; 3.8 would parse it
+            raise _Refused(node.start_mark, "an integer of %d digits (at most %d)" % (digits, MAX_INT_DIGITS))
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+
+
+class _Refused(Exception):
+    """What the strict loader refuses, at a place in the text (turned into a ConfigError naming the file)."""
+
+    def __init__(self, mark: Any, cause: str) -> None:
+        super().__init__("line %d: %s" % (mark.line + 1, cause))
 
 
 _Loader.add_implicit_resolver(
@@ -68,8 +135,33 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _yaml_load(stream):
-    return yaml.load(stream, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+def _yaml_load(stream: Any, source: str = "value") -> Any:
+    """The one YAML reader of configs and overrides: text or a binary/text file, at most MAX_CONFIG_BYTES,
+    through the strict loader above. Every refusal is a ConfigError that starts with ``source``."""
+    text = stream.read(MAX_CONFIG_BYTES + 1) if hasattr(stream, "read") else stream
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ConfigError("%s is not UTF-8: %s" % (source, exc))
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError("%s is larger than %d bytes (a config is a few KB)" % (source, MAX_CONFIG_BYTES))
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    except _Refused as exc:
+        raise ConfigError("%s %s" % (source, exc))
+    except yaml.YAMLError as exc:
+        raise ConfigError("%s is not valid YAML: %s" % (source, _shown(" ".join(str(exc).split()), 300)))
+    except (ValueError, OverflowError, RecursionError) as exc:  # a constructor: int() of 5,000 digits
+        raise ConfigError("%s holds a value YAML cannot build: %s" % (source, _shown(str(exc), 300)))
+    finally:
+        loader.dispose()
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters for an error line (a hostile value may be a megabyte)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def available_configs() -> List[str]:
@@ -132,13 +224,8 @@ def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
     real = os.path.realpath(path)
     if real in seen:
         raise ConfigError("config %s extends itself (base cycle)" % (path,))
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            raw = _yaml_load(f)
-    except yaml.YAMLError as exc:
-        raise ConfigError("config %s is not valid YAML: %s" % (path, " ".join(str(exc).split())))
-    except UnicodeDecodeError as exc:
-        raise ConfigError("config %s is not UTF-8: %s" % (path, exc))
+    with open(path, "rb") as f:
+        raw = _yaml_load(f, source="config %s" % (path,))
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -170,18 +257,15 @@ def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
 
 def _apply_override(raw: Dict[str, Any], item: str) -> None:
     if "=" not in item:
-        raise ConfigError("override %r must look like section.key=value" % (item,))
+        raise ConfigError("override %r must look like section.key=value" % (_shown(item),))
     key, _, text = item.partition("=")
     parts = key.strip().split(".")
     if len(parts) != 2 or not all(parts):
-        raise ConfigError("override key %r must be section.key, e.g. training.steps=20" % (key,))
+        raise ConfigError("override key %r must be section.key, e.g. training.steps=20" % (_shown(key),))
     section, name = parts
     if section not in _TOP_KEYS or section == "base":
-        raise ConfigError("unknown config section %r in override %r" % (section, item))
-    try:
-        value = _yaml_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        raise ConfigError("override %r: value is not valid YAML" % (item,))
+        raise ConfigError("unknown config section %r in override %r" % (_shown(section), _shown(item)))
+    value = _yaml_load(text, source="override %r" % (_shown(item),)) if text.strip() else None
     target = dict(raw.get(section) or {})
     target[name] = value
     raw[section] = target
