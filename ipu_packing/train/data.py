@@ -161,16 +161,5 @@ def check_data_matches(config, data: TrainingData) -> None:
 DATA_TOKEN_TYPES = 2
 
 
-def check_vocab_file(data: TrainingData, vocab_path: Optional[str], source: str) -> None:
-    """When the model comes with a vocab.txt (phase-1 dir), it must be the dataset's."""
-    if vocab_path is None or data.vocab_sha256 is None:
-        return
-    if file_sha256(vocab_path) != data.vocab_sha256:
-        raise UserError(
-            "dataset %s was built with another vocabulary than the model: %s differs from %s"
-            % (data.path, vocab_path, data.vocab_path)
-        )
-
-
 def batch_rows(batch: Any) -> int:
     return int(torch.as_tensor(batch["input_ids"]).shape[0])
