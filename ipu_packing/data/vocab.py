@@ -325,3 +325,20 @@ def train_vocab(sentences: Callable[[], Iterable[str]], vocab_size: int, lower_c
     for token, i in by_id.items():
         vocab[i] = token
     return TokenizerSpec(vocab, lower_case, source=source % len(vocab))
+
+
+HF_SPECIAL_TOKEN_NAMES = {"[PAD]": "pad_token", "[UNK]": "unk_token", "[CLS]": "cls_token", "[SEP]": "sep_token",
+                          "[MASK]": "mask_token"}
+
+
+def hf_tokenizer_files(do_lower_case: bool, model_max_length: int) -> Dict[str, dict]:
+    """tokenizer_config.json and special_tokens_map.json of a transformers BertTokenizer (or its fast twin)
+    that tokenizes as `TokenizerSpec.build()` does for a vocabulary: BertNormalizer (clean text, split
+    CJK characters, strip accents only when lower-casing, lower-case when `do_lower_case`), then
+    BertPreTokenizer and "##" WordPiece. Without do_lower_case, transformers' default is True, which
+    would lower-case text a cased model was trained on."""
+    special = {HF_SPECIAL_TOKEN_NAMES[token]: token for token in SPECIAL_TOKENS}
+    config = dict(special, tokenizer_class="BertTokenizer", do_lower_case=bool(do_lower_case),
+                  do_basic_tokenize=True, tokenize_chinese_chars=True, strip_accents=None,
+                  model_max_length=int(model_max_length), clean_up_tokenization_spaces=True)
+    return {"tokenizer_config.json": config, "special_tokens_map.json": special}
