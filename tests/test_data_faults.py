@@ -176,7 +176,8 @@ def _start_with_workers(tmp_path, name):
         build_corpus(corpus, 6)
     output = str(tmp_path / name)
     proc = subprocess.Popen([sys.executable, "-c", _RUN, "prepare", "--input", corpus, "--output", output,
-                             "--dupe-factor", "1", "--workers", "2", "--quiet"], cwd=ROOT, start_new_session=True,
+                             "--vocab", "default", "--dupe-factor", "1", "--workers", "2", "--quiet"], cwd=ROOT,
+                            start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=ROOT))
     for _ in range(1200):  # up to 60 s for the workers to start on a loaded machine

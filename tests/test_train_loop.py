@@ -189,10 +189,16 @@ def test_init_from_phase1_hf_dir_and_checkpoint(data_dir, tmp_path):
 def test_init_from_other_architecture_is_a_user_error(data_dir, tmp_path):
     first = str(tmp_path / "phase1")
     train(tiny(data_dir, first, "training.steps=1"))
-    with pytest.raises(UserError) as info:
-        plan_run(tiny(data_dir, str(tmp_path / "p2"), "model.hidden_size=16", "model.intermediate_size=32",
-                      "checkpoint.init_from=%s" % os.path.join(first, "final")), open_dataset=open_dataset)
-    assert "shape" in str(info.value)
+    other = ["model.hidden_size=16", "model.intermediate_size=32"]
+    with pytest.raises(UserError) as info:  # the HF directory's config.json states 32 and 64
+        tiny(data_dir, str(tmp_path / "p2"), *other + ["checkpoint.init_from=%s" % os.path.join(first, "final")])
+    assert "model.hidden_size is 16 in the config but 32 in its config.json" in str(info.value)
+    for source in (os.path.join(first, "final"), first):  # overridden, or a run directory: the shapes differ
+        with pytest.raises(UserError) as info:
+            plan_run(tiny(data_dir, str(tmp_path / "p2"), *other + [
+                "checkpoint.init_from=%s" % source,
+                "checkpoint.init_override=[model.hidden_size,model.intermediate_size]"]), open_dataset=open_dataset)
+        assert "shape" in str(info.value)
 
 
 def test_padded_layout_and_option_2_betas(data_dir, tmp_path):

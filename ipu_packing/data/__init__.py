@@ -3,7 +3,7 @@
 Command line::
 
     python -m ipu_packing.data prepare --input PATH|default --output DIR \\
-        --max-seq-length S --max-sequences-per-pack K [--vocab PATH] [--seed N] [--workers N] [...]
+        --max-seq-length S --max-sequences-per-pack K [--vocab PATH|default | --train-vocab N] [--seed N] [...]
     python -m ipu_packing.data pack --input PATH|DIR|GLOB --vocab VOCAB --output DIR \\
         --max-sequences-per-pack K [--format auto|hdf5|tfrecord] [--workers N] [--no-padded] [--seed N]
     python -m ipu_packing.data inspect DIR/packed

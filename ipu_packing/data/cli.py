@@ -19,6 +19,7 @@ from .errors import DataError
 
 def _parser() -> argparse.ArgumentParser:
     from .pipeline import PrepareConfig
+    from .vocab import DEFAULT_VOCAB_SIZE
 
     defaults = PrepareConfig(input="default", output="-")
     parser = ArgumentParser(prog="python -m ipu_packing.data", description=__doc__)
@@ -29,9 +30,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
     p.add_argument("--max-sequences-per-pack", type=int, default=defaults.max_sequences_per_pack)
-    p.add_argument("--vocab", default=None, help="vocab.txt or Hugging Face tokenizer directory (default: train one)")
-    p.add_argument("--vocab-size", type=int, default=defaults.vocab_size, help="size of the trained default vocabulary")
-    p.add_argument("--lower-case", choices=("auto", "yes", "no"), default=defaults.lower_case)
+    p.add_argument("--vocab", default=None, metavar="PATH",
+                   help='vocab.txt or Hugging Face tokenizer directory (never downloaded), or "default": the default '
+                   "corpus' vocabulary. Your own --input needs --vocab or --train-vocab; --input default without "
+                   "either gets the default vocabulary")
+    p.add_argument("--train-vocab", "--vocab-size", dest="train_vocab", type=int, default=None, metavar="N",
+                   help="train a WordPiece vocabulary of (at most) N tokens on --input, deterministically (the same "
+                   "input gives the same vocab.txt); the default corpus' vocabulary is N=%d" % DEFAULT_VOCAB_SIZE)
+    p.add_argument("--lower-case", choices=("auto", "yes", "no"), default=defaults.lower_case,
+                   help="lower-case the text: for a bare vocab.txt auto = uncased unless it has upper-case tokens; for "
+                   "--train-vocab auto = yes; a Hugging Face tokenizer decides its own. Recorded in the manifest "
+                   "(do_lower_case) and in the export's tokenizer_config.json")
     p.add_argument("--format", choices=("auto", "bert", "text"), default=defaults.format)
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--workers", type=int, default=defaults.workers, help="0: min(4, CPUs)")
@@ -100,7 +109,7 @@ def _prepare(args: argparse.Namespace) -> None:
         raise DataError("--shard-mb must be a number of MiB > 0, got %r" % (args.shard_mb,))
     config = PrepareConfig(
         input=args.input, output=args.output, max_seq_length=args.max_seq_length,
-        max_sequences_per_pack=args.max_sequences_per_pack, vocab=args.vocab, vocab_size=args.vocab_size,
+        max_sequences_per_pack=args.max_sequences_per_pack, vocab=args.vocab, train_vocab=args.train_vocab,
         lower_case=args.lower_case, format=args.format, seed=args.seed, workers=args.workers,
         dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, masked_lm_prob=args.masked_lm_prob,
         max_predictions_per_seq=args.max_predictions_per_seq, whole_word_masking=args.whole_word_masking,

@@ -4,7 +4,9 @@ Order of work:
 
 1. Check the output directory (refuse a non-empty one) and make a temporary sibling directory; the
    result is renamed into place only when everything succeeded, so a failure leaves nothing behind.
-2. Load the tokenizer, or train the default vocabulary on the default corpus.
+2. Load the tokenizer (`--vocab`), or train a WordPiece vocabulary on the input (`--train-vocab N`;
+   the embedded default corpus gets its default vocabulary without either). A corpus of the user's own
+   without either is refused: its text would be cut into the default corpus' word pieces.
 3. Stream documents from the input, group them into shards of about `shard_chars` characters, and
    build each shard's instances in a worker process (tokenize, choose segments, truncate, mask),
    each shard from its own generator seeded from (seed, shard index). At most two shards per worker
@@ -42,7 +44,7 @@ from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_
 from .errors import DataError
 from .format import VOCAB, mlm_slots, sha256_file
 from .instances import RecipeConfig
-from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab
+from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab, train_vocab
 from .workers import Workers, _build_shard, _progress
 from .write import PackSettings, write_datasets  # the packing phase, shared with other sources of instances
 
@@ -60,11 +62,14 @@ class PrepareConfig:
     max_sequences_per_pack: int = 3
     """K for the packed dataset (the padded baseline always has K = 1)."""
     vocab: Optional[str] = None
-    """vocab.txt or Hugging Face tokenizer directory; None trains the default WordPiece vocabulary."""
-    vocab_size: int = DEFAULT_VOCAB_SIZE
-    """Size of the default vocabulary (only when vocab is None)."""
+    """vocab.txt or Hugging Face tokenizer directory, or "default" (the default corpus' vocabulary:
+    DEFAULT_VOCAB_SIZE WordPiece tokens trained on it, lower-cased). None: see train_vocab."""
+    train_vocab: Optional[int] = None
+    """Train a WordPiece vocabulary of this many tokens (at most) on the input. With vocab None too:
+    the default vocabulary for input "default", a refusal for any other input."""
     lower_case: str = "auto"
-    """For a bare vocab.txt: "auto" (uncased unless it has upper-case tokens), "yes" or "no"."""
+    """For a bare vocab.txt: "auto" (uncased unless it has upper-case tokens), "yes" or "no"; for a
+    trained vocabulary: "auto" or "yes" lower-case, "no" keeps the case."""
     format: str = "auto"
     """Input format: "auto", "bert" or "text" (see corpus.py)."""
     seed: int = 12345
@@ -99,8 +104,11 @@ class PrepareConfig:
             raise DataError("--max-sequences-per-pack must be >= 1, got %d" % self.max_sequences_per_pack)
         if self.workers < 0:
             raise DataError("--workers must be >= 0, got %d" % self.workers)
-        if self.vocab_size < 100:
-            raise DataError("--vocab-size must be >= 100, got %d" % self.vocab_size)
+        if self.train_vocab is not None and self.vocab is not None:
+            raise DataError("--vocab %s and --train-vocab %d exclude each other: give one"
+                            % (self.vocab, self.train_vocab))
+        if self.train_vocab is not None and self.train_vocab < 100:
+            raise DataError("--train-vocab must be >= 100 tokens, got %d" % self.train_vocab)
         if self.lower_case not in LOWER_CASE_CHOICES:
             raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
         if self.format not in FORMATS:
@@ -232,6 +240,10 @@ def prepare(config: PrepareConfig) -> PrepareResult:
     _check_output(output)
     corpus_spec = CorpusSpec(config.input, config.format)
     files = corpus_spec.files()  # checks that the input exists before anything is created
+    if not corpus_spec.is_default and config.vocab is None and config.train_vocab is None:
+        raise DataError("%s: a corpus of your own needs a vocabulary: --vocab PATH (a vocab.txt or Hugging Face "
+                        "tokenizer directory) or --train-vocab N (WordPiece with N tokens trained on this input)"
+                        % config.input)
     return write_atomically(output, lambda temp: _prepare_into(config, corpus_spec, files, temp), "preparing")
 
 
@@ -265,6 +277,31 @@ def write_atomically(output: str, build: Callable[[str], T], doing: str) -> T:
         raise
 
 
+DEFAULT_VOCAB = "default"
+"""`--vocab default`: the default corpus' vocabulary, whatever the input."""
+
+
+def _tokenizer(config: PrepareConfig, corpus_spec: CorpusSpec, default_docs: Optional[List[List[str]]]):
+    """The TokenizerSpec `config` asks for (prepare() has refused a user corpus without a vocabulary)."""
+    lower = config.lower_case != "no"
+    if config.vocab is not None and config.vocab != DEFAULT_VOCAB:
+        return load_tokenizer(config.vocab, config.lower_case)
+    if config.train_vocab is None or corpus_spec.is_default:
+        size = DEFAULT_VOCAB_SIZE if config.train_vocab is None else config.train_vocab
+        sentences = [s for d in default_docs for s in d]
+        if lower:  # the default vocabulary, byte for byte (tests/test_data_hashes.py)
+            return train_default_vocab(sentences, size)
+        return train_vocab(lambda: iter(sentences), size, lower_case=False,
+                           source="WordPiece trained on the default corpus, %d tokens, cased")
+
+    def sentences():
+        return (s for d in corpus_spec.documents() for s in d)
+
+    return train_vocab(sentences, config.train_vocab, lower_case=lower,
+                       source="WordPiece trained on %s, %%d tokens, %s" % (config.input, "lower-cased" if lower
+                                                                             else "cased"))
+
+
 def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[str], temp: str) -> PrepareResult:
     seconds: Dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -275,11 +312,8 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
         seconds[name] = now - clock[0]
         clock[0] = now
 
-    default_docs = list(default_documents()) if (corpus_spec.is_default or config.vocab is None) else None
-    if config.vocab is not None:
-        spec = load_tokenizer(config.vocab, config.lower_case)
-    else:
-        spec = train_default_vocab([s for d in default_docs for s in d], config.vocab_size)
+    default_docs = list(default_documents()) if (corpus_spec.is_default or config.vocab == DEFAULT_VOCAB) else None
+    spec = _tokenizer(config, corpus_spec, default_docs)
     lap("vocab")
     documents = iter(default_docs) if corpus_spec.is_default else corpus_spec.documents()
     del default_docs

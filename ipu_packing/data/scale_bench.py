@@ -138,7 +138,7 @@ def run_measured(command: List[str], nofile: Optional[int] = None, what: str = "
 
 def run_prepare(corpus: str, output: str, nofile: int, extra: List[str]) -> Dict[str, object]:
     return run_measured([sys.executable, "-m", "ipu_packing.data", "prepare", "--input", corpus, "--output", output,
-                         "--quiet"] + extra, nofile, "prepare")
+                         "--vocab", "default", "--quiet"] + extra, nofile, "prepare")
 
 
 def du(path: str) -> int:

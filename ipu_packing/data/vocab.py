@@ -1,5 +1,5 @@
 """Tokenizers: a vocab.txt, a Hugging Face tokenizer directory, or a WordPiece vocabulary trained on
-the embedded corpus.
+the corpus being prepared (`prepare --train-vocab N`; the embedded default corpus gets one without asking).
 
 All of them end up as a fast (Rust) `tokenizers.Tokenizer` that encodes whole batches of sentences
 at once, plus the vocabulary as a list of tokens (id = index) that is copied into every prepared
@@ -8,7 +8,10 @@ dataset as vocab.txt, so the application can rebuild the tokenizer from the data
 Lower-casing follows the tokenizer: a Hugging Face directory says so in tokenizer.json (its
 normalizer) or tokenizer_config.json (`do_lower_case`); a bare vocab.txt is treated as uncased when
 none of its ordinary tokens holds an upper-case letter (bert-base-uncased) and as cased otherwise
-(bert-base-cased). `--lower-case yes|no` overrides the guess for a bare vocab.txt.
+(bert-base-cased). `--lower-case yes|no` overrides the guess for a bare vocab.txt and chooses for a
+trained vocabulary (auto: lower-cased); against a tokenizer.json that says otherwise it is refused.
+Whichever it is, the manifest records it (`do_lower_case`), and the training run's export writes it
+into tokenizer_config.json, so transformers tokenizes as `prepare` did.
 
 The default vocabulary is trained with `tokenizers`' WordPiece trainer on the default corpus,
 lower-cased, 8192 tokens: small enough for a tiny demonstration model, big enough that most words are
@@ -23,7 +26,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -270,6 +273,10 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
         lower = _json_lowercase(data.get("normalizer"))
         if lower is None:
             lower = bool(config.get("do_lower_case", False))
+        if forced is not None and forced != lower:
+            raise DataError("--lower-case %s disagrees with %s, whose normalizer %s lower-case (leave out "
+                            "--lower-case: a tokenizer.json decides its own casing)"
+                            % (lower_case, json_path, "does" if lower else "does not"))
         return TokenizerSpec(vocab, lower, tokenizer_json=text, source=path)
     if os.path.isfile(vocab_path):
         vocab = _read_vocab_file(vocab_path)
@@ -283,7 +290,18 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
 
 
 def train_default_vocab(sentences: Sequence[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> TokenizerSpec:
-    """Train a lower-cased WordPiece vocabulary, deterministically for a given corpus.
+    """The default vocabulary: lower-cased WordPiece trained on `sentences` (the default corpus)."""
+    return train_vocab(lambda: iter(sentences), vocab_size, lower_case=True,
+                       source="default (WordPiece trained on the default corpus, %d tokens)")
+
+
+def train_vocab(sentences: Callable[[], Iterable[str]], vocab_size: int, lower_case: bool = True,
+                source: str = "WordPiece, %d tokens") -> TokenizerSpec:
+    """Train a WordPiece vocabulary of at most `vocab_size` tokens, deterministically for a given corpus.
+
+    `sentences()` gives a fresh iterator over the corpus' sentences; it is read twice (the alphabet,
+    then the training), so a corpus larger than memory streams. `source` is the TokenizerSpec's
+    source, with %d for the vocabulary's size as trained (a small corpus gives fewer tokens).
 
     `tokenizers`' WordPiece trainer (BPE underneath) is not deterministic on its own
     (huggingface/tokenizers#1794): it gives the "##x" continuation tokens ids in hash-map order, and
@@ -293,18 +311,34 @@ def train_default_vocab(sentences: Sequence[str], vocab_size: int = DEFAULT_VOCA
     """
     from tokenizers.implementations import BertWordPieceTokenizer
 
-    tokenizer = BertWordPieceTokenizer(lowercase=True)
+    tokenizer = BertWordPieceTokenizer(lowercase=lower_case)
     normalizer = tokenizer._tokenizer.normalizer
     raw = set()
-    for sentence in sentences:
+    for sentence in sentences():
         raw.update(sentence)
     alphabet = set(normalizer.normalize_str("\n".join(sorted(raw))))
     continuations = ["##" + ch for ch in sorted(ch for ch in alphabet if not ch.isspace())]
-    tokenizer.train_from_iterator(iter(sentences), vocab_size=vocab_size, min_frequency=2, limit_alphabet=1000,
+    tokenizer.train_from_iterator(sentences(), vocab_size=vocab_size, min_frequency=2, limit_alphabet=1000,
                                   special_tokens=list(SPECIAL_TOKENS) + continuations, show_progress=False)
     by_id = tokenizer.get_vocab()
     vocab = [""] * len(by_id)
     for token, i in by_id.items():
         vocab[i] = token
-    return TokenizerSpec(vocab, True,
-                         source="default (WordPiece trained on the default corpus, %d tokens)" % len(vocab))
+    return TokenizerSpec(vocab, lower_case, source=source % len(vocab))
+
+
+HF_SPECIAL_TOKEN_NAMES = {"[PAD]": "pad_token", "[UNK]": "unk_token", "[CLS]": "cls_token", "[SEP]": "sep_token",
+                          "[MASK]": "mask_token"}
+
+
+def hf_tokenizer_files(do_lower_case: bool, model_max_length: int) -> Dict[str, dict]:
+    """tokenizer_config.json and special_tokens_map.json of a transformers BertTokenizer (or its fast twin)
+    that tokenizes as `TokenizerSpec.build()` does for a vocabulary: BertNormalizer (clean text, split
+    CJK characters, strip accents only when lower-casing, lower-case when `do_lower_case`), then
+    BertPreTokenizer and "##" WordPiece. Without do_lower_case, transformers' default is True, which
+    would lower-case text a cased model was trained on."""
+    special = {HF_SPECIAL_TOKEN_NAMES[token]: token for token in SPECIAL_TOKENS}
+    config = dict(special, tokenizer_class="BertTokenizer", do_lower_case=bool(do_lower_case),
+                  do_basic_tokenize=True, tokenize_chinese_chars=True, strip_accents=None,
+                  model_max_length=int(model_max_length), clean_up_tokenization_spaces=True)
+    return {"tokenizer_config.json": config, "special_tokens_map.json": special}

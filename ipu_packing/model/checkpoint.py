@@ -19,7 +19,7 @@ import copy
 import json
 import os
 import warnings
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -158,6 +158,27 @@ def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: boo
         )
     model.tie_weights()
     return model
+
+
+def load_weights(model: Any, directory: str) -> Tuple[List[str], List[str], List[str]]:
+    """Copy the weights of a transformers-format directory into an existing ``model``, not strictly:
+    returns (loaded, missing, unexpected) tensor names, in transformers' layout and without tied aliases:
+    those copied, the model's tensors the directory lacks (left as they were: their fresh initialisation)
+    and the directory's tensors the model has no place for (not used). A tensor of another shape is a
+    ValueError naming it."""
+    state = normalize_keys(read_state_dict(directory))
+    aliases = _aliases(model)
+    for name in aliases:
+        state.pop(name, None)
+    own = {key: value for key, value in hf_layout(model.state_dict()).items() if key not in aliases}
+    for key, value in state.items():
+        if key in own and tuple(value.shape) != tuple(own[key].shape):
+            raise ValueError("%s in %s has shape %s, the model wants %s"
+                             % (key, directory, tuple(value.shape), tuple(own[key].shape)))
+    model.load_state_dict({key: value for key, value in state.items() if key in own}, strict=False)
+    model.tie_weights()
+    return ([key for key in own if key in state], [key for key in own if key not in state],
+            [key for key in state if key not in own])
 
 
 def export_state_dict(model: Any) -> Dict[str, torch.Tensor]:

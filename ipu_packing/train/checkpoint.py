@@ -240,6 +240,9 @@ def export_hf(model, directory: str, vocab_path: Optional[str] = None) -> str:
         model.save_pretrained(tmp)
         if vocab_path and os.path.isfile(vocab_path):
             shutil.copyfile(vocab_path, os.path.join(tmp, "vocab.txt"))
+            from .data import write_tokenizer_files  # the tokenizer config of the dataset's casing
+
+            write_tokenizer_files(tmp, vocab_path)
         old = None
         if os.path.exists(directory):
             old = directory + ".old"

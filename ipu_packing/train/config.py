@@ -46,6 +46,9 @@ class PretrainingConfig:
     """Keys the `execution:` section set explicitly (for checks only)."""
 
     def __post_init__(self) -> None:
+        from .phase1 import apply_init_architecture
+
+        self.model = apply_init_architecture(self.model, self.checkpoint)  # a phase-1 directory's architecture
         layers = int(self.model.get("num_hidden_layers", 12))
         if "gradient_accumulation" in self.explicit_execution_keys:
             raise ConfigError(

@@ -161,15 +161,25 @@ def check_data_matches(config, data: TrainingData) -> None:
 DATA_TOKEN_TYPES = 2
 
 
-def check_vocab_file(data: TrainingData, vocab_path: Optional[str], source: str) -> None:
-    """When the model comes with a vocab.txt (phase-1 dir), it must be the dataset's."""
-    if vocab_path is None or data.vocab_sha256 is None:
+def write_tokenizer_files(directory: str, vocab_path: str) -> None:
+    """Beside an export's config.json and vocab.txt: tokenizer_config.json and special_tokens_map.json
+    (data/vocab.py, hf_tokenizer_files), with the dataset's casing (its manifest's do_lower_case) and
+    model_max_length = config.json's max_position_embeddings, so that transformers' AutoTokenizer gives
+    the ids `prepare` gave. A dataset whose manifest does not say its casing gets none."""
+    from ipu_packing.data.vocab import hf_tokenizer_files
+
+    try:
+        with open(os.path.join(os.path.dirname(vocab_path), "manifest.json"), "r", encoding="utf-8") as f:
+            lower = json.load(f).get("do_lower_case")
+        with open(os.path.join(directory, "config.json"), "r", encoding="utf-8") as f:
+            positions = int(json.load(f).get("max_position_embeddings", 512))
+    except (OSError, ValueError, AttributeError):  # the run validated both; a vanished dataset exports no casing
         return
-    if file_sha256(vocab_path) != data.vocab_sha256:
-        raise UserError(
-            "dataset %s was built with another vocabulary than the model: %s differs from %s"
-            % (data.path, vocab_path, data.vocab_path)
-        )
+    if not isinstance(lower, bool):
+        return
+    for name, content in hf_tokenizer_files(lower, positions).items():
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            f.write(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def batch_rows(batch: Any) -> int:

@@ -28,11 +28,12 @@ import torch
 
 from . import checkpoint as ckpt
 from .config import BatchAccounting, PretrainingConfig
-from .data import TrainingData, batch_rows, check_data_matches, check_vocab_file, open_shards, read_training_data
+from .data import TrainingData, batch_rows, check_data_matches, open_shards, read_training_data
 from .errors import ConfigError, TrainingError, UserError
 from .instances import agree_on_start, agree_ready, reduce_step
 from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
 from .optim import build_optimizer, build_scheduler
+from .phase1 import check_init_from, load_init_from
 from .resume import changed_keys, check_resume_matches, load_with_new_hyperparameters, resolve_resume
 from .runlock import RunLock
 
@@ -126,12 +127,8 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
                 % (resume_path, ", ".join(changed))
             )
 
-    init_from = config.checkpoint.init_from
-    if init_from and resume_state is None:
-        if not os.path.exists(init_from):
-            raise UserError("checkpoint.init_from %s does not exist" % (init_from,))
-        if ckpt.is_hf_dir(init_from) and os.path.isfile(os.path.join(init_from, "vocab.txt")):
-            check_vocab_file(data, os.path.join(init_from, "vocab.txt"), init_from)
+    if config.checkpoint.init_from and resume_state is None:
+        check_init_from(config, data)  # exists, and was trained on the dataset's vocabulary
     open_shards(data, open_dataset)
     if config.training.num_threads:
         torch.set_num_threads(config.training.num_threads)
@@ -142,8 +139,7 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
     except ValueError as exc:  # the model refusing a model: value (hidden_act, position_embedding_type, ...)
         raise ConfigError("model: %s" % (" ".join(str(exc).split()),))
     if resume_state is None and config.checkpoint.init_from:
-        vocab = ckpt.load_phase1_weights(model, config.checkpoint.init_from, model_cls)
-        check_vocab_file(data, vocab, config.checkpoint.init_from)
+        load_init_from(config, data, model, model_cls)  # prints one line: what, from where, what is fresh
     optimizer = build_optimizer(model, config.optimizer, accounting.betas)
     scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)
     if resume_state is not None:

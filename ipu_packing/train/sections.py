@@ -20,6 +20,11 @@ BATCH_ACCOUNTING = ("accumulation", "betas")
 LAYOUTS = ("packed", "padded")
 OPTIMIZERS = ("lamb", "adamw")
 DECAYS = ("linear", "poly", "constant")
+# The model's architecture as a phase-1 Hugging Face directory's config.json states it: taken from there
+# by checkpoint.init_from (train/phase1.py).
+INIT_ARCHITECTURE_KEYS = ("hidden_act", "layer_norm_eps", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "vocab_size", "type_vocab_size", "max_position_embeddings")
+INIT_OVERRIDE_VOCAB = "vocab"
 
 
 @dataclass
@@ -172,7 +177,15 @@ class CheckpointConfig:
     """How many step checkpoints to keep (oldest are deleted after a newer one is written)."""
     init_from: Optional[str] = None
     """Phase-1 weights: a Hugging Face BERT directory (config.json + weights) or one of our
-    checkpoints (a step_*.pt file or a run directory). Only the model weights are taken."""
+    checkpoints (a step_*.pt file or a run directory). Only the model weights are taken; from a
+    Hugging Face directory the architecture too (INIT_ARCHITECTURE_KEYS, from its config.json: a
+    `model:` value that disagrees is refused, naming both). Its vocabulary (the directory's vocab.txt,
+    or the vocab_sha256 a checkpoint records) must be the dataset's. Weights the source lacks (e.g. a
+    BertModel without the pretraining heads) keep their fresh initialisation; loading says which."""
+    init_override: List[str] = field(default_factory=list)
+    """What may differ from checkpoint.init_from: `model.KEY` (one of INIT_ARCHITECTURE_KEYS) trains with
+    the config's value instead of the checkpoint's; `vocab` starts from a checkpoint trained on another
+    vocabulary. E.g. checkpoint.init_override=[model.layer_norm_eps]."""
     resume: str = "auto"
     """"auto": continue from the run directory's latest checkpoint if there is one, refusing a
     checkpoint trained with other optimizer, schedule, step-count or batch values;
@@ -185,6 +198,10 @@ class CheckpointConfig:
         if self.every_steps < 0:
             raise ConfigError("checkpoint.every_steps must be >= 0, got %r" % (self.every_steps,))
         _positive("checkpoint.keep", self.keep)
+        allowed = ["model." + key for key in INIT_ARCHITECTURE_KEYS] + [INIT_OVERRIDE_VOCAB]
+        for item in self.init_override:
+            if item not in allowed:
+                raise ConfigError("checkpoint.init_override: %r is not one of %s" % (item, ", ".join(allowed)))
 
 
 @dataclass

@@ -1,0 +1,96 @@
+"""`prepare` on a corpus of the user's own: a vocabulary is asked for (--vocab PATH or --train-vocab N),
+--train-vocab trains on that input, deterministically and in either case, and the manifest says which."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+from ipu_packing.data.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMES = ["Python", "Bug", "Fixed", "Zorbleflax", "Guido", "Release", "Parser", "Compiler", "London", "Paris"]
+WORDS = "the a of to and in is was for on that with as by it at from new two has had not but".split()
+
+
+def write_cased_corpus(path, documents=80, seed=0):
+    """BERT format, with capitalised names and one made-up word (Zorbleflax) that no other vocabulary holds."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(documents):
+            for _ in range(rng.randint(2, 9)):
+                words = [rng.choice(NAMES if rng.random() < 0.4 else WORDS) for _ in range(rng.randint(4, 14))]
+                f.write(" ".join(words) + ".\n")
+            f.write("Fixed a Bug in Python.\n\n")
+    return path
+
+
+def prepare_args(corpus, output, *extra):
+    return ["prepare", "--input", corpus, "--output", output, "--max-seq-length", "32", "--max-sequences-per-pack",
+            "3", "--dupe-factor", "2", "--workers", "1", "--quiet"] + list(extra)
+
+
+def _manifest(output):
+    with open(os.path.join(output, "packed", "manifest.json")) as f:
+        return json.load(f)
+
+
+def _vocab(output):
+    with open(os.path.join(output, "packed", "vocab.txt"), encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def test_own_corpus_without_a_vocabulary_is_refused_naming_both_options(tmp_path, capsys):
+    corpus = write_cased_corpus(str(tmp_path / "corpus.txt"))
+    output = str(tmp_path / "out")
+    assert main(prepare_args(corpus, output)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert corpus in err and "--vocab PATH" in err and "--train-vocab N" in err, err
+    assert not os.path.exists(output)
+    assert main(prepare_args(corpus, output, "--vocab", "default", "--train-vocab", "500")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exclude each other" in err, err
+
+
+def test_train_vocab_trains_on_the_input_keeps_the_case_asked_for_and_is_deterministic(tmp_path, capsys):
+    corpus = write_cased_corpus(str(tmp_path / "corpus.txt"))
+    cased = str(tmp_path / "cased")
+    assert main(prepare_args(corpus, cased, "--train-vocab", "300", "--lower-case", "no")) == 0
+    vocab = _vocab(cased)
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert {"Python", "Zorbleflax", "Fixed"} <= set(vocab)  # the input's own words, with their case
+    assert "python" not in vocab and "def" not in vocab  # nothing of the default (CPython docstrings) corpus
+    manifest = _manifest(cased)
+    assert manifest["do_lower_case"] is False and manifest["vocab_size"] == len(vocab) <= 300
+    assert manifest["recipe"]["vocab_source"] == "WordPiece trained on %s, %d tokens, cased" % (corpus, len(vocab))
+
+    uncased = str(tmp_path / "uncased")
+    assert main(prepare_args(corpus, uncased, "--train-vocab", "300")) == 0  # --lower-case auto: lower-cased
+    assert _manifest(uncased)["do_lower_case"] is True
+    assert "zorbleflax" in _vocab(uncased) and not any(ch.isupper() for t in _vocab(uncased)[5:] for ch in t)
+
+    # the same input gives the same vocab.txt bytes in another process with another hash seed
+    again = str(tmp_path / "again")
+    run = subprocess.run([sys.executable, "-m", "ipu_packing.data"] + prepare_args(
+        corpus, again, "--train-vocab", "300", "--lower-case", "no"), cwd=ROOT, capture_output=True, text=True,
+        env=dict(os.environ, PYTHONHASHSEED="123", PYTHONPATH=ROOT), timeout=300)
+    assert run.returncode == 0, run.stderr
+    with open(os.path.join(cased, "packed", "vocab.txt"), "rb") as a, \
+            open(os.path.join(again, "packed", "vocab.txt"), "rb") as b:
+        assert a.read() == b.read()
+    assert _manifest(again)["vocab_checksum"] == manifest["vocab_checksum"]
+
+
+def test_vocab_from_a_tokenizer_directory_reads_its_casing(tmp_path, capsys):
+    corpus = write_cased_corpus(str(tmp_path / "corpus.txt"))
+    first = str(tmp_path / "first")
+    assert main(prepare_args(corpus, first, "--train-vocab", "300", "--lower-case", "no")) == 0
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "vocab.txt").write_text("\n".join(_vocab(first)) + "\n", encoding="utf-8")
+    (hf / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}), encoding="utf-8")
+    out = str(tmp_path / "from_hf")
+    assert main(prepare_args(corpus, out, "--vocab", str(hf))) == 0
+    assert _manifest(out)["do_lower_case"] is False and _vocab(out) == _vocab(first)
