@@ -193,7 +193,7 @@ def test_demo_512_packed_steps_hold_as_many_sequences_as_the_padded_ones(tmp_pat
     run's accumulation / measured packing factor gives the padded step's sequences within 1% (compare warns
     above 5%), and the config's estimate is that measured factor."""
     from ipu_packing.data import open_dataset
-    from ipu_packing.data.pipeline import PrepareConfig, prepare
+    from ipu_packing.data.text.pipeline import PrepareConfig, prepare
 
     output = str(tmp_path / "demo_512")
     prepare(PrepareConfig(input="default", output=output, max_seq_length=512, max_sequences_per_pack=3, workers=1,

@@ -65,7 +65,7 @@ def __getattr__(name):  # lazy: the prepare command does not need torch
 
         return PackedDataset
     if name in ("PrepareConfig", "prepare"):
-        from . import pipeline as module
+        from .text import pipeline as module
 
         return getattr(module, name)
     raise AttributeError(name)

@@ -18,7 +18,7 @@ from .errors import DataError
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .pipeline import PrepareConfig
+    from .text.pipeline import PrepareConfig
 
     defaults = PrepareConfig(input="default", output="-")
     parser = ArgumentParser(prog="python -m ipu_packing.data", description=__doc__)
@@ -90,7 +90,7 @@ def _keep_freed_memory() -> None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from .pipeline import PrepareConfig, prepare
+    from .text.pipeline import PrepareConfig, prepare
 
     if not 0 < args.shard_mb < float("inf"):  # also refuses nan
         raise DataError("--shard-mb must be a number > 0, got %r" % args.shard_mb)
@@ -118,7 +118,7 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _pack(args: argparse.Namespace) -> None:
-    from .existing import PackConfig, pack
+    from .existing.pack import PackConfig, pack
 
     if not 0 < args.shard_mb < float("inf"):  # also refuses nan
         raise DataError("--shard-mb must be a number > 0, got %r" % args.shard_mb)

@@ -148,7 +148,7 @@ def max_pack_predictions(gains: np.ndarray, max_seq_length: int, max_sequences_p
     """The most predictions a pack of at most K sequences within S tokens can hold when a sequence of
     length l has at most gains[l] of them ((S + 1,); gains[l] < 0: no sequence has length l).
 
-    `mlm_slots` gives it the recipe's counts; `pack` (data/existing.py) the most that the input's
+    `mlm_slots` gives it the recipe's counts; `pack` (data/existing/pack.py) the most that the input's
     sequences of each length actually have. A dynamic programme over lengths (K * S^2 steps)."""
     s = max_seq_length
     gains = np.asarray(gains, dtype=np.int64)
@@ -189,7 +189,7 @@ def pack_sequences(sequences: Sequence[Sequence[Instance]], S: int, K: int, M: i
                    vocab_size: Optional[int] = None) -> np.ndarray:
     """Lay out instances as packs: (P,) records of pack_dtype(S, M, K, vocab_size); pack p holds sequences[p].
 
-    This is the plain statement of the format; data/packs.py's build_packs writes the same bytes
+    This is the plain statement of the format; data/write/packs.py's build_packs writes the same bytes
     with vectorised scatters, and a test holds the two equal. Which sequences share a pack is the
     packing engine's decision (ipu_packing.packing), not this function's.
     """

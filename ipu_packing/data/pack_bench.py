@@ -112,8 +112,8 @@ def _varints(values: np.ndarray) -> List[bytes]:
 
 def write_tfrecord(path: str, n: int, s: int, p: int, seed: int) -> None:
     """As google-research/bert's create_pretraining_data.py: one tf.train.Example per instance."""
-    from .tfexample import _length_delimited
-    from .tfrecord import write_records
+    from .existing.tfexample import _length_delimited
+    from .existing.tfrecord import write_records
 
     names = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
              "masked_lm_weights", "next_sentence_labels")

@@ -32,7 +32,7 @@ import numpy as np
 def build_corpus(path: str, megabytes: float, seed: int = 0) -> Dict[str, int]:
     """Write about `megabytes` MB of BERT-format text: copies of the default corpus, each copy's
     documents in a new random order. Returns {bytes, copies, documents}."""
-    from .corpus import default_documents
+    from .text.corpus import default_documents
 
     blocks = ["\n".join(document) + "\n\n" for document in default_documents()]
     encoded = [block.encode("utf-8") for block in blocks]

@@ -29,7 +29,7 @@ import numpy as np
 
 from .errors import DataError
 from .format import SPECIAL_TOKENS
-from .instances import _ranges
+from .text.recipe import _ranges
 
 DEFAULT_VOCAB_SIZE = 8192
 LOWER_CASE_CHOICES = ("auto", "yes", "no")

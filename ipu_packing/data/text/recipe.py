@@ -65,8 +65,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from .errors import DataError
-from .format import max_predictions, num_to_predict
+from ..errors import DataError
+from ..format import max_predictions, num_to_predict
 
 
 @dataclass

@@ -35,11 +35,11 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..packing.permutation import KeyedPermutation
-from ..packing.slots import SlotMap, length_ranks
-from .errors import DataError
-from .format import IGNORE_INDEX, pack_dtype
-from .instances import Instances, _ranges
+from ...packing.permutation import KeyedPermutation
+from ...packing.slots import SlotMap, length_ranks
+from ..errors import DataError
+from ..format import IGNORE_INDEX, pack_dtype
+from ..text.recipe import Instances, _ranges
 
 INSTANCE_FIELDS = ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions", "mlm_labels")
 PER_INSTANCE = ("lengths", "a_lengths", "nsp_labels", "mlm_counts")  # (N,)

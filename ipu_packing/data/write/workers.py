@@ -15,10 +15,10 @@ from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
-from .instances import RecipeConfig, Vocabulary, create_instances, tokenize_documents
+from ..text.recipe import RecipeConfig, Vocabulary, create_instances, tokenize_documents
 from .packs import (DatasetSpec, PackLayout, concat_instances, gather_shard, load_instances, save_instances,
                     write_spill)
-from .vocab import TokenizerSpec
+from ..vocab import TokenizerSpec
 
 
 def shard_rng(seed: int, shard: int) -> np.random.Generator:
@@ -169,7 +169,7 @@ class Workers:
     def abort(self) -> None:
         """On an error or Ctrl-C: kill the workers rather than wait for their tasks to finish."""
         if self.pool is not None:
-            from ..errors import quiet_teardown
+            from ...errors import quiet_teardown
 
             with quiet_teardown():  # the pool's helper thread and finalisers complain about dead workers
                 processes = getattr(self.pool, "_processes", None) or {}  # pid -> multiprocessing.Process

@@ -342,7 +342,7 @@ def parse_examples(buf, starts: np.ndarray, ends: np.ndarray, names: Dict[str, s
 
     Raises RecordError (records numbered from `first`) for a record that is not a well-formed
     Example, lacks one of the names, or holds it as another kind of list."""
-    from .instances import _ranges
+    from ..text.recipe import _ranges
 
     u = np.frombuffer(buf, dtype=np.uint8)
     starts = np.asarray(starts, dtype=np.int64)

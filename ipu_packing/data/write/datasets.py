@@ -3,7 +3,7 @@ lengths -> one plan -> the packed dataset and the padded baseline, shards and ma
 
 The plan is made from the lengths alone (2 bytes an instance, the only corpus-sized arrays, held
 once: by the caller), and
-the instances move through the two streaming passes of data/packs.py (scatter groups of input
+the instances move through the two streaming passes of data/write/packs.py (scatter groups of input
 shards to spill files, then gather each output shard), each a task of the worker pool, so no
 process holds more than a group or an output shard however large the corpus.
 """
@@ -17,8 +17,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
-from .format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
+from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
+from ..format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
 from .packs import PackLayout, dataset_spec
 from .workers import Workers, _progress, _scatter, _write_shard
 
@@ -87,9 +87,9 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     vocab_checksum, do_lower_case, special_token_ids, seed, recipe, corpus) and writes the vocabulary
     file into `directory`. `lap(phase)` is called after the plan, scatter and write phases.
     """
-    from ..packing import plan_packing
-    from ..packing.permutation import KeyedPermutation
-    from ..packing.slots import SlotMap
+    from ...packing import plan_packing
+    from ...packing.permutation import KeyedPermutation
+    from ...packing.slots import SlotMap
 
     s, k = settings.max_seq_length, settings.max_sequences_per_pack
     # the lengths (2 bytes an instance, held by the caller) are all the plan needs: their histogram
@@ -145,7 +145,7 @@ def _groups(shard_lengths: List[np.ndarray], group_tokens: int, max_seq_length: 
     """Consecutive input shards in groups of about `group_tokens` tokens (the scatter's unit), and
     the histogram of all the lengths (each shard's checked against 1..S), in one pass: ([(first
     shard, end shard, first instance, (S,) instances of each length before the group)], (S,))."""
-    from ..packing import histogram_from_lengths
+    from ...packing import histogram_from_lengths
 
     groups, before, first, a, tokens = [], np.zeros(max_seq_length, dtype=np.int64), 0, 0, 0
     start_before, start_first = before.copy(), 0

@@ -1,4 +1,4 @@
-"""Reading existing phase-2 datasets for `pack` (existing.py says the order of work): format
+"""Reading existing phase-2 datasets for `pack` (pack.py says the order of work): format
 detection, each file's checks before anything is written, and the conversion of HDF5 row ranges and
 TFRecord files to instance files (workers' tasks), every record checked.
 """
@@ -12,11 +12,11 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .corpus import resolve_inputs
-from .errors import DataError
-from .format import sha256_file
-from .instances import Instances
-from .packs import save_instances
+from ..text.corpus import resolve_inputs
+from ..errors import DataError
+from ..format import sha256_file
+from ..text.recipe import Instances
+from ..write.packs import save_instances
 
 FORMATS = ("auto", "hdf5", "tfrecord")
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

@@ -10,7 +10,7 @@ per instance):
   [N, S]; `masked_lm_positions`, `masked_lm_ids` [N, P], zero-padded (a slot is used up to the first
   position 0: position 0 is the [CLS], never masked); `next_sentence_labels` [N].
 * google-research/bert `create_pretraining_data.py` TFRecords of tf.train.Example (read without
-  TensorFlow, both CRCs of every record checked; data/tfrecord.py): `input_ids`, `input_mask`,
+  TensorFlow, both CRCs of every record checked; data/existing/tfrecord.py): `input_ids`, `input_mask`,
   `segment_ids` [S]; `masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights` [P] (a slot of
   weight 0 is unused and dropped); `next_sentence_labels` [1].
 
@@ -55,12 +55,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
-from .errors import DataError
-from .existing_read import (FORMATS, Checks, InputFile, _hash_file, convert_hdf5_rows, convert_tfrecord_file,
+from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
+from ..errors import DataError
+from .read import (FORMATS, Checks, InputFile, _hash_file, convert_hdf5_rows, convert_tfrecord_file,
                             inspect_inputs)
-from .format import VOCAB, max_pack_predictions, sha256_file
-from .vocab import LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer
+from ..format import VOCAB, max_pack_predictions, sha256_file
+from ..vocab import LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer
 
 
 @dataclass
@@ -107,7 +107,7 @@ class PackConfig:
             raise DataError("--seed must be in [0, 2**63), got %d" % self.seed)
         if self.shard_bytes < 1 or self.chunk_tokens < 1:
             raise DataError("shard_bytes and chunk_tokens must be >= 1")
-        from ..packing import ALGORITHMS
+        from ...packing import ALGORITHMS
 
         if self.packing_algorithm not in ALGORITHMS:
             raise DataError("--packing-algorithm must be one of %s, got %r"
@@ -132,7 +132,7 @@ class PackResult:
 
 def pack(config: PackConfig) -> PackResult:
     """Run the whole command (see the module notes)."""
-    from .pipeline import _check_output, write_atomically
+    from ..text.pipeline import _check_output, write_atomically
 
     output = os.path.abspath(config.output)
     _check_output(output)
@@ -160,8 +160,8 @@ def _run(fn, args):
 
 
 def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, temp: str) -> PackResult:
-    from .write import PackSettings, write_datasets
-    from .workers import Workers, _progress
+    from ..write.datasets import PackSettings, write_datasets
+    from ..write.workers import Workers, _progress
 
     seconds: Dict[str, float] = {}
     clock = [time.perf_counter()]

@@ -10,10 +10,10 @@ Order of work:
    each shard from its own generator seeded from (seed, shard index). At most two shards per worker
    are in flight, so memory is bounded by a few shards, not by the corpus. Each worker writes its
    instances to one file in the temporary directory and returns only their lengths.
-4. write.py, the packing phase shared with every source of instances: make *one* packing plan for
+4. data/write/datasets.py, the packing phase shared with every source of instances: make *one* packing plan for
    the whole corpus from the lengths, and write the packed dataset (K = max_sequences_per_pack) and
    the padded baseline (K = 1: every pack is one sequence, so the model has a single code path),
-   each with its manifest and vocab.txt, in the two streaming passes of data/packs.py (scatter
+   each with its manifest and vocab.txt, in the two streaming passes of data/write/packs.py (scatter
    groups of input shards to spill files, placing each sequence by packing/slots.py's streaming
    assignment, then build each output shard from its blocks), so no process holds or opens more
    than a group or a shard at a time.
@@ -36,15 +36,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, TypeVar
 
-from ..fsutil import fsync_tree, replace_durably
-from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
+from ...fsutil import fsync_tree, replace_durably
+from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
-from .errors import DataError
-from .format import VOCAB, mlm_slots, sha256_file
-from .instances import RecipeConfig
-from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab
-from .workers import Workers, _build_shard, _progress
-from .write import PackSettings, write_datasets  # the packing phase, shared with other sources of instances
+from ..errors import DataError
+from ..format import VOCAB, mlm_slots, sha256_file
+from .recipe import RecipeConfig
+from ..vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab
+from ..write.workers import Workers, _build_shard, _progress
+from ..write.datasets import PackSettings, write_datasets  # the packing phase, shared with other sources of instances
 
 
 @dataclass
@@ -113,7 +113,7 @@ class PrepareConfig:
             raise DataError("--shard-mb must be > 0 (got %r bytes)" % self.shard_bytes)
         if not 0 <= self.seed < 2 ** 63:
             raise DataError("--seed must be in [0, 2**63), got %d" % self.seed)
-        from ..packing import ALGORITHMS
+        from ...packing import ALGORITHMS
 
         if self.packing_algorithm not in ALGORITHMS:
             raise DataError("--packing-algorithm must be one of %s, got %r"
