@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from ipu_packing import bench
+from ipu_packing.bench import throughput as bench
 
 
 def synthetic_histogram(S=64):

@@ -16,7 +16,7 @@ import torch
 
 import app_fixtures as fx
 import poptorch_stand_in as si
-from ipu_packing import bench
+from ipu_packing.bench import throughput as bench
 from ipu_packing.data import open_dataset
 from ipu_packing.data.format import pack_sequences, unpack
 from ipu_packing.train import load_config

@@ -45,7 +45,7 @@ sys.exit(main())
 # how each entry point is started (README, docs): a path, or -m NAME
 ENTRY_POINTS = {
     "run_pretraining.py": ["run_pretraining.py"],
-    "ipu_packing/bench.py": ["-m", "ipu_packing.bench"],
+    "ipu_packing/bench/__main__.py": ["-m", "ipu_packing.bench"],
     "ipu_packing/compare.py": ["-m", "ipu_packing.compare"],
     "ipu_packing/model/bench.py": ["-m", "ipu_packing.model.bench"],
     "ipu_packing/packing/bench.py": ["-m", "ipu_packing.packing.bench"],

@@ -83,7 +83,7 @@ def compare_attention(padded, packed, model_kwargs: Dict[str, object], micro_bat
         models[attention].load_state_dict(initial)
         optimizer = LAMB(parameter_groups(models[attention], 0.01), lr=1e-4)
         runners[attention] = make_runner(models[attention], optimizer, execution)
-    from .bench import Layout  # lazy: bench imports this module
+    from .throughput import Layout  # lazy: bench imports this module
 
     for attention in models:  # warm-up, then the same starting weights for every timed pass
         for layout in layouts.values():
@@ -123,7 +123,7 @@ def compare_attention(padded, packed, model_kwargs: Dict[str, object], micro_bat
 def run_comparison(histogram: np.ndarray, S: int, K: int, model_preset: str, micro_batch_size: int, repeats: int,
                    algorithm, seed: int, timed_packs) -> Dict[str, object]:
     """The bench's plan and timed layouts (the same sequences as its main result), then ``compare_attention``."""
-    from . import bench
+    from . import throughput as bench
 
     model_kwargs = dict(bench.MODEL_PRESETS[model_preset])
     model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)

@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .bench_inputs import BenchError
+from .inputs import BenchError
 
 
 def load_layouts(name: str, overrides: Sequence[str]):
@@ -81,7 +81,7 @@ def open_source(config, histogram: Optional[np.ndarray], path: str):
         check_data_matches(config, data)
         open_shards(data, lambda directory: open_dataset(directory, as_tensors=False))
         return data, data.packing_factor
-    from .bench import plan_histogram
+    from .throughput import plan_histogram
 
     S = config.data.max_seq_length
     if histogram[S:].sum() > 0:
@@ -114,7 +114,7 @@ def dataset_groups(config, data, packed_rows: int, padded_rows: int) -> Tuple[Li
 
 def histogram_groups(config, plan, path: str, packed_rows: int, padded_rows: int):
     """Random-token sequences of the plan's packs (bench.select_packs), as many as both layouts need."""
-    from .bench import make_sequences, select_packs
+    from .throughput import make_sequences, select_packs
 
     count = max(packed_rows, int(math.ceil(padded_rows * plan.num_packs / float(plan.num_sequences))))
     while True:
@@ -293,7 +293,7 @@ def draw_config_plot(r: Dict[str, Any], path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .fsutil import atomic_open
+    from ..fsutil import atomic_open
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name in ("padded", "packed"):
@@ -321,7 +321,7 @@ SHARED_OPTIONS = ("config", "histogram", "plot", "json", "steps", "overrides", "
 
 def main_config(parser, args) -> int:
     """bench --config: check the options, run, then print (and plot) on the first process only."""
-    from .bench_inputs import check_writable, read_histogram_file
+    from .inputs import check_writable, read_histogram_file
 
     for action in parser._actions:
         if action.dest not in SHARED_OPTIONS and getattr(args, action.dest) != action.default:

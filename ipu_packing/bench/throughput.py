@@ -41,10 +41,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .bench_inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
-from .bench_report import Result, draw_plot, format_result
-from .errors import ArgumentParser, run_command
-from .data.format import (CLS_ID, FIRST_WORD_ID, IGNORE_INDEX, MASK_ID, SEP_ID, Instance, as_batch, mlm_slots,
+from .inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
+from .report import Result, draw_plot, format_result
+from ..errors import ArgumentParser, run_command
+from ..data.format import (CLS_ID, FIRST_WORD_ID, IGNORE_INDEX, MASK_ID, SEP_ID, Instance, as_batch, mlm_slots,
                           pack_sequences)
 
 MODEL_PRESETS = {
@@ -314,7 +314,7 @@ def _main(argv: Optional[List[str]]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.config:
-        from .bench_config import main_config
+        from .config_bench import main_config
 
         return main_config(parser, args)
     if args.steps != parser.get_default("steps") or args.overrides:
@@ -362,7 +362,7 @@ def _main(argv: Optional[List[str]]) -> int:
     )
     comparison = None
     if args.attention == "varlen":  # side by side with dense, on the same sequences (bench_attention.py)
-        from .bench_attention import format_comparison, run_comparison
+        from .attention import format_comparison, run_comparison
 
         comparison = run_comparison(histogram, S, args.max_sequences_per_pack, args.model, args.micro_batch_size,
                                     args.repeats, args.algorithm, args.seed, args.timed_packs or None)

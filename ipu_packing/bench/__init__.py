@@ -1,0 +1,1 @@
+"""Benchmarks of packed against padded pretraining (``python -m ipu_packing.bench ...``)."""
