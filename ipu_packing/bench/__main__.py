@@ -5,6 +5,6 @@ The command is behind the ``__main__`` guard, as in every entry point (data/__ma
 import sys
 
 if __name__ == "__main__":
-    from ipu_packing.bench.throughput import main
+    from ipu_packing.bench.cli import main
 
     sys.exit(main())

@@ -36,7 +36,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .inputs import BenchError
+from .inputs import BenchError, check_writable, read_histogram_file
+from .throughput import make_sequences, plan_histogram, select_packs
 
 
 def load_layouts(name: str, overrides: Sequence[str]):
@@ -81,8 +82,6 @@ def open_source(config, histogram: Optional[np.ndarray], path: str):
         check_data_matches(config, data)
         open_shards(data, lambda directory: open_dataset(directory, as_tensors=False))
         return data, data.packing_factor
-    from .throughput import plan_histogram
-
     S = config.data.max_seq_length
     if histogram[S:].sum() > 0:
         raise BenchError("histogram %s has sequences longer than the config's data.max_seq_length %d" % (path, S))
@@ -114,8 +113,6 @@ def dataset_groups(config, data, packed_rows: int, padded_rows: int) -> Tuple[Li
 
 def histogram_groups(config, plan, path: str, packed_rows: int, padded_rows: int):
     """Random-token sequences of the plan's packs (bench.select_packs), as many as both layouts need."""
-    from .throughput import make_sequences, select_packs
-
     count = max(packed_rows, int(math.ceil(padded_rows * plan.num_packs / float(plan.num_sequences))))
     while True:
         chosen = select_packs(plan, count, config.training.seed)
@@ -321,8 +318,6 @@ SHARED_OPTIONS = ("config", "histogram", "plot", "json", "steps", "overrides", "
 
 def main_config(parser, args) -> int:
     """bench --config: check the options, run, then print (and plot) on the first process only."""
-    from .inputs import check_writable, read_histogram_file
-
     for action in parser._actions:
         if action.dest not in SHARED_OPTIONS and getattr(args, action.dest) != action.default:
             raise BenchError("%s does not apply with --config: set the value in the config (section.key=value)"
