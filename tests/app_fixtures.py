@@ -15,8 +15,8 @@ import numpy as np
 
 from ipu_packing.data.format import (FIRST_WORD_ID, FORMAT_VERSION, MASK_ID, SPECIAL_TOKENS, VOCAB, field_dtypes,
                                      max_predictions, mlm_slots, pack_statistics, sha256_file, write_manifest)
-from ipu_packing.data.text.recipe import Instances
-from ipu_packing.data.write.packs import PackLayout, load_instances, save_instances, write_dataset_in_memory
+from ipu_packing.data.instance_files import Instances, load_instances, save_instances
+from ipu_packing.data.write.packs import PackLayout, write_dataset_in_memory
 from ipu_packing.packing import assign_sequences, histogram_from_lengths, plan_packing
 
 

@@ -376,7 +376,8 @@ def test_batch_encoder_matches_the_full_tokenizer(tmp_path):
 
 
 def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
-    from ipu_packing.data.write.packs import PackLayout, build_packs, gather_instances
+    from ipu_packing.data.instance_files import gather_instances
+    from ipu_packing.data.write.packs import PackLayout, build_packs
 
     _, vocab_path = make_inputs(str(tmp_path))
     spec = load_tokenizer(vocab_path)

@@ -9,8 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 from ipu_packing.data.errors import DataError
 from ipu_packing.data.format import IGNORE_INDEX, Instance, pack_dtype, pack_sequences
-from ipu_packing.data.text.recipe import Instances
-from ipu_packing.data.write.packs import PackLayout, build_packs, gather_instances, load_instances, save_instances
+from ipu_packing.data.instance_files import Instances, load_instances, save_instances
+from ipu_packing.data.instance_files import gather_instances
+from ipu_packing.data.write.packs import PackLayout, build_packs
 
 
 @st.composite

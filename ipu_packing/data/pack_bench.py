@@ -112,7 +112,7 @@ def _varints(values: np.ndarray) -> List[bytes]:
 
 def write_tfrecord(path: str, n: int, s: int, p: int, seed: int) -> None:
     """As google-research/bert's create_pretraining_data.py: one tf.train.Example per instance."""
-    from .existing.tfexample import _length_delimited
+    from .existing.tfexample import length_delimited
     from .existing.tfrecord import write_records
 
     names = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -127,12 +127,12 @@ def write_tfrecord(path: str, n: int, s: int, p: int, seed: int) -> None:
                 entries = []
                 for name in names:
                     if name == "masked_lm_weights":
-                        feature = _length_delimited(2, _length_delimited(1, weights[i].astype("<f4").tobytes()))
+                        feature = length_delimited(2, length_delimited(1, weights[i].astype("<f4").tobytes()))
                     else:
-                        feature = _length_delimited(3, _length_delimited(1, packed[name][i]))
-                    entries.append(_length_delimited(1, _length_delimited(1, name.encode())
-                                                     + _length_delimited(2, feature)))
-                yield _length_delimited(1, b"".join(entries))
+                        feature = length_delimited(3, length_delimited(1, packed[name][i]))
+                    entries.append(length_delimited(1, length_delimited(1, name.encode())
+                                                     + length_delimited(2, feature)))
+                yield length_delimited(1, b"".join(entries))
 
     write_records(path, records())
 

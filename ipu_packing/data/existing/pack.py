@@ -38,7 +38,7 @@ Work, in two streaming passes (memory bounded by a chunk of records, not by the 
    their predictions per length and the files' sha256.
 3. `pipeline.write_datasets`, the packing phase of `prepare`: one plan from all the lengths, then the
    scatter and gather passes, into a temporary directory renamed into place at the end
-   (`pipeline.write_atomically`): an error leaves nothing behind.
+   (`write/output.py`, `write_atomically`): an error leaves nothing behind.
 
 Errors in the input are one DataError line naming the file and the record (or the key).
 """
@@ -57,8 +57,8 @@ import numpy as np
 
 from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from ..errors import DataError
-from .read import (FORMATS, Checks, InputFile, _hash_file, convert_hdf5_rows, convert_tfrecord_file,
-                            inspect_inputs)
+from ..write.output import check_output, write_atomically
+from .read import FORMATS, Checks, InputFile, convert_hdf5_rows, convert_tfrecord_file, hash_file, inspect_inputs
 from ..format import VOCAB, max_pack_predictions, sha256_file
 from ..vocab import LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer
 
@@ -132,10 +132,8 @@ class PackResult:
 
 def pack(config: PackConfig) -> PackResult:
     """Run the whole command (see the module notes)."""
-    from ..text.pipeline import _check_output, write_atomically
-
     output = os.path.abspath(config.output)
-    _check_output(output)
+    check_output(output)
     files = inspect_inputs(config.input, config.format)  # every input checked before anything is created
     spec = load_tokenizer(config.vocab, config.lower_case)
     return write_atomically(output, lambda temp: _pack_into(config, files, spec, temp), "packing")
@@ -146,7 +144,7 @@ def _tasks(files: List[InputFile], checks: Checks, work: str, config: PackConfig
     block = max(1 << 16, config.chunk_tokens)  # bytes of TFRecord read at a time (~1.3 tokens a byte at S=128)
     for index, f in enumerate(files):
         if f.format == "hdf5":
-            yield _hash_file, (f.path,)
+            yield hash_file, (f.path,)
             for start in range(0, f.records or 0, rows):
                 yield convert_hdf5_rows, (f.path, start, min(start + rows, f.records), os.path.join(
                     work, "instances-%05d-%08d.npz" % (index, start)), checks)
@@ -161,7 +159,7 @@ def _run(fn, args):
 
 def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, temp: str) -> PackResult:
     from ..write.datasets import PackSettings, write_datasets
-    from ..write.workers import Workers, _progress
+    from ..write.workers import Workers, progress
 
     seconds: Dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -180,8 +178,8 @@ def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, 
     work = os.path.join(temp, "work")
     os.makedirs(work)
     total = sum(f.records for f in files if f.records is not None) if kind == "hdf5" else None
-    bar = _progress("reading", config.progress, " records", total=total)
-    workers = Workers(config.num_workers, None, None, config.seed)
+    bar = progress("reading", config.progress, " records", total=total)
+    workers = Workers(config.num_workers)
     try:
         results = workers.map_bounded(_run, ((fn, args) for fn, args in _tasks(files, checks, work, config)),
                                       on_result=lambda result: bar.update(result.records))

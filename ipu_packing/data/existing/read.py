@@ -15,8 +15,7 @@ import numpy as np
 from ..text.corpus import resolve_inputs
 from ..errors import DataError
 from ..format import sha256_file
-from ..text.recipe import Instances
-from ..write.packs import save_instances
+from ..instance_files import Instances, save_instances
 
 FORMATS = ("auto", "hdf5", "tfrecord")
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -369,6 +368,6 @@ def convert_tfrecord_file(path: str, out_prefix: str, checks: Checks, block: int
     return result
 
 
-def _hash_file(path: str) -> ChunkResult:
+def hash_file(path: str) -> ChunkResult:
     """Worker: an input file's sha256 (for the manifest's corpus field)."""
     return ChunkResult([], [], 0, np.zeros(0, dtype=np.int64), 0, sha256_file(path))

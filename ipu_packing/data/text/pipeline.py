@@ -26,24 +26,23 @@ output.
 
 from __future__ import annotations
 
-import errno
 import os
 import platform
 import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, TypeVar
+from typing import Dict, List, Optional
 
-from ...fsutil import fsync_tree, replace_durably
 from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
 from ..errors import DataError
 from ..format import VOCAB, mlm_slots, sha256_file
 from .recipe import RecipeConfig
 from ..vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab
-from ..write.workers import Workers, _build_shard, _progress
+from ..write.output import check_output, write_atomically
+from ..write.workers import Workers, progress
+from .tasks import build_shard, start_tokenizer
 from ..write.datasets import PackSettings, write_datasets  # the packing phase, shared with other sources of instances
 
 
@@ -149,13 +148,13 @@ def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, d
             paths.append(os.path.join(work, "instances-%05d.npz" % index))
             yield index, docs, paths[-1]
 
-    bar = _progress("instances", config.progress, " shards")
+    bar = progress("instances", config.progress, " shards")
     thread = None
     if background is not None:
         workers.start()  # fork the worker processes first: never fork while a thread imports
         thread = threading.Thread(target=background, daemon=True)
         thread.start()
-    results = workers.map_bounded(_build_shard, tasks(), on_result=lambda _: bar.update(1))
+    results = workers.map_bounded(build_shard, tasks(), on_result=lambda _: bar.update(1))
     bar.close()
     if thread is not None:
         thread.join()
@@ -175,14 +174,6 @@ def _preload_planner() -> None:
 # the whole preparation
 
 
-def _check_output(path: str) -> None:
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise DataError("%s: exists and is not a directory (refusing to overwrite)" % path)
-        if os.listdir(path):
-            raise DataError("%s: directory exists and is not empty (refusing to overwrite)" % path)
-
-
 @dataclass
 class PrepareResult:
     packed: dict
@@ -193,76 +184,13 @@ class PrepareResult:
     """Wall-clock seconds per phase: vocab, instances, plan, scatter, write, total."""
 
 
-_TEMP_MARK = ".tmp-"
-
-
-def _temp_prefix(output: str) -> str:
-    return "." + os.path.basename(output) + _TEMP_MARK
-
-
-def _remove_stale_temporaries(output: str) -> None:
-    """Remove the temporary directories that killed runs into `output` left (named
-    .<output>.tmp-<pid>-...; the pid is no longer running)."""
-    parent, prefix = os.path.dirname(output), _temp_prefix(output)
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # still running: another prepare's
-        except ProcessLookupError:
-            pass
-        except OSError:  # alive, owned by someone else
-            continue
-        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-
-
-def _disk_full(error: OSError) -> bool:
-    return error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-
-
 def prepare(config: PrepareConfig) -> PrepareResult:
     """Run the whole preparation (see the module notes)."""
     output = os.path.abspath(config.output)
-    _check_output(output)
+    check_output(output)
     corpus_spec = CorpusSpec(config.input, config.format)
     files = corpus_spec.files()  # checks that the input exists before anything is created
     return write_atomically(output, lambda temp: _prepare_into(config, corpus_spec, files, temp), "preparing")
-
-
-T = TypeVar("T")
-
-
-def write_atomically(output: str, build: Callable[[str], T], doing: str) -> T:
-    """`build(temp)` into a fresh temporary sibling directory of `output` (an absolute path that
-    `_check_output` accepted), which is then fsynced and renamed to `output`; on any failure it is
-    removed, so nothing is left behind. Removes the temporaries of killed runs into the same output
-    first. A full disk becomes one DataError line ("... while <doing> <output> ...")."""
-    parent = os.path.dirname(output)
-    os.makedirs(parent, exist_ok=True)
-    _remove_stale_temporaries(output)
-    temp = tempfile.mkdtemp(prefix="%s%d-" % (_temp_prefix(output), os.getpid()), dir=parent)
-    try:
-        result = build(temp)
-        if os.path.isdir(output):
-            os.rmdir(output)  # empty (checked above)
-        fsync_tree(temp)  # the shards and manifests are on disk before their directory gets its name
-        replace_durably(temp, output)
-        return result
-    except OSError as error:
-        shutil.rmtree(temp, ignore_errors=True)
-        if _disk_full(error):
-            raise DataError("%s: no space left on device while %s %s (nothing was kept)"
-                            % (error.filename or parent, doing, output)) from None
-        raise
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
 
 
 def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[str], temp: str) -> PrepareResult:
@@ -286,7 +214,7 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
     digest = CorpusDigest()
     work = os.path.join(temp, "work")
     os.makedirs(work)
-    workers = Workers(config.num_workers, spec, config.recipe, config.seed)
+    workers = Workers(config.num_workers, start_tokenizer, (spec, config.recipe, config.seed))
     try:
         paths, results = _run_shards(config, workers, documents, work, digest,
                                      _preload_planner if workers.pool is not None else None)

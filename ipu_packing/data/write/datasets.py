@@ -19,8 +19,8 @@ import numpy as np
 
 from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from ..format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
-from .packs import PackLayout, dataset_spec
-from .workers import Workers, _progress, _scatter, _write_shard
+from .packs import PackLayout, dataset_spec, gather_shard, scatter
+from .workers import Workers, progress
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -119,14 +119,14 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     def spill(kind: str, g: int) -> str:
         return os.path.join(spill_dir, "%s-%05d.bin" % (kind, g))
 
-    workers.map_bounded(_scatter, ((paths[a:b], first, before, [(spill(kind, g), spec) for kind, _, spec, _, _ in jobs],
+    workers.map_bounded(scatter, ((paths[a:b], first, before, [(spill(kind, g), spec) for kind, _, spec, _, _ in jobs],
                                     settings.vocab_size) for g, (a, b, first, before) in enumerate(groups)))
     lap("scatter")
 
     # gather: every output shard from its blocks of the spill files
-    bar = _progress("writing", settings.progress, " packs", total=sum(spec.num_packs for _, _, spec, _, _ in jobs))
+    bar = progress("writing", settings.progress, " packs", total=sum(spec.num_packs for _, _, spec, _, _ in jobs))
     entries = workers.map_bounded(
-        _write_shard, (([spill(kind, g) for g in range(len(groups))], j, spec, layout,
+        gather_shard, (([spill(kind, g) for g in range(len(groups))], j, spec, layout,
                         os.path.join(temp, kind, "shard-%05d.npy" % j))
                        for kind, layout, spec, _, _ in jobs for j in range(spec.num_shards)),
         on_result=lambda entry: bar.update(entry["num_packs"]))
