@@ -10,6 +10,7 @@ deletes those a killed writer left behind.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from typing import IO, Iterator, Optional
@@ -94,3 +95,14 @@ def remove_stale_temporaries(directory: str) -> int:
     if removed:
         fsync_directory(directory)
     return removed
+
+
+def sha256_file(path: str, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file's bytes, read `chunk` bytes at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                return digest.hexdigest()
+            digest.update(block)

@@ -19,7 +19,7 @@ import poptorch_stand_in as si
 from ipu_packing.bench import cli as bench_cli
 from ipu_packing.bench import throughput as bench
 from ipu_packing.data import open_dataset
-from ipu_packing.data.format import pack_sequences, unpack
+from ipu_packing.data.reference import pack_sequences, unpack
 from ipu_packing.train import load_config
 from ipu_packing.train.data import read_training_data
 from torch_features import PIPELINING_MISSING

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ipu_packing.data.errors import DataError
-from ipu_packing.data.format import IGNORE_INDEX, Instance, pack_dtype, pack_sequences
+from ipu_packing.data.format import IGNORE_INDEX, pack_dtype
+from ipu_packing.data.reference import Instance, pack_sequences
 from ipu_packing.data.instance_files import Instances, load_instances, save_instances
 from ipu_packing.data.instance_files import gather_instances
 from ipu_packing.data.write.packs import PackLayout, build_packs

@@ -94,7 +94,7 @@ def dataset_groups(config, data, packed_rows: int, padded_rows: int) -> Tuple[Li
     """Sequences of the prepared dataset, grouped as DIR/packed packs them: the packs of the run's first
     epoch in its order (TrainingData.epoch_order), until there are `packed_rows` packs and `padded_rows`
     sequences."""
-    from ipu_packing.data.format import unpack
+    from ipu_packing.data.reference import unpack
 
     groups, sequences = [], 0
     for index in data.epoch_order(config.training.seed, 0):
@@ -129,7 +129,8 @@ def histogram_groups(config, plan, path: str, packed_rows: int, padded_rows: int
 
 def lay_out(groups: List[List[Any]], S: int, K: int, M_packed: Optional[int], recipe: Dict[str, Any]):
     """(packed, padded) pack records of the same sequences, by format.pack_sequences."""
-    from ipu_packing.data.format import mlm_slots, pack_sequences
+    from ipu_packing.data.format import mlm_slots
+    from ipu_packing.data.reference import pack_sequences
 
     prob = float(recipe.get("masked_lm_prob", 0.15))
     cap = recipe.get("max_predictions_per_seq")

@@ -39,8 +39,8 @@ import numpy as np
 
 from .inputs import BenchError
 from .report import Result
-from ..data.format import (CLS_ID, FIRST_WORD_ID, IGNORE_INDEX, MASK_ID, SEP_ID, Instance, as_batch, mlm_slots,
-                          pack_sequences)
+from ..data.format import CLS_ID, FIRST_WORD_ID, IGNORE_INDEX, MASK_ID, SEP_ID, as_batch, mlm_slots
+from ..data.reference import Instance, pack_sequences
 
 MODEL_PRESETS = {
     # name: transformers.BertConfig overrides

@@ -6,7 +6,6 @@ naming the dataset and the field.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -14,7 +13,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .checkpoint import file_sha256
+from ..data.errors import DataError
+from ..data.format import MANIFEST, read_manifest
+from ..fsutil import sha256_file
 from .errors import UserError
 
 PREPARE_HINT = ("python -m ipu_packing.data prepare --input default --output DIR --max-seq-length S "
@@ -69,33 +70,26 @@ class TrainingData:
 
 
 def read_training_data(path: str) -> TrainingData:
-    """Read DIR/manifest.json (cheap; no shard is touched). `open_shards` then opens the data."""
-    manifest_path = os.path.join(path, "manifest.json")
-    if not os.path.isdir(path) or not os.path.isfile(manifest_path):
+    """Read DIR/manifest.json through the data package's one reader (format.read_manifest: every key and
+    type checked; cheap, no shard is touched). `open_shards` then opens the data."""
+    if not os.path.isfile(os.path.join(path, MANIFEST)):
         raise UserError("dataset not found: %s has no manifest.json (prepare it with: %s)" % (path, PREPARE_HINT))
     try:
-        with open(manifest_path, "r", encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError("dataset is corrupt: %s is not valid JSON (%s)" % (manifest_path, " ".join(str(exc).split())))
-    if not isinstance(manifest, dict):
-        raise UserError("dataset is corrupt: %s is not a JSON object" % (manifest_path,))
-    fields = {}
-    for key in ("max_seq_length", "max_sequences_per_pack", "num_packs", "num_sequences", "num_tokens", "vocab_size"):
-        value = manifest.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise UserError("dataset is corrupt: %s field %s is missing or not an integer" % (manifest_path, key))
-        fields[key] = value
+        manifest = read_manifest(path)
+    except DataError as error:
+        raise UserError("dataset is corrupt: %s" % (error,))
+    fields = {key: manifest[key] for key in ("max_seq_length", "max_sequences_per_pack", "num_packs", "num_sequences",
+                                            "num_tokens", "vocab_size")}
     if fields["num_packs"] < 1 or fields["num_sequences"] < fields["num_packs"]:
         raise UserError("dataset is corrupt: %s says num_packs=%d, num_sequences=%d"
-                        % (manifest_path, fields["num_packs"], fields["num_sequences"]))
-    vocab_path = os.path.join(path, "vocab.txt")
+                        % (os.path.join(path, MANIFEST), fields["num_packs"], fields["num_sequences"]))
+    vocab_path = os.path.join(path, manifest["vocab_file"])
     vocab_path = vocab_path if os.path.isfile(vocab_path) else None
     return TrainingData(
         dataset=None,
         path=path,
         vocab_path=vocab_path,
-        vocab_sha256=file_sha256(vocab_path) if vocab_path else None,
+        vocab_sha256=sha256_file(vocab_path) if vocab_path else None,
         **fields
     )
 
@@ -103,10 +97,7 @@ def read_training_data(path: str) -> TrainingData:
 def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
     """Open the dataset through ipu_packing.data.open_dataset, which validates shards and checksums."""
     if open_dataset is None:
-        try:
-            from ipu_packing.data import open_dataset
-        except ImportError:
-            raise UserError("cannot read %s: ipu_packing.data.open_dataset is not available" % (data.path,))
+        from ..data import open_dataset
     try:
         dataset = open_dataset(data.path)  # in stored order; the loop orders packs itself (epoch_order)
     except UserError:
@@ -165,7 +156,7 @@ def check_vocab_file(data: TrainingData, vocab_path: Optional[str], source: str)
     """When the model comes with a vocab.txt (phase-1 dir), it must be the dataset's."""
     if vocab_path is None or data.vocab_sha256 is None:
         return
-    if file_sha256(vocab_path) != data.vocab_sha256:
+    if sha256_file(vocab_path) != data.vocab_sha256:
         raise UserError(
             "dataset %s was built with another vocabulary than the model: %s differs from %s"
             % (data.path, vocab_path, data.vocab_path)

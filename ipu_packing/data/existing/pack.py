@@ -59,7 +59,8 @@ from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIM
 from ..errors import DataError
 from ..write.output import check_output, write_atomically
 from .read import FORMATS, Checks, InputFile, convert_hdf5_rows, convert_tfrecord_file, hash_file, inspect_inputs
-from ..format import VOCAB, max_pack_predictions, sha256_file
+from ...fsutil import sha256_file
+from ..format import VOCAB, max_pack_predictions
 from ..vocab import LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer
 
 

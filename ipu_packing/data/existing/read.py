@@ -14,7 +14,7 @@ import numpy as np
 
 from ..text.corpus import resolve_inputs
 from ..errors import DataError
-from ..format import sha256_file
+from ...fsutil import sha256_file
 from ..instance_files import Instances, save_instances
 
 FORMATS = ("auto", "hdf5", "tfrecord")

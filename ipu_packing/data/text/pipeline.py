@@ -37,7 +37,8 @@ from typing import Dict, List, Optional
 from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
 from ..errors import DataError
-from ..format import VOCAB, mlm_slots, sha256_file
+from ...fsutil import sha256_file
+from ..format import VOCAB, mlm_slots
 from .recipe import RecipeConfig
 from ..vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab
 from ..write.output import check_output, write_atomically
