@@ -16,6 +16,7 @@ import torch
 from ..data.errors import DataError
 from ..data.format import MANIFEST, read_manifest
 from ..fsutil import sha256_file
+from ..errors import one_line
 from .errors import UserError
 
 PREPARE_HINT = ("python -m ipu_packing.data prepare --input default --output DIR --max-seq-length S "
@@ -103,7 +104,7 @@ def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
     except UserError:
         raise
     except Exception as exc:  # DataError, and anything a corrupt file raises while loading
-        message = " ".join(str(exc).split()) or type(exc).__name__
+        message = one_line(exc) or type(exc).__name__
         if data.path not in message:
             message = "%s: %s" % (data.path, message)
         raise UserError("dataset is corrupt: %s" % (message,))
