@@ -15,6 +15,7 @@ from ipu_packing.data.text.recipe import (RecipeConfig, Uniforms, Vocabulary, cr
                                         truncation_counts)
 from ipu_packing.data.format import mlm_slots
 from ipu_packing.data.text.pipeline import PrepareConfig, prepare
+from ipu_packing.data.write.datasets import PackingOptions
 from ipu_packing.data.vocab import load_tokenizer, train_default_vocab
 
 from ipu_packing.data.synthetic import make_inputs
@@ -27,7 +28,9 @@ def _prepare(tmp, name, inputs=None, **overrides):
     options = dict(input=corpus, output=str(tmp / name), max_seq_length=S, max_sequences_per_pack=K, vocab=vocab,
                    dupe_factor=3, workers=1, shard_chars=4000, shard_bytes=64 * 1024, progress=False)
     options.update(overrides)
-    prepare(PrepareConfig(**options))
+    names = set(PackingOptions.__dataclass_fields__)
+    packing = PackingOptions(**{k: v for k, v in options.items() if k in names})
+    prepare(PrepareConfig(packing=packing, **{k: v for k, v in options.items() if k not in names}))
     return str(tmp / name)
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from .format import CLS_ID, FIRST_WORD_ID, MASK_ID, SEP_ID, SPECIAL_TOKENS
 from .scale_bench import du, run_measured
+from .write.datasets import PackingOptions
 
 VOCAB_SIZE = 30522
 CHUNK = 1 << 15
@@ -182,7 +183,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       packing_factor=manifest["packing_factor"], mlm_slots=manifest["mlm_slots"],
                       input_mib=du(inputs) / 2.0 ** 20, output_mib=du(output) / 2.0 ** 20,
                       write_input_s=written, format=args.format, files=args.files, max_seq_length=s,
-                      workers=args.workers or min(4, os.cpu_count() or 1))
+                      workers=PackingOptions(workers=args.workers).num_workers)
         result["instances_per_s"] = result["instances"] / result["wall_s"]
         if args.json:
             print(json.dumps(result, sort_keys=True))

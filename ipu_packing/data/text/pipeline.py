@@ -31,10 +31,9 @@ import platform
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
 from ..errors import DataError
 from ...fsutil import sha256_file
@@ -44,7 +43,7 @@ from ..vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, trai
 from ..write.output import check_output, write_atomically
 from ..write.workers import Workers, progress
 from .tasks import build_shard, start_tokenizer
-from ..write.datasets import PackSettings, write_datasets  # the packing phase, shared with other sources of instances
+from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the packing phase, shared with `pack`
 
 
 @dataclass
@@ -57,8 +56,6 @@ class PrepareConfig:
     """Output directory (must not exist or be empty); gets packed/ and padded/."""
     max_seq_length: int = 128
     """S."""
-    max_sequences_per_pack: int = 3
-    """K for the packed dataset (the padded baseline always has K = 1)."""
     vocab: Optional[str] = None
     """vocab.txt or Hugging Face tokenizer directory; None trains the default WordPiece vocabulary."""
     vocab_size: int = DEFAULT_VOCAB_SIZE
@@ -67,38 +64,20 @@ class PrepareConfig:
     """For a bare vocab.txt: "auto" (uncased unless it has upper-case tokens), "yes" or "no"."""
     format: str = "auto"
     """Input format: "auto", "bert" or "text" (see corpus.py)."""
-    seed: int = 12345
-    """Seed of everything random; same seed and input -> byte-identical output."""
-    workers: int = 0
-    """Worker processes; 0 means min(4, CPUs). Does not change the output."""
     dupe_factor: int = 10
     short_seq_prob: float = 0.1
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: Optional[int] = None
     """None: ceil(masked_lm_prob * max_seq_length)."""
     whole_word_masking: bool = False
-    packing_algorithm: str = "optimal"
-    """Algorithm of ipu_packing.packing.plan_packing."""
-    lp_max_rounds: int = LP_MAX_ROUNDS
-    """optimal: rounds of column generation at most (its stopping rule; see packing/optimal.py)."""
-    lp_time_limit: Optional[float] = LP_TIME_LIMIT
-    """optimal: safety-net seconds, or None; a plan it cuts short depends on the machine's speed."""
     shard_chars: int = 1 << 17
     """Characters of text per instance-building shard (the unit of work and of RNG seeding)."""
-    shard_bytes: int = 64 << 20
-    """Approximate size of each output shard file."""
     group_tokens: int = 1 << 21
     """Tokens of instances per scatter task (bounds a worker's memory; does not change the output)."""
-    padded: bool = True
-    """Also write the padded baseline (padded/)."""
-    progress: bool = True
-    """Progress bars on stderr (only when it is a terminal)."""
+    packing: PackingOptions = field(default_factory=PackingOptions)
+    """K, the seed (of everything random here), workers, the algorithm, shard size, padded/ (shared with `pack`)."""
 
     def __post_init__(self) -> None:
-        if self.max_sequences_per_pack < 1:
-            raise DataError("--max-sequences-per-pack must be >= 1, got %d" % self.max_sequences_per_pack)
-        if self.workers < 0:
-            raise DataError("--workers must be >= 0, got %d" % self.workers)
         if self.vocab_size < 100:
             raise DataError("--vocab-size must be >= 100, got %d" % self.vocab_size)
         if self.lower_case not in LOWER_CASE_CHOICES:
@@ -109,15 +88,6 @@ class PrepareConfig:
             raise DataError("shard_chars must be >= 1, got %r" % self.shard_chars)
         if self.group_tokens < 1:
             raise DataError("group_tokens must be >= 1, got %r" % self.group_tokens)
-        if self.shard_bytes < 1:
-            raise DataError("--shard-mb must be > 0 (got %r bytes)" % self.shard_bytes)
-        if not 0 <= self.seed < 2 ** 63:
-            raise DataError("--seed must be in [0, 2**63), got %d" % self.seed)
-        from ...packing import ALGORITHMS
-
-        if self.packing_algorithm not in ALGORITHMS:
-            raise DataError("--packing-algorithm must be one of %s, got %r"
-                            % ("/".join(ALGORITHMS), self.packing_algorithm))
         self.recipe  # validates the recipe fields
 
     @property
@@ -126,10 +96,6 @@ class PrepareConfig:
                             max_predictions_per_seq=self.max_predictions_per_seq,
                             short_seq_prob=self.short_seq_prob, dupe_factor=self.dupe_factor,
                             whole_word_masking=self.whole_word_masking)
-
-    @property
-    def num_workers(self) -> int:
-        return self.workers or min(4, os.cpu_count() or 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -149,7 +115,7 @@ def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, d
             paths.append(os.path.join(work, "instances-%05d.npz" % index))
             yield index, docs, paths[-1]
 
-    bar = progress("instances", config.progress, " shards")
+    bar = progress("instances", config.packing.progress, " shards")
     thread = None
     if background is not None:
         workers.start()  # fork the worker processes first: never fork while a thread imports
@@ -215,7 +181,7 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
     digest = CorpusDigest()
     work = os.path.join(temp, "work")
     os.makedirs(work)
-    workers = Workers(config.num_workers, start_tokenizer, (spec, config.recipe, config.seed))
+    workers = Workers(config.packing.num_workers, start_tokenizer, (spec, config.recipe, config.packing.seed))
     try:
         paths, results = _run_shards(config, workers, documents, work, digest,
                                      _preload_planner if workers.pool is not None else None)
@@ -240,7 +206,7 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
                 "vocab_checksum": sha256_file(os.path.join(directory, VOCAB)),
                 "do_lower_case": bool(spec.do_lower_case),
                 "special_token_ids": spec.special_token_ids,
-                "seed": config.seed,
+                "seed": config.packing.seed,
                 "recipe": {
                     "masked_lm_prob": recipe.masked_lm_prob,
                     "max_predictions_per_seq": recipe.max_predictions,
@@ -254,13 +220,9 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
             }
 
         settings = PackSettings(
-            max_seq_length=config.max_seq_length, max_sequences_per_pack=config.max_sequences_per_pack,
-            vocab_size=len(spec.vocab), seed=config.seed,
+            max_seq_length=config.max_seq_length, vocab_size=len(spec.vocab),
             mlm_slots=lambda k: mlm_slots(config.max_seq_length, k, recipe.masked_lm_prob, recipe.max_predictions),
-            packing_algorithm=config.packing_algorithm, lp_max_rounds=config.lp_max_rounds,
-            lp_time_limit=config.lp_time_limit, shard_bytes=config.shard_bytes,
-            group_tokens=config.group_tokens, padded=config.padded,
-            progress=config.progress)
+            options=config.packing, group_tokens=config.group_tokens)
         manifests = write_datasets(paths, shard_lengths, num_masked, settings, temp, workers, describe, lap)
     except BaseException:
         workers.abort()
