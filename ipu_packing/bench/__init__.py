@@ -3,5 +3,5 @@
 Modules, each importing only those before it (no circles): inputs (length histograms, BenchError), report
 (the result, its table and plot), throughput (the synthetic mode: plan, layouts, interleaved timing through
 the training runner), config_bench (--config: a training config's own runner, data and batch accounting),
-attention (--attention varlen: the four layout x attention pairs), cli (the command; __main__ runs it).
+attention (--attention varlen: the four layout x attention pairs), cli (the command, which `-m` runs).
 """
