@@ -18,6 +18,7 @@ their directory only through ``contained_path``, which refuses any that leaves i
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from typing import IO, Iterator, Optional
@@ -162,3 +163,14 @@ def remove_stale_temporaries(directory: str) -> int:
     if removed:
         fsync_directory(directory)
     return removed
+
+
+def sha256_file(path: str, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file's bytes, read `chunk` bytes at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                return digest.hexdigest()
+            digest.update(block)

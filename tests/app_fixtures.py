@@ -2,7 +2,7 @@
 
 `write_prepared(root, ...)` writes root/packed (K sequences per pack) and root/padded (K = 1) from the
 same random NSP/MLM instances, as `python -m ipu_packing.data prepare` does: the packing engine plans
-and assigns the packs, data/packs.py writes the shards, data/format.py the manifest. Tokens are random;
+and assigns the packs, data/write/packs.py writes the shards, data/format.py the manifest. Tokens are random;
 only shapes and bookkeeping matter.
 """
 
@@ -15,8 +15,8 @@ import numpy as np
 
 from ipu_packing.data.format import (FIRST_WORD_ID, FORMAT_VERSION, MASK_ID, SPECIAL_TOKENS, VOCAB, field_dtypes,
                                      max_predictions, mlm_slots, pack_statistics, sha256_file, write_manifest)
-from ipu_packing.data.instances import Instances
-from ipu_packing.data.packs import PackLayout, load_instances, save_instances, write_dataset_in_memory
+from ipu_packing.data.instance_files import Instances, load_instances, save_instances
+from ipu_packing.data.write.packs import PackLayout, write_dataset_in_memory
 from ipu_packing.packing import assign_sequences, histogram_from_lengths, plan_packing
 
 

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from ipu_packing import bench
+from ipu_packing.bench import cli as bench_cli
+from ipu_packing.bench import throughput as bench
 
 
 def synthetic_histogram(S=64):
@@ -72,7 +73,7 @@ def test_timed_layouts_size_M_as_the_data_pipeline():
 def run_main(args):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = bench.main(args)
+        code = bench_cli.main(args)
     return code, out.getvalue(), err.getvalue()
 
 

@@ -16,9 +16,10 @@ import torch
 
 import app_fixtures as fx
 import poptorch_stand_in as si
-from ipu_packing import bench
+from ipu_packing.bench import cli as bench_cli
+from ipu_packing.bench import throughput as bench
 from ipu_packing.data import open_dataset
-from ipu_packing.data.format import pack_sequences, unpack
+from ipu_packing.data.reference import pack_sequences, unpack
 from ipu_packing.train import load_config
 from ipu_packing.train.data import read_training_data
 from torch_features import PIPELINING_MISSING
@@ -41,7 +42,7 @@ def run_main(args):
     threads = torch.get_num_threads()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = bench.main(args)
+            code = bench_cli.main(args)
     finally:
         torch.set_num_threads(threads)  # the demo config sets one thread
     return code, out.getvalue(), err.getvalue()

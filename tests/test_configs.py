@@ -193,11 +193,12 @@ def test_demo_512_packed_steps_hold_as_many_sequences_as_the_padded_ones(tmp_pat
     run's accumulation / measured packing factor gives the padded step's sequences within 1% (compare warns
     above 5%), and the config's estimate is that measured factor."""
     from ipu_packing.data import open_dataset
-    from ipu_packing.data.pipeline import PrepareConfig, prepare
+    from ipu_packing.data.text.pipeline import PrepareConfig, prepare
+    from ipu_packing.data.write.datasets import PackingOptions
 
     output = str(tmp_path / "demo_512")
-    prepare(PrepareConfig(input="default", output=output, max_seq_length=512, max_sequences_per_pack=3, workers=1,
-                          progress=False))
+    prepare(PrepareConfig(input="default", output=output, max_seq_length=512,
+                          packing=PackingOptions(max_sequences_per_pack=3, workers=1, progress=False)))
     factor = open_dataset(os.path.join(output, "packed"), verify=False).packing_factor
     packed, padded = load_config("demo_512"), load_config("demo_512_padded")
     # the estimate is the factor of the pinned stack's data (1.933); the default vocabulary, hence the data,

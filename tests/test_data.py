@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from ipu_packing.data import FIELDS, DataError, open_dataset
-from ipu_packing.data.corpus import read_documents, split_sentences
-from ipu_packing.data.instances import (RecipeConfig, Uniforms, Vocabulary, create_instances, tokenize_documents,
+from ipu_packing.data.text.corpus import read_documents, split_sentences
+from ipu_packing.data.text.recipe import (RecipeConfig, Uniforms, Vocabulary, create_instances, tokenize_documents,
                                         truncation_counts)
 from ipu_packing.data.format import mlm_slots
-from ipu_packing.data.pipeline import PrepareConfig, prepare
+from ipu_packing.data.text.pipeline import PrepareConfig, prepare
+from ipu_packing.data.write.datasets import PackingOptions
 from ipu_packing.data.vocab import load_tokenizer, train_default_vocab
 
 from ipu_packing.data.synthetic import make_inputs
@@ -27,7 +28,9 @@ def _prepare(tmp, name, inputs=None, **overrides):
     options = dict(input=corpus, output=str(tmp / name), max_seq_length=S, max_sequences_per_pack=K, vocab=vocab,
                    dupe_factor=3, workers=1, shard_chars=4000, shard_bytes=64 * 1024, progress=False)
     options.update(overrides)
-    prepare(PrepareConfig(**options))
+    names = set(PackingOptions.__dataclass_fields__)
+    packing = PackingOptions(**{k: v for k, v in options.items() if k in names})
+    prepare(PrepareConfig(packing=packing, **{k: v for k, v in options.items() if k not in names}))
     return str(tmp / name)
 
 
@@ -255,7 +258,7 @@ def test_uniforms_randint_covers_both_ends():
 
 
 def test_smallest_keys_chooses_what_a_stable_argsort_chooses():
-    from ipu_packing.data.instances import _smallest_keys
+    from ipu_packing.data.text.recipe import _smallest_keys
 
     rng = np.random.default_rng(1)
     for trial in range(100):
@@ -317,7 +320,7 @@ def test_reading_bert_and_plain_text_formats(tmp_path):
 
 
 def test_default_vocabulary_training_is_deterministic():
-    from ipu_packing.data.corpus import default_documents
+    from ipu_packing.data.text.corpus import default_documents
 
     sentences = [s for d in itertools.islice(default_documents(), 120) for s in d]
     first = train_default_vocab(sentences, vocab_size=2000)
@@ -329,7 +332,7 @@ def test_default_vocabulary_training_is_deterministic():
 def test_tokenizer_sources_and_lower_casing(tmp_path):
     from tokenizers.implementations import BertWordPieceTokenizer
 
-    from ipu_packing.data.corpus import resolve_inputs
+    from ipu_packing.data.text.corpus import resolve_inputs
 
     _, vocab_path = make_inputs(str(tmp_path / "in"))
     uncased = load_tokenizer(vocab_path)
@@ -376,7 +379,8 @@ def test_batch_encoder_matches_the_full_tokenizer(tmp_path):
 
 
 def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
-    from ipu_packing.data.packs import PackLayout, build_packs, gather_instances
+    from ipu_packing.data.instance_files import gather_instances
+    from ipu_packing.data.write.packs import PackLayout, build_packs
 
     _, vocab_path = make_inputs(str(tmp_path))
     spec = load_tokenizer(vocab_path)
@@ -401,7 +405,7 @@ def test_a_pack_that_would_overflow_is_an_error_not_a_truncation(tmp_path):
 
 
 def test_module_docstrings_keeps_bare_string_statements_only(tmp_path):
-    from ipu_packing.data.corpus import _module_docstrings
+    from ipu_packing.data.text.corpus import _module_docstrings
 
     source = ('"""Module doc."""\n'
               'x = """assigned, not prose"""\n'

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ipu_packing.data import corpus as corpus_module
-from ipu_packing.data import packs
+from ipu_packing.data.text import corpus as corpus_module
+from ipu_packing.data.write import packs
 from ipu_packing.data.cli import main
 from ipu_packing.data.synthetic import make_inputs, write_bert_corpus, write_vocab
 
@@ -225,7 +225,7 @@ def test_a_killed_run_takes_its_workers_along_and_the_next_run_removes_its_lefto
 
 _DIE_WITH_PARENT = """
 import os, sys
-from ipu_packing.data.workers import _die_with_parent
+from ipu_packing.data.write.workers import _die_with_parent
 _die_with_parent(os.getppid() + int(sys.argv[1]))
 print("alive")
 """

@@ -1,4 +1,4 @@
-"""The vectorised pack writer (data/packs.py) writes exactly what the reference builder
+"""The vectorised pack writer (data/write/packs.py) writes exactly what the reference builder
 (data/format.py, pack_sequences) writes, for any sequences and any grouping that fits."""
 
 import tempfile
@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ipu_packing.data.errors import DataError
-from ipu_packing.data.format import IGNORE_INDEX, Instance, pack_dtype, pack_sequences
-from ipu_packing.data.instances import Instances
-from ipu_packing.data.packs import PackLayout, build_packs, gather_instances, load_instances, save_instances
+from ipu_packing.data.format import IGNORE_INDEX, pack_dtype
+from ipu_packing.data.reference import Instance, pack_sequences
+from ipu_packing.data.instance_files import Instances, load_instances, save_instances
+from ipu_packing.data.instance_files import gather_instances
+from ipu_packing.data.write.packs import PackLayout, build_packs
 
 
 @st.composite

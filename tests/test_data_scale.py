@@ -15,11 +15,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _UNDER_LIMIT = r"""
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-from ipu_packing.data.pipeline import PrepareConfig, prepare
+from ipu_packing.data.text.pipeline import PrepareConfig, prepare
+from ipu_packing.data.write.datasets import PackingOptions
 corpus, vocab, output, workers, group_tokens = sys.argv[1:6]
-result = prepare(PrepareConfig(input=corpus, output=output, vocab=vocab, max_seq_length=32, max_sequences_per_pack=3,
-                               dupe_factor=2, workers=int(workers), shard_chars=300, shard_bytes=2048,
-                               group_tokens=int(group_tokens), progress=False))
+packing = PackingOptions(max_sequences_per_pack=3, workers=int(workers), shard_bytes=2048, progress=False)
+result = prepare(PrepareConfig(input=corpus, output=output, vocab=vocab, max_seq_length=32, dupe_factor=2,
+                               shard_chars=300, group_tokens=int(group_tokens), packing=packing))
 print(json.dumps({"shards": result.packed["corpus"]["shards"], "packed": len(result.packed["shards"]),
                   "padded": len(result.padded["shards"])}))
 """
@@ -53,10 +54,12 @@ def test_many_input_and_output_shards_under_a_64_descriptor_limit(tmp_path):
 
 
 def test_nsp_label_does_not_follow_from_length_on_the_default_corpus(tmp_path):
-    from ipu_packing.data.pipeline import PrepareConfig, prepare
+    from ipu_packing.data.text.pipeline import PrepareConfig, prepare
+    from ipu_packing.data.write.datasets import PackingOptions
 
     output = str(tmp_path / "default")
-    prepare(PrepareConfig(input="default", output=output, workers=1, progress=False))  # S=128, dupe 10
+    prepare(PrepareConfig(input="default", output=output,
+                          packing=PackingOptions(workers=1, progress=False)))  # S=128, dupe 10
     padded = open_dataset(os.path.join(output, "padded"))
     lengths, is_next = [], []
     for shard in padded.manifest["shards"]:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import app_fixtures as fx
-from ipu_packing.bench import main as bench_main
+from ipu_packing.bench.cli import main as bench_main
 from ipu_packing.data.cli import main as data_main
 from ipu_packing.data.synthetic import make_inputs
 from ipu_packing.execution.cli import main as execution_main

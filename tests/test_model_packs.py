@@ -12,7 +12,8 @@ from typing import Dict, List, Sequence
 import numpy as np
 import torch
 
-from ipu_packing.data.format import IGNORE_INDEX, Instance, as_batch, pack_sequences
+from ipu_packing.data.format import IGNORE_INDEX, as_batch
+from ipu_packing.data.reference import Instance, pack_sequences
 
 
 def random_sequence(rng: np.random.Generator, length: int, vocab_size: int, max_masked: int = 3) -> Instance:

@@ -34,15 +34,22 @@ shard or manifest naming the shard and the field, non-empty output) raise `DataE
 is one line; the command line prints it and exits with status 2.
 
 `pack` writes the same two datasets from data that is already masked and paired (NVIDIA BERT HDF5,
-google-research/bert TFRecords), keeping every instance exactly (existing.py).
+google-research/bert TFRecords), keeping every instance exactly (existing/pack.py).
 
-Modules: format (the pack format and its reference builder, numpy only), corpus (text -> documents),
-vocab (tokenizers), instances (the recipe), packs (the vectorised pack writer), workers (the worker
-processes and their tasks), write (the packing phase `prepare` and `pack` share: plan, scatter, gather,
-manifest), pipeline (prepare: orchestration), existing and existing_read (pack: HDF5 and TFRecord
-inputs), tfrecord and tfexample (TFRecord framing and tf.train.Example without TensorFlow), synthetic
-(random instances for benchmarks), dataset (torch Dataset), cli; pack_bench and scale_bench are
-benchmark commands.
+Rooms: `prepare` and `pack` each turn their source into instance files, which the write phase they
+share packs into shards and manifests.
+
+- text/ (`prepare`): corpus (text -> documents), recipe (documents -> NSP/MLM instances), tasks (the
+  worker's shard task), pipeline (the command: PrepareConfig, prepare).
+- existing/ (`pack`): read (HDF5 and TFRecord inputs -> instances), tfrecord and tfexample (TFRecord
+  framing and tf.train.Example without TensorFlow), pack (the command: PackConfig, pack).
+- write/ (both): datasets (PackingOptions, one plan, scatter and gather, manifests), packs (the vectorised
+  pack writer and its two streaming passes), workers (the worker processes), output (the output
+  directory, written atomically).
+- shared: format (the pack format, M's sizing and the manifest, numpy only), reference (its plain
+  reference builder), instance_files (Instances and their temporary files), vocab (tokenizers), errors,
+  dataset (torch Dataset), synthetic (random inputs for tests and benchmarks), cli; pack_bench and
+  scale_bench are benchmark commands (`python -m ipu_packing.data.pack_bench`, `.scale_bench`).
 """
 
 from .errors import DataError
@@ -65,7 +72,7 @@ def __getattr__(name):  # lazy: the prepare command does not need torch
 
         return PackedDataset
     if name in ("PrepareConfig", "prepare"):
-        from . import pipeline as module
+        from .text import pipeline as module
 
         return getattr(module, name)
     raise AttributeError(name)

@@ -17,8 +17,34 @@ from ..packing.cli import add_lp_arguments
 from .errors import DataError
 
 
+def _add_packing_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of write/datasets.py's PackingOptions, the same for prepare and pack."""
+    from .write.datasets import PackingOptions
+
+    defaults = PackingOptions()
+    p.add_argument("--max-sequences-per-pack", type=int, default=defaults.max_sequences_per_pack)
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--workers", type=int, default=defaults.workers, help="0: min(4, CPUs)")
+    p.add_argument("--packing-algorithm", default=defaults.packing_algorithm)
+    add_lp_arguments(p)
+    p.add_argument("--shard-mb", type=float, default=defaults.shard_bytes / 2.0 ** 20, help="output shard size")
+    p.add_argument("--no-padded", action="store_true", help="skip the padded baseline")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _packing_options(args: argparse.Namespace):
+    from .write.datasets import PackingOptions
+
+    if not 0 < args.shard_mb < float("inf"):  # also refuses nan
+        raise DataError("--shard-mb must be a number > 0, got %r" % args.shard_mb)
+    return PackingOptions(
+        max_sequences_per_pack=args.max_sequences_per_pack, seed=args.seed, workers=args.workers,
+        packing_algorithm=args.packing_algorithm, lp_max_rounds=args.lp_max_rounds, lp_time_limit=args.lp_time_limit,
+        shard_bytes=max(1, int(args.shard_mb * 2 ** 20)), padded=not args.no_padded, progress=not args.quiet)
+
+
 def _parser() -> argparse.ArgumentParser:
-    from .pipeline import PrepareConfig
+    from .text.pipeline import PrepareConfig
     from .vocab import DEFAULT_VOCAB_SIZE
 
     defaults = PrepareConfig(input="default", output="-")
@@ -29,7 +55,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, help='file, directory, glob, or "default" (embedded corpus)')
     p.add_argument("--output", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
-    p.add_argument("--max-sequences-per-pack", type=int, default=defaults.max_sequences_per_pack)
     p.add_argument("--vocab", default=None, metavar="PATH",
                    help='vocab.txt or Hugging Face tokenizer directory (never downloaded), or "default": the default '
                    "corpus' vocabulary. Your own --input needs --vocab or --train-vocab; --input default without "
@@ -42,20 +67,14 @@ def _parser() -> argparse.ArgumentParser:
                    "--train-vocab auto = yes; a Hugging Face tokenizer decides its own. Recorded in the manifest "
                    "(do_lower_case) and in the export's tokenizer_config.json")
     p.add_argument("--format", choices=("auto", "bert", "text"), default=defaults.format)
-    p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--workers", type=int, default=defaults.workers, help="0: min(4, CPUs)")
     p.add_argument("--dupe-factor", type=int, default=defaults.dupe_factor)
     p.add_argument("--short-seq-prob", type=float, default=defaults.short_seq_prob)
     p.add_argument("--masked-lm-prob", type=float, default=defaults.masked_lm_prob)
     p.add_argument("--max-predictions-per-seq", type=int, default=None, help="default ceil(masked_lm_prob * S)")
     p.add_argument("--whole-word-masking", action="store_true")
-    p.add_argument("--packing-algorithm", default=defaults.packing_algorithm)
-    add_lp_arguments(p)
-    p.add_argument("--shard-mb", type=float, default=defaults.shard_bytes / 2.0 ** 20, help="output shard size")
     p.add_argument("--shard-chars", type=int, default=defaults.shard_chars,
                    help="characters of text per input shard (unit of work and of RNG seeding; part of the recipe)")
-    p.add_argument("--no-padded", action="store_true", help="skip the padded baseline")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_packing_arguments(p)
     k = commands.add_parser("pack", help="existing NVIDIA BERT HDF5 or google-research/bert TFRecord data -> "
                             "packed/ and padded/ datasets, every instance kept as it is")
     k.add_argument("--input", required=True, help="file, directory or glob of .hdf5 / TFRecord files")
@@ -63,16 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--vocab", required=True,
                    help="the vocab.txt (or Hugging Face tokenizer directory) the data's token ids refer to")
     k.add_argument("--format", choices=("auto", "hdf5", "tfrecord"), default="auto")
-    k.add_argument("--max-sequences-per-pack", type=int, default=defaults.max_sequences_per_pack)
     k.add_argument("--lower-case", choices=("auto", "yes", "no"), default=defaults.lower_case,
                    help="whether the data was lower-cased, for a bare vocab.txt (recorded in the manifest)")
-    k.add_argument("--seed", type=int, default=defaults.seed)
-    k.add_argument("--workers", type=int, default=defaults.workers, help="0: min(4, CPUs)")
-    k.add_argument("--packing-algorithm", default=defaults.packing_algorithm)
-    add_lp_arguments(k)
-    k.add_argument("--shard-mb", type=float, default=defaults.shard_bytes / 2.0 ** 20, help="output shard size")
-    k.add_argument("--no-padded", action="store_true", help="skip the padded baseline")
-    k.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_packing_arguments(k)
     i = commands.add_parser("inspect", help="print a dataset's manifest, length histogram and packing statistics")
     i.add_argument("directory")
     i.add_argument("--no-verify", action="store_true", help="skip the checksums")
@@ -99,23 +111,16 @@ def _keep_freed_memory() -> None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from .pipeline import PrepareConfig, prepare
+    from .text.pipeline import PrepareConfig, prepare
 
-    if not 0 < args.shard_mb < float("inf"):  # also refuses nan
-        raise DataError("--shard-mb must be a number > 0, got %r" % args.shard_mb)
+    packing = _packing_options(args)
     _keep_freed_memory()
-
-    if not args.shard_mb > 0 or args.shard_mb == float("inf"):
-        raise DataError("--shard-mb must be a number of MiB > 0, got %r" % (args.shard_mb,))
     config = PrepareConfig(
-        input=args.input, output=args.output, max_seq_length=args.max_seq_length,
-        max_sequences_per_pack=args.max_sequences_per_pack, vocab=args.vocab, train_vocab=args.train_vocab,
-        lower_case=args.lower_case, format=args.format, seed=args.seed, workers=args.workers,
+        input=args.input, output=args.output, max_seq_length=args.max_seq_length, vocab=args.vocab,
+        train_vocab=args.train_vocab, lower_case=args.lower_case, format=args.format,
         dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, masked_lm_prob=args.masked_lm_prob,
         max_predictions_per_seq=args.max_predictions_per_seq, whole_word_masking=args.whole_word_masking,
-        packing_algorithm=args.packing_algorithm, lp_max_rounds=args.lp_max_rounds,
-        lp_time_limit=args.lp_time_limit, shard_bytes=max(1, int(args.shard_mb * 2 ** 20)),  # > 0 checked
-        shard_chars=args.shard_chars, padded=not args.no_padded, progress=not args.quiet)
+        shard_chars=args.shard_chars, packing=packing)
     result = prepare(config)
     packed, padded, seconds = result.packed, result.padded, result.seconds
     print("prepared %s in %.1f s: %d sequences (%.0f/s) -> %d packs (packing factor %.3f, efficiency %.1f%%)%s"
@@ -127,16 +132,12 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _pack(args: argparse.Namespace) -> None:
-    from .existing import PackConfig, pack
+    from .existing.pack import PackConfig, pack
 
-    if not 0 < args.shard_mb < float("inf"):  # also refuses nan
-        raise DataError("--shard-mb must be a number > 0, got %r" % args.shard_mb)
+    packing = _packing_options(args)
     _keep_freed_memory()
-    config = PackConfig(
-        input=args.input, output=args.output, vocab=args.vocab, max_sequences_per_pack=args.max_sequences_per_pack,
-        format=args.format, lower_case=args.lower_case, seed=args.seed, workers=args.workers,
-        packing_algorithm=args.packing_algorithm, lp_max_rounds=args.lp_max_rounds, lp_time_limit=args.lp_time_limit,
-        shard_bytes=max(1, int(args.shard_mb * 2 ** 20)), padded=not args.no_padded, progress=not args.quiet)
+    config = PackConfig(input=args.input, output=args.output, vocab=args.vocab, format=args.format,
+                        lower_case=args.lower_case, packing=packing)
     result = pack(config)
     packed, padded, seconds = result.packed, result.padded, result.seconds
     print("packed %s (%s, %d files) in %.1f s: %d sequences (%.0f/s) -> %d packs (packing factor %.3f, "

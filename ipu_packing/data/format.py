@@ -1,7 +1,8 @@
 """The pack format: one owner for the fields, their meaning, the ids, M, and how a pack is laid out.
 
 Everything that makes or reads packs (the data pipeline, the benches, the synthetic packs of the
-execution checks, the test fixtures, the model's loss) takes its definitions from here. numpy only.
+execution checks, the test fixtures, the model's loss) takes its definitions from here. numpy only. The
+plain reference builder of a pack, `pack_sequences`, and its inverse `unpack` are in reference.py.
 
 A dataset directory holds
 
@@ -39,17 +40,14 @@ small sequential read. The padded baseline is the same format with K = 1.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..fsutil import atomic_write_text
-
+from ..fsutil import atomic_write_text, sha256_file
 from .errors import DataError
 
 FORMAT_VERSION = 2
@@ -148,7 +146,7 @@ def max_pack_predictions(gains: np.ndarray, max_seq_length: int, max_sequences_p
     """The most predictions a pack of at most K sequences within S tokens can hold when a sequence of
     length l has at most gains[l] of them ((S + 1,); gains[l] < 0: no sequence has length l).
 
-    `mlm_slots` gives it the recipe's counts; `pack` (data/existing.py) the most that the input's
+    `mlm_slots` gives it the recipe's counts; `pack` (data/existing/pack.py) the most that the input's
     sequences of each length actually have. A dynamic programme over lengths (K * S^2 steps)."""
     s = max_seq_length
     gains = np.asarray(gains, dtype=np.int64)
@@ -167,109 +165,10 @@ def max_pack_predictions(gains: np.ndarray, max_seq_length: int, max_sequences_p
     return overall
 
 
-# ---------------------------------------------------------------------------------------------------
-# the reference builder
-
-
-@dataclass
-class Instance:
-    """One NSP/MLM training instance, [CLS] A [SEP] B [SEP] after masking (bert's TrainingInstance)."""
-
-    input_ids: np.ndarray  # (L,) token ids after masking
-    token_type_ids: np.ndarray  # (L,) 0 for [CLS] A [SEP], 1 for B [SEP]
-    mlm_positions: np.ndarray  # (Q,) masked positions within the instance, ascending
-    mlm_labels: np.ndarray  # (Q,) the original token id at each
-    nsp_label: int  # 0: B follows A; 1: B is random
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-
-def pack_sequences(sequences: Sequence[Sequence[Instance]], S: int, K: int, M: int,
-                   vocab_size: Optional[int] = None) -> np.ndarray:
-    """Lay out instances as packs: (P,) records of pack_dtype(S, M, K, vocab_size); pack p holds sequences[p].
-
-    This is the plain statement of the format; data/packs.py's build_packs writes the same bytes
-    with vectorised scatters, and a test holds the two equal. Which sequences share a pack is the
-    packing engine's decision (ipu_packing.packing), not this function's.
-    """
-    packs = np.zeros(len(sequences), dtype=pack_dtype(S, M, K, vocab_size))
-    packs["mlm_labels"] = IGNORE_INDEX
-    packs["nsp_labels"] = IGNORE_INDEX
-    for p, group in enumerate(sequences):
-        # We DON'T concatenate the sequences into one long text: each keeps its own world inside the
-        # pack. They are laid back to back from position 0, in the order given, and the rest of the
-        # row stays padding (zeros). sequence_ids tells each token which sequence it belongs to, so
-        # attention never crosses from one sequence to another; position ids restart at 0 at every
-        # [CLS], so a sequence sees exactly the positions it would see alone.
-        #
-        # The heads work per sequence too. Sequence k's masked tokens take the next free MLM slots
-        # (their positions shifted by where the sequence starts), and its NSP label takes slot k and
-        # is read at its own [CLS], never at the pack's first one.
-        #
-        # A pack that would hold more than K sequences, S tokens or M predictions is an error, not
-        # a truncation: the plan and M are sized so that it never happens.
-        start, slot = 0, 0
-        if len(group) > K:
-            raise DataError("pack %d would hold %d sequences, more than the %d it has room for (refusing to truncate)"
-                            % (p, len(group), K))
-        for k, sequence in enumerate(group):
-            end = start + len(sequence)
-            q = len(sequence.mlm_positions)
-            if end > S:
-                raise DataError("pack %d would hold %d tokens, more than the %d it has room for (refusing to truncate)"
-                                % (p, sum(len(s) for s in group), S))
-            if slot + q > M:
-                raise DataError("pack %d would hold %d MLM predictions, more than the %d it has room for (refusing "
-                                "to truncate)" % (p, sum(len(s.mlm_positions) for s in group), M))
-            packs["input_ids"][p, start:end] = sequence.input_ids
-            packs["token_type_ids"][p, start:end] = sequence.token_type_ids
-            packs["position_ids"][p, start:end] = np.arange(len(sequence))
-            packs["sequence_ids"][p, start:end] = k + 1
-            packs["mlm_positions"][p, slot:slot + q] = np.asarray(sequence.mlm_positions) + start
-            packs["mlm_labels"][p, slot:slot + q] = sequence.mlm_labels
-            packs["cls_positions"][p, k] = start
-            packs["nsp_labels"][p, k] = sequence.nsp_label
-            start, slot = end, slot + q
-    return packs
-
-
-def unpack(pack: Any) -> List[Instance]:
-    """The sequences of one pack (a record, or a mapping of its fields), in slot order: the inverse of
-    pack_sequences, so pack_sequences([unpack(p)], S, K, M) gives p back. A bench lays the same
-    sequences out again (padded, K = 1) from a prepared dataset this way."""
-    sequence_ids = np.asarray(pack["sequence_ids"], dtype=np.int64)
-    positions = np.asarray(pack["mlm_positions"], dtype=np.int64)
-    labels = np.asarray(pack["mlm_labels"], dtype=np.int64)
-    nsp = np.asarray(pack["nsp_labels"], dtype=np.int64)
-    cls = np.asarray(pack["cls_positions"], dtype=np.int64)
-    out = []
-    for k in range(len(nsp)):
-        if nsp[k] == IGNORE_INDEX:
-            break
-        start = int(cls[k])
-        end = start + int((sequence_ids == k + 1).sum())  # a sequence's tokens are contiguous from its [CLS]
-        own = (labels != IGNORE_INDEX) & (positions >= start) & (positions < end)
-        out.append(Instance(np.asarray(pack["input_ids"][start:end], dtype=np.int64),
-                            np.asarray(pack["token_type_ids"][start:end], dtype=np.int64),
-                            positions[own] - start, labels[own], int(nsp[k])))
-    return out
-
-
 def as_batch(packs: np.ndarray, dtype: Any = np.int32) -> Dict[str, np.ndarray]:
     """(P,) records -> {field: (P, width) contiguous array} of `dtype` (int32, as the model takes;
     None keeps the stored types)."""
     return {name: np.ascontiguousarray(packs[name], dtype=dtype) for name in FIELDS}
-
-
-def sha256_file(path: str, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk)
-            if not block:
-                return digest.hexdigest()
-            digest.update(block)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import numpy as np
 
 from .format import CLS_ID, FIRST_WORD_ID, MASK_ID, SEP_ID, SPECIAL_TOKENS
 from .scale_bench import du, run_measured
+from .write.datasets import PackingOptions
 
 VOCAB_SIZE = 30522
 CHUNK = 1 << 15
@@ -112,8 +113,8 @@ def _varints(values: np.ndarray) -> List[bytes]:
 
 def write_tfrecord(path: str, n: int, s: int, p: int, seed: int) -> None:
     """As google-research/bert's create_pretraining_data.py: one tf.train.Example per instance."""
-    from .tfexample import _length_delimited
-    from .tfrecord import write_records
+    from .existing.tfexample import length_delimited
+    from .existing.tfrecord import write_records
 
     names = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
              "masked_lm_weights", "next_sentence_labels")
@@ -127,12 +128,12 @@ def write_tfrecord(path: str, n: int, s: int, p: int, seed: int) -> None:
                 entries = []
                 for name in names:
                     if name == "masked_lm_weights":
-                        feature = _length_delimited(2, _length_delimited(1, weights[i].astype("<f4").tobytes()))
+                        feature = length_delimited(2, length_delimited(1, weights[i].astype("<f4").tobytes()))
                     else:
-                        feature = _length_delimited(3, _length_delimited(1, packed[name][i]))
-                    entries.append(_length_delimited(1, _length_delimited(1, name.encode())
-                                                     + _length_delimited(2, feature)))
-                yield _length_delimited(1, b"".join(entries))
+                        feature = length_delimited(3, length_delimited(1, packed[name][i]))
+                    entries.append(length_delimited(1, length_delimited(1, name.encode())
+                                                     + length_delimited(2, feature)))
+                yield length_delimited(1, b"".join(entries))
 
     write_records(path, records())
 
@@ -182,7 +183,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       packing_factor=manifest["packing_factor"], mlm_slots=manifest["mlm_slots"],
                       input_mib=du(inputs) / 2.0 ** 20, output_mib=du(output) / 2.0 ** 20,
                       write_input_s=written, format=args.format, files=args.files, max_seq_length=s,
-                      workers=args.workers or min(4, os.cpu_count() or 1))
+                      workers=PackingOptions(workers=args.workers).num_workers)
         result["instances_per_s"] = result["instances"] / result["wall_s"]
         if args.json:
             print(json.dumps(result, sort_keys=True))

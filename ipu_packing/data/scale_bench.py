@@ -28,11 +28,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from .write.datasets import PackingOptions
+
 
 def build_corpus(path: str, megabytes: float, seed: int = 0) -> Dict[str, int]:
     """Write about `megabytes` MB of BERT-format text: copies of the default corpus, each copy's
     documents in a new random order. Returns {bytes, copies, documents}."""
-    from .corpus import default_documents
+    from .text.corpus import default_documents
 
     blocks = ["\n".join(document) + "\n\n" for document in default_documents()]
     encoded = [block.encode("utf-8") for block in blocks]
@@ -180,7 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       instances=manifest["num_sequences"], tokens=manifest["num_tokens"],
                       input_shards=manifest["corpus"]["shards"], packs=manifest["num_packs"],
                       output_mib=du(output) / 2.0 ** 20, nofile=args.nofile, dupe_factor=args.dupe_factor,
-                      max_seq_length=args.max_seq_length, workers=args.workers or min(4, os.cpu_count() or 1))
+                      max_seq_length=args.max_seq_length, workers=PackingOptions(workers=args.workers).num_workers)
         result["instances_per_s"] = result["instances"] / result["wall_s"]
         result["tokens_per_s"] = result["tokens"] / result["wall_s"]
         if args.json:

@@ -32,7 +32,7 @@ import numpy as np
 
 from .errors import DataError
 from .format import SPECIAL_TOKENS
-from .instances import _ranges
+from .instance_files import ranges
 
 DEFAULT_VOCAB_SIZE = 8192
 LOWER_CASE_CHOICES = ("auto", "yes", "no")
@@ -147,8 +147,8 @@ class BatchEncoder:
         lengths[hard_index] = hard_lengths
         starts = np.cumsum(lengths) - lengths
         tokens = np.zeros(int(lengths.sum()), dtype=np.int32)
-        tokens[_ranges(starts[easy_index], easy_lengths)] = easy_tokens
-        tokens[_ranges(starts[hard_index], hard_lengths)] = hard_tokens
+        tokens[ranges(starts[easy_index], easy_lengths)] = easy_tokens
+        tokens[ranges(starts[hard_index], hard_lengths)] = hard_tokens
         return tokens, lengths
 
     def _encode_words(self, sentences: List[str]):
@@ -173,7 +173,7 @@ class BatchEncoder:
         codes = np.fromiter(map(index.__getitem__, words), dtype=np.int64, count=len(words))  # (W,)
         word_tokens, word_lengths = self._word_tokens[0], self._word_lengths[0]
         word_starts = np.cumsum(word_lengths) - word_lengths
-        tokens = word_tokens[_ranges(word_starts[codes], word_lengths[codes])]
+        tokens = word_tokens[ranges(word_starts[codes], word_lengths[codes])]
         sentence_of = np.cumsum(codes == 0)  # (W,) sentence index of every word
         lengths = np.bincount(sentence_of, weights=word_lengths[codes], minlength=len(sentences))
         return tokens, lengths.astype(np.int64)

@@ -35,4 +35,4 @@ def _main(argv: Optional[List[str]]) -> int:
     dry.add_argument("overrides", nargs="*", metavar="section.key=value",
                      help="e.g. data.packing_factor_estimate=2.0 (the packing factor the batch sizes assume)")
     args = parser.parse_args(argv)
-    return train_cli._main(["--config", args.config, "--dry-run"] + list(args.overrides))
+    return train_cli.command(["--config", args.config, "--dry-run"] + list(args.overrides))

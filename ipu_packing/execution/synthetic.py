@@ -12,7 +12,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..data.format import CLS_ID, FIRST_WORD_ID, MASK_ID, SEP_ID, TOKEN_FIELDS, Instance, pack_sequences
+from ..data.format import CLS_ID, FIRST_WORD_ID, MASK_ID, SEP_ID, TOKEN_FIELDS
+from ..data.reference import Instance, pack_sequences
 
 
 def synthetic_packs(

@@ -32,7 +32,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..data.format import IGNORE_INDEX, Instance, as_batch, mlm_slots, pack_sequences
+from ..data.format import IGNORE_INDEX, as_batch, mlm_slots
+from ..data.reference import Instance, pack_sequences
 from ..errors import ArgumentParser, run_command
 from .attention import ATTENTION_IMPLEMENTATIONS
 

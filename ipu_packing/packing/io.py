@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, one_line
 
 
 def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
@@ -28,7 +28,7 @@ def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
             try:
                 data = np.load(path, allow_pickle=False)
             except (ValueError, EOFError) as exc:  # pickled, truncated or not a .npy at all
-                raise InputError("%s is not a readable .npy array of counts: %s" % (path, " ".join(str(exc).split())))
+                raise InputError("%s is not a readable .npy array of counts: %s" % (path, one_line(exc)))
             max_length = None
         elif ext == ".txt":
             with open(path) as f:

@@ -65,7 +65,8 @@ def dry_run(config) -> str:
     return "\n".join(lines) + "\n" + report.rstrip("\n")
 
 
-def _main(argv: Optional[List[str]]) -> int:
+def command(argv: Optional[List[str]]) -> int:
+    """The command itself: raises UserError; `main` prints it as one line."""
     args = build_parser().parse_args(argv)
     if args.list_configs:
         print("\n".join(available_configs()))
@@ -81,4 +82,4 @@ def _main(argv: Optional[List[str]]) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run_command(_main, argv)
+    return run_command(command, argv)

@@ -14,7 +14,10 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .checkpoint import file_sha256
+from ..data.errors import DataError
+from ..data.format import MANIFEST, read_manifest
+from ..fsutil import sha256_file
+from ..errors import one_line
 from .errors import UserError
 
 PREPARE_HINT = ("python -m ipu_packing.data prepare --input default --output DIR --max-seq-length S "
@@ -69,33 +72,26 @@ class TrainingData:
 
 
 def read_training_data(path: str) -> TrainingData:
-    """Read DIR/manifest.json (cheap; no shard is touched). `open_shards` then opens the data."""
-    manifest_path = os.path.join(path, "manifest.json")
-    if not os.path.isdir(path) or not os.path.isfile(manifest_path):
+    """Read DIR/manifest.json through the data package's one reader (format.read_manifest: every key and
+    type checked; cheap, no shard is touched). `open_shards` then opens the data."""
+    if not os.path.isfile(os.path.join(path, MANIFEST)):
         raise UserError("dataset not found: %s has no manifest.json (prepare it with: %s)" % (path, PREPARE_HINT))
     try:
-        with open(manifest_path, "r", encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError("dataset is corrupt: %s is not valid JSON (%s)" % (manifest_path, " ".join(str(exc).split())))
-    if not isinstance(manifest, dict):
-        raise UserError("dataset is corrupt: %s is not a JSON object" % (manifest_path,))
-    fields = {}
-    for key in ("max_seq_length", "max_sequences_per_pack", "num_packs", "num_sequences", "num_tokens", "vocab_size"):
-        value = manifest.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise UserError("dataset is corrupt: %s field %s is missing or not an integer" % (manifest_path, key))
-        fields[key] = value
+        manifest = read_manifest(path)
+    except DataError as error:
+        raise UserError("dataset is corrupt: %s" % (error,))
+    fields = {key: manifest[key] for key in ("max_seq_length", "max_sequences_per_pack", "num_packs", "num_sequences",
+                                            "num_tokens", "vocab_size")}
     if fields["num_packs"] < 1 or fields["num_sequences"] < fields["num_packs"]:
         raise UserError("dataset is corrupt: %s says num_packs=%d, num_sequences=%d"
-                        % (manifest_path, fields["num_packs"], fields["num_sequences"]))
-    vocab_path = os.path.join(path, "vocab.txt")
+                        % (os.path.join(path, MANIFEST), fields["num_packs"], fields["num_sequences"]))
+    vocab_path = os.path.join(path, manifest["vocab_file"])
     vocab_path = vocab_path if os.path.isfile(vocab_path) else None
     return TrainingData(
         dataset=None,
         path=path,
         vocab_path=vocab_path,
-        vocab_sha256=file_sha256(vocab_path) if vocab_path else None,
+        vocab_sha256=sha256_file(vocab_path) if vocab_path else None,
         **fields
     )
 
@@ -103,16 +99,13 @@ def read_training_data(path: str) -> TrainingData:
 def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
     """Open the dataset through ipu_packing.data.open_dataset, which validates shards and checksums."""
     if open_dataset is None:
-        try:
-            from ipu_packing.data import open_dataset
-        except ImportError:
-            raise UserError("cannot read %s: ipu_packing.data.open_dataset is not available" % (data.path,))
+        from ..data import open_dataset
     try:
         dataset = open_dataset(data.path)  # in stored order; the loop orders packs itself (epoch_order)
     except UserError:
         raise
     except Exception as exc:  # DataError, and anything a corrupt file raises while loading
-        message = " ".join(str(exc).split()) or type(exc).__name__
+        message = one_line(exc) or type(exc).__name__
         if data.path not in message:
             message = "%s: %s" % (data.path, message)
         raise UserError("dataset is corrupt: %s" % (message,))
@@ -169,11 +162,10 @@ def write_tokenizer_files(directory: str, vocab_path: str) -> None:
     from ipu_packing.data.vocab import hf_tokenizer_files
 
     try:
-        with open(os.path.join(os.path.dirname(vocab_path), "manifest.json"), "r", encoding="utf-8") as f:
-            lower = json.load(f).get("do_lower_case")
+        lower = read_manifest(os.path.dirname(vocab_path)).get("do_lower_case")
         with open(os.path.join(directory, "config.json"), "r", encoding="utf-8") as f:
             positions = int(json.load(f).get("max_position_embeddings", 512))
-    except (OSError, ValueError, AttributeError):  # the run validated both; a vanished dataset exports no casing
+    except (OSError, ValueError, AttributeError, DataError):  # validated by the run; a vanished dataset: no casing
         return
     if not isinstance(lower, bool):
         return

@@ -12,10 +12,10 @@ Order of work:
    each shard from its own generator seeded from (seed, shard index). At most two shards per worker
    are in flight, so memory is bounded by a few shards, not by the corpus. Each worker writes its
    instances to one file in the temporary directory and returns only their lengths.
-4. write.py, the packing phase shared with every source of instances: make *one* packing plan for
+4. data/write/datasets.py, the packing phase shared with every source of instances: make *one* packing plan for
    the whole corpus from the lengths, and write the packed dataset (K = max_sequences_per_pack) and
    the padded baseline (K = 1: every pack is one sequence, so the model has a single code path),
-   each with its manifest and vocab.txt, in the two streaming passes of data/packs.py (scatter
+   each with its manifest and vocab.txt, in the two streaming passes of data/write/packs.py (scatter
    groups of input shards to spill files, placing each sequence by packing/slots.py's streaming
    assignment, then build each output shard from its blocks), so no process holds or opens more
    than a group or a shard at a time.
@@ -28,25 +28,24 @@ output.
 
 from __future__ import annotations
 
-import errno
 import os
 import platform
 import shutil
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, TypeVar
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
-from ..fsutil import fsync_tree, replace_durably
-from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
-from .errors import DataError
-from .format import VOCAB, mlm_slots, sha256_file
-from .instances import RecipeConfig
-from .vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab, train_vocab
-from .workers import Workers, _build_shard, _progress
-from .write import PackSettings, write_datasets  # the packing phase, shared with other sources of instances
+from ..errors import DataError
+from ...fsutil import sha256_file
+from ..format import VOCAB, mlm_slots
+from .recipe import RecipeConfig
+from ..vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab, train_vocab
+from ..write.output import check_output, write_atomically
+from ..write.workers import Workers, progress
+from .tasks import build_shard, start_tokenizer
+from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the packing phase, shared with `pack`
 
 
 @dataclass
@@ -59,8 +58,6 @@ class PrepareConfig:
     """Output directory (must not exist or be empty); gets packed/ and padded/."""
     max_seq_length: int = 128
     """S."""
-    max_sequences_per_pack: int = 3
-    """K for the packed dataset (the padded baseline always has K = 1)."""
     vocab: Optional[str] = None
     """vocab.txt or Hugging Face tokenizer directory, or "default" (the default corpus' vocabulary:
     DEFAULT_VOCAB_SIZE WordPiece tokens trained on it, lower-cased). None: see train_vocab."""
@@ -72,38 +69,20 @@ class PrepareConfig:
     trained vocabulary: "auto" or "yes" lower-case, "no" keeps the case."""
     format: str = "auto"
     """Input format: "auto", "bert" or "text" (see corpus.py)."""
-    seed: int = 12345
-    """Seed of everything random; same seed and input -> byte-identical output."""
-    workers: int = 0
-    """Worker processes; 0 means min(4, CPUs). Does not change the output."""
     dupe_factor: int = 10
     short_seq_prob: float = 0.1
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: Optional[int] = None
     """None: ceil(masked_lm_prob * max_seq_length)."""
     whole_word_masking: bool = False
-    packing_algorithm: str = "optimal"
-    """Algorithm of ipu_packing.packing.plan_packing."""
-    lp_max_rounds: int = LP_MAX_ROUNDS
-    """optimal: rounds of column generation at most (its stopping rule; see packing/optimal.py)."""
-    lp_time_limit: Optional[float] = LP_TIME_LIMIT
-    """optimal: safety-net seconds, or None; a plan it cuts short depends on the machine's speed."""
     shard_chars: int = 1 << 17
     """Characters of text per instance-building shard (the unit of work and of RNG seeding)."""
-    shard_bytes: int = 64 << 20
-    """Approximate size of each output shard file."""
     group_tokens: int = 1 << 21
     """Tokens of instances per scatter task (bounds a worker's memory; does not change the output)."""
-    padded: bool = True
-    """Also write the padded baseline (padded/)."""
-    progress: bool = True
-    """Progress bars on stderr (only when it is a terminal)."""
+    packing: PackingOptions = field(default_factory=PackingOptions)
+    """K, the seed (of everything random here), workers, the algorithm, shard size, padded/ (shared with `pack`)."""
 
     def __post_init__(self) -> None:
-        if self.max_sequences_per_pack < 1:
-            raise DataError("--max-sequences-per-pack must be >= 1, got %d" % self.max_sequences_per_pack)
-        if self.workers < 0:
-            raise DataError("--workers must be >= 0, got %d" % self.workers)
         if self.train_vocab is not None and self.vocab is not None:
             raise DataError("--vocab %s and --train-vocab %d exclude each other: give one"
                             % (self.vocab, self.train_vocab))
@@ -117,15 +96,6 @@ class PrepareConfig:
             raise DataError("shard_chars must be >= 1, got %r" % self.shard_chars)
         if self.group_tokens < 1:
             raise DataError("group_tokens must be >= 1, got %r" % self.group_tokens)
-        if self.shard_bytes < 1:
-            raise DataError("--shard-mb must be > 0 (got %r bytes)" % self.shard_bytes)
-        if not 0 <= self.seed < 2 ** 63:
-            raise DataError("--seed must be in [0, 2**63), got %d" % self.seed)
-        from ..packing import ALGORITHMS
-
-        if self.packing_algorithm not in ALGORITHMS:
-            raise DataError("--packing-algorithm must be one of %s, got %r"
-                            % ("/".join(ALGORITHMS), self.packing_algorithm))
         self.recipe  # validates the recipe fields
 
     @property
@@ -134,10 +104,6 @@ class PrepareConfig:
                             max_predictions_per_seq=self.max_predictions_per_seq,
                             short_seq_prob=self.short_seq_prob, dupe_factor=self.dupe_factor,
                             whole_word_masking=self.whole_word_masking)
-
-    @property
-    def num_workers(self) -> int:
-        return self.workers or min(4, os.cpu_count() or 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -157,13 +123,13 @@ def _run_shards(config: PrepareConfig, workers: Workers, documents, work: str, d
             paths.append(os.path.join(work, "instances-%05d.npz" % index))
             yield index, docs, paths[-1]
 
-    bar = _progress("instances", config.progress, " shards")
+    bar = progress("instances", config.packing.progress, " shards")
     thread = None
     if background is not None:
         workers.start()  # fork the worker processes first: never fork while a thread imports
         thread = threading.Thread(target=background, daemon=True)
         thread.start()
-    results = workers.map_bounded(_build_shard, tasks(), on_result=lambda _: bar.update(1))
+    results = workers.map_bounded(build_shard, tasks(), on_result=lambda _: bar.update(1))
     bar.close()
     if thread is not None:
         thread.join()
@@ -183,14 +149,6 @@ def _preload_planner() -> None:
 # the whole preparation
 
 
-def _check_output(path: str) -> None:
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise DataError("%s: exists and is not a directory (refusing to overwrite)" % path)
-        if os.listdir(path):
-            raise DataError("%s: directory exists and is not empty (refusing to overwrite)" % path)
-
-
 @dataclass
 class PrepareResult:
     packed: dict
@@ -201,43 +159,10 @@ class PrepareResult:
     """Wall-clock seconds per phase: vocab, instances, plan, scatter, write, total."""
 
 
-_TEMP_MARK = ".tmp-"
-
-
-def _temp_prefix(output: str) -> str:
-    return "." + os.path.basename(output) + _TEMP_MARK
-
-
-def _remove_stale_temporaries(output: str) -> None:
-    """Remove the temporary directories that killed runs into `output` left (named
-    .<output>.tmp-<pid>-...; the pid is no longer running)."""
-    parent, prefix = os.path.dirname(output), _temp_prefix(output)
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # still running: another prepare's
-        except ProcessLookupError:
-            pass
-        except OSError:  # alive, owned by someone else
-            continue
-        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-
-
-def _disk_full(error: OSError) -> bool:
-    return error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-
-
 def prepare(config: PrepareConfig) -> PrepareResult:
     """Run the whole preparation (see the module notes)."""
     output = os.path.abspath(config.output)
-    _check_output(output)
+    check_output(output)
     corpus_spec = CorpusSpec(config.input, config.format)
     files = corpus_spec.files()  # checks that the input exists before anything is created
     if not corpus_spec.is_default and config.vocab is None and config.train_vocab is None:
@@ -245,36 +170,6 @@ def prepare(config: PrepareConfig) -> PrepareResult:
                         "tokenizer directory) or --train-vocab N (WordPiece with N tokens trained on this input)"
                         % config.input)
     return write_atomically(output, lambda temp: _prepare_into(config, corpus_spec, files, temp), "preparing")
-
-
-T = TypeVar("T")
-
-
-def write_atomically(output: str, build: Callable[[str], T], doing: str) -> T:
-    """`build(temp)` into a fresh temporary sibling directory of `output` (an absolute path that
-    `_check_output` accepted), which is then fsynced and renamed to `output`; on any failure it is
-    removed, so nothing is left behind. Removes the temporaries of killed runs into the same output
-    first. A full disk becomes one DataError line ("... while <doing> <output> ...")."""
-    parent = os.path.dirname(output)
-    os.makedirs(parent, exist_ok=True)
-    _remove_stale_temporaries(output)
-    temp = tempfile.mkdtemp(prefix="%s%d-" % (_temp_prefix(output), os.getpid()), dir=parent)
-    try:
-        result = build(temp)
-        if os.path.isdir(output):
-            os.rmdir(output)  # empty (checked above)
-        fsync_tree(temp)  # the shards and manifests are on disk before their directory gets its name
-        replace_durably(temp, output)
-        return result
-    except OSError as error:
-        shutil.rmtree(temp, ignore_errors=True)
-        if _disk_full(error):
-            raise DataError("%s: no space left on device while %s %s (nothing was kept)"
-                            % (error.filename or parent, doing, output)) from None
-        raise
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
 
 
 DEFAULT_VOCAB = "default"
@@ -320,7 +215,7 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
     digest = CorpusDigest()
     work = os.path.join(temp, "work")
     os.makedirs(work)
-    workers = Workers(config.num_workers, spec, config.recipe, config.seed)
+    workers = Workers(config.packing.num_workers, start_tokenizer, (spec, config.recipe, config.packing.seed))
     try:
         paths, results = _run_shards(config, workers, documents, work, digest,
                                      _preload_planner if workers.pool is not None else None)
@@ -345,7 +240,7 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
                 "vocab_checksum": sha256_file(os.path.join(directory, VOCAB)),
                 "do_lower_case": bool(spec.do_lower_case),
                 "special_token_ids": spec.special_token_ids,
-                "seed": config.seed,
+                "seed": config.packing.seed,
                 "recipe": {
                     "masked_lm_prob": recipe.masked_lm_prob,
                     "max_predictions_per_seq": recipe.max_predictions,
@@ -359,13 +254,9 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
             }
 
         settings = PackSettings(
-            max_seq_length=config.max_seq_length, max_sequences_per_pack=config.max_sequences_per_pack,
-            vocab_size=len(spec.vocab), seed=config.seed,
+            max_seq_length=config.max_seq_length, vocab_size=len(spec.vocab),
             mlm_slots=lambda k: mlm_slots(config.max_seq_length, k, recipe.masked_lm_prob, recipe.max_predictions),
-            packing_algorithm=config.packing_algorithm, lp_max_rounds=config.lp_max_rounds,
-            lp_time_limit=config.lp_time_limit, shard_bytes=config.shard_bytes,
-            group_tokens=config.group_tokens, padded=config.padded,
-            progress=config.progress)
+            options=config.packing, group_tokens=config.group_tokens)
         manifests = write_datasets(paths, shard_lengths, num_masked, settings, temp, workers, describe, lap)
     except BaseException:
         workers.abort()

@@ -24,6 +24,8 @@ from typing import Dict
 
 import numpy as np
 
+from .throughput import MODEL_PRESETS, Layout, plan_histogram, time_interleaved, timed_layouts
+
 PAIRS = (("padded", "dense"), ("packed", "dense"), ("padded", "varlen"), ("packed", "varlen"))
 RATIOS = (
     # (name, numerator pair, denominator pair)
@@ -83,8 +85,6 @@ def compare_attention(padded, packed, model_kwargs: Dict[str, object], micro_bat
         models[attention].load_state_dict(initial)
         optimizer = LAMB(parameter_groups(models[attention], 0.01), lr=1e-4)
         runners[attention] = make_runner(models[attention], optimizer, execution)
-    from .bench import Layout  # lazy: bench imports this module
-
     for attention in models:  # warm-up, then the same starting weights for every timed pass
         for layout in layouts.values():
             warm = Layout("warm", {k: v[:micro_batch_size] for k, v in layout.arrays.items()})
@@ -123,13 +123,11 @@ def compare_attention(padded, packed, model_kwargs: Dict[str, object], micro_bat
 def run_comparison(histogram: np.ndarray, S: int, K: int, model_preset: str, micro_batch_size: int, repeats: int,
                    algorithm, seed: int, timed_packs) -> Dict[str, object]:
     """The bench's plan and timed layouts (the same sequences as its main result), then ``compare_attention``."""
-    from . import bench
-
-    model_kwargs = dict(bench.MODEL_PRESETS[model_preset])
+    model_kwargs = dict(MODEL_PRESETS[model_preset])
     model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)
-    plan = bench.plan_histogram(histogram, S, K, algorithm)
-    padded, packed = bench.timed_layouts(plan, S, K, timed_packs, model_kwargs["vocab_size"], seed)
-    return compare_attention(padded, packed, model_kwargs, micro_batch_size, repeats, seed, bench._time_interleaved)
+    plan = plan_histogram(histogram, S, K, algorithm)
+    padded, packed = timed_layouts(plan, S, K, timed_packs, model_kwargs["vocab_size"], seed)
+    return compare_attention(padded, packed, model_kwargs, micro_batch_size, repeats, seed, time_interleaved)
 
 
 def format_comparison(comparison: Dict[str, object]) -> str:

@@ -3,7 +3,7 @@ lengths -> one plan -> the packed dataset and the padded baseline, shards and ma
 
 The plan is made from the lengths alone (2 bytes an instance, the only corpus-sized arrays, held
 once: by the caller), and
-the instances move through the two streaming passes of data/packs.py (scatter groups of input
+the instances move through the two streaming passes of data/write/packs.py (scatter groups of input
 shards to spill files, then gather each output shard), each a task of the worker pool, so no
 process holds more than a group or an output shard however large the corpus.
 """
@@ -17,10 +17,11 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
-from .format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
-from .packs import PackLayout, dataset_spec
-from .workers import Workers, _progress, _scatter, _write_shard
+from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
+from ..errors import DataError
+from ..format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
+from .packs import PackLayout, dataset_spec, gather_shard, scatter
+from .workers import Workers, progress
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -31,29 +32,66 @@ def derived_seed(seed: int, purpose: int) -> int:
 
 
 @dataclass
+class PackingOptions:
+    """How the packs are planned and written: the options `prepare` and `pack` share (each command line's
+    --max-sequences-per-pack, --seed, --workers, --packing-algorithm, --lp-*, --shard-mb, --no-padded,
+    --quiet)."""
+
+    max_sequences_per_pack: int = 3
+    """K of the packed dataset (the padded baseline has K = 1)."""
+    seed: int = 12345
+    """Root seed of the assignment and the pack order (`prepare` also seeds its instances with it); same
+    seed and input -> byte-identical output."""
+    workers: int = 0
+    """Worker processes; 0 means min(4, CPUs) (`num_workers`). Does not change the output."""
+    packing_algorithm: str = "optimal"
+    """Algorithm of ipu_packing.packing.plan_packing."""
+    lp_max_rounds: int = LP_MAX_ROUNDS
+    """optimal: rounds of column generation at most (its stopping rule; see packing/optimal.py)."""
+    lp_time_limit: Optional[float] = LP_TIME_LIMIT
+    """optimal: safety-net seconds, or None; a plan it cuts short depends on the machine's speed."""
+    shard_bytes: int = 64 << 20
+    """Approximate size of each output shard file."""
+    padded: bool = True
+    """Also write the padded baseline (padded/)."""
+    progress: bool = True
+    """Progress bars on stderr (only when it is a terminal)."""
+
+    def __post_init__(self) -> None:
+        if self.max_sequences_per_pack < 1:
+            raise DataError("--max-sequences-per-pack must be >= 1, got %d" % self.max_sequences_per_pack)
+        if self.workers < 0:
+            raise DataError("--workers must be >= 0, got %d" % self.workers)
+        if not 0 <= self.seed < 2 ** 63:
+            raise DataError("--seed must be in [0, 2**63), got %d" % self.seed)
+        if self.shard_bytes < 1:
+            raise DataError("--shard-mb must be > 0 (got %r bytes)" % self.shard_bytes)
+        from ...packing import ALGORITHMS
+
+        if self.packing_algorithm not in ALGORITHMS:
+            raise DataError("--packing-algorithm must be one of %s, got %r"
+                            % ("/".join(ALGORITHMS), self.packing_algorithm))
+
+    @property
+    def num_workers(self) -> int:
+        return self.workers or min(4, os.cpu_count() or 1)
+
+
+@dataclass
 class PackSettings:
     """What the packing phase (`write_datasets`) needs besides the instances; the same for every
     source of instances (text through `prepare`, or existing datasets)."""
 
     max_seq_length: int
     """S."""
-    max_sequences_per_pack: int
-    """K of the packed dataset (the padded baseline has K = 1)."""
     vocab_size: int
     """V: token ids lie in [0, V)."""
     mlm_slots: Callable[[int], int]
     """M for a dataset of K sequences per pack: mlm_slots(K)."""
-    seed: int
-    """Root seed of the assignment and the pack order."""
-    packing_algorithm: str = "optimal"
-    lp_max_rounds: int = LP_MAX_ROUNDS
-    lp_time_limit: Optional[float] = LP_TIME_LIMIT
-    shard_bytes: int = 64 << 20
-    """Approximate size of each output shard file."""
+    options: PackingOptions
+    """K, the seed, the algorithm, the shard size, whether to write padded/."""
     group_tokens: int = 1 << 21
     """Tokens of instances per scatter task (consecutive input shards; bounds a worker's memory)."""
-    padded: bool = True
-    progress: bool = True
 
 
 def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], histogram: np.ndarray,
@@ -87,28 +125,29 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     vocab_checksum, do_lower_case, special_token_ids, seed, recipe, corpus) and writes the vocabulary
     file into `directory`. `lap(phase)` is called after the plan, scatter and write phases.
     """
-    from ..packing import plan_packing
-    from ..packing.permutation import KeyedPermutation
-    from ..packing.slots import SlotMap
+    from ...packing import plan_packing
+    from ...packing.permutation import KeyedPermutation
+    from ...packing.slots import SlotMap
 
-    s, k = settings.max_seq_length, settings.max_sequences_per_pack
+    options = settings.options
+    s, k = settings.max_seq_length, options.max_sequences_per_pack
     # the lengths (2 bytes an instance, held by the caller) are all the plan needs: their histogram
     groups, histogram = _groups(shard_lengths, settings.group_tokens, s)
     num_sequences = int(histogram.sum())
-    plan = plan_packing(histogram, s, k, algorithm=settings.packing_algorithm,
-                        max_rounds=settings.lp_max_rounds, time_limit=settings.lp_time_limit)
-    slot_map = SlotMap(plan, derived_seed(settings.seed, 0))
+    plan = plan_packing(histogram, s, k, algorithm=options.packing_algorithm,
+                        max_rounds=options.lp_max_rounds, time_limit=options.lp_time_limit)
+    slot_map = SlotMap(plan, derived_seed(options.seed, 0))
     datasets = [("packed", k, slot_map.num_packs, slot_map, None, plan.algorithm,
                  slot_map.sequences_per_pack_histogram(k))]
-    if settings.padded:
+    if options.padded:
         # K = 1: every pack is one sequence, written in a seeded random order
-        datasets.append(("padded", 1, num_sequences, None, KeyedPermutation(num_sequences, settings.seed, 2),
+        datasets.append(("padded", 1, num_sequences, None, KeyedPermutation(num_sequences, options.seed, 2),
                          "none (one sequence per row)", np.array([num_sequences], dtype=np.int64)))
     jobs = []  # (kind, layout, DatasetSpec, sequences-per-pack histogram, algorithm)
     for kind, kind_k, num_packs, kind_map, order, algorithm, pack_sizes in datasets:
         os.makedirs(os.path.join(temp, kind))
         layout = PackLayout(s, kind_k, settings.mlm_slots(kind_k), settings.vocab_size)
-        spec = dataset_spec(kind, layout, settings.shard_bytes, num_packs, kind_map, order)
+        spec = dataset_spec(kind, layout, options.shard_bytes, num_packs, kind_map, order)
         jobs.append((kind, layout, spec, pack_sizes, algorithm))
     lap("plan")
 
@@ -119,14 +158,14 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     def spill(kind: str, g: int) -> str:
         return os.path.join(spill_dir, "%s-%05d.bin" % (kind, g))
 
-    workers.map_bounded(_scatter, ((paths[a:b], first, before, [(spill(kind, g), spec) for kind, _, spec, _, _ in jobs],
+    workers.map_bounded(scatter, ((paths[a:b], first, before, [(spill(kind, g), spec) for kind, _, spec, _, _ in jobs],
                                     settings.vocab_size) for g, (a, b, first, before) in enumerate(groups)))
     lap("scatter")
 
     # gather: every output shard from its blocks of the spill files
-    bar = _progress("writing", settings.progress, " packs", total=sum(spec.num_packs for _, _, spec, _, _ in jobs))
+    bar = progress("writing", options.progress, " packs", total=sum(spec.num_packs for _, _, spec, _, _ in jobs))
     entries = workers.map_bounded(
-        _write_shard, (([spill(kind, g) for g in range(len(groups))], j, spec, layout,
+        gather_shard, (([spill(kind, g) for g in range(len(groups))], j, spec, layout,
                         os.path.join(temp, kind, "shard-%05d.npy" % j))
                        for kind, layout, spec, _, _ in jobs for j in range(spec.num_shards)),
         on_result=lambda entry: bar.update(entry["num_packs"]))
@@ -145,7 +184,7 @@ def _groups(shard_lengths: List[np.ndarray], group_tokens: int, max_seq_length: 
     """Consecutive input shards in groups of about `group_tokens` tokens (the scatter's unit), and
     the histogram of all the lengths (each shard's checked against 1..S), in one pass: ([(first
     shard, end shard, first instance, (S,) instances of each length before the group)], (S,))."""
-    from ..packing import histogram_from_lengths
+    from ...packing import histogram_from_lengths
 
     groups, before, first, a, tokens = [], np.zeros(max_seq_length, dtype=np.int64), 0, 0, 0
     start_before, start_first = before.copy(), 0

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .fsutil import atomic_open
+from ..fsutil import atomic_open
 
 
 @dataclass

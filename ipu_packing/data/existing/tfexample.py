@@ -42,7 +42,7 @@ def _varint_bytes(value: int) -> bytes:
             return bytes(out)
 
 
-def _length_delimited(field: int, payload: bytes) -> bytes:
+def length_delimited(field: int, payload: bytes) -> bytes:
     return _varint_bytes(field << 3 | 2) + _varint_bytes(len(payload)) + payload
 
 
@@ -53,14 +53,14 @@ def encode_example(features: Dict[str, Tuple[str, Sequence]]) -> bytes:
     for name, (kind, values) in features.items():
         if kind == INT64:
             payload = b"".join(_varint_bytes(int(v)) for v in values)
-            feature = _length_delimited(3, _length_delimited(1, payload) if len(values) else b"")
+            feature = length_delimited(3, length_delimited(1, payload) if len(values) else b"")
         elif kind == FLOAT:
             payload = np.asarray(values, dtype="<f4").tobytes()
-            feature = _length_delimited(2, _length_delimited(1, payload) if len(values) else b"")
+            feature = length_delimited(2, length_delimited(1, payload) if len(values) else b"")
         else:
             raise ValueError("unsupported feature kind %r" % kind)
-        entries += _length_delimited(1, _length_delimited(1, name.encode("utf-8")) + _length_delimited(2, feature))
-    return _length_delimited(1, entries)
+        entries += length_delimited(1, length_delimited(1, name.encode("utf-8")) + length_delimited(2, feature))
+    return length_delimited(1, entries)
 
 
 class _Malformed(Exception):
@@ -342,7 +342,7 @@ def parse_examples(buf, starts: np.ndarray, ends: np.ndarray, names: Dict[str, s
 
     Raises RecordError (records numbered from `first`) for a record that is not a well-formed
     Example, lacks one of the names, or holds it as another kind of list."""
-    from .instances import _ranges
+    from ..instance_files import ranges
 
     u = np.frombuffer(buf, dtype=np.uint8)
     starts = np.asarray(starts, dtype=np.int64)
@@ -375,7 +375,7 @@ def parse_examples(buf, starts: np.ndarray, ends: np.ndarray, names: Dict[str, s
             raise RecordError(first + int(wrong[0]), "feature %r is a %s, expected a %s"
                               % (name, kinds[name][wrong[0]], kind))
         lengths = b - a
-        data = u[_ranges(a, lengths)]
+        data = u[ranges(a, lengths)]
         if kind == FLOAT:
             bad = np.flatnonzero(lengths % 4)
             if len(bad):

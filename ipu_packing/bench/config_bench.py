@@ -36,7 +36,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .bench_inputs import BenchError
+from .inputs import BenchError, check_writable, read_histogram_file
+from .throughput import make_sequences, plan_histogram, select_packs
 
 
 def load_layouts(name: str, overrides: Sequence[str]):
@@ -81,8 +82,6 @@ def open_source(config, histogram: Optional[np.ndarray], path: str):
         check_data_matches(config, data)
         open_shards(data, lambda directory: open_dataset(directory, as_tensors=False))
         return data, data.packing_factor
-    from .bench import plan_histogram
-
     S = config.data.max_seq_length
     if histogram[S:].sum() > 0:
         raise BenchError("histogram %s has sequences longer than the config's data.max_seq_length %d" % (path, S))
@@ -95,7 +94,7 @@ def dataset_groups(config, data, packed_rows: int, padded_rows: int) -> Tuple[Li
     """Sequences of the prepared dataset, grouped as DIR/packed packs them: the packs of the run's first
     epoch in its order (TrainingData.epoch_order), until there are `packed_rows` packs and `padded_rows`
     sequences."""
-    from ipu_packing.data.format import unpack
+    from ipu_packing.data.reference import unpack
 
     groups, sequences = [], 0
     for index in data.epoch_order(config.training.seed, 0):
@@ -114,8 +113,6 @@ def dataset_groups(config, data, packed_rows: int, padded_rows: int) -> Tuple[Li
 
 def histogram_groups(config, plan, path: str, packed_rows: int, padded_rows: int):
     """Random-token sequences of the plan's packs (bench.select_packs), as many as both layouts need."""
-    from .bench import make_sequences, select_packs
-
     count = max(packed_rows, int(math.ceil(padded_rows * plan.num_packs / float(plan.num_sequences))))
     while True:
         chosen = select_packs(plan, count, config.training.seed)
@@ -132,7 +129,8 @@ def histogram_groups(config, plan, path: str, packed_rows: int, padded_rows: int
 
 def lay_out(groups: List[List[Any]], S: int, K: int, M_packed: Optional[int], recipe: Dict[str, Any]):
     """(packed, padded) pack records of the same sequences, by format.pack_sequences."""
-    from ipu_packing.data.format import mlm_slots, pack_sequences
+    from ipu_packing.data.format import mlm_slots
+    from ipu_packing.data.reference import pack_sequences
 
     prob = float(recipe.get("masked_lm_prob", 0.15))
     cap = recipe.get("max_predictions_per_seq")
@@ -293,7 +291,7 @@ def draw_config_plot(r: Dict[str, Any], path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .fsutil import atomic_open
+    from ..fsutil import atomic_open
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name in ("padded", "packed"):
@@ -321,8 +319,6 @@ SHARED_OPTIONS = ("config", "histogram", "plot", "json", "steps", "overrides", "
 
 def main_config(parser, args) -> int:
     """bench --config: check the options, run, then print (and plot) on the first process only."""
-    from .bench_inputs import check_writable, read_histogram_file
-
     for action in parser._actions:
         if action.dest not in SHARED_OPTIONS and getattr(args, action.dest) != action.default:
             raise BenchError("%s does not apply with --config: set the value in the config (section.key=value)"

@@ -8,7 +8,7 @@ from typing import Optional
 
 import numpy as np
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class BenchError(UserError):
@@ -28,7 +28,7 @@ def shared_dir() -> str:
 def read_histogram_file(path: str, max_seq_length: Optional[int]) -> np.ndarray:
     """(S,) counts from a histogram file (packing.io.load_histogram's formats), S = --max-seq-length,
     else the file's max_sequence_length, else its number of bins."""
-    from .packing.io import load_histogram
+    from ..packing.io import load_histogram
 
     try:
         counts, declared = load_histogram(path)
@@ -47,8 +47,8 @@ def read_histogram_file(path: str, max_seq_length: Optional[int]) -> np.ndarray:
 
 def read_dataset_histogram(directory: str) -> np.ndarray:
     """The sequence_length_histogram of prepared data (prepare's --output DIR, or one dataset directory)."""
-    from .data.errors import DataError
-    from .data.format import MANIFEST, read_manifest
+    from ..data.errors import DataError
+    from ..data.format import MANIFEST, read_manifest
 
     for candidate in (os.path.join(directory, "padded"), os.path.join(directory, "packed"), directory):
         if os.path.isfile(os.path.join(candidate, MANIFEST)):

@@ -1,4 +1,5 @@
-"""The worker processes of `prepare` and the tasks they run (pipeline.py says what each pass does).
+"""The worker processes of `prepare` and `pack`: every task of both runs in them (text/tasks.py builds
+instances, existing/read.py converts records, write/packs.py scatters and gathers).
 
 Workers ignore Ctrl-C (the parent reports it once), die with their parent, and are fed at most two
 tasks each at a time, so the parent's memory holds a few shards, never the corpus.
@@ -11,21 +12,9 @@ import os
 import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
-
-from .instances import RecipeConfig, Vocabulary, create_instances, tokenize_documents
-from .packs import (DatasetSpec, PackLayout, concat_instances, gather_shard, load_instances, save_instances,
-                    write_spill)
-from .vocab import TokenizerSpec
-
-
-def shard_rng(seed: int, shard: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, shard)))
-
-
-_WORKER: Dict[str, object] = {}
 
 
 def _die_with_parent(parent: int) -> None:
@@ -45,46 +34,10 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _init_worker(spec: TokenizerSpec, recipe: RecipeConfig, seed: int, parent: Optional[int] = None) -> None:
-    if parent is not None:  # in a worker process
-        _die_with_parent(parent)
-    _WORKER.clear()
-    _WORKER.update(spec=spec, recipe=recipe, seed=seed, tokenizer=None)
-
-
-def _build_shard(index: int, documents: List[List[str]], path: str):
-    """Worker: one shard's documents -> its instance file; returns (lengths, MLM predictions)."""
-    spec = _WORKER["spec"]
-    if _WORKER["tokenizer"] is None:
-        ids = spec.special_token_ids
-        _WORKER["tokenizer"] = spec.encoder()
-        _WORKER["vocab"] = Vocabulary(cls_id=ids["[CLS]"], sep_id=ids["[SEP]"], mask_id=ids["[MASK]"],
-                                      continuation=spec.continuation_mask(), replacement_ids=spec.replacement_ids())
-    shard = tokenize_documents(documents, _WORKER["tokenizer"])
-    instances = create_instances(shard, _WORKER["recipe"], _WORKER["vocab"], shard_rng(_WORKER["seed"], index))
-    save_instances(path, instances, len(spec.vocab))
-    return instances.lengths.astype(_length_dtype(_WORKER["recipe"].max_seq_length)), int(instances.mlm_counts.sum())
-
-
-def _length_dtype(max_seq_length: int) -> np.dtype:
-    return np.dtype(np.uint16 if max_seq_length < 1 << 16 else np.int32)
-
-
-def _scatter(paths: List[str], first: int, before: np.ndarray, spills: List[tuple], vocab_size: int) -> None:
-    """Worker: one group of input shards (their instance files, in order; `first` is the index of
-    their first instance and `before` (S,) counts the instances of each length before it) -> one
-    spill file per dataset; the instance files are removed. `spills`: (spill path, DatasetSpec)."""
-    instances = concat_instances([load_instances(path) for path in paths])
-    for spill, spec in spills:
-        shard, key = spec.locate(instances.lengths, first, before)
-        write_spill(spill, instances, shard, key, spec.num_shards, vocab_size)
-    for path in paths:
-        os.remove(path)
-
-
-def _write_shard(spills: List[str], shard: int, spec: DatasetSpec, layout: PackLayout, path: str) -> dict:
-    """Worker: one output shard from its blocks of every spill file."""
-    return gather_shard(spills, shard, spec, layout, path)
+def _start_worker(parent: int, initializer: Optional[Callable[..., None]], initargs: tuple) -> None:
+    _die_with_parent(parent)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def _no_hugepage_advice() -> None:
@@ -112,23 +65,27 @@ class _Immediate:
 
 
 class Workers:
-    """The worker processes of one preparation (or this process alone when workers == 1).
+    """The worker processes of one `prepare` or `pack` (or this process alone when workers == 1).
 
     `map_bounded` keeps at most two tasks per worker in flight, so memory holds a few shards,
     never the corpus, while the results come back in submission order.
     """
 
-    def __init__(self, count: int, spec: TokenizerSpec, recipe: RecipeConfig, seed: int) -> None:
+    def __init__(self, count: int, initializer: Optional[Callable[..., None]] = None, initargs: tuple = ()) -> None:
+        """`initializer(*initargs)` sets up each worker's state (and this process's, which runs the tasks
+        itself when count == 1)."""
         self.count = count
         self.pool = None
         _no_hugepage_advice()
-        _init_worker(spec, recipe, seed)
+        if initializer is not None:
+            initializer(*initargs)
         if count > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
             import tokenizers  # noqa: F401  (imported once here, inherited by the forked workers)
             self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(method),
-                                            initializer=_init_worker, initargs=(spec, recipe, seed, os.getpid()))
+                                            initializer=_start_worker,
+                                            initargs=(os.getpid(), initializer, initargs))
             try:
                 self.start()
             except BaseException:  # e.g. Ctrl-C held back during the forks: the caller never gets the pool
@@ -169,7 +126,7 @@ class Workers:
     def abort(self) -> None:
         """On an error or Ctrl-C: kill the workers rather than wait for their tasks to finish."""
         if self.pool is not None:
-            from ..errors import quiet_teardown
+            from ...errors import quiet_teardown
 
             with quiet_teardown():  # the pool's helper thread and finalisers complain about dead workers
                 processes = getattr(self.pool, "_processes", None) or {}  # pid -> multiprocessing.Process
@@ -196,7 +153,7 @@ class _NoProgress:
         pass
 
 
-def _progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
+def progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
     """A tqdm bar on stderr (shown only when it is a terminal); without progress, tqdm is not even
     imported."""
     if not enabled or not sys.stderr.isatty():

@@ -10,7 +10,7 @@ per instance):
   [N, S]; `masked_lm_positions`, `masked_lm_ids` [N, P], zero-padded (a slot is used up to the first
   position 0: position 0 is the [CLS], never masked); `next_sentence_labels` [N].
 * google-research/bert `create_pretraining_data.py` TFRecords of tf.train.Example (read without
-  TensorFlow, both CRCs of every record checked; data/tfrecord.py): `input_ids`, `input_mask`,
+  TensorFlow, both CRCs of every record checked; data/existing/tfrecord.py): `input_ids`, `input_mask`,
   `segment_ids` [S]; `masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights` [P] (a slot of
   weight 0 is unused and dropped); `next_sentence_labels` [1].
 
@@ -38,7 +38,7 @@ Work, in two streaming passes (memory bounded by a chunk of records, not by the 
    their predictions per length and the files' sha256.
 3. `pipeline.write_datasets`, the packing phase of `prepare`: one plan from all the lengths, then the
    scatter and gather passes, into a temporary directory renamed into place at the end
-   (`pipeline.write_atomically`): an error leaves nothing behind.
+   (`write/output.py`, `write_atomically`): an error leaves nothing behind.
 
 Errors in the input are one DataError line naming the file and the record (or the key).
 """
@@ -55,12 +55,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
-from .errors import DataError
-from .existing_read import (FORMATS, Checks, InputFile, _hash_file, convert_hdf5_rows, convert_tfrecord_file,
-                            inspect_inputs)
-from .format import VOCAB, max_pack_predictions, sha256_file
-from .vocab import LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer
+from ..write.datasets import PackingOptions
+from ..errors import DataError
+from ..write.output import check_output, write_atomically
+from .read import FORMATS, Checks, InputFile, convert_hdf5_rows, convert_tfrecord_file, hash_file, inspect_inputs
+from ...fsutil import sha256_file
+from ..format import VOCAB, max_pack_predictions
+from ..vocab import LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer
 
 
 @dataclass
@@ -73,49 +74,23 @@ class PackConfig:
     """Output directory (must not exist or be empty); gets packed/ and padded/."""
     vocab: str
     """The vocab.txt (or Hugging Face tokenizer directory) the data's token ids refer to."""
-    max_sequences_per_pack: int = 3
-    """K of the packed dataset (the padded baseline has K = 1)."""
     format: str = "auto"
     """"hdf5", "tfrecord", or "auto" (each file by its first bytes; all must be the same)."""
     lower_case: str = "auto"
     """For a bare vocab.txt: whether the data was lower-cased ("auto": uncased unless the vocabulary
     has upper-case tokens); recorded in the manifest."""
-    seed: int = 12345
-    """Seed of the assignment and of the pack order."""
-    workers: int = 0
-    """Worker processes; 0 means min(4, CPUs). Does not change the output."""
-    packing_algorithm: str = "optimal"
-    lp_max_rounds: int = LP_MAX_ROUNDS
-    lp_time_limit: Optional[float] = LP_TIME_LIMIT
-    shard_bytes: int = 64 << 20
-    """Approximate size of each output shard file."""
     chunk_tokens: int = 1 << 22
     """Token slots (records x S) per unit of work: memory per worker is a small multiple of it."""
-    padded: bool = True
-    progress: bool = True
+    packing: PackingOptions = field(default_factory=PackingOptions)
+    """K, the seed, workers, the algorithm, shard size, padded/ (shared with `prepare`)."""
 
     def __post_init__(self) -> None:
-        if self.max_sequences_per_pack < 1:
-            raise DataError("--max-sequences-per-pack must be >= 1, got %d" % self.max_sequences_per_pack)
-        if self.workers < 0:
-            raise DataError("--workers must be >= 0, got %d" % self.workers)
         if self.format not in FORMATS:
             raise DataError("--format must be one of %s, got %r" % ("/".join(FORMATS), self.format))
         if self.lower_case not in LOWER_CASE_CHOICES:
             raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
-        if not 0 <= self.seed < 2 ** 63:
-            raise DataError("--seed must be in [0, 2**63), got %d" % self.seed)
-        if self.shard_bytes < 1 or self.chunk_tokens < 1:
-            raise DataError("shard_bytes and chunk_tokens must be >= 1")
-        from ..packing import ALGORITHMS
-
-        if self.packing_algorithm not in ALGORITHMS:
-            raise DataError("--packing-algorithm must be one of %s, got %r"
-                            % ("/".join(ALGORITHMS), self.packing_algorithm))
-
-    @property
-    def num_workers(self) -> int:
-        return self.workers or min(4, os.cpu_count() or 1)
+        if self.chunk_tokens < 1:
+            raise DataError("chunk_tokens must be >= 1, got %r" % self.chunk_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -132,10 +107,8 @@ class PackResult:
 
 def pack(config: PackConfig) -> PackResult:
     """Run the whole command (see the module notes)."""
-    from .pipeline import _check_output, write_atomically
-
     output = os.path.abspath(config.output)
-    _check_output(output)
+    check_output(output)
     files = inspect_inputs(config.input, config.format)  # every input checked before anything is created
     spec = load_tokenizer(config.vocab, config.lower_case)
     return write_atomically(output, lambda temp: _pack_into(config, files, spec, temp), "packing")
@@ -146,7 +119,7 @@ def _tasks(files: List[InputFile], checks: Checks, work: str, config: PackConfig
     block = max(1 << 16, config.chunk_tokens)  # bytes of TFRecord read at a time (~1.3 tokens a byte at S=128)
     for index, f in enumerate(files):
         if f.format == "hdf5":
-            yield _hash_file, (f.path,)
+            yield hash_file, (f.path,)
             for start in range(0, f.records or 0, rows):
                 yield convert_hdf5_rows, (f.path, start, min(start + rows, f.records), os.path.join(
                     work, "instances-%05d-%08d.npz" % (index, start)), checks)
@@ -160,8 +133,8 @@ def _run(fn, args):
 
 
 def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, temp: str) -> PackResult:
-    from .write import PackSettings, write_datasets
-    from .workers import Workers, _progress
+    from ..write.datasets import PackSettings, write_datasets
+    from ..write.workers import Workers, progress
 
     seconds: Dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -180,8 +153,8 @@ def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, 
     work = os.path.join(temp, "work")
     os.makedirs(work)
     total = sum(f.records for f in files if f.records is not None) if kind == "hdf5" else None
-    bar = _progress("reading", config.progress, " records", total=total)
-    workers = Workers(config.num_workers, None, None, config.seed)
+    bar = progress("reading", config.packing.progress, " records", total=total)
+    workers = Workers(config.packing.num_workers)
     try:
         results = workers.map_bounded(_run, ((fn, args) for fn, args in _tasks(files, checks, work, config)),
                                       on_result=lambda result: bar.update(result.records))
@@ -217,7 +190,7 @@ def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, 
                 "vocab_checksum": sha256_file(os.path.join(directory, VOCAB)),
                 "do_lower_case": bool(spec.do_lower_case),
                 "special_token_ids": spec.special_token_ids,
-                "seed": config.seed,
+                "seed": config.packing.seed,
                 "recipe": {
                     "source": "%s, masked and paired by its producer (kept as it is)" % source,
                     "max_predictions_per_seq": p,
@@ -227,12 +200,8 @@ def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, 
                 "corpus": corpus,
             }
 
-        settings = PackSettings(
-            max_seq_length=s, max_sequences_per_pack=config.max_sequences_per_pack, vocab_size=len(spec.vocab),
-            seed=config.seed, mlm_slots=lambda k: max(1, max_pack_predictions(most, s, k)),
-            packing_algorithm=config.packing_algorithm, lp_max_rounds=config.lp_max_rounds,
-            lp_time_limit=config.lp_time_limit, shard_bytes=config.shard_bytes, padded=config.padded,
-            progress=config.progress)
+        settings = PackSettings(max_seq_length=s, vocab_size=len(spec.vocab), options=config.packing,
+                                mlm_slots=lambda k: max(1, max_pack_predictions(most, s, k)))
         manifests = write_datasets(paths, shard_lengths, num_masked, settings, temp, workers, describe, lap)
     except BaseException:
         bar.close()

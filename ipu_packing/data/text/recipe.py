@@ -65,8 +65,9 @@ from typing import List, Optional
 
 import numpy as np
 
-from .errors import DataError
-from .format import max_predictions, num_to_predict
+from ..errors import DataError
+from ..format import max_predictions, num_to_predict
+from ..instance_files import Instances, ranges
 
 
 @dataclass
@@ -246,33 +247,6 @@ def truncation_counts(len_a: np.ndarray, len_b: np.ndarray, max_num_tokens: int)
     return remove_a, remove_b
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + l) for each (s, l), vectorised."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lengths)
-    return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
-
-
-@dataclass
-class Instances:
-    """N instances of one shard, flat. Instance i has tokens[token_offsets[i]:token_offsets[i+1]]
-    (after masking; [CLS] A [SEP] B [SEP]) and predictions mlm_*[mlm_offsets[i]:mlm_offsets[i+1]]."""
-
-    tokens: np.ndarray  # (T,) int32
-    lengths: np.ndarray  # (N,) int32
-    a_lengths: np.ndarray  # (N,) int32, tokens of [CLS] A [SEP]; token_type_ids are 1 from here on
-    nsp_labels: np.ndarray  # (N,) int32
-    mlm_counts: np.ndarray  # (N,) int32
-    mlm_positions: np.ndarray  # (Q,) int32, within the instance, ascending per instance
-    mlm_labels: np.ndarray  # (Q,) int32, original token ids
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-
 @dataclass
 class Vocabulary:
     """What masking needs to know about the vocabulary."""
@@ -303,7 +277,7 @@ def assemble(shard: TokenizedShard, pairs: SegmentPairs, recipe: RecipeConfig, v
     ones = np.ones(n, dtype=np.int64)
     starts = np.stack([np.full(n, cls_at), a_start, np.full(n, sep_at), b_start, np.full(n, sep_at)], axis=1)
     lengths = np.stack([ones, len_a, ones, len_b, ones], axis=1)
-    tokens = source[_ranges(starts.ravel(), lengths.ravel())]
+    tokens = source[ranges(starts.ravel(), lengths.ravel())]
     return tokens, (len_a + len_b + 3).astype(np.int32), (len_a + 2).astype(np.int32)
 
 

@@ -1,4 +1,4 @@
-"""Reading existing phase-2 datasets for `pack` (existing.py says the order of work): format
+"""Reading existing phase-2 datasets for `pack` (pack.py says the order of work): format
 detection, each file's checks before anything is written, and the conversion of HDF5 row ranges and
 TFRecord files to instance files (workers' tasks), every record checked.
 """
@@ -12,11 +12,11 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .corpus import resolve_inputs
-from .errors import DataError
-from .format import sha256_file
-from .instances import Instances
-from .packs import save_instances
+from ..text.corpus import resolve_inputs
+from ...errors import one_line
+from ..errors import DataError
+from ...fsutil import sha256_file
+from ..instance_files import Instances, save_instances
 
 FORMATS = ("auto", "hdf5", "tfrecord")
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -97,7 +97,7 @@ def _inspect_hdf5(path: str) -> InputFile:
     try:
         f = h5py.File(path, "r")
     except OSError as error:
-        raise DataError("%s: not a readable HDF5 file (%s)" % (path, " ".join(str(error).split()))) from None
+        raise DataError("%s: not a readable HDF5 file (%s)" % (path, one_line(error))) from None
     shapes = {}
     with f:
         for key in HDF5_KEYS:
@@ -110,7 +110,7 @@ def _inspect_hdf5(path: str) -> InputFile:
                 shape = tuple(int(x) for x in data.shape) if kind else ()
             except H5PY_READ_ERRORS as error:
                 raise DataError("%s: key %r cannot be read: the file is damaged (%s)"
-                                % (path, key, " ".join(str(error).split()))) from None
+                                % (path, key, one_line(error))) from None
             if kind is None or kind not in "iu":
                 raise DataError("%s: key %r should be an integer array, it is %s"
                                 % (path, key, getattr(data, "dtype", "a group")))
@@ -307,7 +307,7 @@ def convert_hdf5_rows(path: str, start: int, stop: int, out: str, checks: Checks
                 arrays[key] = f[key][start:stop]
     except H5PY_READ_ERRORS as error:
         raise DataError("%s: key %r, records %d-%d cannot be read: the file is damaged (%s)"
-                        % (path, key, start, stop - 1, " ".join(str(error).split()))) from None
+                        % (path, key, start, stop - 1, one_line(error))) from None
     positions = arrays["masked_lm_positions"]
     used = positions != 0  # zero-padded: position 0 is the [CLS], never a prediction
     prefix = np.arange(positions.shape[1])[None, :] < used.sum(axis=1)[:, None]
@@ -369,6 +369,6 @@ def convert_tfrecord_file(path: str, out_prefix: str, checks: Checks, block: int
     return result
 
 
-def _hash_file(path: str) -> ChunkResult:
+def hash_file(path: str) -> ChunkResult:
     """Worker: an input file's sha256 (for the manifest's corpus field)."""
     return ChunkResult([], [], 0, np.zeros(0, dtype=np.int64), 0, sha256_file(path))

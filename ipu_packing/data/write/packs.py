@@ -35,63 +35,12 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..packing.permutation import KeyedPermutation
-from ..packing.slots import SlotMap, length_ranks
-from .errors import DataError
-from .format import IGNORE_INDEX, pack_dtype
-from .instances import Instances, _ranges
-
-INSTANCE_FIELDS = ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions", "mlm_labels")
-PER_INSTANCE = ("lengths", "a_lengths", "nsp_labels", "mlm_counts")  # (N,)
-
-
-def token_dtype(vocab_size: Optional[int]) -> np.dtype:
-    """Type of token ids and MLM labels in the temporary instance and spill files."""
-    return np.dtype("<u2" if vocab_size is not None and vocab_size <= 1 << 16 else "<i4")
-
-
-def save_instances(path: str, instances: Instances, vocab_size: Optional[int] = None) -> None:
-    """One shard's instances as one uncompressed .npz (one file, compact types)."""
-    tokens = token_dtype(vocab_size)
-    kinds = {"tokens": tokens, "mlm_labels": tokens, "mlm_positions": np.uint16, "lengths": np.uint16,
-             "a_lengths": np.uint16, "nsp_labels": np.uint8, "mlm_counts": np.uint16}
-    arrays = {}
-    for name in INSTANCE_FIELDS:
-        array = np.asarray(getattr(instances, name))
-        kind = np.dtype(kinds[name])
-        fits = array.size == 0 or (array.min() >= np.iinfo(kind).min and array.max() <= np.iinfo(kind).max)
-        arrays[name] = array.astype(kind if fits else np.int32)
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
-
-
-def load_instances(path: str) -> Instances:
-    with np.load(path) as z:
-        return Instances(**{name: z[name].astype(np.int32) for name in INSTANCE_FIELDS})
-
-
-def gather_instances(instances: Instances, members: np.ndarray) -> Instances:
-    """The instances `members` (indices into `instances`), in that order."""
-    members = np.asarray(members, dtype=np.int64)
-    lengths = instances.lengths.astype(np.int64)
-    counts = instances.mlm_counts.astype(np.int64)
-    token_start = np.cumsum(lengths) - lengths
-    mlm_start = np.cumsum(counts) - counts
-    tokens = _ranges(token_start[members], lengths[members])
-    mlm = _ranges(mlm_start[members], counts[members])
-    return Instances(instances.tokens[tokens], instances.lengths[members], instances.a_lengths[members],
-                     instances.nsp_labels[members], instances.mlm_counts[members], instances.mlm_positions[mlm],
-                     instances.mlm_labels[mlm])
-
-
-def concat_instances(parts: Sequence[Instances]) -> Instances:
-    if not parts:
-        empty = np.zeros(0, dtype=np.int32)
-        return Instances(empty, empty, empty, empty, empty, empty, empty)
-    return Instances(*[np.concatenate([getattr(p, name) for p in parts]).astype(np.int32)
-                       for name in ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions",
-                                    "mlm_labels")])
-
+from ...packing.permutation import KeyedPermutation
+from ...packing.slots import SlotMap, length_ranks
+from ..errors import DataError
+from ..format import IGNORE_INDEX, pack_dtype
+from ..instance_files import (PER_INSTANCE, Instances, concat_instances, gather_instances, load_instances, ranges,
+                              token_dtype)
 
 @dataclass
 class PackLayout:
@@ -164,7 +113,7 @@ def build_packs(instances: Instances, member_offsets: np.ndarray, layout: PackLa
 
     fill("cls_positions", k_max, counts, offset)
     fill("nsp_labels", k_max, counts, instances.nsp_labels)
-    within = _ranges(np.zeros(n, dtype=np.int64), lengths)  # (t,) position in its sequence
+    within = ranges(np.zeros(n, dtype=np.int64), lengths)  # (t,) position in its sequence
     fill("position_ids", s, tokens_used, within)
     fill("token_type_ids", s, tokens_used, within >= np.repeat(instances.a_lengths, lengths))
     fill("sequence_ids", s, tokens_used, np.repeat(slot + 1, lengths))
@@ -369,6 +318,18 @@ def read_spill_blocks(paths: Sequence[str], shard: int, num_shards: int,
     if np.any(key[1:] == key[:-1]):
         raise RuntimeError("spill files hold a place of output shard %d twice" % shard)
     return key, gather_instances(instances, order)
+
+
+def scatter(paths: List[str], first: int, before: np.ndarray, spills: List[tuple], vocab_size: int) -> None:
+    """Worker: one group of input shards (their instance files, in order; `first` is the index of
+    their first instance and `before` (S,) counts the instances of each length before it) -> one
+    spill file per dataset; the instance files are removed. `spills`: (spill path, DatasetSpec)."""
+    instances = concat_instances([load_instances(path) for path in paths])
+    for spill, spec in spills:
+        shard, key = spec.locate(instances.lengths, first, before)
+        write_spill(spill, instances, shard, key, spec.num_shards, vocab_size)
+    for path in paths:
+        os.remove(path)
 
 
 def write_shard(instances: Instances, task: ShardTask, layout: PackLayout) -> dict:

@@ -1,0 +1,122 @@
+"""The command line of ``python -m ipu_packing.bench`` (the console script ipu-packing-bench): the synthetic
+mode (throughput.py), --config (config_bench.py) and, with --attention varlen, the attention comparison
+(attention.py). throughput.py's docstring says what is measured."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from typing import List, Optional, Sequence
+
+from ..errors import ArgumentParser, run_command
+from . import throughput
+from .attention import format_comparison, run_comparison
+from .config_bench import main_config
+from .inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
+from .report import draw_plot, format_result
+from .throughput import MODEL_PRESETS, run_bench
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m ipu_packing.bench", description=throughput.__doc__.split("\n\n")[0])
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--histogram", help="length histogram JSON (key 'histogram', bin i = length i+1); "
+                        "default: the shared Wikipedia 512 one")
+    source.add_argument("--data", help="prepared data (prepare's --output DIR, or one dataset directory)")
+    p.add_argument("--max-seq-length", type=int, default=None, help="S (default: the histogram's or dataset's)")
+    p.add_argument("--max-sequences-per-pack", type=int, default=3,
+                   help="K of the packed layout (default: %(default)s)")
+    p.add_argument("--timed-packs", type=int, default=128,
+                   help="packs of the plan to time, with their sequences padded; 0 = all (default: %(default)s)")
+    p.add_argument("--micro-batch-size", type=int, default=8, help="rows per training step (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed passes over both layouts, interleaved (default: %(default)s)")
+    p.add_argument("--model", choices=sorted(MODEL_PRESETS), default="tiny", help="BERT size (default: %(default)s)")
+    p.add_argument("--attention", default=None,
+                   help="model attention implementation (dense, sdpa, ...; default: the model's)")
+    p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default: %(default)s: steadier timings on a shared machine; 0 = torch default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", default=os.path.join("output", "bench", "bench.png"),
+                   help="PNG path (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--config", default=None, help="time through this training config's runner, data and batch "
+                   "accounting (configs/NAME.yaml or a path); sequences from its prepared dataset, or --histogram")
+    p.add_argument("--steps", type=int, default=10,
+                   help="with --config: optimizer steps of each layout (default: %(default)s)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="with --config: config overrides")
+    return p
+
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command(_main, None if argv is None else list(argv))
+
+
+def _main(argv: Optional[List[str]]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.config:
+        return main_config(parser, args)
+    if args.steps != parser.get_default("steps") or args.overrides:
+        raise BenchError("%s is an option of --config" % ("--steps" if args.steps != parser.get_default("steps") else
+                                                          "section.key=value (%s)" % args.overrides[0]))
+    # Every input is checked before anything is timed or written.
+    if args.timed_packs < 0:
+        raise BenchError("--timed-packs must be >= 0")
+    for name in ("micro_batch_size", "repeats", "max_sequences_per_pack"):
+        if getattr(args, name) < 1:
+            raise BenchError("--%s must be >= 1" % name.replace("_", "-"))
+    if args.data:
+        histogram = read_dataset_histogram(args.data)
+        if args.max_seq_length and args.max_seq_length != len(histogram):
+            raise BenchError("--max-seq-length %d differs from the dataset's S=%d"
+                             % (args.max_seq_length, len(histogram)))
+    else:
+        path = args.histogram or os.path.join(shared_dir(), "data", "wikipedia_512_histogram.json")
+        if not args.histogram and not os.path.isfile(path):
+            raise BenchError(
+                "no length histogram: %s is absent (set IPU_PACKING_SHARED, or pass --histogram FILE or "
+                "--data DIR, e.g. --data output/data/demo_128)" % (path,)
+            )
+        histogram = read_histogram_file(path, args.max_seq_length)
+    if args.plot:
+        check_writable(args.plot)
+    S = len(histogram)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
+    result = run_bench(
+        histogram,
+        S,
+        args.max_sequences_per_pack,
+        model_preset=args.model,
+        micro_batch_size=args.micro_batch_size,
+        repeats=args.repeats,
+        algorithm=args.algorithm,
+        attention=args.attention,
+        seed=args.seed,
+        timed_packs=args.timed_packs or None,
+        log=log,
+    )
+    comparison = None
+    if args.attention == "varlen":  # side by side with dense, on the same sequences (attention.py)
+        comparison = run_comparison(histogram, S, args.max_sequences_per_pack, args.model, args.micro_batch_size,
+                                    args.repeats, args.algorithm, args.seed, args.timed_packs or None)
+    if args.plot:
+        result.plot = draw_plot(result, histogram, args.plot)
+    if args.json:
+        print(json.dumps(dict(asdict(result), **({"attention_comparison": comparison} if comparison else {})),
+                         sort_keys=True))
+    else:
+        print(format_result(result))
+        if comparison:
+            print(format_comparison(comparison))
+    return 0
+
