@@ -143,7 +143,7 @@ def ws(tmp_path_factory):
     (deep_data / "packed" / "manifest.json").write_text('{"a": ' + DEEP + "}")
     w["deep_data"] = str(deep_data)
     from ipu_packing.data.synthetic import make_inputs
-    from ipu_packing.data.tfrecord import masked_crc
+    from ipu_packing.data.existing.tfrecord import masked_crc
 
     w["corpus"], w["vocab"] = make_inputs(str(root))
     header = struct.pack("<Q", 1 << 40)
