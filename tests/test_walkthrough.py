@@ -1,0 +1,101 @@
+"""docs/walkthrough.md, run as written: every command of its ```sh block, in order, in a fresh directory.
+
+An installed ``ipu-packing-X`` is the function pyproject.toml's [project.scripts] names (run as
+``python -c`` with the checkout on PYTHONPATH, as an install would put the package on sys.path);
+``python`` is this interpreter. The corpus is 400 documents of the embedded default corpus, written as
+the user's ``my_corpus.txt``. Each command must exit 0; the checks below read what the doc says each
+step shows. Run with ``-s`` to see the commands' output.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from test_console_scripts import scripts
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, "docs", "walkthrough.md")
+
+
+def doc_commands():
+    """The command lines of the doc's ```sh blocks, comments left out."""
+    with open(DOC, "r", encoding="utf-8") as f:
+        text = f.read()
+    blocks = re.findall(r"^```sh\n(.*?)^```", text, flags=re.S | re.M)
+    return [line for block in blocks for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def argv_of(line: str):
+    words = shlex.split(line)
+    name = words[0]
+    if name == "python":
+        return [sys.executable] + words[1:]
+    module, function = scripts()[name].split(":")
+    return [sys.executable, "-c", "import sys; from %s import %s; sys.exit(%s())" % (module, function, function)] \
+        + words[1:]
+
+
+def write_corpus(path: str) -> None:
+    from ipu_packing.data.text.corpus import default_documents
+
+    with open(path, "w", encoding="utf-8") as f:
+        for document in itertools.islice(default_documents(), 400):
+            f.write("\n".join(document) + "\n\n")
+
+
+def test_the_doc_has_the_seven_steps():
+    names = [shlex.split(line)[0] for line in doc_commands()]
+    assert names == ["ipu-packing-prepare", "ipu-packing-train", "ipu-packing-prepare", "ipu-packing-train",
+                     "ipu-packing-train", "ipu-packing-compare", "python"]
+
+
+def test_the_walkthrough_runs_as_written(tmp_path):
+    write_corpus(str(tmp_path / "my_corpus.txt"))
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    outputs = []
+    for line in doc_commands():
+        proc = subprocess.run(argv_of(line), cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True, timeout=900)
+        print("$ " + line + "\n" + proc.stdout + proc.stderr)
+        assert proc.returncode == 0, (line, proc.stderr[-3000:])
+        outputs.append(proc.stdout)
+    work = tmp_path / "walkthrough"
+    # 1. a vocabulary of 2000 tokens trained on the corpus, recorded in the manifest with its casing
+    manifest = json.loads((work / "phase1_data" / "packed" / "manifest.json").read_text())
+    assert manifest["vocab_size"] == 2000 and manifest["do_lower_case"] is True
+    # 2. phase 1's export: a Hugging Face directory with the tokenizer's files
+    final1 = work / "phase1" / "final"
+    assert sorted(os.listdir(str(final1))) == ["config.json", "model.safetensors", "special_tokens_map.json",
+                                              "tokenizer_config.json", "vocab.txt"]
+    # 3. phase-2 data tokenized with phase 1's vocabulary, byte for byte
+    assert (work / "phase2_data" / "packed" / "vocab.txt").read_bytes() == (final1 / "vocab.txt").read_bytes()
+    # 4. and 5. both phase-2 runs start from phase 1 (one line each), all weights loaded
+    for out in (outputs[3], outputs[4]):
+        (line,) = [x for x in out.splitlines() if x.startswith("phase-1 weights:")]
+        assert line.startswith("phase-1 weights: 46 tensors from the Hugging Face directory walkthrough/phase1/final")
+        assert "initialised fresh: none" in line
+    config2 = json.loads((work / "phase2" / "final" / "config.json").read_text())
+    config1 = json.loads((final1 / "config.json").read_text())
+    for key in ("hidden_act", "layer_norm_eps", "hidden_size", "num_hidden_layers", "vocab_size"):
+        assert config2[key] == config1[key], key
+    # 6. compare: the packed run's accounting against the padded one's
+    rows = {line.split()[0]: line.split()[1:] for line in outputs[5].splitlines() if line.split()}
+    assert rows["steps"] == ["6", "6"] and rows["global_batch_sequences"] == ["58", "58"]
+    assert rows["gradient_accumulation"] == ["16", "29"] and rows["packing_factor"][1] == "1"
+    assert 1.7 < float(rows["packing_factor"][0]) < 1.8  # 9433 packs of 16657 sequences at S=512, K=3
+    # 7. fill-mask's five tokens, each from the vocabulary
+    predicted = ast.literal_eval(outputs[6].strip().splitlines()[-1])  # a printed list of strings
+    vocab = set((final1 / "vocab.txt").read_text(encoding="utf-8").split("\n"))
+    assert len(predicted) == 5 and all(token in vocab for token in predicted)
+
