@@ -72,7 +72,26 @@ def test_table_output(files):
     proc = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--max-sequences-per-pack", 3)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    assert len(proc.stdout.splitlines()) > 10
+    head, table = proc.stdout.split("\n\nmost frequent strategies (lengths in one pack):\n")
+    rows = dict(line.rsplit("  ", 1) for line in head.splitlines())
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    expected = plan_packing(HIST, 16, 3, "optimal")
+    assert rows["algorithm"] == "optimal" and rows["max sequence length"] == "16"
+    assert rows["max sequences per pack"] == "3"
+    assert int(rows["sequences"]) == int(HIST.sum()) == 37
+    assert int(rows["packs"]) == expected.num_packs
+    assert rows["efficiency"] == "%.4f%%" % (100 * expected.efficiency)
+    assert rows["plan sha256"] == expected.sha256()
+    assert rows["LP lower bound (packs)"].endswith("-> at least %d" % expected.num_packs)  # the bound is met here
+    assert rows["packs above the bound"] == "0"
+    # the strategy table: packs, tokens, lengths; its packs add up to the plan's (all 8 strategies shown)
+    lines = table.splitlines()
+    assert lines[0].split() == ["packs", "tokens", "lengths"]
+    counts = [int(line.split()[0]) for line in lines[1:]]
+    assert len(counts) == int(rows["strategies"]) and sum(counts) == expected.num_packs
+    for line in lines[1:]:
+        packs, tokens, lengths = line.split(None, 2)
+        assert int(tokens) == sum(int(n) for n in lengths.split(" + ")) <= 16
 
 
 def bad_files(tmp_path):
