@@ -11,7 +11,7 @@ from typing import Dict, Iterator, List, Mapping, Tuple
 import torch
 
 from ..data.format import FIELDS, IGNORE_INDEX
-from ..errors import UserError
+from .errors import LaunchError
 
 BATCH_FIELDS = FIELDS  # model inputs in forward's order; shapes and meanings: data/format.py
 
@@ -42,10 +42,6 @@ def count_batch(batch: Mapping[str, torch.Tensor]) -> Tuple[int, int]:
 
 METRICS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
 """The StepMetrics averaged over micro batches (and replicas)."""
-
-
-class LaunchError(UserError):
-    """The process was started in a way the config cannot run in (no CUDA, no torchrun)."""
 
 
 def check_launch(config) -> None:
