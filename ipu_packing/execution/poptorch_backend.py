@@ -148,6 +148,8 @@ class PoptorchRunner:
     rank = 0
     """One torch process per host instance: no torch.distributed rank (the PopRun instance is ``launch``'s)."""
     world = 1
+    model: torch.nn.Module
+    """The model on the host; ``sync_model`` copies the IPU weights into it."""
     launch: Launch
     """This PopRun instance's part (one host: instance 0 of 1)."""
     is_writer: bool
