@@ -171,16 +171,16 @@ def load_phase1_weights(model: torch.nn.Module, source: str, model_cls) -> Optio
             raise UserError("checkpoint.init_from %s holds neither a Hugging Face BERT (config.json + weights) "
                             "nor checkpoints" % (source,))
     state = load_checkpoint(path)
-    _check_state_shapes(model, state.model, path)
+    check_state_shapes(model, state.model, path)
     model.load_state_dict(state.model)
     return None
 
 
 def _check_same_architecture(model: torch.nn.Module, loaded: torch.nn.Module, source: str) -> None:
-    _check_state_shapes(model, loaded.state_dict(), source)
+    check_state_shapes(model, loaded.state_dict(), source)
 
 
-def _check_state_shapes(model: torch.nn.Module, state: Dict[str, torch.Tensor], source: str) -> None:
+def check_state_shapes(model: torch.nn.Module, state: Dict[str, torch.Tensor], source: str) -> None:
     # compared in transformers' layout: the model loads query/key/value or a fused qkv alike (model.fused_qkv)
     own, state = hf_layout(model.state_dict()), hf_layout(state)
     missing = [k for k in own if k not in state]
