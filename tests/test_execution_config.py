@@ -59,8 +59,9 @@ def test_unknown_field_is_an_error():
 
 
 def test_layers_must_cover_the_model():
-    with pytest.raises(ValueError, match="places 4 encoder layers but the model has 6"):
-        ExecutionConfig(layers_per_ipu=[2, 2]).layer_stages(6)
+    with pytest.raises(ValueError) as info:
+        plan_placement(6, ExecutionConfig(layers_per_ipu=[2, 2]))
+    assert str(info.value) == "execution.layers_per_ipu [2, 2] sums to 4, but model.num_hidden_layers is 6"
 
 
 def test_placement_and_owners():

@@ -116,7 +116,7 @@ def test_a_weight_on_two_ipus_is_refused_as_today_s_placement_was(poptorch, monk
                 ("bert.encoder.layer.1", "Encoder1", 1), ("bert.pooler", "Pooler", 0), ("cls", "Classifier", 0)]
     import ipu_packing.execution.poptorch_backend as backend
 
-    def old_apply_placement(model, config, poptorch):
+    def old_apply_placement(model, config, poptorch, stages=None):
         for path, block, ipu in old_plan:
             poptorch.BeginBlock(model.get_submodule(path), block, ipu_id=ipu)
         return old_plan
@@ -166,7 +166,7 @@ def test_too_few_micro_batches_for_the_pipeline_is_refused(poptorch, monkeypatch
     # the stand-in refuses it as PopART would, when the adapter does not
     import ipu_packing.execution.poptorch_backend as backend
 
-    monkeypatch.setattr(backend, "check_pipeline_depth", lambda config: None)
+    monkeypatch.setattr(backend, "check_pipeline_depth", lambda config, plan=None: None)
     _, runner = _runner(config)
     with pytest.raises(poptorch.Error, match=r"depth \(gradient accumulation factor\) must equal at least the number "
                                              r"of pipeline stages \(5\)"):

@@ -231,7 +231,7 @@ def _kill_and_resume(run: Run):
     resumed["steps"] = _steps(run.run_dir)
     latest = ckpt.latest_checkpoint(run.run_dir)
     resumed["latest"] = os.path.basename(latest) if latest else None
-    resumed["ipu_step"] = int(ckpt.load_checkpoint(latest)["optimizer"]["ipu_state"]["step"]) if latest else None
+    resumed["ipu_step"] = int(ckpt.load_checkpoint(latest).optimizer["ipu_state"]["step"]) if latest else None
     resumed["summary"] = os.path.exists(os.path.join(run.run_dir, "summary.json"))
     return {"run": run, "killed": killed, "others": others, "resumed": resumed}
 

@@ -5,6 +5,7 @@ load into it and it exports them; the pipeline stages, the PopTorch stand-in, co
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -23,6 +24,7 @@ from ipu_packing.train import load_config
 from ipu_packing.train.errors import ConfigError, UserError
 from ipu_packing.train.optim import LAMB, parameter_groups
 from ipu_packing.train.resume import check_resume_matches
+from ipu_packing.train.state import TrainingState
 from test_model import tiny_batch, tiny_config
 from test_model_equivalence import (
     CONFIGS, FP64_ATOL, MLM_SLOTS, MAX_SEQUENCES, PACK_LENGTHS, SEQ_LEN, gather_reference, make_config, randomize_,
@@ -225,16 +227,16 @@ def test_model_fused_qkv_is_a_config_key_that_reaches_the_model():
 
 def test_a_resume_that_changes_fused_qkv_is_refused_naming_init_from():
     config = load_config("demo", ["model.fused_qkv=true"])
-    state = {"step": 1, "config": load_config("demo").to_dict()}
+    state = TrainingState(step=1, model={}, config=load_config("demo").to_dict())
     with pytest.raises(UserError, match="trained with model.fused_qkv=false, this config has true.*init_from=ckpt"):
         check_resume_matches(config, None, state, "ckpt")
-    check_resume_matches(config, None, dict(state, config=config.to_dict()), "ckpt")  # same layout: fine
+    check_resume_matches(config, None, dataclasses.replace(state, config=config.to_dict()), "ckpt")  # same layout
 
 
 def test_a_fused_run_starts_from_unfused_weights_and_exports_what_transformers_loads(data_dir, tmp_path):
     first = str(tmp_path / "phase1")
     train(tiny(data_dir, first, "training.steps=2"))
-    exported = ckpt.load_checkpoint(ckpt.latest_checkpoint(first))["model"]  # query/key/value names
+    exported = ckpt.load_checkpoint(ckpt.latest_checkpoint(first)).model  # query/key/value names
     for source in (os.path.join(first, "final"), ckpt.latest_checkpoint(first), first):
         plan = plan_run(tiny(data_dir, str(tmp_path / "phase2"), "model.fused_qkv=true",
                              "checkpoint.init_from=%s" % source), open_dataset=open_dataset)
@@ -248,7 +250,7 @@ def test_a_fused_run_starts_from_unfused_weights_and_exports_what_transformers_l
     final = os.path.join(second, "final")
     loaded, info = transformers.BertForPreTraining.from_pretrained(final, output_loading_info=True)
     assert info["unexpected_keys"] == [] and set(info["missing_keys"]) <= {"cls.predictions.decoder.weight"}
-    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(second))["model"]
+    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(second)).model
     assert "bert.encoder.layer.0.attention.self.qkv.weight" in state  # the run's own checkpoints stay fused
     assert torch.equal(loaded.bert.encoder.layer[0].attention.self.key.weight,
                        state["bert.encoder.layer.0.attention.self.qkv.weight"].chunk(3)[1])

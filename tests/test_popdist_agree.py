@@ -31,6 +31,7 @@ from ipu_packing.data.format import IGNORE_INDEX
 from ipu_packing.execution import make_runner as real_make_runner
 from ipu_packing.train import checkpoint as ckpt, load_config
 from ipu_packing.train.loop import execute, plan_run
+from ipu_packing.train.state import TrainingState
 from test_popdist import REPLICAS, TINY  # poptorch, popdist and horovod: fixtures of conftest.py
 
 START_LINE = ("error: PopRun instances disagree on where to start: %s "
@@ -55,10 +56,10 @@ def _fabricate_checkpoint(popdist, config, step, n, perturb=0.0):
                          0):
         plan = plan_run(config, open_dataset=open_dataset)
     model = {k: v + perturb if v.is_floating_point() else v for k, v in plan.model.state_dict().items()}
-    state = {"step": step, "model": model, "optimizer": plan.optimizer.state_dict(),
-             "scheduler": plan.scheduler.state_dict(), "data": {"epoch": 0, "step_in_epoch": step},
-             "rng": ckpt.rng_state(), "rng_per_rank": [ckpt.rng_state()], "config": config.to_dict(),
-             "dataset": plan.data.fingerprint(), "metrics": {}}
+    state = TrainingState(step=step, model=model, optimizer=plan.optimizer.state_dict(),
+                          scheduler=plan.scheduler.state_dict(), data={"epoch": 0, "step_in_epoch": step},
+                          rng=ckpt.rng_state(), rng_per_rank=[ckpt.rng_state()], config=config.to_dict(),
+                          dataset=plan.data.fingerprint(), metrics={})
     return ckpt.save_checkpoint(config.run_dir, state, keep=2)
 
 

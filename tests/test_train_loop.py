@@ -15,6 +15,7 @@ from ipu_packing.data import open_dataset
 from ipu_packing.train import TrainingError, UserError, load_config
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.loop import execute, plan_run
+from ipu_packing.train.state import TrainingState
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
@@ -61,8 +62,8 @@ def test_metrics_checkpoints_and_export(data_dir, tmp_path):
     assert [os.path.basename(p) for p in ckpt.list_checkpoints(run)] == ["step_0000002.pt", "step_0000004.pt"]
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(run, "tensorboard")))
     state = ckpt.load_checkpoint(ckpt.latest_checkpoint(run))
-    assert state["step"] == 4 and state["data"] == {"epoch": 0, "step_in_epoch": 4}
-    assert {"model", "optimizer", "scheduler", "rng", "config", "dataset"} <= set(state)
+    assert state.step == 4 and state.data == {"epoch": 0, "step_in_epoch": 4}
+    assert {"model", "optimizer", "scheduler", "rng", "config", "dataset"} <= set(state.to_dict())
     assert summary["export"] == os.path.join(run, "final")
 
     # the export loads in transformers' BertForPreTraining and computes what our model computes
@@ -72,7 +73,7 @@ def test_metrics_checkpoints_and_export(data_dir, tmp_path):
 
     hf = transformers.BertForPreTraining.from_pretrained(os.path.join(run, "final")).eval()
     ours = PackedBertForPreTraining(tiny(data_dir, run).bert_config()).eval()
-    ours.load_state_dict(state["model"])
+    ours.load_state_dict(state.model)
     assert (open(os.path.join(run, "final", "vocab.txt")).read()
             == open(os.path.join(data_dir, "packed", "vocab.txt")).read())
     pack = open_dataset(os.path.join(data_dir, "padded"), as_tensors=False)[0]
@@ -125,13 +126,13 @@ def test_resume_after_kill_gives_bitwise_the_same_losses(data_dir, tmp_path):
     assert losses(killed) == losses(reference)  # exact float equality, steps 1..8
     ref_state = ckpt.load_checkpoint(ckpt.latest_checkpoint(reference))
     res_state = ckpt.load_checkpoint(ckpt.latest_checkpoint(killed))
-    for key, value in ref_state["model"].items():
-        assert torch.equal(value, res_state["model"][key]), key
+    for key, value in ref_state.model.items():
+        assert torch.equal(value, res_state.model[key]), key
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     run = str(tmp_path)
-    ckpt.save_checkpoint(run, {"step": 1, "model": {"w": torch.ones(2)}}, keep=2)
+    ckpt.save_checkpoint(run, TrainingState(step=1, model={"w": torch.ones(2)}), keep=2)
     before = open(ckpt.latest_checkpoint(run), "rb").read()
 
     def broken_save(obj, f):
@@ -140,7 +141,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError):
-        ckpt.save_checkpoint(run, {"step": 2, "model": {"w": torch.zeros(2)}}, keep=2)
+        ckpt.save_checkpoint(run, TrainingState(step=2, model={"w": torch.zeros(2)}), keep=2)
     assert os.listdir(ckpt.checkpoint_dir(run)) == ["step_0000001.pt"]
     assert open(ckpt.latest_checkpoint(run), "rb").read() == before
 
@@ -169,14 +170,14 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
     message = str(info.value)
     assert "nan" in message and "step 3" in message and "step_0000002.pt" in message
     assert [os.path.basename(p) for p in ckpt.list_checkpoints(run)] == ["step_0000002.pt"]
-    assert ckpt.load_checkpoint(ckpt.latest_checkpoint(run))["step"] == 2
+    assert ckpt.load_checkpoint(ckpt.latest_checkpoint(run)).step == 2
     assert not os.path.exists(os.path.join(run, "final"))
 
 
 def test_init_from_phase1_hf_dir_and_checkpoint(data_dir, tmp_path):
     first = str(tmp_path / "phase1")
     train(tiny(data_dir, first, "training.steps=2"))
-    exported = ckpt.load_checkpoint(ckpt.latest_checkpoint(first))["model"]
+    exported = ckpt.load_checkpoint(ckpt.latest_checkpoint(first)).model
     for source in (os.path.join(first, "final"), ckpt.latest_checkpoint(first), first):
         plan = plan_run(tiny(data_dir, str(tmp_path / "phase2"), "checkpoint.init_from=%s" % source),
                         open_dataset=open_dataset)

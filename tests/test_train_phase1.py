@@ -78,7 +78,7 @@ def test_architecture_comes_from_the_hf_config_and_survives_training_and_export(
     # resuming the finished run recomputes the same architecture: nothing changed, nothing refused
     again = load_config(bare, SETTINGS + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run,
                                           "checkpoint.init_from=%s" % source, "training.steps=2"])
-    assert again.to_dict()["model"] == ckpt.load_checkpoint(ckpt.latest_checkpoint(run))["config"]["model"]
+    assert again.to_dict()["model"] == ckpt.load_checkpoint(ckpt.latest_checkpoint(run)).config["model"]
 
 
 def _bare_demo(tmp_path):

@@ -84,5 +84,5 @@ def test_pipelined_resume_gives_bitwise_the_same_losses(tmp_path):
     assert res_losses == ref_losses  # exact float equality, steps 5..8 recomputed after the resume
     ref_state = ckpt.load_checkpoint(ckpt.latest_checkpoint(reference))
     res_state = ckpt.load_checkpoint(ckpt.latest_checkpoint(resumed))
-    for key, value in ref_state["model"].items():
-        assert torch.equal(value, res_state["model"][key]), key
+    for key, value in ref_state.model.items():
+        assert torch.equal(value, res_state.model[key]), key

@@ -17,6 +17,7 @@ from ipu_packing.data import open_dataset
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.train import loop
+from ipu_packing.train import plan
 from ipu_packing.train.cli import main
 from ipu_packing.train.loop import execute, plan_run
 
@@ -51,7 +52,7 @@ def test_checkpoints_hold_the_ipu_optimizer_state_and_a_resume_hands_it_back(pop
     config = _config(data_dir, run, "training.steps=4", "checkpoint.every_steps=2")
     _train(config)
     first, last = ckpt.list_checkpoints(run)
-    saved = ckpt.load_checkpoint(first)["optimizer"]
+    saved = ckpt.load_checkpoint(first).optimizer
     # Read back from the device after two steps (the torch LAMB never stepped on this path: no moments).
     assert int(saved["ipu_state"]["step"]) == 2 and saved["ipu_param"]
     assert saved["state"] == {}
@@ -65,7 +66,7 @@ def test_checkpoints_hold_the_ipu_optimizer_state_and_a_resume_hands_it_back(pop
     for name, value in saved["ipu_param"].items():
         assert torch.equal(written["ipu_param"][name], value)
     final = ckpt.load_checkpoint(ckpt.latest_checkpoint(run))
-    assert final["step"] == 4 and int(final["optimizer"]["ipu_state"]["step"]) == 4
+    assert final.step == 4 and int(final.optimizer["ipu_state"]["step"]) == 4
 
 
 def test_without_poptorch_the_run_stops_in_one_line_before_building_the_model(monkeypatch, capsys, data_dir, tmp_path):
@@ -74,7 +75,7 @@ def test_without_poptorch_the_run_stops_in_one_line_before_building_the_model(mo
     def no_model():
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(loop, "_model_class", no_model)
+    monkeypatch.setattr(plan, "model_class", no_model)
     args = ["--config", "demo"] + TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % (tmp_path / "run")]
     assert main(args) == 2
     out, err = capsys.readouterr()

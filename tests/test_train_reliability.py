@@ -11,6 +11,7 @@ import torch
 import app_fixtures as fx
 from ipu_packing.train import UserError
 from ipu_packing.train import checkpoint as ckpt
+from ipu_packing.train.state import TrainingState
 from ipu_packing.train.cli import main
 from ipu_packing.train.runlock import RunLock
 
@@ -46,16 +47,16 @@ def test_a_real_divergence_stops_with_exit_2_naming_a_finite_checkpoint(data_dir
     saved = ckpt.list_checkpoints(run)
     assert saved and saved[-1] == named
     for path in saved:
-        assert ckpt.non_finite_tensors(ckpt.load_checkpoint(path)) == [], path
+        assert ckpt.non_finite_tensors(ckpt.load_checkpoint(path).to_dict()) == [], path
     assert not os.path.exists(os.path.join(run, "final"))
 
 
 def test_a_state_with_non_finite_weights_is_never_saved(tmp_path):
-    state = {"step": 3, "model": {"w": torch.tensor([1.0, float("inf")])}, "optimizer": {"state": {}}}
+    state = TrainingState(step=3, model={"w": torch.tensor([1.0, float("inf")])}, optimizer={"state": {}})
     with pytest.raises(ckpt.NonFiniteState, match="model.w"):
         ckpt.save_checkpoint(str(tmp_path), state, keep=2)
-    state = {"step": 3, "model": {"w": torch.ones(2)},
-             "optimizer": {"state": {0: {"exp_avg": torch.tensor([float("nan")])}}}}
+    state = TrainingState(step=3, model={"w": torch.ones(2)},
+                          optimizer={"state": {0: {"exp_avg": torch.tensor([float("nan")])}}})
     with pytest.raises(ckpt.NonFiniteState, match="optimizer.state.0.exp_avg"):
         ckpt.save_checkpoint(str(tmp_path), state, keep=2)
     assert ckpt.list_checkpoints(str(tmp_path)) == []

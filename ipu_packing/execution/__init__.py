@@ -9,6 +9,7 @@
     runner.optimizer_state_dict()                       # every parameter's optimizer state (IPU: read back)
     runner.load_optimizer_state_dict(state)             # before the first step of a resumed run
     runner.model                                        # the unwrapped single-device model
+    # all of it declared as runner.Runner (a typing.Protocol), which every runner implements
 
     from ipu_packing.execution.dry_run import dry_run_report   # no poptorch, no model instance needed
     python -m ipu_packing.execution dry-run --config NAME [section.key=value ...]
@@ -20,6 +21,6 @@ one process.
 """
 
 from .config import ExecutionConfig
-from .runner import StepMetrics, make_runner
+from .runner import Runner, StepMetrics, make_runner
 
-__all__ = ["ExecutionConfig", "StepMetrics", "make_runner"]
+__all__ = ["ExecutionConfig", "Runner", "StepMetrics", "make_runner"]

@@ -310,16 +310,3 @@ class ExecutionConfig:
         if len(self.available_memory_proportion) == 1:
             return self.available_memory_proportion[0]
         return self.available_memory_proportion[ipu]
-
-    def layer_stages(self, num_layers: int) -> List[int]:
-        """Stage (IPU) index of every encoder layer, checking ``layers_per_ipu`` covers ``num_layers``."""
-        counts = self.layers_per_ipu or [num_layers]
-        if sum(counts) != num_layers:
-            raise ConfigError(
-                "execution.layers_per_ipu %r places %d encoder layers but the model has %d"
-                % (self.layers_per_ipu, sum(counts), num_layers)
-            )
-        stages = []  # type: List[int]
-        for stage, n in enumerate(counts):
-            stages += [stage] * n
-        return stages

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Tuple
 from .config import IPU_MEMORY_BYTES, TYPE_BYTES, ExecutionConfig
 from .placement import Placement, min_gradient_accumulation, pipeline_groups, plan_placement
 from .popdist_backend import describe_launch
-from .poptorch_backend import describe_options
+from .poptorch_options import describe_options
 
 OPTIMIZER_STATES = {"lamb": 2, "adamw": 2, "adam": 2, "sgd": 1}
 

@@ -18,7 +18,7 @@ every optimizer step, so both receive the same update (as Megatron-LM does for t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from ipu_packing.model.stages import Part, Stages, pretraining_stages
 
@@ -40,8 +40,8 @@ class Placement:
 
 
 def model_stages(num_layers: int, config: ExecutionConfig) -> Stages:
-    """The model's parts for ``config.layers_per_ipu`` (one-line error when the split does not fit)."""
-    config.layer_stages(num_layers)
+    """The model's parts for ``config.layers_per_ipu`` (one-line ConfigError when the split does not fit:
+    model/stages.py:layer_split)."""
     return pretraining_stages(num_layers, config.layers_per_ipu)
 
 
@@ -63,7 +63,11 @@ def ipu_blocks(stages: Stages, config: ExecutionConfig) -> List[Tuple[Part, bool
 
 def plan_placement(num_layers: int, config: ExecutionConfig) -> List[Placement]:
     """One row per module of every part, in execution order."""
-    stages = model_stages(num_layers, config)
+    return placement_rows(model_stages(num_layers, config), config)
+
+
+def placement_rows(stages: Stages, config: ExecutionConfig) -> List[Placement]:
+    """plan_placement of parts already split (model_stages)."""
     plan = []
     for (part, recompute), stage in zip(ipu_blocks(stages, config), torch_stages(stages, config.num_stages)):
         for module in part.modules:
@@ -102,12 +106,15 @@ def min_gradient_accumulation(num_groups: int) -> int:
     return 2 * num_groups - 1 if num_groups > 1 else 1
 
 
-def check_pipeline_depth(config: ExecutionConfig) -> None:
+def check_pipeline_depth(config: ExecutionConfig, plan: Optional[List[Placement]] = None) -> None:
     """Refuse (ValueError, one line) a pipelined poptorch config whose gradient accumulation is below PopART's
-    minimum for its groups of consecutive blocks on one IPU; the caller names the keys that set it."""
+    minimum for its groups of consecutive blocks on one IPU; the caller names the keys that set it. ``plan``:
+    the config's placement where the caller has it (else computed for ``sum(layers_per_ipu)`` layers)."""
     if config.backend != "poptorch" or config.num_stages <= 1:
         return
-    groups = pipeline_groups(plan_placement(sum(config.layers_per_ipu), config))
+    if plan is None:
+        plan = plan_placement(sum(config.layers_per_ipu), config)
+    groups = pipeline_groups(plan)
     need = min_gradient_accumulation(len(groups))
     if config.gradient_accumulation < need:
         raise ValueError(

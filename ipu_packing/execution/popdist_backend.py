@@ -54,7 +54,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, UserError
 from .config import ExecutionConfig
-from .runner_common import LaunchError, step_slices
+from .errors import BackendUnavailable, LaunchError
+from .runner_common import step_slices
 
 POPDIST_MESSAGE = (
     "execution.num_instances %d needs popdist (PopRun's library), which ships only with Graphcore's Poplar SDK "
@@ -99,8 +100,6 @@ def resolve_launch(config: ExecutionConfig) -> Launch:
     BackendUnavailable (no popdist, several instances asked for), LaunchError (several instances, not under
     poprun) or ConfigError (poprun's replicas, instances or IPUs per replica differ from the config's): one
     line each."""
-    from .poptorch_backend import BackendUnavailable
-
     popdist = import_popdist()
     if popdist is None or not popdist.isPopdistEnvSet():
         if config.num_instances > 1:

@@ -1,12 +1,15 @@
-"""Runners: one ExecutionConfig, three ways to run the packed model.
+"""Runners: one ExecutionConfig, three ways to run the packed model, one interface (``Runner``).
 
     runner = make_runner(model, optimizer, config, scheduler=None)
-    for batch in runner.dataloader(dataset):        # one item = one optimizer step's packs for this process
+    for batch in runner.dataloader(dataset):        # one item = one host call's packs for this process
         metrics = runner.train_step(batch)          # StepMetrics, identical on every process
     runner.sync_model()                             # runner.model now holds every current weight
     runner.model                                    # the unwrapped single-device model
     runner.optimizer_state_dict()                   # every parameter's optimizer state, to checkpoint
     runner.load_optimizer_state_dict(state)         # before the first step of a resumed run
+
+``Runner`` (below) declares all a caller may use; every runner implements every member of it
+(tests/test_runner_protocol.py).
 
 - ``TorchRunner`` (runner_ddp.py): one process, or DistributedDataParallel over ``torchrun``.
 - ``PipelineRunner`` (runner_pipeline.py): ``torch.distributed.pipelining``, one process per stage, the same
@@ -20,13 +23,62 @@ the replicas'), so a global batch gives the same update however it is split.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol, runtime_checkable
+
+import torch
+
 from .config import ExecutionConfig
 from .placement import model_stages
 from .runner_common import BATCH_FIELDS, StepMetrics, init_distributed
 from .runner_ddp import TorchRunner
 from .runner_pipeline import PipelineRunner
 
-__all__ = ["BATCH_FIELDS", "PipelineRunner", "StepMetrics", "TorchRunner", "init_distributed", "make_runner"]
+if TYPE_CHECKING:
+    from .popdist_backend import Launch
+
+__all__ = ["BATCH_FIELDS", "PipelineRunner", "Runner", "StepMetrics", "TorchRunner", "init_distributed",
+           "make_runner"]
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """What the training loop (train/loop.py) uses of a runner, implemented by TorchRunner, PipelineRunner
+    and PoptorchRunner (which under PopRun is one host instance's runner)."""
+
+    model: torch.nn.Module
+    """The unwrapped single-device model; after ``sync_model`` it holds every current weight."""
+    rank: int
+    """This process's torch.distributed rank: 0 in one process, and on poptorch (one process per instance)."""
+    world: int
+    """torch.distributed processes of the run: 1 in one process, and on poptorch."""
+    launch: Optional["Launch"]
+    """This PopRun instance's part (poptorch: popdist_backend.Launch, one host is instance 0 of 1); None on
+    torch, which has no host instances."""
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this process writes the run's files and logs: the first torch process, PopRun instance 0."""
+
+    def dataloader(self, dataset, num_workers: int = 0) -> Any:
+        """Batches of ``dataset`` (in the order given) for this process: one item per ``train_step``."""
+
+    def is_compiled(self) -> bool:
+        """Whether ``train_step`` can run without compiling first (torch: always; poptorch: once compiled)."""
+
+    def compile(self, batch) -> None:
+        """Compile the step for ``batch``'s shapes, or load it from the executable cache (torch: nothing)."""
+
+    def train_step(self, batch) -> StepMetrics:
+        """Run ``config.optimizer_steps_per_call`` optimizer steps (and the scheduler's) on ``batch``."""
+
+    def sync_model(self) -> None:
+        """Make ``model`` hold every current weight (IPU: copy back; pipeline: gather the stages')."""
+
+    def optimizer_state_dict(self) -> Dict[str, Any]:
+        """Every parameter's optimizer state, to checkpoint (a collective on a torch pipeline)."""
+
+    def load_optimizer_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore a checkpoint's optimizer state, before the first step of a resumed run."""
 
 
 def make_runner(model, optimizer, config: ExecutionConfig, scheduler=None):

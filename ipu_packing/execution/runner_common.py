@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import torch
 
 from ..data.format import FIELDS, IGNORE_INDEX
-from ..errors import UserError
+from .errors import LaunchError
 
 BATCH_FIELDS = FIELDS  # model inputs in forward's order; shapes and meanings: data/format.py
 
@@ -42,10 +42,6 @@ def count_batch(batch: Mapping[str, torch.Tensor]) -> Tuple[int, int]:
 
 METRICS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
 """The StepMetrics averaged over micro batches (and replicas)."""
-
-
-class LaunchError(UserError):
-    """The process was started in a way the config cannot run in (no CUDA, no torchrun)."""
 
 
 def check_launch(config) -> None:
@@ -89,6 +85,33 @@ def init_distributed(config) -> Tuple[int, int, torch.device]:
             % (world, config.replication_factor, config.num_stages, dist.get_world_size())
         )
     return dist.get_rank(), world, device
+
+
+class TorchProcessRunner:
+    """What the torch runners (runner_ddp.TorchRunner, runner_pipeline.PipelineRunner) share of the Runner
+    interface (runner.py): one process per replica or stage, no host instances, nothing compiled ahead."""
+
+    launch = None
+    """No PopRun instances on torch."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    rank: int
+    world: int
+
+    @property
+    def is_writer(self) -> bool:
+        """The first torchrun process writes the run's files."""
+        return self.rank == 0
+
+    def is_compiled(self) -> bool:
+        """Always: torch compiles nothing ahead of the first step (torch.compile compiles on it)."""
+        return True
+
+    def compile(self, batch) -> None:
+        """Nothing to do ahead of time on torch."""
+
+    def load_optimizer_state_dict(self, state: Dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
 
 
 class StepBatchSampler(torch.utils.data.Sampler):

@@ -14,6 +14,7 @@ from .runner_common import (
     METRICS,
     StepBatchSampler,
     StepMetrics,
+    TorchProcessRunner,
     autocast,
     count_batch,
     init_distributed,
@@ -23,7 +24,7 @@ from .runner_common import (
 )
 
 
-class TorchRunner:
+class TorchRunner(TorchProcessRunner):
     """Single process, or DistributedDataParallel with one replica per process."""
 
     def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None) -> None:
@@ -54,9 +55,6 @@ class TorchRunner:
     def dataloader(self, dataset, num_workers: int = 0):
         sampler = StepBatchSampler(len(dataset), self.config, self.rank)
         return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
-
-    def compile(self, batch) -> None:
-        """Nothing to do ahead of time on torch (torch.compile compiles on the first step)."""
 
     def train_step(self, batch) -> StepMetrics:
         cfg = self.config
@@ -94,6 +92,3 @@ class TorchRunner:
     def optimizer_state_dict(self) -> Dict[str, Any]:
         """The optimizer state to checkpoint (every process holds all of it)."""
         return self.optimizer.state_dict()
-
-    def load_optimizer_state_dict(self, state: Dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)

@@ -14,6 +14,7 @@ from .runner_common import (
     METRICS,
     StepBatchSampler,
     StepMetrics,
+    TorchProcessRunner,
     autocast,
     count_batch,
     init_distributed,
@@ -67,7 +68,7 @@ def _carried(stages, part_stage: Sequence[int], stage: int) -> Tuple[str, ...]:
     return tuple(written + [k for k in stages.inputs if k in needed])
 
 
-class PipelineRunner:
+class PipelineRunner(TorchProcessRunner):
     """One process per pipeline stage (``torchrun --nproc-per-node <stages>``), the same split as the IPUs,
     gradient accumulation as the schedule's micro batches. Every process holds a full copy of the model
     (``runner.model``) but computes and updates only its stage; ``sync_model`` gathers the weights and
@@ -152,9 +153,6 @@ class PipelineRunner:
         sampler = StepBatchSampler(len(dataset), self.config, 0)
         return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
 
-    def compile(self, batch) -> None:
-        """Nothing to do ahead of time on torch."""
-
     def _shared_params(self) -> List[torch.nn.Parameter]:
         """Parameters that received gradients on more than one stage (the tied word embedding / MLM decoder
         weight), found once from the first step's gradients."""
@@ -216,9 +214,6 @@ class PipelineRunner:
             merged.update(part)
         state["state"] = merged
         return state
-
-    def load_optimizer_state_dict(self, state: Dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
 
 
 class _ScaledLoss:

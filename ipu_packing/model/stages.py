@@ -25,9 +25,11 @@ Imports no poptorch and nothing from execution.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, MutableMapping, Sequence, Tuple
+from typing import Dict, List, MutableMapping, Sequence, Tuple
 
 import torch
+
+from ..errors import ConfigError
 
 HIDDEN = "hidden_states"
 """Name of the (B, S, H) activation that flows from part to part."""
@@ -99,15 +101,25 @@ class Stages:
             state[HIDDEN] = module(*(state[k] for k in part.reads))
 
 
+def layer_split(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> List[int]:
+    """Encoder layers per device, in order: ``layers_per_ipu``, or every layer on device 0 when it is empty.
+    The one check that a split places exactly the model's layers (the config, the placement and the runners
+    all come through here); raises ConfigError, one line."""
+    counts = [int(n) for n in layers_per_ipu] or [num_layers]
+    if any(n < 0 for n in counts):
+        raise ConfigError("execution.layers_per_ipu must be integers >= 0, got %r" % (list(layers_per_ipu),))
+    if sum(counts) != num_layers:
+        raise ConfigError(
+            "execution.layers_per_ipu %s sums to %d, but model.num_hidden_layers is %d"
+            % (list(layers_per_ipu), sum(counts), num_layers)
+        )
+    return counts
+
+
 def pretraining_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
     """The parts of ``PackedBertForPreTraining`` with ``num_layers`` encoder layers, split as
     ``layers_per_ipu`` (encoder layers per device, in order; empty: all on device 0)."""
-    counts = list(layers_per_ipu) or [num_layers]
-    if sum(counts) != num_layers or any(n < 0 for n in counts):
-        raise ValueError(
-            "layers_per_ipu %r places %d encoder layers but the model has %d"
-            % (list(layers_per_ipu), sum(counts), num_layers)
-        )
+    counts = layer_split(num_layers, layers_per_ipu)
     parts = [Part("Embedding", "bert.embeddings", ("bert.embeddings",), 0, _EMBEDDING_FIELDS, (HIDDEN,))]
     layer = 0
     for device, n in enumerate(counts):
@@ -133,5 +145,5 @@ def parameter_owners(model: torch.nn.Module, stages: Stages) -> Dict[str, Part]:
     return owners
 
 
-__all__ = ["HIDDEN", "INPUTS", "OUTPUT", "Part", "Stages", "parameter_owners", "pretraining_stages"]
+__all__ = ["HIDDEN", "INPUTS", "OUTPUT", "Part", "Stages", "layer_split", "parameter_owners", "pretraining_stages"]
 

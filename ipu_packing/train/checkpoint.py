@@ -2,18 +2,9 @@
 
 A step checkpoint is one file, run_dir/checkpoints/step_NNNNNNN.pt, written to a temporary file
 in the same directory and renamed into place (os.replace is atomic on POSIX), so a kill leaves
-either the old set of checkpoints or the new one, never a torn file. It holds:
-
-    model, optimizer, scheduler      state dicts
-    step                             optimizer steps done
-    data                             {"epoch", "step_in_epoch"}: where the next batch comes from
-    rng                              python, numpy and torch generator states (dropout, order)
-    config                           the parsed config as a dict (for the record)
-    dataset                          manifest facts the run was started with (S, K, vocab)
-    metrics                          the last step's metrics
-
-Resuming restores all of it, which makes a resumed run bitwise identical to an uninterrupted
-one on CPU (tests/test_train_loop.py::test_resume_after_kill_gives_bitwise_the_same_losses).
+either the old set of checkpoints or the new one, never a torn file. It holds a TrainingState
+(train/state.py, where each field is described): the model, optimizer and scheduler states, the step,
+the data position, every process's RNG states, the config, the dataset's facts and the last metrics.
 
 Safety: a checkpoint holds only tensors and plain Python values (the numpy generator state is stored
 as lists), so it is read with ``torch.load(weights_only=True)``: a crafted file given as
@@ -40,6 +31,7 @@ from ..fsutil import atomic_open, atomic_write_text, fsync_directory, remove_sta
 from ..model.checkpoint import load_tensors
 from ..model.self_attention import hf_layout
 from .errors import UserError
+from .state import TrainingState
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -105,17 +97,17 @@ class NonFiniteState(UserError):
     """The state to save holds inf or NaN (the run diverged): it is not written."""
 
 
-def save_checkpoint(run_dir: str, state: Dict[str, Any], keep: int) -> str:
-    """Write state as step_<step>.pt atomically (fsync of file and directory), then delete all but the
+def save_checkpoint(run_dir: str, state: TrainingState, keep: int) -> str:
+    """Write ``state`` as step_<step>.pt atomically (fsync of file and directory), then delete all but the
     newest `keep`. Raises NonFiniteState, writing nothing, if a model or optimizer tensor is not finite."""
-    bad = non_finite_tensors({"model": state["model"], "optimizer": state.get("optimizer")})
+    bad = non_finite_tensors({"model": state.model, "optimizer": state.optimizer})
     if bad:
         raise NonFiniteState(
-            "step %d: %d tensors hold inf or NaN (first: %s)" % (int(state["step"]), len(bad), bad[0])
+            "step %d: %d tensors hold inf or NaN (first: %s)" % (int(state.step), len(bad), bad[0])
         )
     directory = checkpoint_dir(run_dir)
-    path = os.path.join(directory, "step_%07d.pt" % int(state["step"]))
-    atomic_torch_save(state, path)
+    path = os.path.join(directory, "step_%07d.pt" % int(state.step))
+    atomic_torch_save(state.to_dict(), path)
     for old in list_checkpoints(run_dir)[:-keep]:
         os.unlink(old)
     fsync_directory(directory)
@@ -127,18 +119,7 @@ def clean_run_directory(run_dir: str) -> int:
     return remove_stale_temporaries(run_dir) + remove_stale_temporaries(checkpoint_dir(run_dir))
 
 
-# field -> (accepted types, description), checked before a loaded checkpoint is used
-_FIELDS = {
-    "step": ((int,), "an integer"),
-    "model": ((dict,), "a state dict"),
-    "optimizer": ((dict,), "a state dict"),
-    "scheduler": ((dict,), "a state dict"),
-    "data": ((dict,), "a mapping"),
-    "rng": ((dict,), "a mapping"),
-}
-
-
-def load_checkpoint(path: str) -> Dict[str, Any]:
+def load_checkpoint(path: str) -> TrainingState:
     """A step checkpoint, read without running code (weights_only) and checked field by field."""
     if not os.path.isfile(path):
         raise UserError("checkpoint not found: %s" % (path,))
@@ -147,25 +128,7 @@ def load_checkpoint(path: str) -> Dict[str, Any]:
     except Exception as exc:  # a truncated or foreign file, or a pickle that wants to run code
         raise UserError("checkpoint %s is unreadable or not a plain tensor checkpoint (%s: %s)"
                         % (path, type(exc).__name__, _one_line(exc)[:160]))
-    if not isinstance(state, dict) or "model" not in state or "step" not in state:
-        raise UserError("checkpoint %s is not a training checkpoint of this app" % (path,))
-    for name, (types, what) in _FIELDS.items():
-        value = state.get(name)
-        if name in ("optimizer", "scheduler", "data", "rng") and name not in state:
-            continue
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise UserError("checkpoint %s: field %r must be %s, got %s" % (path, name, what, type(value).__name__))
-    if state["step"] < 0:
-        raise UserError("checkpoint %s: field 'step' must be >= 0, got %d" % (path, state["step"]))
-    bad = [k for k, v in state["model"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
-    if bad:
-        raise UserError("checkpoint %s: model entry %r is not a tensor" % (path, bad[0]))
-    data = state.get("data")
-    if data is not None:
-        for key in ("epoch", "step_in_epoch"):
-            if isinstance(data.get(key), bool) or not isinstance(data.get(key), int) or data[key] < 0:
-                raise UserError("checkpoint %s: field data.%s must be an integer >= 0" % (path, key))
-    return state
+    return TrainingState.from_dict(state, path)
 
 
 def file_sha256(path: str) -> str:
@@ -208,16 +171,16 @@ def load_phase1_weights(model: torch.nn.Module, source: str, model_cls) -> Optio
             raise UserError("checkpoint.init_from %s holds neither a Hugging Face BERT (config.json + weights) "
                             "nor checkpoints" % (source,))
     state = load_checkpoint(path)
-    _check_state_shapes(model, state["model"], path)
-    model.load_state_dict(state["model"])
+    check_state_shapes(model, state.model, path)
+    model.load_state_dict(state.model)
     return None
 
 
 def _check_same_architecture(model: torch.nn.Module, loaded: torch.nn.Module, source: str) -> None:
-    _check_state_shapes(model, loaded.state_dict(), source)
+    check_state_shapes(model, loaded.state_dict(), source)
 
 
-def _check_state_shapes(model: torch.nn.Module, state: Dict[str, torch.Tensor], source: str) -> None:
+def check_state_shapes(model: torch.nn.Module, state: Dict[str, torch.Tensor], source: str) -> None:
     # compared in transformers' layout: the model loads query/key/value or a fused qkv alike (model.fused_qkv)
     own, state = hf_layout(model.state_dict()), hf_layout(state)
     missing = [k for k in own if k not in state]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Tuple
 
 from ipu_packing.execution.placement import check_pipeline_depth
+from ipu_packing.model.stages import layer_split
 
 from .errors import ConfigError
 from .sections import (
@@ -55,12 +56,7 @@ class PretrainingConfig:
                 "execution.gradient_accumulation is derived from training.global_batch_sequences and the "
                 "packing factor; set training.global_batch_sequences instead"
             )
-        split = list(getattr(self.execution_spec, "layers_per_ipu", []) or [])
-        if split and sum(split) != layers:
-            raise ConfigError(
-                "execution.layers_per_ipu %s sums to %d, but model.num_hidden_layers is %d"
-                % (split, sum(split), layers)
-            )
+        layer_split(layers, self.execution_spec.layers_per_ipu)  # ConfigError when the split misses layers
         if self.data.max_seq_length > int(self.model.get("max_position_embeddings", 512)):
             raise ConfigError(
                 "data.max_seq_length %d exceeds model.max_position_embeddings %d"

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 
 @dataclass
@@ -40,6 +40,32 @@ class StepRecord:
     instances: int = 1
     """PopRun instances whose shares the record sums: all of them with horovod.torch; 1 on one instance,
     on torch, and under PopRun without horovod (instance 0's share then)."""
+
+    @classmethod
+    def from_metrics(cls, step: int, epoch: int, lr: float, whole: Mapping[str, float]) -> "StepRecord":
+        """The record of the host call that ended at ``step``, from its metrics over every PopRun instance
+        (instances.reduce_step: instances.STEP_FIELDS and ``instances``); the rates are over ``seconds``."""
+        rows, sequences, tokens = int(whole["packs"]), int(whole["sequences"]), int(whole["tokens"])
+        seconds = whole["seconds"]
+        return cls(
+            step=step,
+            loss=whole["loss"],
+            mlm_loss=whole["mlm_loss"],
+            nsp_loss=whole["nsp_loss"],
+            mlm_accuracy=whole["mlm_accuracy"],
+            nsp_accuracy=whole["nsp_accuracy"],
+            lr=lr,
+            sequences=sequences,
+            tokens=tokens,
+            packs=rows,
+            packing_factor=sequences / float(max(1, rows)),
+            seconds=seconds,
+            sequences_per_second=sequences / max(seconds, 1e-9),
+            tokens_per_second=tokens / max(seconds, 1e-9),
+            epoch=epoch,
+            compile_seconds=whole["compile_seconds"],
+            instances=int(whole["instances"]),
+        )
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

@@ -137,11 +137,11 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
                 raise UserError("checkpoint.init_from %s holds neither a Hugging Face BERT (config.json + "
                                 "weights) nor checkpoints" % (source,))
         state = ckpt.load_checkpoint(path)
-        _check_vocab(config, data, (state.get("dataset") or {}).get("vocab_sha256"), path)
-        ckpt._check_state_shapes(model, state["model"], path)
-        model.load_state_dict(state["model"])
+        _check_vocab(config, data, (state.dataset or {}).get("vocab_sha256"), path)
+        ckpt.check_state_shapes(model, state.model, path)
+        model.load_state_dict(state.model)
         line = "phase-1 weights: %d tensors from step %d of %s; initialised fresh: none" % (
-            len(state["model"]), int(state["step"]), path)
+            len(state.model), int(state.step), path)
     if _first_process():
         print(line, flush=True)
     return line

@@ -16,6 +16,7 @@ from . import checkpoint as ckpt
 from .config import PretrainingConfig
 from .data import TrainingData
 from .errors import UserError
+from .state import TrainingState
 
 # What a resume may not change silently: the optimizer, the schedule, the length and the batch.
 _RESUME_KEYS = ("optimizer.", "schedule.", "training.steps", "training.global_batch_sequences",
@@ -40,16 +41,16 @@ def changed_keys(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
     return keys
 
 
-def load_with_new_hyperparameters(optimizer, scheduler, state: Dict[str, Any]) -> None:
+def load_with_new_hyperparameters(optimizer, scheduler, state: TrainingState) -> None:
     """A forced resume: the moments and step counts come from the checkpoint, every hyperparameter (lr,
     betas, eps, weight decay) and the schedule from the new config, fast-forwarded to the checkpoint's step."""
     fresh = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    optimizer.load_state_dict(state["optimizer"])
+    optimizer.load_state_dict(state.optimizer)
     for group, values in zip(optimizer.param_groups, fresh):
         group.update(values)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
-        for _ in range(int(state["step"])):
+        for _ in range(int(state.step)):
             scheduler.step()
 
 
@@ -75,15 +76,15 @@ def resolve_resume(config: PretrainingConfig) -> Optional[str]:
     return mode
 
 
-def check_resume_matches(config: PretrainingConfig, data: TrainingData, state: Dict[str, Any], path: str) -> None:
-    old = state.get("dataset") or {}
+def check_resume_matches(config: PretrainingConfig, data: TrainingData, state: TrainingState, path: str) -> None:
+    old = state.dataset or {}
     for key in ("max_seq_length", "max_sequences_per_pack", "vocab_size", "vocab_sha256"):
         if key in old and old[key] != data.fingerprint()[key]:
             raise UserError(
                 "checkpoint %s was trained on a dataset with %s=%r, this dataset has %r"
                 % (path, key, old[key], data.fingerprint()[key])
             )
-    fused = bool(((state.get("config") or {}).get("model") or {}).get("fused_qkv", False))
+    fused = bool(((state.config or {}).get("model") or {}).get("fused_qkv", False))
     if fused != bool(config.model.get("fused_qkv", False)):
         # the weights would load in either layout, but the optimizer's moments are per tensor: one fused
         # qkv tensor per layer against three
@@ -92,6 +93,6 @@ def check_resume_matches(config: PretrainingConfig, data: TrainingData, state: D
             "carry over; start a new run with checkpoint.init_from=%s (its weights load in either layout)"
             % (path, str(fused).lower(), str(not fused).lower(), path)
         )
-    if int(state["step"]) > config.training.steps:
+    if int(state.step) > config.training.steps:
         raise UserError("checkpoint %s is at step %d, beyond training.steps=%d"
-                        % (path, state["step"], config.training.steps))
+                        % (path, state.step, config.training.steps))

@@ -1,0 +1,73 @@
+"""``execution.compile_only``: compile the training step, or load it from the executable cache, and stop."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from .config import PretrainingConfig
+from .data import check_data_matches, open_shards, read_training_data
+from .optim import build_optimizer, build_scheduler
+from .plan import check_backend, model_class, seed_everything
+
+
+def compile_only(
+    config: PretrainingConfig,
+    log: Callable[[str], None] = print,
+    make_runner: Optional[Callable] = None,
+    open_dataset: Optional[Callable] = None,
+) -> Dict[str, Any]:
+    """Compile the training step, or load it from the executable cache, then stop: no step runs and
+    nothing but the cache is written (Graphcore's run_pretraining.py --compile-only does the same).
+
+    The step is compiled for the shapes the run will feed it: the first host call's batch of the
+    prepared dataset when it exists; otherwise a generated batch of the config's S and K and the M
+    of the default masking recipe (Graphcore compiles on a generated batch too), with the
+    accumulation the config's packing_factor_estimate gives."""
+    check_backend(config)
+    data = None
+    if os.path.isfile(os.path.join(config.data.path, "manifest.json")):
+        data = open_shards(read_training_data(config.data.path), open_dataset)
+        check_data_matches(config, data)
+    accounting = config.batch_accounting(data.packing_factor if data is not None
+                                         else config.data.packing_factor_estimate)
+    seed_everything(config.training.seed)
+    model = model_class()(config.bert_config())
+    optimizer = build_optimizer(model, config.optimizer, accounting.betas)
+    scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)
+    if make_runner is None:
+        from ipu_packing.execution import make_runner
+    runner = make_runner(model, optimizer, accounting.execution, scheduler=scheduler)
+    if data is not None:
+        batch = next(iter(runner.dataloader(data.dataset, num_workers=0)))
+        source = "the first batch of %s" % (data.path,)
+    else:
+        batch = _generated_batch(config, accounting.execution.packs_per_loader_item)
+        source = "a generated batch (S=%d, K=%d, M=%d; no dataset at %s)" % (
+            config.data.max_seq_length, config.data.expected_sequences_per_pack, batch["mlm_positions"].shape[1],
+            config.data.path)
+    start = time.perf_counter()
+    runner.compile(batch)
+    seconds = time.perf_counter() - start
+    cache = accounting.execution.executable_cache_dir
+    log("compile only: compiled (or loaded) the training step of %s for %s in %.1f s" % (config.name, source, seconds))
+    log("executable cache: %s"
+        % (os.path.abspath(cache) if cache else "none (execution.executable_cache_dir is empty: nothing kept)"))
+    return {"config": config.name, "executable_cache": cache, "compile_seconds": seconds}
+
+
+def _generated_batch(config: PretrainingConfig, packs: int) -> Dict[str, torch.Tensor]:
+    """A host call's batch of all-zero packs of the run's shapes: shapes and dtypes are all a compile sees."""
+    import numpy as np
+
+    from ipu_packing.data.format import as_batch, mlm_slots, pack_dtype
+
+    S, K = config.data.max_seq_length, config.data.expected_sequences_per_pack
+    records = np.zeros(packs, dtype=pack_dtype(S, mlm_slots(S, K), K))
+    return {name: torch.from_numpy(array) for name, array in as_batch(records).items()}
+
+
+__all__ = ["compile_only"]
