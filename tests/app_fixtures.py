@@ -13,38 +13,29 @@ import tempfile
 
 import numpy as np
 
-from ipu_packing.data.format import (FIRST_WORD_ID, FORMAT_VERSION, MASK_ID, SPECIAL_TOKENS, VOCAB, field_dtypes,
-                                     max_predictions, mlm_slots, pack_statistics, sha256_file, write_manifest)
+from ipu_packing.data.format import (FORMAT_VERSION, SPECIAL_TOKENS, VOCAB, field_dtypes, max_predictions, mlm_slots,
+                                     pack_statistics, sha256_file, write_manifest)
 from ipu_packing.data.instance_files import Instances, load_instances, save_instances
+from ipu_packing.data.random_instances import draw_instances
 from ipu_packing.data.write.packs import PackLayout, write_dataset_in_memory
 from ipu_packing.packing import assign_sequences, histogram_from_lengths, plan_packing
 
 
 def _instances(rng: np.random.Generator, n: int, S: int, V: int, cap: int) -> Instances:
-    """`n` random instances [CLS] A [SEP] B [SEP] of 8..S tokens, masked (all [MASK]) as the recipe counts."""
-    tokens, lengths, a_lengths, nsp, counts, positions, labels = [], [], [], [], [], [], []
-    for _ in range(n):
-        length = int(rng.integers(8, S + 1)) if rng.random() < 0.7 else int(rng.integers(8, max(9, S // 3)))
-        a = int(rng.integers(1, length - 4))
-        ids = rng.integers(FIRST_WORD_ID, V, size=length)
-        ids[0], ids[1 + a], ids[length - 1] = SPECIAL_TOKENS.index("[CLS]"), SPECIAL_TOKENS.index("[SEP]"), \
-            SPECIAL_TOKENS.index("[SEP]")
-        candidates = [i for i in range(1, length) if ids[i] >= FIRST_WORD_ID]
-        k = max(1, min(cap, int(round(0.15 * len(candidates)))))
-        chosen = np.sort(rng.choice(candidates, size=k, replace=False))
-        labels.append(ids[chosen].copy())
-        ids[chosen] = MASK_ID
-        nsp.append(int(rng.integers(0, 2)))
-        tokens.append(ids)
-        lengths.append(length)
-        a_lengths.append(2 + a)
-        counts.append(k)
-        positions.append(chosen)
+    """`n` random instances of 8..S tokens (70% uniform in [8, S], the rest in [8, S // 3)) by the data
+    package's one generator (data/random_instances.py: [CLS] A [SEP] B [SEP], the recipe's count masked)."""
+    long, short = rng.integers(8, S + 1, n), rng.integers(8, max(9, S // 3), n)
+    lengths = np.where(rng.random(n) < 0.7, long, short)
+    drawn = draw_instances(rng, lengths, V, max_predictions_per_seq=cap, width=S)
+    counts = drawn.mlm_counts
+
     def as32(values):
         return np.asarray(values, dtype=np.int32)
 
-    return Instances(as32(np.concatenate(tokens)), as32(lengths), as32(a_lengths), as32(nsp), as32(counts),
-                     as32(np.concatenate(positions)), as32(np.concatenate(labels)))
+    return Instances(as32(drawn.input_ids[np.arange(S)[None, :] < lengths[:, None]]), as32(lengths),
+                     as32(drawn.a_lengths), as32(drawn.nsp_labels), as32(counts),
+                     as32(drawn.mlm_positions[np.arange(cap)[None, :] < counts[:, None]]),
+                     as32(drawn.mlm_labels[np.arange(cap)[None, :] < counts[:, None]]))
 
 
 def _write(directory: str, store: Instances, members, offsets, S: int, K: int, kind: str, algorithm: str,

@@ -34,7 +34,9 @@ def write_vocab(path, size=V):
 
 def make_instances(n, seed, S=S, P=P, single_segment_share=0.1):
     """n random instances as (ids, segments, positions, labels, nsp): [CLS] A [SEP] B [SEP] (or, for a
-    share of them, one segment), lengths 3..S, up to P masked positions in ascending order."""
+    share of them, one segment), lengths 3..S, up to P masked positions in ascending order. Not
+    data/random_instances.py's rule, on purpose: `pack` must keep whatever a producer wrote (any count of
+    predictions from 0, predicted tokens left as they were, one-segment instances) bit for bit."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):

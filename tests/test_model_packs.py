@@ -17,7 +17,11 @@ from ipu_packing.data.reference import Instance, pack_sequences
 
 
 def random_sequence(rng: np.random.Generator, length: int, vocab_size: int, max_masked: int = 3) -> Instance:
-    """A random sequence: token 0 is [CLS] (never masked), two segments, up to ``max_masked`` masked tokens."""
+    """A random sequence: token 0 is [CLS] (never masked), two segments, up to ``max_masked`` masked tokens.
+
+    Not data/random_instances.py's NSP/MLM rule, on purpose: the model tests need predictions in sequences of
+    2 and 3 tokens, ids drawn over the whole vocabulary (special ids included) and labels unrelated to the
+    ids, to show that the packed model matches transformers' whatever the tokens hold."""
     ids = rng.integers(1, vocab_size, size=length)
     split = max(1, length // 2)
     types = np.array([0] * split + [1] * (length - split))

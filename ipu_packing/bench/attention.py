@@ -24,7 +24,8 @@ from typing import Dict
 
 import numpy as np
 
-from .throughput import MODEL_PRESETS, Layout, plan_histogram, time_interleaved, timed_layouts
+from .presets import MODEL_PRESETS
+from .throughput import Layout, plan_histogram, time_interleaved, timed_layouts
 
 PAIRS = (("padded", "dense"), ("packed", "dense"), ("padded", "varlen"), ("packed", "varlen"))
 RATIOS = (

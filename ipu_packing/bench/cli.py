@@ -12,12 +12,13 @@ from dataclasses import asdict
 from typing import List, Optional, Sequence
 
 from ..errors import ArgumentParser, run_command
+from .presets import MODEL_PRESETS
 from . import throughput
 from .attention import format_comparison, run_comparison
 from .config_bench import main_config
 from .inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
 from .report import draw_plot, format_result
-from .throughput import MODEL_PRESETS, run_bench
+from .throughput import run_bench
 
 
 def build_parser() -> argparse.ArgumentParser:

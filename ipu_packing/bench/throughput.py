@@ -14,8 +14,9 @@ What it does:
    directory), and plans the packing of all of it with the packing engine (histogram packing,
    K = `--max-sequences-per-pack`, algorithm "optimal" by default).
 2. Takes `--timed-packs` packs of the plan by systematic sampling and makes their sequences (random
-   token ids, 15% masked, an NSP label each), then lays exactly these sequences out twice in the
-   pack format of the data package: padded (one sequence per row, K = 1) and packed.
+   instances of data/random_instances.py, masked as the data recipe counts), then lays exactly these
+   sequences out twice in the pack format of the data package: padded (one sequence per row, K = 1) and
+   packed.
 3. Runs full training steps (forward, backward, LAMB update) of one PackedBertForPreTraining through the
    runner training uses (``make_runner(...).train_step``, torch backend), over every row of each layout,
    `--micro-batch-size` rows per step, with the padded and packed steps interleaved in proportion so both
@@ -37,19 +38,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .inputs import BenchError
-from .report import Result
-from ..data.format import CLS_ID, FIRST_WORD_ID, IGNORE_INDEX, MASK_ID, SEP_ID, as_batch, mlm_slots
+from ..data.format import IGNORE_INDEX, as_batch, mlm_slots
+from ..data.random_instances import random_instances
 from ..data.reference import Instance, pack_sequences
-
-MODEL_PRESETS = {
-    # name: transformers.BertConfig overrides
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, vocab_size=8192),
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-                  vocab_size=30522),
-    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-                 vocab_size=30522),
-}
+from .inputs import BenchError
+from .presets import MODEL_PRESETS
+from .report import Result
 
 
 @dataclass
@@ -76,28 +70,10 @@ class Layout:
 
 
 def make_sequences(lengths: np.ndarray, vocab_size: int, seed: int) -> List[Instance]:
-    """Random NSP/MLM instances of exactly the given lengths: [CLS] A [SEP] B [SEP] (from 5 tokens),
-    floor(15%) of the word tokens masked, which never exceeds the recipe's count, so M fits."""
-    rng = np.random.default_rng(seed + 1)
-    out = []
-    for n in lengths:
-        n = int(n)
-        tokens = rng.integers(FIRST_WORD_ID, vocab_size, size=n)
-        types = np.zeros(n, dtype=np.int64)
-        tokens[0] = CLS_ID
-        if n >= 2:
-            tokens[n - 1] = SEP_ID
-        if n >= 5:
-            a = int(rng.integers(1, n - 3))
-            tokens[1 + a] = SEP_ID
-            types[2 + a :] = 1
-        words = np.flatnonzero(tokens >= FIRST_WORD_ID)
-        k = int(np.floor(0.15 * len(words)))
-        positions = np.sort(rng.choice(words, size=k, replace=False)) if k else np.zeros(0, dtype=np.int64)
-        labels = tokens[positions].copy()
-        tokens[positions] = MASK_ID
-        out.append(Instance(tokens, types, positions, labels, int(rng.integers(0, 2))))
-    return out
+    """Random NSP/MLM instances of exactly the given lengths, by data/random_instances.py's rule: the data
+    recipe's prediction count at the default masked_lm_prob, so the pipeline's M (format.mlm_slots) holds
+    every pack of them."""
+    return random_instances(np.random.default_rng(seed + 1), lengths, vocab_size)
 
 
 def build_layout(name: str, sequences: Sequence[Instance], groups: Sequence[Sequence[int]], S: int, K: int,

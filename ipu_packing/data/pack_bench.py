@@ -12,8 +12,9 @@ workers; also the peaks of the parent and of the largest worker apart, VmHWM sam
 and the output's size. Writing the input is not timed.
 
 Lengths: 40% of the sequences fill S, the rest are uniform in [8, S) (roughly the share of full
-sequences that create_pretraining_data.py makes at S = 128); each has round(15% of its length)
-predictions, at most P = round(0.15 S) + 1, at random positions; a random A/B split; NSP labels 0/1.
+sequences that create_pretraining_data.py makes at S = 128). The instances are data/random_instances.py's
+(a random A/B split, the recipe's count of predictions, round(15% of the length), capped at
+P = round(0.15 S) + 1, NSP labels 0/1).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from .format import CLS_ID, FIRST_WORD_ID, MASK_ID, SEP_ID, SPECIAL_TOKENS
+from .format import SPECIAL_TOKENS
+from .random_instances import draw_instances
 from .scale_bench import du, run_measured
 from .write.datasets import PackingOptions
 
@@ -44,35 +46,20 @@ def write_vocab(path: str, size: int = VOCAB_SIZE) -> str:
 
 
 def synthetic_chunks(n: int, s: int, p: int, seed: int = 0) -> Iterator[Dict[str, np.ndarray]]:
-    """Dense [rows, S] / [rows, P] arrays of n instances, CHUNK rows at a time (see the module notes)."""
+    """Dense [rows, S] / [rows, P] arrays of n instances, CHUNK rows at a time (see the module notes), in the
+    producers' field names; the instances are data/random_instances.py's, P its cap."""
     rng = np.random.default_rng(seed)
     for start in range(0, n, CHUNK):
         r = min(CHUNK, n - start)
         lengths = np.where(rng.random(r) < 0.4, s, rng.integers(8, s, r))
-        col = np.arange(s)[None, :]
-        valid = col < lengths[:, None]
-        a = rng.integers(2, lengths - 3) + 1  # [CLS] A [SEP]: 3 .. length - 3 tokens
-        ids = rng.integers(FIRST_WORD_ID, VOCAB_SIZE, (r, s)).astype(np.int32)
-        rows = np.arange(r)
-        ids[:, 0] = CLS_ID
-        ids[rows, a - 1] = SEP_ID
-        ids[rows, lengths - 1] = SEP_ID
-        ids[~valid] = 0
-        candidate = valid & (col != 0) & (col != (a - 1)[:, None]) & (col != (lengths - 1)[:, None])
-        q = np.minimum(np.maximum(1, np.rint(0.15 * lengths)).astype(np.int64), p)
-        keys = np.where(candidate, rng.random((r, s)), 2.0)
-        order = np.argsort(keys, axis=1)[:, :p]  # (r, P) candidates in random order
-        chosen = np.arange(p)[None, :] < q[:, None]
-        positions = np.sort(np.where(chosen, order, s + 1), axis=1)
-        used = positions <= s
-        positions = np.where(used, positions, 0).astype(np.int32)
-        labels = np.where(used, ids[rows[:, None], positions], 0).astype(np.int32)
-        ids[rows[:, None], positions] = np.where(used, MASK_ID, ids[rows[:, None], positions])
-        ids[:, 0] = CLS_ID
-        yield {"input_ids": ids, "input_mask": valid.astype(np.int8),
-               "segment_ids": ((col >= a[:, None]) & valid).astype(np.int8), "masked_lm_positions": positions,
-               "masked_lm_ids": labels, "masked_lm_weights": used.astype(np.float32),
-               "next_sentence_labels": rng.integers(0, 2, r).astype(np.int8)}
+        drawn = draw_instances(rng, lengths, VOCAB_SIZE, max_predictions_per_seq=p, width=s)
+        yield {"input_ids": drawn.input_ids.astype(np.int32),
+               "input_mask": (np.arange(s)[None, :] < lengths[:, None]).astype(np.int8),
+               "segment_ids": drawn.token_type_ids.astype(np.int8),
+               "masked_lm_positions": drawn.mlm_positions.astype(np.int32),
+               "masked_lm_ids": drawn.mlm_labels.astype(np.int32),
+               "masked_lm_weights": (np.arange(p)[None, :] < drawn.mlm_counts[:, None]).astype(np.float32),
+               "next_sentence_labels": drawn.nsp_labels.astype(np.int8)}
 
 
 def write_hdf5(path: str, n: int, s: int, p: int, seed: int) -> None:

@@ -4,7 +4,8 @@
     python -m ipu_packing.data prepare --input CORPUS --vocab VOCAB --output DIR --max-seq-length 64 ...
 
 The corpus is BERT format (a sentence per line, blank line between documents) built from a fixed
-word list; a few long words are not in the vocabulary, so they split into "##" pieces.
+word list; a few long words are not in the vocabulary, so they split into "##" pieces. Random instances
+without text (token ids straight into the pack format) are random_instances.py's.
 """
 
 import os

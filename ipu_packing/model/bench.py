@@ -1,6 +1,6 @@
 """Packing overhead of the model: step time (forward + backward) per pack, packed against padded.
 
-    python -m ipu_packing.model.bench [--preset small|base] [--max-seq-length 128] [--batch 8] ...
+    python -m ipu_packing.model.bench [--preset tiny|small|base] [--max-seq-length 128] [--batch 8] ...
 
 Both runs have the same shape (B, S) and the same code path; they differ only in what the rows hold:
 
@@ -8,7 +8,8 @@ Both runs have the same shape (B, S) and the same code path; they differ only in
   K [CLS] positions, M MLM slots as the data pipeline sizes them, data/format.py's mlm_slots);
 - padded: each row holds one sequence of 3/4 S tokens followed by padding (K = 1, M = mlm_slots(S, 1)).
 
-Rows are laid out by the pack format's reference builder (data/format.py, pack_sequences).
+Rows are random instances of data/random_instances.py, laid out by the pack format's reference builder
+(data/reference.py, pack_sequences).
 
 The encoder costs the same in both (the dense mask is (B, 1, S, S) either way); the overhead of packing is
 what the pretraining heads do on more slots, and building the mask. A packed step processes K sequences per
@@ -32,21 +33,18 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..data.format import IGNORE_INDEX, as_batch, mlm_slots
-from ..data.reference import Instance, pack_sequences
+from ..bench.presets import MODEL_PRESETS
+from ..data.format import FIRST_WORD_ID, IGNORE_INDEX, as_batch
+from ..data.random_instances import random_packs
 from ..errors import ArgumentParser, run_command
 from .attention import ATTENTION_IMPLEMENTATIONS
-
-PRESETS = {
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4),
-    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12),
-}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = ArgumentParser(prog="python -m ipu_packing.model.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model size (default small)")
-    parser.add_argument("--vocab-size", type=int, default=30522)
+    parser.add_argument("--preset", choices=sorted(MODEL_PRESETS), default="small",
+                        help="model size (bench/presets.py; default small)")
+    parser.add_argument("--vocab-size", type=int, default=None, help="V (default: the preset's)")
     parser.add_argument("--max-seq-length", type=int, default=128, help="S, tokens per row")
     parser.add_argument("--seq-len", dest="max_seq_length", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=8, help="B, rows (packs) per step")
@@ -60,7 +58,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for name in ("vocab_size", "max_seq_length", "batch", "max_sequences_per_pack", "max_predictions_per_seq", "steps"):
+    if args.vocab_size is None:
+        args.vocab_size = MODEL_PRESETS[args.preset]["vocab_size"]
+    if args.vocab_size <= FIRST_WORD_ID:
+        parser.error("--vocab-size must exceed %d (the special tokens), got %d" % (FIRST_WORD_ID, args.vocab_size))
+    for name in ("max_seq_length", "batch", "max_sequences_per_pack", "max_predictions_per_seq", "steps"):
         if getattr(args, name) < 1:
             parser.error("--%s must be >= 1, got %d" % (name.replace("_", "-"), getattr(args, name)))
     for name in ("warmup", "threads"):
@@ -79,32 +81,21 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def make_batch(
     batch: int, seq_len: int, sequences: int, slots_per_sequence: int, vocab_size: int, generator: torch.Generator
 ) -> Dict[str, torch.Tensor]:
-    """Rows of ``sequences`` random sequences; sequences == 1 gives the padded baseline (3/4 of S real).
-    ``slots_per_sequence`` caps each sequence's predictions; M is mlm_slots(S, K) with that cap."""
-    max_predictions = mlm_slots(seq_len, sequences, max_predictions_per_seq=slots_per_sequence)
-    input_ids = torch.randint(1, vocab_size, (batch, seq_len), generator=generator)
-    nsp_labels = torch.randint(0, 2, (batch, sequences), generator=generator)
+    """Rows of ``sequences`` random instances (data/random_instances.py's rule) that fill S; sequences == 1
+    gives the padded baseline, one instance of 3/4 S per row and padding after it. ``slots_per_sequence`` caps
+    each instance's predictions; M is mlm_slots(S, K) with that cap, which every row fits. The instances'
+    numpy Generator is seeded by one draw from ``generator``: the same torch seed gives the same batch, and
+    the next call a different one."""
+    rng = np.random.default_rng(int(torch.randint(0, 2 ** 62, (1,), generator=generator)))
     real = seq_len if sequences > 1 else (3 * seq_len) // 4
-    packs = []
-    for row in range(batch):
+    groups = []
+    for _ in range(batch):
         # split `real` tokens into `sequences` lengths >= 2; the rest of the row is padding
-        cuts = torch.randint(0, real - 2 * sequences + 1, (sequences - 1,), generator=generator).sort().values
+        cuts = np.sort(rng.integers(0, real - 2 * sequences + 1, size=sequences - 1)) if sequences > 1 else []
         bounds = [0] + [int(c) + 2 * (i + 1) for i, c in enumerate(cuts)] + [real]
-        group, slot = [], 0
-        for k in range(sequences):
-            start, end = bounds[k], bounds[k + 1]
-            n = end - start
-            masked = max(1, min(slots_per_sequence, n * 15 // 100))
-            masked = min(masked, n - 1, max_predictions - slot)
-            chosen = torch.randperm(n - 1, generator=generator)[:masked].sort().values + 1
-            labels = torch.randint(0, vocab_size, (masked,), generator=generator)
-            types = (np.arange(n) >= n // 2).astype(np.int64)
-            group.append(Instance(input_ids[row, start:end].numpy(), types, chosen.numpy(), labels.numpy(),
-                                  int(nsp_labels[row, k])))
-            slot += masked
-        packs.append(group)
-    return {k: torch.from_numpy(v) for k, v in as_batch(pack_sequences(packs, seq_len, sequences, max_predictions),
-                                                        np.int64).items()}
+        groups.append(np.diff(bounds).tolist())
+    packs = random_packs(rng, groups, seq_len, sequences, vocab_size, max_predictions_per_seq=slots_per_sequence)
+    return {k: torch.from_numpy(v) for k, v in as_batch(packs, np.int64).items()}
 
 
 def count_flops(step: Callable[[Dict[str, torch.Tensor]], Any], fields: Dict[str, torch.Tensor]) -> float:
@@ -132,13 +123,8 @@ def _main(argv: Optional[List[str]]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    shape = PRESETS[args.preset]
-    config = transformers.BertConfig(
-        vocab_size=args.vocab_size,
-        intermediate_size=4 * shape["hidden_size"],
-        max_position_embeddings=max(512, args.max_seq_length),
-        **shape,
-    )
+    config = transformers.BertConfig(**dict(MODEL_PRESETS[args.preset], vocab_size=args.vocab_size,
+                                            max_position_embeddings=max(512, args.max_seq_length)))
     device = torch.device(args.device)
     model = PackedBertForPreTraining(config, attention=args.attention).to(device).train()
     generator = torch.Generator().manual_seed(args.seed)
