@@ -87,7 +87,7 @@ class Run:
         self.name, self.instances, self.device_iterations = name, e.num_instances, e.device_iterations
         self.layout = config.data.layout
         split = [min(1, n) for n in e.layers_per_ipu]  # one layer on each IPU that has layers
-        unpacked = 9 if self.layout == "padded" else 18  # 9 or 10 (18 / 1.82) micro batches per replica
+        unpacked = 9 if self.layout == "padded" else 18  # 9 or 10 (18 / 1.80) micro batches per replica
         self.cwd = os.path.join(root, name)
         self.run_dir = os.path.join(self.cwd, "run")
         self.cache = os.path.join(self.cwd, "cache")
@@ -145,7 +145,7 @@ def _in_pairs(jobs):
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    # 4016 packs (packing factor 1.82) and 7300 padded rows: two steps of the largest combined batch
+    # 4055 packs (packing factor 1.80) and 7300 padded rows: two steps of the largest combined batch
     return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=7300, seed=0)
 
 

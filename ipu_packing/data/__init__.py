@@ -48,7 +48,8 @@ share packs into shards and manifests.
   directory, written atomically).
 - shared: format (the pack format, M's sizing and the manifest, numpy only), reference (its plain
   reference builder), instance_files (Instances and their temporary files), vocab (tokenizers), errors,
-  dataset (torch Dataset), synthetic (random inputs for tests and benchmarks), cli; pack_bench and
+  dataset (torch Dataset), synthetic (a tiny text corpus and vocabulary for tests), random_instances (the one
+  generator of random NSP/MLM instances and packs, for tests and benchmarks), cli; pack_bench and
   scale_bench are benchmark commands (`python -m ipu_packing.data.pack_bench`, `.scale_bench`).
 """
 
