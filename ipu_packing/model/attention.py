@@ -78,6 +78,24 @@ def resolve_attention(config: Any, attention: Optional[str] = None) -> str:
     return name
 
 
+def missing_torch_support(implementation: str) -> Optional[str]:
+    """What this torch lacks to run ``implementation`` (one line naming the version needed), or None."""
+    if implementation in ("sdpa", "varlen") and not hasattr(F, "scaled_dot_product_attention"):
+        return "attention %r needs torch >= 2.0 (scaled_dot_product_attention), found torch %s" % (
+            implementation, torch.__version__)
+    if implementation == "flex":
+        try:  # find_spec imports the parent packages only, not FlexAttention itself
+            import importlib.util
+
+            found = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+        except ImportError:  # torch.nn.attention itself is missing (torch < 2.2)
+            found = False
+        if not found:
+            return "attention 'flex' needs torch >= 2.5 (torch.nn.attention.flex_attention), found torch %s" % (
+                torch.__version__,)
+    return None
+
+
 def same_sequence(sequence_ids: torch.Tensor) -> torch.Tensor:
     """Boolean mask (B, 1, S, S): True where query and key belong to the same sequence (or both padding)."""
     return (sequence_ids.unsqueeze(2) == sequence_ids.unsqueeze(1)).unsqueeze(1)  # (B, 1, S, S)
