@@ -21,8 +21,8 @@ any backend. A is the candidate (say packed), B the baseline (say padded):
   a packed and a padded run read): an S=128 run is ~6x "faster" than an S=512 one for reasons that have
   nothing to do with packing. With ``--force`` each difference is a warning.
 
-Warnings are the ``warnings`` field of ``--json`` (and each is also a ``warning:`` line on stderr there), or
-the last lines of the text report.
+Warnings are the ``warnings`` field of ``--json``, or the last lines of the text report; with ``--json``, a
+forced difference in S, K or dataset is also a ``warning:`` line on stderr.
 
 Smoothing: the smoothed value at step i is the mean over steps i-W+1 .. i (a trailing window of W steps,
 fewer at the start), so it never looks ahead and "the first step whose smoothed loss is at most the
@@ -370,8 +370,8 @@ def _main(argv: Optional[List[str]]) -> int:
     result = compare(a, b, window=args.window, warmup=args.warmup)
     if args.plot:
         draw(a, b, result.window, args.plot)
-    if args.json:
-        for line in result.warnings:
+    if args.json:  # forced past a difference in S, K or dataset: said beside the object too
+        for line in differences:
             print("warning: %s" % (line,), file=sys.stderr)
     print(jsonout.dumps(asdict(result), sort_keys=True) if args.json else format_comparison(result))
     return 0
