@@ -39,6 +39,11 @@ Implementations (chosen per model, see ``resolve_attention``):
   eager work; ``torch.compile(model, backend="aot_eager")`` runs the model with graph breaks around it and
   gives the same results (tests/test_model_varlen.py). Not for PopTorch: poptorch_backend refuses it.
 
+In a training config the choice is ``model.packed_attention``; train/loader.py refuses, when the config is
+read, the combinations that cannot train (poptorch with anything but dense; flex off CUDA, on pipelined
+stages, under torch.compile or with attention dropout; varlen under torch.compile; a torch without the kernel,
+``missing_torch_support``).
+
 Shape legend: B packs, S tokens per pack, N heads, D head size.
 """
 
