@@ -42,14 +42,27 @@ pretrain: $(STAMP) $(DEMO_DATA)/packed/manifest.json
 # then ipu_packing.compare on the two run directories (a finished run is reused, not retrained), then the
 # interleaved throughput of the same config through the same runner (bench --config: both layouts see the
 # same machine load, which two runs one after the other do not).
+# `make compare ATTENTION=varlen` (or sdpa): the packed run trains with model.packed_attention=$(ATTENTION)
+# into output/runs/demo_512_$(ATTENTION), against the same padded+dense baseline; bench --config then runs
+# both layouts with that attention.
+ATTENTION ?= dense
+ifeq ($(ATTENTION),dense)
+COMPARE_NAME := demo_512
+COMPARE_ARGS :=
+else
+COMPARE_NAME := demo_512_$(ATTENTION)
+COMPARE_ARGS := model.packed_attention=$(ATTENTION) checkpoint.output_dir=$(OUT)/runs/$(COMPARE_NAME)
+BENCH_ATTENTION := model.packed_attention=$(ATTENTION)
+endif
+
 $(DEMO_512)/packed/manifest.json: | $(STAMP)
 	$(PY) -m ipu_packing.data prepare --input default --output $(DEMO_512) --max-seq-length 512 --max-sequences-per-pack 3
 
 compare: $(STAMP) $(DEMO_512)/packed/manifest.json
-	$(PY) run_pretraining.py --config demo_512 logging.progress_bar=false
+	$(PY) run_pretraining.py --config demo_512 logging.progress_bar=false $(COMPARE_ARGS)
 	$(PY) run_pretraining.py --config demo_512_padded logging.progress_bar=false
-	$(PY) -m ipu_packing.compare $(OUT)/runs/demo_512 $(OUT)/runs/demo_512_padded --plot $(OUT)/compare/demo_512.png
-	$(PY) -m ipu_packing.bench --config demo_512 --steps 10 --plot $(OUT)/compare/bench_demo_512.png
+	$(PY) -m ipu_packing.compare $(OUT)/runs/$(COMPARE_NAME) $(OUT)/runs/demo_512_padded --plot $(OUT)/compare/$(COMPARE_NAME).png
+	$(PY) -m ipu_packing.bench --config demo_512 $(BENCH_ATTENTION) --steps 10 --plot $(OUT)/compare/bench_$(COMPARE_NAME).png
 
 bench: $(STAMP)
 	$(PY) -m ipu_packing.bench $(BENCH_ARGS)

@@ -15,7 +15,14 @@ any backend. A is the candidate (say packed), B the baseline (say padded):
 - for each run: sequences per optimizer step (mean and spread), tokens/s, final smoothed MLM loss and
   accuracy, NSP accuracy, and the batch accounting it ran with;
 - a warning when the runs' mean sequences per optimizer step differ by more than 5%: the comparison is
-  then not like for like (packing keeps the global batch in sequences; see BatchAccounting).
+  then not like for like (packing keeps the global batch in sequences; see BatchAccounting);
+- a refusal, unless ``--force``, when the runs' config.json differ in S (``data.max_seq_length``), K
+  (``data.max_sequences_per_pack``) or dataset (``data.dir``, the prepared root whose packed/ and padded/
+  a packed and a padded run read): an S=128 run is ~6x "faster" than an S=512 one for reasons that have
+  nothing to do with packing. With ``--force`` each difference is a warning.
+
+Warnings are the ``warnings`` field of ``--json``, or the last lines of the text report; with ``--json``, a
+forced difference in S, K or dataset is also a ``warning:`` line on stderr.
 
 Smoothing: the smoothed value at step i is the mean over steps i-W+1 .. i (a trailing window of W steps,
 fewer at the start), so it never looks ahead and "the first step whose smoothed loss is at most the
@@ -110,10 +117,11 @@ def read_run(path: str) -> Run:
             if not isinstance(value, dict):
                 raise CompareError("%s is %s, not a JSON object" % (file, _kind(value)))
             extra[name] = value
-    training = extra.get("config", {}).get("training")
-    if training is not None and not isinstance(training, dict):
-        raise CompareError("%s: training is %s, not a JSON object" % (os.path.join(path, "config.json"),
-                                                                     _kind(training)))
+    for section in ("training", "data"):
+        value = extra.get("config", {}).get(section)
+        if value is not None and not isinstance(value, dict):
+            raise CompareError("%s: %s is %s, not a JSON object" % (os.path.join(path, "config.json"), section,
+                                                                    _kind(value)))
     return Run(path, column["step"].astype(np.int64), column["sequences"], column["tokens"], column["seconds"],
                column["mlm_loss"], column["mlm_accuracy"], column["nsp_accuracy"], **extra)
 
@@ -177,6 +185,32 @@ def loss_gap(a: Run, b: Run, window: int) -> float:
         return float(np.max(np.abs(la - lb) / np.abs(lb)))
 
 
+LIKE_DATA = (("S", "max_seq_length"), ("K", "max_sequences_per_pack"), ("dataset", "dir"))
+"""What two compared runs must share: (name, key of config.json's ``data`` section)."""
+
+
+def data_differences(a: Run, b: Run) -> List[str]:
+    """One line per LIKE_DATA value in which the runs' config.json differ (a value a run does not record,
+    an older run's or a hand-made one, is not compared)."""
+    out = []
+    for name, key in LIKE_DATA:
+        values = []
+        for run in (a, b):
+            value = (run.config.get("data") or {}).get(key)
+            if key == "dir" and isinstance(value, str):
+                value = os.path.normpath(value)
+            values.append(value)
+        if None not in values and values[0] != values[1]:
+            out.append("the runs differ in %s: data.%s %s (A) against %s (B)"
+                       % (name, key, _shown(values[0]), _shown(values[1])))
+    return out
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def describe(run: Run, warmup: int, window: int) -> Dict[str, Any]:
     keep = slice(min(warmup, len(run.steps) - 1), None)
     training = run.config.get("training") or {}
@@ -216,7 +250,7 @@ def compare(a: Run, b: Run, window: Optional[int] = None, warmup: Optional[int] 
     warmup = int(warmup) if warmup is not None else max(1, shorter // 10) if shorter > 1 else 0
     target = float(smooth(b.mlm_loss, window)[-1])
     t_a, t_b = time_to(a, target, window), time_to(b, target, window)
-    warnings = []
+    warnings = data_differences(a, b)
     mean_a, mean_b = float(a.sequences.mean()), float(b.sequences.mean())
     if abs(mean_a - mean_b) > LIKE_FOR_LIKE * mean_b:
         warnings.append(
@@ -318,6 +352,8 @@ def _main(argv: Optional[List[str]]) -> int:
                         help="steps left out of throughput (default: a tenth of the shorter run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", default=None, help="PNG: MLM loss against sequences seen and against seconds")
+    parser.add_argument("--force", action="store_true",
+                        help="compare runs that differ in S, K or dataset (each difference then a warning)")
     args = parser.parse_args(argv)
     if args.plot is not None:
         check_plot_path(args.plot)
@@ -326,9 +362,17 @@ def _main(argv: Optional[List[str]]) -> int:
     if args.warmup is not None and args.warmup < 0:
         raise CompareError("--warmup must be >= 0, got %d" % args.warmup)
     a, b = read_run(args.run_a), read_run(args.run_b)
+    differences = data_differences(a, b)
+    if differences and not args.force:
+        raise CompareError("%s: the ratios would not measure packing; compare runs of one S, K and dataset, or "
+                           "pass --force" % "; ".join(d[len("the runs differ in "):] if i else d
+                                                     for i, d in enumerate(differences)))
     result = compare(a, b, window=args.window, warmup=args.warmup)
     if args.plot:
         draw(a, b, result.window, args.plot)
+    if args.json:  # forced past a difference in S, K or dataset: said beside the object too
+        for line in differences:
+            print("warning: %s" % (line,), file=sys.stderr)
     print(jsonout.dumps(asdict(result), sort_keys=True) if args.json else format_comparison(result))
     return 0
 

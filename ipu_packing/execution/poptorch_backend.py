@@ -52,7 +52,8 @@ def check_attention(attention: str) -> None:
     if attention != "dense":
         raise ConfigError(
             "execution.backend 'poptorch' runs attention 'dense' only (PopTorch's supported operations include "
-            "neither scaled_dot_product_attention nor FlexAttention), got %r: set model.packed_attention=dense"
+            "neither scaled_dot_product_attention nor FlexAttention), got %r: set model.packed_attention=dense "
+            "(the default)"
             % (attention,)
         )
 

@@ -84,6 +84,9 @@ class PipelineRunner(TorchProcessRunner):
             ) from exc
         import torch.distributed as dist
 
+        if getattr(model, "attention_implementation", "dense") == "flex":
+            raise ValueError("attention 'flex' is not for pipelined stages (its BlockMask is not a tensor a stage "
+                             "can take): use varlen, sdpa or dense with layers_per_ipu %r" % (config.layers_per_ipu,))
         if config.replication_factor != 1:
             raise ValueError(
                 "backend torch runs either DDP replication or a pipeline, not both "

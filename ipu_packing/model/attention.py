@@ -39,6 +39,11 @@ Implementations (chosen per model, see ``resolve_attention``):
   eager work; ``torch.compile(model, backend="aot_eager")`` runs the model with graph breaks around it and
   gives the same results (tests/test_model_varlen.py). Not for PopTorch: poptorch_backend refuses it.
 
+In a training config the choice is ``model.packed_attention``; train/loader.py refuses, when the config is
+read, the combinations that cannot train (poptorch with anything but dense; flex off CUDA, on pipelined
+stages, under torch.compile or with attention dropout; varlen under torch.compile; a torch without the kernel,
+``missing_torch_support``).
+
 Shape legend: B packs, S tokens per pack, N heads, D head size.
 """
 
@@ -76,6 +81,24 @@ def resolve_attention(config: Any, attention: Optional[str] = None) -> str:
     if name not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError("attention must be one of %s, got %r" % (ATTENTION_IMPLEMENTATIONS, name))
     return name
+
+
+def missing_torch_support(implementation: str) -> Optional[str]:
+    """What this torch lacks to run ``implementation`` (one line naming the version needed), or None."""
+    if implementation in ("sdpa", "varlen") and not hasattr(F, "scaled_dot_product_attention"):
+        return "attention %r needs torch >= 2.0 (scaled_dot_product_attention), found torch %s" % (
+            implementation, torch.__version__)
+    if implementation == "flex":
+        try:  # find_spec imports the parent packages only, not FlexAttention itself
+            import importlib.util
+
+            found = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+        except ImportError:  # torch.nn.attention itself is missing (torch < 2.2)
+            found = False
+        if not found:
+            return "attention 'flex' needs torch >= 2.5 (torch.nn.attention.flex_attention), found torch %s" % (
+                torch.__version__,)
+    return None
 
 
 def same_sequence(sequence_ids: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import yaml
 
+from ipu_packing.model.attention import ATTENTION_IMPLEMENTATIONS, missing_torch_support
+
 from .config import PretrainingConfig
 from .errors import ConfigError
 from .sections import CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ScheduleConfig, TrainingConfig
@@ -205,6 +207,7 @@ def config_from_dict(raw: Dict[str, Any], name: str = "custom") -> PretrainingCo
     model = _parse_model(raw.get("model") or {})
     execution_raw = raw.get("execution") or {}
     execution = _build("execution", ExecutionConfig, execution_raw)
+    _check_attention(model, execution)
     sections = {key: _build(key, cls, raw.get(key) or {}) for key, cls in _SECTIONS.items()}
     try:
         return PretrainingConfig(
@@ -295,9 +298,12 @@ BERT_CONFIG_FIELDS = (
 
 
 # The packed model's own options, set on the BertConfig as attributes (saved in config.json, which
-# transformers ignores): ipu_packing/model/self_attention.py FUSED_QKV_ATTRIBUTE.
+# transformers ignores): ipu_packing/model/self_attention.py FUSED_QKV_ATTRIBUTE, and
+# ipu_packing/model/attention.py CONFIG_ATTRIBUTE (dense, sdpa, varlen or flex: the same function of the
+# weights, so a run may resume with another one).
 MODEL_OPTION_FIELDS = (
     ("fused_qkv", False),
+    ("packed_attention", "dense"),
 )
 
 
@@ -340,11 +346,51 @@ def _parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
         if out.get(key) is not None and not 0.0 <= out[key] <= 1.0:
             raise ConfigError("model.%s is a probability: it must be in [0, 1], got %r" % (key, out[key]))
+    if "packed_attention" in out and out["packed_attention"] not in ATTENTION_IMPLEMENTATIONS:
+        raise ConfigError("model.packed_attention must be one of %s, got %r"
+                          % (", ".join(ATTENTION_IMPLEMENTATIONS), _shown(str(out["packed_attention"]))))
     if "layer_norm_eps" in out and not out["layer_norm_eps"] > 0:
         raise ConfigError("model.layer_norm_eps must be > 0, got %r" % (out["layer_norm_eps"],))
     if "initializer_range" in out and out["initializer_range"] < 0:
         raise ConfigError("model.initializer_range must be >= 0, got %r" % (out["initializer_range"],))
     return out
+
+
+def _check_attention(model: Dict[str, Any], execution: Any) -> None:
+    """Refuse, when the config is read, an attention its execution cannot train with (one line each):
+    PopTorch traces the dense path only; FlexAttention has no backward on CPU, no attention dropout, and
+    its BlockMask cannot be a pipeline stage's input; varlen's layout is data, which
+    torch.compile(fullgraph=True) cannot capture; and the torch this runs on must have the kernel."""
+    name = model.get("packed_attention", "dense")
+    if name == "dense":
+        return
+    if execution.backend == "poptorch":
+        raise ConfigError(
+            "execution.backend 'poptorch' runs attention 'dense' only (PopTorch's supported operations include "
+            "neither scaled_dot_product_attention nor FlexAttention), got %r: set model.packed_attention=dense "
+            "(the default)" % (name,)
+        )
+    missing = missing_torch_support(name)
+    if missing:
+        instead = "varlen, sdpa or dense" if name == "flex" else "dense"
+        raise ConfigError("model.packed_attention: %s; use %s" % (missing, instead))
+    if name == "varlen" and execution.torch_compile:
+        raise ConfigError("model.packed_attention 'varlen' builds its layout from the data, which "
+                          "execution.torch_compile (fullgraph) cannot capture: use sdpa or dense with torch_compile")
+    if name == "flex":
+        where = []
+        if execution.device != "cuda":
+            where.append("execution.device=cuda (FlexAttention has no backward on CPU)")
+        if execution.num_stages > 1:
+            where.append("one stage (its BlockMask is not a tensor a pipeline stage can take; use varlen, sdpa "
+                         "or dense with execution.layers_per_ipu)")
+        if execution.torch_compile:
+            where.append("execution.torch_compile=false")
+        dropout = model.get("attention_probs_dropout_prob", dict(BERT_CONFIG_FIELDS)["attention_probs_dropout_prob"])
+        if dropout:
+            where.append("model.attention_probs_dropout_prob=0 (it has no attention dropout; got %r)" % (dropout,))
+        if where:
+            raise ConfigError("model.packed_attention 'flex' trains only with %s" % "; ".join(where))
 
 
 def _finite(key: str, value: Any) -> float:

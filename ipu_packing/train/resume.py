@@ -94,5 +94,6 @@ def check_resume_matches(config: PretrainingConfig, data: TrainingData, state: T
             % (path, str(fused).lower(), str(not fused).lower(), path)
         )
     if int(state.step) > config.training.steps:
-        raise UserError("checkpoint %s is at step %d, beyond training.steps=%d"
-                        % (path, state.step, config.training.steps))
+        raise UserError("checkpoint %s is at step %d, beyond training.steps=%d: it is an earlier, longer run's "
+                        "(%s); set checkpoint.output_dir to train this one in a directory of its own"
+                        % (path, state.step, config.training.steps, config.run_dir))
