@@ -6,19 +6,20 @@ import pytest
 
 from ipu_packing.train import load_config
 from ipu_packing.train.errors import ConfigError, UserError
-from ipu_packing.train.loader import CONFIG_DIR, _yaml_load
+from ipu_packing.train.loader import CONFIG_DIR
+from ipu_packing.train.strict_yaml import yaml_load
 
 
 @pytest.mark.parametrize("text, value", [("1e-4", 1e-4), ("1.0e30", 1.0e30), ("2E-3", 2e-3), (".5e1", 5.0),
                                          ("-3e+2", -300.0), ("7", 7), ("0.002828", 0.002828)])
 def test_numbers_parse_as_written(text, value):
-    parsed = _yaml_load(text)
+    parsed = yaml_load(text)
     assert parsed == value and type(parsed) is type(value)
 
 
 @pytest.mark.parametrize("text", ["1e", "e5", "-e5", ".e5", "1e-4x", "v1e4"])
 def test_what_is_not_a_number_stays_a_string(text):
-    assert _yaml_load(text) == text
+    assert yaml_load(text) == text
 
 
 def test_exponent_in_an_override_a_file_and_a_list(tmp_path):

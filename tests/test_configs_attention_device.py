@@ -10,6 +10,8 @@ import re
 import shlex
 
 import pytest
+
+from ipu_packing.train.state import TrainingState
 import torch
 import torch.nn.functional as F
 
@@ -144,7 +146,8 @@ def test_the_documented_torchrun_line_validates():
 def test_a_checkpoint_past_training_steps_names_checkpoint_output_dir():
     config = load_config("demo", ["training.steps=20"])
     with pytest.raises(Exception) as err:
-        check_resume_matches(config, None, {"step": 350, "config": {}}, "output/runs/demo/checkpoints/step_0000350.pt")
+        check_resume_matches(config, None, TrainingState(step=350, model={}, config={}),
+                             "output/runs/demo/checkpoints/step_0000350.pt")
     message = str(err.value)
     assert "at step 350, beyond training.steps=20" in message
     assert "set checkpoint.output_dir" in message and "output/runs/demo" in message

@@ -1,7 +1,7 @@
 """Rule 3 (issue 24), strict configs: hostile YAML files and overrides, each through run_pretraining.py's
 main() (the one wrapper): one line `error: <cause>` naming the cause, exit 2, nothing on stdout.
 
-The mechanism is the one YAML reader, ipu_packing/train/loader.py `_yaml_load`: a file is read at most
+The mechanism is the one YAML reader, ipu_packing/train/strict_yaml.py `yaml_load`: a file is read at most
 MAX_CONFIG_BYTES; anchors, aliases and merge keys (`<<`) are refused; nesting is at most MAX_DEPTH; a key
 given twice in one mapping (a section twice in one file) is refused naming the key and both lines; a
 value no YAML constructor can build (an integer of 5,000 digits) is a config error. Numbers as users
@@ -15,7 +15,8 @@ import pytest
 
 from ipu_packing.train import load_config
 from ipu_packing.train.cli import main as train_main
-from ipu_packing.train.loader import CONFIG_DIR, MAX_CONFIG_BYTES, MAX_DEPTH
+from ipu_packing.train.loader import CONFIG_DIR
+from ipu_packing.train.strict_yaml import MAX_CONFIG_BYTES, MAX_DEPTH
 
 from test_train_loop import TINY
 

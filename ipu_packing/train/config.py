@@ -31,7 +31,7 @@ from .sections import (
 class PretrainingConfig:
     name: str
     model: Dict[str, Any]
-    """transformers.BertConfig keyword arguments, and the model's own options (loader.MODEL_OPTION_FIELDS), set
+    """transformers.BertConfig keyword arguments, and the model's own options (model_section.MODEL_OPTION_FIELDS), set
     on the BertConfig too (see `bert_config()`)."""
     execution_spec: Any
     """ipu_packing.execution.ExecutionConfig as written in the `execution:` section. The file does

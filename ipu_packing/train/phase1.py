@@ -29,7 +29,7 @@ from .sections import INIT_ARCHITECTURE_KEYS, INIT_OVERRIDE_VOCAB, CheckpointCon
 def _hf_config(directory: str) -> Dict[str, Any]:
     """config.json of a Hugging Face directory, each architecture key with transformers' default where it
     is absent (as transformers itself would build the model)."""
-    from .loader import BERT_CONFIG_FIELDS
+    from .model_section import BERT_CONFIG_FIELDS
 
     path = os.path.join(directory, "config.json")
     try:

@@ -1,0 +1,140 @@
+"""The `model:` section of a config: transformers.BertConfig's fields and the packed model's own options,
+checked without importing transformers (train/loader.py builds the config with it; train/phase1.py reads a
+phase-1 config.json's architecture against the same defaults).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict
+
+from ipu_packing.model.attention import ATTENTION_IMPLEMENTATIONS, missing_torch_support
+
+from .errors import ConfigError
+from .strict_yaml import shown
+
+
+# transformers.BertConfig's own constructor arguments and their defaults (transformers 4.x; kept
+# here so that parsing a config does not import transformers; tests/test_configs.py checks the list
+# against the installed transformers).
+BERT_CONFIG_FIELDS = (
+    ("vocab_size", 30522),
+    ("hidden_size", 768),
+    ("num_hidden_layers", 12),
+    ("num_attention_heads", 12),
+    ("intermediate_size", 3072),
+    ("hidden_act", "gelu"),
+    ("hidden_dropout_prob", 0.1),
+    ("attention_probs_dropout_prob", 0.1),
+    ("max_position_embeddings", 512),
+    ("type_vocab_size", 2),
+    ("initializer_range", 0.02),
+    ("layer_norm_eps", 1e-12),
+    ("pad_token_id", 0),
+    ("position_embedding_type", "absolute"),
+    ("use_cache", True),
+    ("classifier_dropout", None),
+)
+
+
+# The packed model's own options, set on the BertConfig as attributes (saved in config.json, which
+# transformers ignores): ipu_packing/model/self_attention.py FUSED_QKV_ATTRIBUTE, and
+# ipu_packing/model/attention.py CONFIG_ATTRIBUTE (dense, sdpa, varlen or flex: the same function of the
+# weights, so a run may resume with another one).
+MODEL_OPTION_FIELDS = (
+    ("fused_qkv", False),
+    ("packed_attention", "dense"),
+)
+
+
+def parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
+    defaults = dict(BERT_CONFIG_FIELDS + MODEL_OPTION_FIELDS)
+    allowed = [name for name, _ in BERT_CONFIG_FIELDS]
+    own = [name for name, _ in MODEL_OPTION_FIELDS]
+    out = {}
+    for key, value in raw.items():
+        if key not in defaults:
+            raise ConfigError("unknown key model.%s (transformers.BertConfig fields: %s; the model's own: %s)"
+                              % (key, ", ".join(allowed), ", ".join(own)))
+        default = defaults[key]
+        if default is None:  # classifier_dropout: a number or null
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ConfigError("model.%s must be a number or null, got %r" % (key, value))
+            if value is not None:
+                value = finite("model." + key, value)
+        elif value is None:
+            raise ConfigError("model.%s must not be null" % (key,))
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError("model.%s must be true or false, got %r" % (key, value))
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError("model.%s must be an integer, got %r" % (key, value))
+            if value < 0:
+                raise ConfigError("model.%s must be >= 0, got %r" % (key, value))
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError("model.%s must be a number, got %r" % (key, value))
+            value = finite("model." + key, value)
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                raise ConfigError("model.%s must be a string, got %r" % (key, value))
+        out[key] = value
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        if key in out and out[key] < 1:
+            raise ConfigError("model.%s must be >= 1, got %r" % (key, out[key]))
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+        if out.get(key) is not None and not 0.0 <= out[key] <= 1.0:
+            raise ConfigError("model.%s is a probability: it must be in [0, 1], got %r" % (key, out[key]))
+    if "packed_attention" in out and out["packed_attention"] not in ATTENTION_IMPLEMENTATIONS:
+        raise ConfigError("model.packed_attention must be one of %s, got %r"
+                          % (", ".join(ATTENTION_IMPLEMENTATIONS), shown(str(out["packed_attention"]))))
+    if "layer_norm_eps" in out and not out["layer_norm_eps"] > 0:
+        raise ConfigError("model.layer_norm_eps must be > 0, got %r" % (out["layer_norm_eps"],))
+    if "initializer_range" in out and out["initializer_range"] < 0:
+        raise ConfigError("model.initializer_range must be >= 0, got %r" % (out["initializer_range"],))
+    return out
+
+
+def check_attention(model: Dict[str, Any], execution: Any) -> None:
+    """Refuse, when the config is read, an attention its execution cannot train with (one line each):
+    PopTorch traces the dense path only; FlexAttention has no backward on CPU, no attention dropout, and
+    its BlockMask cannot be a pipeline stage's input; varlen's layout is data, which
+    torch.compile(fullgraph=True) cannot capture; and the torch this runs on must have the kernel."""
+    name = model.get("packed_attention", "dense")
+    if name == "dense":
+        return
+    if execution.backend == "poptorch":
+        raise ConfigError(
+            "execution.backend 'poptorch' runs attention 'dense' only (PopTorch's supported operations include "
+            "neither scaled_dot_product_attention nor FlexAttention), got %r: set model.packed_attention=dense "
+            "(the default)" % (name,)
+        )
+    missing = missing_torch_support(name)
+    if missing:
+        instead = "varlen, sdpa or dense" if name == "flex" else "dense"
+        raise ConfigError("model.packed_attention: %s; use %s" % (missing, instead))
+    if name == "varlen" and execution.torch_compile:
+        raise ConfigError("model.packed_attention 'varlen' builds its layout from the data, which "
+                          "execution.torch_compile (fullgraph) cannot capture: use sdpa or dense with torch_compile")
+    if name == "flex":
+        where = []
+        if execution.device != "cuda":
+            where.append("execution.device=cuda (FlexAttention has no backward on CPU)")
+        if execution.num_stages > 1:
+            where.append("one stage (its BlockMask is not a tensor a pipeline stage can take; use varlen, sdpa "
+                         "or dense with execution.layers_per_ipu)")
+        if execution.torch_compile:
+            where.append("execution.torch_compile=false")
+        dropout = model.get("attention_probs_dropout_prob", dict(BERT_CONFIG_FIELDS)["attention_probs_dropout_prob"])
+        if dropout:
+            where.append("model.attention_probs_dropout_prob=0 (it has no attention dropout; got %r)" % (dropout,))
+        if where:
+            raise ConfigError("model.packed_attention 'flex' trains only with %s" % "; ".join(where))
+
+
+def finite(key: str, value: Any) -> float:
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError("%s must be a finite number, got %r" % (key, value))
+    return value
