@@ -117,7 +117,9 @@ def describe_dependency_fault(error: BaseException) -> Optional[str]:
         if isinstance(cls, type) and isinstance(error, cls):
             return "%s: %s" % (words, detail) if detail else words
     kind = type(error)
-    if kind.__name__ == "SafetensorError" and kind.__module__.split(".")[0] == "safetensors":
+    # safetensors_rust.SafetensorError in the safetensors of requirements-sdk.txt, safetensors._safetensors_rust
+    # in later ones
+    if kind.__name__ == "SafetensorError" and kind.__module__.split(".")[0] in ("safetensors", "safetensors_rust"):
         code = _STORAGE_CODE.search(str(error))
         if code and int(code.group(1)) in _OS_CAUSES:
             return _OS_CAUSES[int(code.group(1))]
