@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from . import jsonout
-from .errors import ArgumentParser, UserError, run_command
+from .errors import ArgumentParser, UserError, one_line, run_command
 
 LIKE_FOR_LIKE = 0.05
 """Largest relative difference of mean sequences per step before compare warns."""
@@ -136,7 +136,7 @@ def _json_value(data: bytes, where: str) -> Any:
     except RecursionError:
         raise CompareError("%s is not JSON this reads: nested too deeply" % (where,))
     except ValueError as exc:
-        raise CompareError("%s is not JSON (%s; a torn last line?)" % (where, " ".join(str(exc).split())[:120]))
+        raise CompareError("%s is not JSON (%s; a torn last line?)" % (where, one_line(exc)[:120]))
 
 
 def _kind(value: Any) -> str:

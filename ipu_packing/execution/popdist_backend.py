@@ -52,7 +52,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, UserError, one_line
 from .config import ExecutionConfig
 from .errors import BackendUnavailable, LaunchError
 from .runner_common import step_slices
@@ -221,7 +221,7 @@ class HorovodGroup(InstanceGroup):
             raise LaunchError(
                 "horovod.torch imports but hvd.init() failed under poprun (%s: %s): install the Poplar SDK's "
                 "horovod wheel (built with MPI), or uninstall horovod to meet through the run directory"
-                % (type(exc).__name__, " ".join(str(exc).split())[:160]))
+                % (type(exc).__name__, one_line(exc)[:160]))
         if (hvd.size(), hvd.rank()) != (launch.num_instances, launch.instance):
             raise LaunchError(
                 "horovod reports process %d of %d but popdist instance %d of %d: launch the run with poprun, "

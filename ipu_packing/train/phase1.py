@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import checkpoint as ckpt
+from ..errors import one_line
+from ..fsutil import sha256_file
 from .errors import ConfigError, UserError
 from .sections import INIT_ARCHITECTURE_KEYS, INIT_OVERRIDE_VOCAB, CheckpointConfig
 
@@ -82,7 +84,7 @@ def check_init_from(config, data) -> None:
         raise UserError("checkpoint.init_from %s does not exist" % (source,))
     vocab = os.path.join(source, "vocab.txt")
     if ckpt.is_hf_dir(source) and os.path.isfile(vocab) and data.vocab_sha256 is not None:
-        _check_vocab(config, data, ckpt.file_sha256(vocab), vocab)
+        _check_vocab(config, data, sha256_file(vocab), vocab)
 
 
 def _check_vocab(config, data, sha256: Optional[str], what: str) -> None:
@@ -121,7 +123,7 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
                                % ",".join(overridden) if overridden else ""))
         except Exception as exc:  # a broken weight file: safetensors, torch and json raise their own types
             raise UserError("cannot load phase-1 weights from %s (%s: %s)"
-                            % (source, type(exc).__name__, " ".join(str(exc).split())[:300]))
+                            % (source, type(exc).__name__, one_line(exc)[:300]))
         bert = config.bert_config()
         line = ("phase-1 weights: %d tensors from the Hugging Face directory %s (%d layers, hidden %d, %d heads, "
                 "intermediate %d, vocabulary %d, hidden_act %s, layer_norm_eps %g); initialised fresh: %s; "

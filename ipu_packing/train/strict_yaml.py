@@ -12,6 +12,7 @@ from typing import Any, Dict
 
 import yaml
 
+from ..errors import one_line
 from .errors import ConfigError
 
 
@@ -111,7 +112,7 @@ def yaml_load(stream: Any, source: str = "value") -> Any:
     except _Refused as exc:
         raise ConfigError("%s %s" % (source, exc))
     except yaml.YAMLError as exc:
-        raise ConfigError("%s is not valid YAML: %s" % (source, shown(" ".join(str(exc).split()), 300)))
+        raise ConfigError("%s is not valid YAML: %s" % (source, shown(one_line(exc), 300)))
     except (ValueError, OverflowError, RecursionError) as exc:  # a constructor: int() of 5,000 digits
         raise ConfigError("%s holds a value YAML cannot build: %s" % (source, shown(str(exc), 300)))
     finally:
