@@ -5,12 +5,12 @@ mode (throughput.py), --config (config_bench.py) and, with --attention varlen, t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import asdict
 from typing import List, Optional, Sequence
 
+from .. import jsonout
 from ..errors import ArgumentParser, run_command
 from .presets import MODEL_PRESETS
 from . import throughput
@@ -113,8 +113,8 @@ def _main(argv: Optional[List[str]]) -> int:
     if args.plot:
         result.plot = draw_plot(result, histogram, args.plot)
     if args.json:
-        print(json.dumps(dict(asdict(result), **({"attention_comparison": comparison} if comparison else {})),
-                         sort_keys=True))
+        print(jsonout.dumps(dict(asdict(result), **({"attention_comparison": comparison} if comparison else {})),
+                            sort_keys=True))
     else:
         print(format_result(result))
         if comparison:

@@ -28,7 +28,6 @@ one) and ``overhead`` (theoretical / measured - 1). Speed is reported, never ass
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -36,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import jsonout
 from .inputs import BenchError, check_writable, read_histogram_file
 from .throughput import make_sequences, plan_histogram, select_packs
 
@@ -334,5 +334,5 @@ def main_config(parser, args) -> int:
         return 0
     if args.plot:
         result["plot"] = draw_config_plot(result, args.plot)
-    print(json.dumps(result, sort_keys=True) if args.json else format_config_result(result))
+    print(jsonout.dumps(result, sort_keys=True) if args.json else format_config_result(result))
     return 0
