@@ -48,9 +48,10 @@ share packs into shards and manifests.
   directory, written atomically).
 - shared: format (the pack format, M's sizing and the manifest with its value checks, numpy only), shards
   (every shard's values and counts checked against its manifest when a dataset is opened), limits (the size
-  limits of both commands), reference (its plain reference builder), instance_files (Instances and their temporary files), vocab (tokenizers), errors,
-  dataset (torch Dataset), synthetic (random inputs for tests and benchmarks), cli; pack_bench and
-  scale_bench are benchmark commands (`python -m ipu_packing.data.pack_bench`, `.scale_bench`).
+  limits of both commands), reference (its plain reference builder), instance_files (Instances and their
+  temporary files), vocab (tokenizers), errors, dataset (torch Dataset), synthetic (random inputs for tests
+  and benchmarks), cli; pack_bench and scale_bench are benchmark commands
+  (`python -m ipu_packing.data.pack_bench`, `.scale_bench`).
 """
 
 from .errors import DataError
