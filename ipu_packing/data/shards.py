@@ -52,36 +52,48 @@ class PackCounts:
 
 def _out_of_range(where: str, name: str, values: np.ndarray, low: int, high: int, allowed: Tuple[int, ...],
                   first_pack: int) -> None:
-    bad = (values < low) | (values >= high)
+    """DataError at the first value of `values` (P, width) outside [low, high) and not in `allowed`. The values
+    stay in their stored type: the min and max decide, and only a block that fails is searched."""
+    if values.size == 0:
+        return
+    lowest, highest = int(values.min()), int(values.max())
+    if lowest >= low and highest < high:
+        return
+    wide = values.astype(np.int64)
+    bad = (wide < low) | (wide >= high)
     for extra in allowed:
-        bad &= values != extra
+        bad &= wide != extra
     if bad.any():
         flat = int(np.flatnonzero(bad.reshape(-1))[0])
         pack, slot = divmod(flat, values.shape[1])
         also = " or %s" % ", ".join(str(a) for a in allowed) if allowed else ""
         raise DataError("%s: field %r pack %d slot %d is %d, outside [%d, %d)%s"
-                        % (where, name, first_pack + pack, slot, int(values[pack, slot]), low, high, also))
+                        % (where, name, first_pack + pack, slot, int(wide[pack, slot]), low, high, also))
 
 
 def check_packs(where: str, packs: np.ndarray, first_pack: int, manifest: Dict[str, Any], counts: PackCounts) -> None:
     """Every value of `packs` ((P,) records, packs first_pack ...) in its field's range, and their counts added
     to `counts`. DataError naming `where`, the field, the pack and the slot of the first bad value."""
     ranges = field_ranges(manifest)
-    arrays = {name: np.asarray(packs[name], dtype=np.int64) for name in FIELDS}  # (P, width) each
+    arrays = {name: np.asarray(packs[name]) for name in FIELDS}  # (P, width) each, in the stored types
     for name in FIELDS:
         low, high, allowed = ranges[name]
         _out_of_range(where, name, arrays[name], low, high, allowed, first_pack)
     k = manifest["max_sequences_per_pack"]
+    sequence_ids = arrays["sequence_ids"]
     used = arrays["mlm_labels"] != IGNORE_INDEX  # (P, M)
     rows = np.arange(len(packs))[:, None]
-    on_padding = used & (arrays["sequence_ids"][rows, arrays["mlm_positions"]] == 0)
+    on_padding = used & (sequence_ids[rows, arrays["mlm_positions"]] == 0)
     if on_padding.any():
         pack, slot = np.argwhere(on_padding)[0]
         raise DataError("%s: field 'mlm_positions' pack %d slot %d is %d, a padding position (sequence id 0)"
                         % (where, first_pack + pack, slot, arrays["mlm_positions"][pack, slot]))
-    # tokens of each (pack, sequence id): one bincount over the block
-    keys = (rows * (k + 1) + arrays["sequence_ids"]).reshape(-1)
-    per_sequence = np.bincount(keys, minlength=len(packs) * (k + 1)).reshape(len(packs), k + 1)[:, 1:]  # (P, K)
+    # tokens of each (pack, sequence id): K comparisons for a small K, else one bincount over the block
+    if k <= 16:
+        per_sequence = np.stack([(sequence_ids == j).sum(axis=1) for j in range(1, k + 1)], axis=1)  # (P, K)
+    else:
+        keys = (rows * (k + 1) + sequence_ids.astype(np.int64)).reshape(-1)
+        per_sequence = np.bincount(keys, minlength=len(packs) * (k + 1)).reshape(len(packs), k + 1)[:, 1:]
     sequences = (arrays["nsp_labels"] != IGNORE_INDEX).sum(axis=1)  # (P,)
     present = (per_sequence > 0).sum(axis=1)
     wrong = np.flatnonzero(present != sequences)
