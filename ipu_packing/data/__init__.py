@@ -46,11 +46,13 @@ share packs into shards and manifests.
 - write/ (both): datasets (PackingOptions, one plan, scatter and gather, manifests), packs (the vectorised
   pack writer and its two streaming passes), workers (the worker processes), output (the output
   directory, written atomically).
-- shared: format (the pack format, M's sizing and the manifest, numpy only), reference (its plain
-  reference builder), instance_files (Instances and their temporary files), vocab (tokenizers), errors,
-  dataset (torch Dataset), synthetic (a tiny text corpus and vocabulary for tests), random_instances (the one
-  generator of random NSP/MLM instances and packs, for tests and benchmarks), cli; pack_bench and
-  scale_bench are benchmark commands (`python -m ipu_packing.data.pack_bench`, `.scale_bench`).
+- shared: format (the pack format, M's sizing and the manifest with its value checks, numpy only), shards
+  (every shard's values and counts checked against its manifest when a dataset is opened), limits (the size
+  limits of both commands), reference (its plain reference builder), instance_files (Instances and their
+  temporary files), vocab (tokenizers), errors, dataset (torch Dataset), synthetic (a tiny text corpus and
+  vocabulary for tests), random_instances (the one generator of random NSP/MLM instances and packs, for tests
+  and benchmarks), cli; pack_bench and scale_bench are benchmark commands
+  (`python -m ipu_packing.data.pack_bench`, `.scale_bench`).
 """
 
 from .errors import DataError

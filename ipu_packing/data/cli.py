@@ -160,7 +160,8 @@ def _histogram_lines(histogram: List[int], buckets: int = 16, width: int = 40) -
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from .format import read_manifest, validate_shards
+    from .format import read_manifest
+    from .shards import validate_shards
 
     manifest = read_manifest(args.directory)
     validate_shards(args.directory, manifest, checksums=not args.no_verify)

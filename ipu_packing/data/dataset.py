@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from .format import FIELDS, read_manifest, validate_shards
+from .format import FIELDS, read_manifest
+from .shards import validate_shards
 
 
 class Manifest(dict):

@@ -43,12 +43,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from ..fsutil import atomic_write_text, sha256_file
+from ..errors import InputError
+from ..fsutil import atomic_write_text, contained_path, sha256_file  # noqa: F401  (sha256_file: importers of format)
 from .errors import DataError
+from .limits import MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, MAX_VOCAB_SIZE
 
 FORMAT_VERSION = 2
 """2: each field in its smallest type (field_dtypes). 1 (every field int32) is refused: re-prepare."""
@@ -154,7 +156,9 @@ def max_pack_predictions(gains: np.ndarray, max_seq_length: int, max_sequences_p
     best = np.full(s + 1, -1, dtype=np.int64)  # best[t]: most predictions with exactly t tokens so far
     best[0] = 0
     overall = 0
-    for _ in range(max_sequences_per_pack):
+    # no pack holds more than S // (shortest length) sequences: the rounds past that change nothing
+    rounds = min(max_sequences_per_pack, s // int(lengths[0])) if len(lengths) else 0
+    for _ in range(rounds):
         new = np.full(s + 1, -1, dtype=np.int64)
         for length, gain in zip(lengths.tolist(), gains[lengths].tolist()):
             prev = best[: s + 1 - length]
@@ -243,7 +247,8 @@ def write_manifest(directory: str, manifest: Dict[str, Any]) -> None:
 
 
 def read_manifest(directory: str) -> Dict[str, Any]:
-    """Read and type-check manifest.json (the shards are checked by `validate_shards`)."""
+    """Read manifest.json and check every value (`_check_manifest_values`); the shards are checked against it by
+    data/shards.py `validate_shards`."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
         raise DataError("%s: not a dataset directory (no such directory)" % directory)
@@ -275,67 +280,81 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     unknown = sorted(set(manifest) - set(MANIFEST_KEYS))
     if unknown:
         raise DataError("%s: unknown field %r" % (path, unknown[0]))
-    expected = {name: dtype.str for name, dtype in field_dtypes(
-        manifest["max_seq_length"], manifest["max_sequences_per_pack"], manifest["vocab_size"]).items()}
-    if manifest["field_dtypes"] != expected:
-        raise DataError("%s: field 'field_dtypes' is %r, the format stores %r"
-                        % (path, manifest["field_dtypes"], expected))
-    for key in ("max_seq_length", "max_sequences_per_pack", "mlm_slots", "vocab_size"):
-        if manifest[key] < 1:
-            raise DataError("%s: field %r must be >= 1, got %r" % (path, key, manifest[key]))
-    total = 0
-    for i, shard in enumerate(manifest["shards"]):
-        if not (isinstance(shard, dict) and isinstance(shard.get("file"), str)
-                and isinstance(shard.get("num_packs"), int) and isinstance(shard.get("sha256"), str)
-                and os.path.basename(shard["file"]) == shard["file"]):
-            raise DataError("%s: field 'shards' entry %d should be {file, num_packs, sha256}" % (path, i))
-        total += shard["num_packs"]
-    if total != manifest["num_packs"]:
-        raise DataError("%s: field 'num_packs' is %d but the shards hold %d packs"
-                        % (path, manifest["num_packs"], total))
-    if len(manifest["sequence_length_histogram"]) != manifest["max_seq_length"]:
-        raise DataError("%s: field 'sequence_length_histogram' should have max_seq_length bins" % path)
-    if sum(manifest["sequence_length_histogram"]) != manifest["num_sequences"]:
-        raise DataError("%s: field 'sequence_length_histogram' does not sum to num_sequences" % path)
+    _check_manifest_values(path, directory, manifest)
     return manifest
 
 
-def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = True) -> List[str]:
-    """Check every shard's header against the manifest (and its sha256 unless checksums=False).
+def _integers(path: str, key: str, values: Any, length: int) -> np.ndarray:
+    """(length,) int64 of a manifest list of integers >= 0, else DataError naming the first bad index."""
+    if len(values) != length:
+        raise DataError("%s: field %r has %d entries, expected %d" % (path, key, len(values), length))
+    bad = [i for i, v in enumerate(values) if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 62]
+    if bad:
+        raise DataError("%s: field %r entry %d is %r, not an integer >= 0" % (path, key, bad[0], values[bad[0]]))
+    return np.asarray(values, dtype=np.int64)
 
-    Returns the shard paths. Raises DataError naming the shard and the field on any mismatch.
-    """
-    expected = pack_dtype(manifest["max_seq_length"], manifest["mlm_slots"], manifest["max_sequences_per_pack"],
-                          manifest["vocab_size"])
-    vocab_path = os.path.join(directory, manifest["vocab_file"])
-    if not os.path.isfile(vocab_path):
-        raise DataError("%s: missing (named by manifest field 'vocab_file')" % vocab_path)
-    if checksums and sha256_file(vocab_path) != manifest["vocab_checksum"]:
-        raise DataError("%s: sha256 does not match manifest field 'vocab_checksum'" % vocab_path)
-    paths = []
-    for shard in manifest["shards"]:
-        path = os.path.join(directory, shard["file"])
-        if not os.path.isfile(path):
-            raise DataError("shard %s: file is missing" % path)
+
+def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None:
+    """Every value of a type-checked manifest: sizes within data/limits.py's, ids inside the vocabulary, file
+    names inside the directory, counts that agree with each other, finite ratios. The shards are checked
+    against the counts when they are opened (data/shards.py)."""
+    s, k, v = m["max_seq_length"], m["max_sequences_per_pack"], m["vocab_size"]
+    for key, low, high in (("max_seq_length", 1, MAX_SEQ_LENGTH), ("max_sequences_per_pack", 1, MAX_SEQUENCES_PER_PACK),
+                           ("mlm_slots", 1, s), ("vocab_size", len(SPECIAL_TOKENS), MAX_VOCAB_SIZE)):
+        if not low <= m[key] <= high:
+            raise DataError("%s: field %r is %d, outside [%d, %d]" % (path, key, m[key], low, high))
+    if m["kind"] not in ("packed", "padded") or (m["kind"] == "padded" and k != 1):
+        raise DataError("%s: field 'kind' is %r with max_sequences_per_pack %d (packed, or padded with 1)"
+                        % (path, m["kind"], k))
+    expected = {name: dtype.str for name, dtype in field_dtypes(s, k, v).items()}
+    if m["field_dtypes"] != expected:
+        raise DataError("%s: field 'field_dtypes' is %r, the format stores %r" % (path, m["field_dtypes"], expected))
+    ids = m["special_token_ids"]
+    if sorted(ids) != sorted(SPECIAL_TOKENS):
+        raise DataError("%s: field 'special_token_ids' has keys %s, expected %s"
+                        % (path, sorted(ids), list(SPECIAL_TOKENS)))
+    for name in SPECIAL_TOKENS:
+        if isinstance(ids[name], bool) or not isinstance(ids[name], int) or not 0 <= ids[name] < v:
+            raise DataError("%s: field 'special_token_ids' entry %r is %r, not an id below vocab_size %d"
+                            % (path, name, ids[name], v))
+    if len(set(ids.values())) != len(ids):
+        raise DataError("%s: field 'special_token_ids' gives two tokens one id (%r)" % (path, ids))
+    for key in ("num_sequences", "num_packs", "num_tokens", "num_masked_tokens", "seed"):
+        if m[key] < 0:
+            raise DataError("%s: field %r is %d, must be >= 0" % (path, key, m[key]))
+    names = [m["vocab_file"]]
+    total = 0
+    for i, shard in enumerate(m["shards"]):
+        if not (isinstance(shard, dict) and sorted(shard) == ["file", "num_packs", "sha256"]
+                and isinstance(shard["file"], str) and isinstance(shard["num_packs"], int)
+                and not isinstance(shard["num_packs"], bool) and shard["num_packs"] >= 0
+                and isinstance(shard["sha256"], str)):
+            raise DataError("%s: field 'shards' entry %d should be {file, num_packs >= 0, sha256}" % (path, i))
+        names.append(shard["file"])
+        total += shard["num_packs"]
+    for i, name in enumerate(names):
+        what = "field 'vocab_file'" if i == 0 else "field 'shards' entry %d (file %r)" % (i - 1, name)
         try:
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
-        except Exception as error:  # numpy raises ValueError/OSError/EOFError... for a broken header
-            reason = (str(error).splitlines() or [type(error).__name__])[0]
-            raise DataError("shard %s: not a readable .npy file (%s)" % (path, reason[:80]))
-        if array.dtype != expected:
-            names = array.dtype.names or ()
-            for name in FIELDS:
-                if name not in names:
-                    raise DataError("shard %s: field %r is missing" % (path, name))
-                if array.dtype[name] != expected[name]:
-                    raise DataError("shard %s: field %r has type %s, manifest implies %s"
-                                    % (path, name, array.dtype[name], expected[name]))
-            raise DataError("shard %s: record type %s does not match the manifest" % (path, array.dtype))
-        if array.shape != (shard["num_packs"],):
-            raise DataError("shard %s: holds %s packs, manifest field 'num_packs' says %d"
-                            % (path, array.shape, shard["num_packs"]))
-        del array
-        if checksums and sha256_file(path) != shard["sha256"]:
-            raise DataError("shard %s: sha256 does not match the manifest (field 'sha256'): the file is corrupt" % path)
-        paths.append(path)
-    return paths
+            contained_path(directory, name, "%s: %s" % (path, what))
+        except InputError as error:
+            raise DataError(str(error)) from None
+        if name in names[:i]:
+            raise DataError("%s: %s names a file named before it" % (path, what))
+    lengths = _integers(path, "sequence_length_histogram", m["sequence_length_histogram"], s)
+    per_pack = _integers(path, "sequences_per_pack_histogram", m["sequences_per_pack_histogram"], k)
+    counts = (("num_packs", total, "the shards' num_packs"),
+              ("num_packs", int(per_pack.sum()), "sequences_per_pack_histogram"),
+              ("num_sequences", int(lengths.sum()), "sequence_length_histogram"),
+              ("num_sequences", int(np.dot(per_pack, np.arange(1, k + 1))), "sequences_per_pack_histogram"),
+              ("num_tokens", int(np.dot(lengths, np.arange(1, s + 1))), "sequence_length_histogram"))
+    for key, implied, source in counts:
+        if m[key] != implied:
+            raise DataError("%s: field %r is %d but %s gives %d" % (path, key, m[key], source, implied))
+    if m["num_masked_tokens"] > min(m["num_tokens"], m["mlm_slots"] * m["num_packs"]):
+        raise DataError("%s: field 'num_masked_tokens' is %d, more than the tokens (%d) or the slots (%d)"
+                        % (path, m["num_masked_tokens"], m["num_tokens"], m["mlm_slots"] * m["num_packs"]))
+    ratios = (("packing_factor", m["num_sequences"] / float(max(1, m["num_packs"]))),
+              ("packing_efficiency", m["num_tokens"] / float(max(1, m["num_packs"]) * s)))
+    for key, implied in ratios:
+        if not math.isfinite(m[key]) or abs(m[key] - implied) > 1e-9 * max(1.0, implied):
+            raise DataError("%s: field %r is %r but the counts give %r" % (path, key, m[key], implied))

@@ -33,6 +33,7 @@ import numpy as np
 from .format import SPECIAL_TOKENS
 from .random_instances import draw_instances
 from .scale_bench import du, run_measured
+from .. import jsonout
 from .write.datasets import PackingOptions
 
 VOCAB_SIZE = 30522
@@ -173,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       workers=PackingOptions(workers=args.workers).num_workers)
         result["instances_per_s"] = result["instances"] / result["wall_s"]
         if args.json:
-            print(json.dumps(result, sort_keys=True))
+            print(jsonout.dumps(result, sort_keys=True))
         else:
             print("%s, %d files, %.0f MiB: %d instances at S=%d -> %d packs (factor %.3f, M=%d), output %.0f MiB"
                   % (args.format, args.files, result["input_mib"], result["instances"], s, result["packs"],

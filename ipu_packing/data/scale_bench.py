@@ -28,6 +28,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from .. import jsonout
 from .write.datasets import PackingOptions
 
 
@@ -186,7 +187,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         result["instances_per_s"] = result["instances"] / result["wall_s"]
         result["tokens_per_s"] = result["tokens"] / result["wall_s"]
         if args.json:
-            print(json.dumps(result, sort_keys=True))
+            print(jsonout.dumps(result, sort_keys=True))
         else:
             print("corpus %.0f MB (%d documents) -> %d instances, %d tokens, %d input shards, output %.0f MiB"
                   % (result["corpus_mb"], result["documents"], result["instances"], result["tokens"],

@@ -200,6 +200,8 @@ def _read_vocab_file(path: str) -> List[str]:
         for number, raw in enumerate(f, 1):
             try:
                 token = raw.decode("utf-8").rstrip("\r\n")
+                if number == 1 and token.startswith("\ufeff"):  # a UTF-8 BOM (Windows editors) is not token 0
+                    token = token[1:]
             except UnicodeDecodeError as error:
                 raise DataError("%s:%d: not UTF-8 (byte 0x%02x)" % (path, number, raw[error.start]))
             if not token.strip():

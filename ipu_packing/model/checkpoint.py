@@ -126,12 +126,63 @@ def _aliases(model: Any) -> List[str]:
     return names
 
 
+MAX_PARAMETERS = 1 << 34
+"""The most weights a config.json may describe (bert-large has 3.4e8): a larger one is refused before the model
+is built, not left to allocate for minutes and fail with MemoryError."""
+
+# config.json key -> (kind, low, high): ints and floats in [low, high); None: no bound. Absent keys keep
+# transformers' defaults.
+_CONFIG_VALUES = {
+    "vocab_size": (int, 1, 1 << 31), "hidden_size": (int, 1, 1 << 20), "num_hidden_layers": (int, 1, 1 << 12),
+    "num_attention_heads": (int, 1, 1 << 12), "intermediate_size": (int, 1, 1 << 22),
+    "max_position_embeddings": (int, 1, 1 << 24), "type_vocab_size": (int, 1, 1 << 16),
+    "hidden_dropout_prob": (float, 0.0, 1.0), "attention_probs_dropout_prob": (float, 0.0, 1.0),
+    "layer_norm_eps": (float, 1e-300, 1.0), "initializer_range": (float, 0.0, 1e3),
+}
+
+
+def check_config_values(path: str, config: Any) -> Dict[str, Any]:
+    """A transformers BERT config.json's values (the parsed object), before a model is built from it: a JSON
+    object; sizes integers in range, rates and eps finite in range, hidden_size a multiple of the heads,
+    pad_token_id inside the vocabulary, hidden_act a string, and at most MAX_PARAMETERS weights. Returns it;
+    a bad value is an InputError naming the file and the key."""
+    from ..errors import InputError
+
+    if not isinstance(config, dict):
+        raise InputError("%s: not a JSON object (a transformers BertConfig)" % (path,))
+    for key, (kind, low, high) in _CONFIG_VALUES.items():
+        if key not in config:
+            continue
+        value = config[key]
+        number = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+        if isinstance(value, bool) or not number or not low <= value < high:  # also refuses nan
+            raise InputError("%s: %s is %r, expected %s in [%s, %s)" % (path, key, value, kind.__name__, low, high))
+    size = lambda key, default: config.get(key, default)  # noqa: E731  (transformers' defaults)
+    hidden, heads = size("hidden_size", 768), size("num_attention_heads", 12)
+    if hidden % heads:
+        raise InputError("%s: hidden_size %d is not a multiple of num_attention_heads %d" % (path, hidden, heads))
+    vocab = size("vocab_size", 30522)
+    pad = config.get("pad_token_id", 0)
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < vocab):
+        raise InputError("%s: pad_token_id is %r, not an id below vocab_size %d" % (path, pad, vocab))
+    if "hidden_act" in config and not isinstance(config["hidden_act"], str):
+        raise InputError("%s: hidden_act is %r, not the name of an activation" % (path, config["hidden_act"]))
+    weights = (hidden * (vocab + size("max_position_embeddings", 512) + size("type_vocab_size", 2))
+               + size("num_hidden_layers", 12) * (4 * hidden * hidden + 2 * hidden * size("intermediate_size", 3072)))
+    if weights > MAX_PARAMETERS:
+        raise InputError("%s: describes about %d weights, over the limit of 2**34 (model/checkpoint.py "
+                         "MAX_PARAMETERS)" % (path, weights))
+    return config
+
+
 def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: bool = True, fused_qkv: Any = None) -> Any:
     from transformers import BertConfig
 
     config_path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(config_path):
         raise FileNotFoundError("no %s in %s (a transformers BERT directory is expected)" % (CONFIG_NAME, directory))
+    with open(config_path, "r", encoding="utf-8") as handle:
+        check_config_values(config_path, json.load(handle))
     config = BertConfig.from_json_file(config_path)
     if fused_qkv is not None:
         setattr(config, FUSED_QKV_ATTRIBUTE, fused_qkv)

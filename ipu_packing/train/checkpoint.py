@@ -128,7 +128,76 @@ def load_checkpoint(path: str) -> TrainingState:
     except Exception as exc:  # a truncated or foreign file, or a pickle that wants to run code
         raise UserError("checkpoint %s is unreadable or not a plain tensor checkpoint (%s: %s)"
                         % (path, type(exc).__name__, _one_line(exc)[:160]))
-    return TrainingState.from_dict(state, path)
+    loaded = TrainingState.from_dict(state, path)  # the fields and their types
+    if loaded.step < 0:
+        raise UserError("checkpoint %s: field 'step' must be >= 0, got %d" % (path, loaded.step))
+    bad = [k for k, v in loaded.model.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if bad:
+        raise UserError("checkpoint %s: model entry %r is not a tensor" % (path, bad[0]))
+    if isinstance(loaded.data, dict):
+        for key in ("epoch", "step_in_epoch"):
+            value = loaded.data.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError("checkpoint %s: field data.%s must be an integer >= 0" % (path, key))
+    check_loaded_state(path, state)  # the values: generator states, finite tensors, record fields
+    return loaded
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def _rng_problem(rng: Any) -> Optional[str]:
+    """Why ``rng`` (a checkpoint's generator states) cannot be restored by set_rng_state, or None."""
+    if not isinstance(rng, dict):
+        return "is %s, not a mapping" % type(rng).__name__
+    missing = [key for key in ("python", "numpy", "torch") if key not in rng]
+    if missing:
+        return "lacks %s (python, numpy and torch generator states)" % ", ".join(missing)
+    python, numpy_state, torch_state = rng["python"], rng["numpy"], rng["torch"]
+    if not (isinstance(python, (list, tuple)) and len(python) == 3 and python[0] == 3
+            and isinstance(python[1], (list, tuple)) and len(python[1]) == 625
+            and all(_is_int(v, 0, 1 << 32) for v in python[1]) and (python[2] is None or isinstance(python[2], float))):
+        return "python is not a Python generator state (version 3, 625 words, gauss)"
+    if not (isinstance(numpy_state, (list, tuple)) and len(numpy_state) == 5 and numpy_state[0] == "MT19937"
+            and isinstance(numpy_state[1], (list, tuple)) and len(numpy_state[1]) == 624
+            and all(_is_int(v, 0, 1 << 32) for v in numpy_state[1]) and _is_int(numpy_state[2], 0, 625)
+            and numpy_state[3] in (0, 1) and isinstance(numpy_state[4], float) and np.isfinite(numpy_state[4])):
+        return "numpy is not a numpy MT19937 state (name, 624 words, position <= 624, has_gauss, gauss)"
+    size = torch.get_rng_state().numel()
+    if not (isinstance(torch_state, torch.Tensor) and torch_state.dtype == torch.uint8
+            and tuple(torch_state.shape) == (size,)):
+        return "torch is not a torch CPU generator state (a uint8 tensor of %d bytes)" % size
+    return None
+
+
+def check_loaded_state(path: str, state: Dict[str, Any]) -> None:
+    """The values of a loaded step checkpoint, before any is used: generator states that set_rng_state takes
+    (``rng`` and each of ``rng_per_rank``), finite model and optimizer tensors, the record fields (config,
+    dataset, metrics) mappings. A problem is one UserError line naming the file and the field."""
+    if "rng" in state:
+        problem = _rng_problem(state["rng"])
+        if problem:
+            raise UserError("checkpoint %s: field rng %s; the file is damaged or not of this app" % (path, problem))
+    per_rank = state.get("rng_per_rank")
+    if per_rank is not None:
+        if not isinstance(per_rank, (list, tuple)):
+            raise UserError("checkpoint %s: field rng_per_rank is %s, not a list" % (path, type(per_rank).__name__))
+        for i, rng in enumerate(per_rank):
+            problem = _rng_problem(rng)
+            if problem:
+                raise UserError("checkpoint %s: field rng_per_rank[%d] %s" % (path, i, problem))
+    for name in ("config", "dataset", "metrics"):
+        if state.get(name) is not None and not isinstance(state[name], dict):
+            raise UserError("checkpoint %s: field %s must be a mapping, got %s"
+                            % (path, name, type(state[name]).__name__))
+    bad = [key for key, value in state["model"].items() if not (value.is_floating_point() or value.dtype in (
+        torch.int64, torch.int32, torch.uint8, torch.bool))]
+    if bad:
+        raise UserError("checkpoint %s: model tensor %r has dtype %s" % (path, bad[0], state["model"][bad[0]].dtype))
+    bad = non_finite_tensors({"model": state["model"], "optimizer": state.get("optimizer")})
+    if bad:
+        raise UserError("checkpoint %s: %d tensors hold inf or NaN (first: %s)" % (path, len(bad), bad[0]))
 
 
 def file_sha256(path: str) -> str:

@@ -37,6 +37,8 @@ class TrainingData:
     vocab_size: int
     vocab_path: Optional[str]
     vocab_sha256: Optional[str]
+    pad_token_id: Optional[int] = None
+    """The dataset's [PAD] id (its manifest's special_token_ids): padding, which model.pad_token_id must name."""
 
     @property
     def packing_factor(self) -> float:
@@ -92,6 +94,7 @@ def read_training_data(path: str) -> TrainingData:
         path=path,
         vocab_path=vocab_path,
         vocab_sha256=sha256_file(vocab_path) if vocab_path else None,
+        pad_token_id=manifest["special_token_ids"]["[PAD]"],
         **fields
     )
 
@@ -140,6 +143,14 @@ def check_data_matches(config, data: TrainingData) -> None:
         raise UserError(
             "dataset %s was built with a vocabulary of %d tokens, but model.vocab_size is %d (another vocabulary)"
             % (data.path, data.vocab_size, model_vocab)
+        )
+    # The embedding of model.pad_token_id gets no gradient (padding_idx): it must be the id the packs pad with,
+    # or a real token (set to [MASK]'s id: every masked position) would never learn.
+    model_pad = int(config.model.get("pad_token_id", 0))
+    if data.pad_token_id is not None and model_pad != data.pad_token_id:
+        raise UserError(
+            "dataset %s pads with [PAD] id %d, but model.pad_token_id is %d (that token's embedding would get no "
+            "gradient): set model.pad_token_id: %d" % (data.path, data.pad_token_id, model_pad, data.pad_token_id)
         )
     # Every pack holds segment A (token type 0) and segment B (token type 1): the format's recipe
     # (data/format.py), so a model needs two token-type embeddings or its first step indexes out of range.

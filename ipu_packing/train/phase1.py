@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..model.checkpoint import check_config_values
 from . import checkpoint as ckpt
 from ..errors import one_line
 from ..fsutil import sha256_file
@@ -42,6 +43,7 @@ def _hf_config(directory: str) -> Dict[str, Any]:
             str(exc).split())))
     if not isinstance(raw, dict):
         raise ConfigError("checkpoint.init_from %s: config.json is not a JSON object" % (path,))
+    check_config_values(path, raw)  # every value in range before the architecture is taken from it
     defaults = dict(BERT_CONFIG_FIELDS)
     return {key: raw.get(key, defaults[key]) for key in INIT_ARCHITECTURE_KEYS}
 

@@ -57,10 +57,11 @@ import numpy as np
 
 from ..write.datasets import PackingOptions
 from ..errors import DataError
-from ..write.output import check_output, write_atomically
+from ..write.output import claim_output, write_atomically
 from .read import FORMATS, Checks, InputFile, convert_hdf5_rows, convert_tfrecord_file, hash_file, inspect_inputs
 from ...fsutil import sha256_file
 from ..format import VOCAB, max_pack_predictions
+from ..limits import check_pack_sizes
 from ..vocab import LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer
 
 
@@ -108,10 +109,12 @@ class PackResult:
 def pack(config: PackConfig) -> PackResult:
     """Run the whole command (see the module notes)."""
     output = os.path.abspath(config.output)
-    check_output(output)
-    files = inspect_inputs(config.input, config.format)  # every input checked before anything is created
-    spec = load_tokenizer(config.vocab, config.lower_case)
-    return write_atomically(output, lambda temp: _pack_into(config, files, spec, temp), "packing")
+    with claim_output(output, "pack"):  # the output is checked and held before any input is read
+        files = inspect_inputs(config.input, config.format)  # every input checked before anything is created
+        first = next(f for f in files if f.format != "empty")
+        check_pack_sizes(first.max_seq_length, config.packing.max_sequences_per_pack, first.path)
+        spec = load_tokenizer(config.vocab, config.lower_case)
+        return write_atomically(output, lambda temp: _pack_into(config, files, spec, temp), "packing")
 
 
 def _tasks(files: List[InputFile], checks: Checks, work: str, config: PackConfig):

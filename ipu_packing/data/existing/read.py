@@ -17,6 +17,7 @@ from ...errors import one_line
 from ..errors import DataError
 from ...fsutil import sha256_file
 from ..instance_files import Instances, save_instances
+from ..limits import MAX_SEQ_LENGTH, check_at_most
 
 FORMATS = ("auto", "hdf5", "tfrecord")
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -161,6 +162,8 @@ def inspect_inputs(spec: str, wanted: str) -> List[InputFile]:
             files.append(InputFile(path, "empty", 0, 0, 0, 0))
             continue
         files.append(_inspect_hdf5(path) if kind == "hdf5" else _inspect_tfrecord(path))
+        check_at_most("%s: the sequence length S" % path, files[-1].max_seq_length, MAX_SEQ_LENGTH,
+                      "lengths and positions are stored in 16 bits")
     real = [f for f in files if f.format != "empty" and f.max_seq_length]
     for f in real[1:]:
         first = real[0]

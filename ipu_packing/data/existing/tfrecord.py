@@ -15,8 +15,9 @@ Records are tf.train.Example messages, decoded by tfexample.py.
 from __future__ import annotations
 
 import gzip
+import os
 import struct
-from typing import BinaryIO, Iterable, Iterator, List, Tuple
+from typing import BinaryIO, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -72,15 +73,19 @@ def read_batches(path: str, block: int = 16 << 20) -> Iterator[Tuple[int, bytes,
     """Stream a TFRecord file as batches of whole records: (index of the batch's first record, a
     buffer, starts, ends), record i of the batch being buffer[starts[i]:ends[i]]. Both CRCs of every
     record are checked; a bad one, or a file cut inside a record, raises RecordError. A batch holds
-    about `block` bytes (at least one record), so memory is bounded by the block, not the file."""
+    about `block` bytes (at least one record), so memory is bounded by the block, not the file. A record
+    length (read from the file) is checked against the bytes the file has left before anything is read for
+    it: a length of 2**40 is a RecordError, not a terabyte allocation."""
     header = _HEADER.size
     unpack_header, unpack_crc = _HEADER.unpack_from, _CRC.unpack_from
     crc32c = _crc32c()
     with _open(path) as f:
+        size = _plain_size(f)  # None for gzip: its reads stop at the end of the data (_read_at_most)
         index = 0
         carry = b""
+        consumed = 0  # bytes of the file before `buf`
         while True:
-            chunk = f.read(block)
+            chunk = _read_at_most(f, block)
             buf = carry + chunk if carry else chunk
             if not buf:
                 return
@@ -94,6 +99,10 @@ def read_batches(path: str, block: int = 16 << 20) -> Iterator[Tuple[int, bytes,
                 if (((c >> 15) | (c << 17)) + _MASK_DELTA) & 0xFFFFFFFF != length_crc:
                     raise RecordError(index + len(starts), "length CRC does not match (corrupt file)")
                 end = p + header + length
+                if size is not None and consumed + end + 4 > size:
+                    raise RecordError(index + len(starts), "its length field says %d bytes, more than the %d "
+                                      "bytes left in the file (corrupt or truncated file)"
+                                      % (length, max(0, size - consumed - p - header - 4)))
                 if end + 4 > n:
                     break  # the record continues in the next block
                 c = crc32c(view[p + header:end])
@@ -111,8 +120,31 @@ def read_batches(path: str, block: int = 16 << 20) -> Iterator[Tuple[int, bytes,
                     raise RecordError(index, "the file ends inside the record (truncated file)")
                 return
             carry = buf[p:]
+            consumed += p
             if len(carry) >= header:  # a record larger than the block: read it whole next time
                 block = max(block, header + unpack_header(carry, 0)[0] + 4 - len(carry))
+
+
+def _plain_size(f) -> Optional[int]:
+    """The size of an uncompressed file (None for a gzip stream, whose data size is not known ahead)."""
+    if isinstance(f, gzip.GzipFile):
+        return None
+    return os.fstat(f.fileno()).st_size
+
+
+def _read_at_most(f, size: int, piece: int = 64 << 20) -> bytes:
+    """f.read(size), in pieces of at most `piece` bytes and stopping at the end of the data: a size read from
+    a gzip file's record header allocates no more than the data holds."""
+    if size <= piece:
+        return f.read(size)
+    parts = []
+    while size > 0:
+        part = f.read(min(size, piece))
+        if not part:
+            break
+        parts.append(part)
+        size -= len(part)
+    return b"".join(parts)
 
 
 def write_records(path: str, records: Iterable[bytes]) -> int:

@@ -40,9 +40,10 @@ from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_
 from ..errors import DataError
 from ...fsutil import sha256_file
 from ..format import VOCAB, mlm_slots
+from ..limits import MAX_DUPE_FACTOR, MAX_VOCAB_SIZE, check_at_most, check_pack_sizes
 from .recipe import RecipeConfig
 from ..vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab, train_vocab
-from ..write.output import check_output, write_atomically
+from ..write.output import claim_output, write_atomically
 from ..write.workers import Workers, progress
 from .tasks import build_shard, start_tokenizer
 from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the packing phase, shared with `pack`
@@ -96,6 +97,10 @@ class PrepareConfig:
             raise DataError("shard_chars must be >= 1, got %r" % self.shard_chars)
         if self.group_tokens < 1:
             raise DataError("group_tokens must be >= 1, got %r" % self.group_tokens)
+        check_pack_sizes(self.max_seq_length, self.packing.max_sequences_per_pack)
+        check_at_most("--dupe-factor", self.dupe_factor, MAX_DUPE_FACTOR, "passes over the corpus")
+        if self.train_vocab is not None:
+            check_at_most("--train-vocab", self.train_vocab, MAX_VOCAB_SIZE, "token ids are int32")
         self.recipe  # validates the recipe fields
 
     @property
@@ -162,14 +167,14 @@ class PrepareResult:
 def prepare(config: PrepareConfig) -> PrepareResult:
     """Run the whole preparation (see the module notes)."""
     output = os.path.abspath(config.output)
-    check_output(output)
-    corpus_spec = CorpusSpec(config.input, config.format)
-    files = corpus_spec.files()  # checks that the input exists before anything is created
-    if not corpus_spec.is_default and config.vocab is None and config.train_vocab is None:
-        raise DataError("%s: a corpus of your own needs a vocabulary: --vocab PATH (a vocab.txt or Hugging Face "
-                        "tokenizer directory) or --train-vocab N (WordPiece with N tokens trained on this input)"
-                        % config.input)
-    return write_atomically(output, lambda temp: _prepare_into(config, corpus_spec, files, temp), "preparing")
+    with claim_output(output, "prepare"):  # the output is checked and held before any input is read
+        corpus_spec = CorpusSpec(config.input, config.format)
+        files = corpus_spec.files()  # checks that the input exists before anything is created
+        if not corpus_spec.is_default and config.vocab is None and config.train_vocab is None:
+            raise DataError("%s: a corpus of your own needs a vocabulary: --vocab PATH (a vocab.txt or Hugging Face "
+                            "tokenizer directory) or --train-vocab N (WordPiece with N tokens trained on this input)"
+                            % config.input)
+        return write_atomically(output, lambda temp: _prepare_into(config, corpus_spec, files, temp), "preparing")
 
 
 DEFAULT_VOCAB = "default"

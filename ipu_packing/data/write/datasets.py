@@ -20,6 +20,7 @@ import numpy as np
 from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from ..errors import DataError
 from ..format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
+from ..limits import MAX_SEQUENCES_PER_PACK, MAX_WORKERS, check_at_most
 from .packs import PackLayout, dataset_spec, gather_shard, scatter
 from .workers import Workers, progress
 
@@ -60,8 +61,11 @@ class PackingOptions:
     def __post_init__(self) -> None:
         if self.max_sequences_per_pack < 1:
             raise DataError("--max-sequences-per-pack must be >= 1, got %d" % self.max_sequences_per_pack)
+        check_at_most("--max-sequences-per-pack", self.max_sequences_per_pack, MAX_SEQUENCES_PER_PACK,
+                      "sequence ids are stored in one byte")
         if self.workers < 0:
             raise DataError("--workers must be >= 0, got %d" % self.workers)
+        check_at_most("--workers", self.workers, MAX_WORKERS, "worker processes")
         if not 0 <= self.seed < 2 ** 63:
             raise DataError("--seed must be in [0, 2**63), got %d" % self.seed)
         if self.shard_bytes < 1:

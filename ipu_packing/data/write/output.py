@@ -1,21 +1,28 @@
-"""The output directory of `prepare` and `pack`: refused unless absent or empty, written into a temporary
-sibling and renamed into place only when everything succeeded, so a failure leaves nothing behind; the
-temporary directory of a killed run (its name holds the run's pid) is removed by the next run into the same
-output."""
+"""The output directory of `prepare` and `pack`: claimed at the start (`claim_output`: refused when it is a
+symlink, a file or a non-empty directory, or while another command writes it, before any input is read),
+written into a temporary sibling and renamed into place only when everything succeeded, so a failure leaves
+nothing behind; the temporary directory of a killed run (its name holds the run's pid) is removed by the
+next run into the same output.
+
+Two commands into one output: the first takes an exclusive lock on `.<output>.lock` beside it (flock, so a
+killed holder releases it); the second fails at once, in one line naming the holder's pid."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
-import tempfile
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
-from ...fsutil import fsync_tree, replace_durably
+from ...fsutil import fsync_tree, make_temp_dir, replace_durably
 from ..errors import DataError
 
 
 def check_output(path: str) -> None:
+    if os.path.islink(path):
+        raise DataError("%s: is a symlink (to %s): name the directory itself (refusing to write through it)"
+                        % (path, os.readlink(path)))
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise DataError("%s: exists and is not a directory (refusing to overwrite)" % path)
@@ -24,6 +31,50 @@ def check_output(path: str) -> None:
 
 
 _TEMP_MARK = ".tmp-"
+
+
+@contextlib.contextmanager
+def claim_output(output: str, command: str) -> Iterator[None]:
+    """Hold `output` (an absolute path) for the whole command: an exclusive lock on `.<output>.lock` beside it,
+    then `check_output`. Another command holding it: DataError at once, naming its pid. The lock file is
+    removed when the command ends."""
+    import fcntl
+
+    parent = os.path.dirname(output)
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise DataError("%s: its parent %s is not a directory" % (output, parent))
+    created = []  # the parents made here for the lock: removed again if the command fails
+    missing = parent
+    while not os.path.isdir(missing):
+        created.append(missing)
+        missing = os.path.dirname(missing)
+    os.makedirs(parent, exist_ok=True)
+    lock_path = os.path.join(parent, "." + os.path.basename(output) + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    ok = False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            raise DataError("%s: another command is writing it (%s; lock %s): wait for it, or choose another "
+                            "--output" % (output, holder, lock_path)) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, ("%s, pid %d" % (command, os.getpid())).encode("utf-8"), 0)
+            check_output(output)
+            yield
+            ok = True
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(lock_path)
+    finally:
+        os.close(fd)
+        for directory in created if not ok else ():
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # only if empty: another command's files stay
 
 
 def _temp_prefix(output: str) -> str:
@@ -67,7 +118,7 @@ def write_atomically(output: str, build: Callable[[str], T], doing: str) -> T:
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
     _remove_stale_temporaries(output)
-    temp = tempfile.mkdtemp(prefix="%s%d-" % (_temp_prefix(output), os.getpid()), dir=parent)
+    temp = make_temp_dir("%s%d-" % (_temp_prefix(output), os.getpid()), parent)  # the umask's mode, not 0700
     try:
         result = build(temp)
         if os.path.isdir(output):
