@@ -265,8 +265,8 @@ CHECKPOINT_ROWS = [
     ("optimizer-inf", _state(optimizer={"state": {0: {"exp_avg": torch.tensor([float("inf")])}}, "param_groups": []}),
      "inf or NaN"),
     ("model-complex", _state(model={"w": torch.zeros(2, dtype=torch.complex64)}), "dtype"),
-    ("config-list", _state(config=[1]), "field config"),
-    ("dataset-string", _state(dataset="x"), "field dataset"),
+    ("config-list", _state(config=[1]), "field 'config' must be a mapping"),
+    ("dataset-string", _state(dataset="x"), "field 'dataset' must be a mapping"),
 ]
 
 
@@ -287,7 +287,7 @@ def test_a_clean_checkpoint_loads_and_restores(tmp_path):
 
     path = str(tmp_path / "step_0000003.pt")
     torch.save(_state(), path)
-    set_rng_state(load_checkpoint(path)["rng"])
+    set_rng_state(load_checkpoint(path).rng)
 
 
 # -- Hugging Face config.json --------------------------------------------------------------------------
