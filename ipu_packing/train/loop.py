@@ -11,6 +11,9 @@ The loop is split as torchtitan splits its Trainer: `train_step` runs one host c
 StepRecord (StepRecord.from_metrics), `checkpoint_due` is the cadence, `save_state` gathers and writes the
 TrainingState; `gather_rng_states` and the divergence checks are functions of their own.
 
+SIGINT and SIGTERM (train/stopping.py) let the step in flight complete, write its checkpoint and stop with
+exit status 130 or 143; every rank stops after the same step.
+
 Under PopRun the instances agree on their start before the first step and reduce every step's metrics
 (train/instances.py). On IPUs the first step's compile is timed apart (``compile_seconds``), outside the
 step's seconds and throughput.
@@ -37,6 +40,7 @@ from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
 from .plan import RunPlan, check_backend, plan_run, seed_everything
 from .runlock import RunLock
 from .state import TrainingState
+from .stopping import StopRequests
 
 LOSSES = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
 """The StepMetrics every host call reports, averaged over the PopRun instances."""
@@ -128,26 +132,35 @@ def _train(plan: RunPlan, runner, group, log: Callable[[str], None]) -> Dict[str
     history = []  # type: List[StepRecord]
     last_saved = plan.resume_path
     calls = plan.accounting.execution.optimizer_steps_per_call
-    try:
-        while progress.step < total:
-            for batch in epoch_batches(plan, runner, progress):
-                record = train_step(plan, runner, batch, group, progress, not history, last_saved)
-                logger.log(record)
-                history.append(record)
-                if progress.position >= plan.steps_per_epoch:
-                    progress.epoch, progress.position = progress.epoch + 1, 0
-                if checkpoint_due(progress.step, calls, config.checkpoint.every_steps, total):
-                    last_saved = save_state(plan, runner, progress, record, last_saved)
-                if progress.step >= total:
-                    break
-            if progress.step < total and progress.position != 0:  # the loader stopped early: short batches
-                raise TrainingError(
-                    "the data loader gave fewer batches than %d per epoch; batch size mismatch"
-                    % (plan.steps_per_epoch,)
-                )
-    finally:
-        logger.close()
-    return _finish(plan, runner, history, last_saved, summary_path, log)
+    with StopRequests() as stop:  # SIGINT, SIGTERM: the step in flight completes and is checkpointed
+        stop.last_saved = last_saved
+        try:
+            while progress.step < total:
+                for batch in epoch_batches(plan, runner, progress):
+                    record = train_step(plan, runner, batch, group, progress, not history, last_saved)
+                    logger.log(record)
+                    history.append(record)
+                    if progress.position >= plan.steps_per_epoch:
+                        progress.epoch, progress.position = progress.epoch + 1, 0
+                    stopping = progress.step < total and stop.agreed(runner, group, progress.step)
+                    if stopping or checkpoint_due(progress.step, calls, config.checkpoint.every_steps, total):
+                        with stop.saving():
+                            last_saved = stop.last_saved = save_state(plan, runner, progress, record, last_saved)
+                    if stopping:
+                        raise stop.stopped(progress.step, last_saved)
+                    if progress.step >= total:
+                        break
+                if progress.step < total and progress.position != 0:  # the loader stopped early: short batches
+                    raise TrainingError(
+                        "the data loader gave fewer batches than %d per epoch; batch size mismatch"
+                        % (plan.steps_per_epoch,)
+                    )
+        finally:
+            logger.close()
+        summary = _finish(plan, runner, history, last_saved, summary_path, log)
+    if stop.signum is not None:  # it came after the last step: the run finished first
+        raise stop.stopped(progress.step, last_saved, finished=True)
+    return summary
 
 
 def _prepare_run_dir(plan: RunPlan, step: int, log: Callable[[str], None]) -> None:
