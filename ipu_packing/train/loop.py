@@ -35,6 +35,7 @@ from .compile_only import compile_only
 from .config import PretrainingConfig
 from .data import batch_rows
 from .errors import TrainingError, UserError
+from .fingerprints import record_forced
 from .instances import agree_on_start, agree_ready, reduce_step
 from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
 from .plan import RunPlan, check_backend, plan_run, seed_everything
@@ -169,12 +170,8 @@ def _prepare_run_dir(plan: RunPlan, step: int, log: Callable[[str], None]) -> No
     run_dir, jsonl = plan.run_dir, os.path.join(plan.run_dir, "metrics.jsonl")
     os.makedirs(run_dir, exist_ok=True)
     ckpt.clean_run_directory(run_dir)
-    if plan.changed_on_resume:
-        # checkpoint.resume=force: keep the config the checkpoint was trained with beside the new one
-        before = os.path.join(run_dir, "config.before_step_%07d.json" % step)
-        ckpt.atomic_write_text(before, json.dumps(plan.resume_state.config, indent=2, sort_keys=True) + "\n")
-        log("checkpoint.resume=force: continuing with new values of %s (the old config is in %s)"
-            % (", ".join(plan.changed_on_resume), before))
+    if plan.forced:  # checkpoint.resume=force: what it changed, and the checkpoint's config, beside the run
+        log(record_forced(run_dir, step, plan.resume_path, plan.resume_state.config or {}, plan.forced))
     ckpt.atomic_write_text(os.path.join(run_dir, "config.json"),
                            json.dumps(plan.config.to_dict(), indent=2, sort_keys=True) + "\n")
     if plan.resume_state is not None:
@@ -267,7 +264,7 @@ def save_state(plan: RunPlan, runner, progress: Progress, record: StepRecord,
         rng=rng_states[0],
         rng_per_rank=rng_states,
         config=plan.config.to_dict(),
-        dataset=plan.data.fingerprint(),
+        dataset=plan.fingerprint or plan.data.fingerprint(),
         metrics=record.to_dict(),
     )
     try:
