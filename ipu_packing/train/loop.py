@@ -61,6 +61,9 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print,
             make_runner: Optional[Callable] = None) -> Dict[str, Any]:
     """Train to config.training.steps, holding the run directory's lock. Returns a summary dict (also
     written to run_dir/summary.json; a finished run returns the one it wrote and writes nothing)."""
+    if plan.finished is not None:  # train/finished.py: no runner, no lock, nothing written
+        log("run %s already finished at step %d: nothing to do, nothing written" % (plan.run_dir, plan.start_step))
+        return plan.finished
     if make_runner is None:
         from ipu_packing.execution import make_runner
     runner = make_runner(plan.model, plan.optimizer, plan.accounting.execution, scheduler=plan.scheduler)
@@ -119,12 +122,6 @@ def _train(plan: RunPlan, runner, group, log: Callable[[str], None]) -> Dict[str
     config, total = plan.config, plan.config.training.steps
     progress = restore(plan, runner)
     summary_path = os.path.join(plan.run_dir, "summary.json")
-    if (plan.resume_state is not None and progress.step >= total and not plan.changed_on_resume
-            and os.path.isfile(summary_path)):
-        log("run %s already finished at step %d (%s): nothing to do, nothing written"
-            % (plan.run_dir, progress.step, summary_path))
-        with open(summary_path, "r", encoding="utf-8") as f:
-            return json.load(f)
     if runner.is_writer:
         _prepare_run_dir(plan, progress.step, log)
     _announce(plan, group, progress, log)

@@ -21,6 +21,7 @@ from .data import TrainingData, check_data_matches, open_shards, read_training_d
 from .errors import ConfigError, UserError
 from .optim import build_optimizer, build_scheduler
 from .phase1 import check_init_from, load_init_from
+from .finished import check_finished
 from .fingerprints import Difference, recorded_fingerprint, refuse_or_force, resume_differences
 from .resume import check_resume_matches, load_with_new_hyperparameters, resolve_resume
 from .state import TrainingState
@@ -48,6 +49,9 @@ class RunPlan:
     """What a forced resume changed: (key, the checkpoint's value, this run's), as changed_on_resume."""
     fingerprint: Dict[str, Any] = dataclasses.field(default_factory=dict)
     """What every checkpoint of this run records about its data and batch (fingerprints.recorded_fingerprint)."""
+    finished: Optional[Dict[str, Any]] = None
+    """The summary of the finished run the run directory holds, asked for again as it was (finished.py):
+    then nothing is trained or written."""
 
     @property
     def run_dir(self) -> str:
@@ -128,6 +132,7 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
         forced = resume_differences(resume_state, config.to_dict(), fingerprint, model_defaults())
         refuse_or_force(forced, resume_path, config.checkpoint.resume == "force")
     changed = [key for key, _, _ in forced]
+    finished = check_finished(config, resume_path, resume_state, forced)  # a finished run is never rewritten
 
     if config.checkpoint.init_from and resume_state is None:
         check_init_from(config, data)  # exists, and was trained on the dataset's vocabulary
@@ -156,7 +161,7 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
             raise UserError("checkpoint %s does not fit this config (%s)"
                             % (resume_path, " ".join(str(exc).split())[:200]))
     return RunPlan(config, data, accounting, model, optimizer, scheduler, resume_state, resume_path, steps_per_epoch,
-                   changed, forced, fingerprint)
+                   changed, forced, fingerprint, finished)
 
 
 __all__ = ["RunPlan", "check_backend", "model_class", "plan_run", "seed_everything"]
