@@ -37,10 +37,11 @@ from .data import batch_rows
 from .errors import TrainingError, UserError
 from .fingerprints import record_forced
 from .instances import agree_on_start, agree_ready, reduce_step
-from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
+from .metrics import MetricsLogger, StepRecord, repair_jsonl, run_summary, summary_line
 from .plan import RunPlan, check_backend, plan_run, seed_everything
 from .runlock import RunLock
 from .state import TrainingState
+from .shard_watch import ShardWatch, guarded
 from .stopping import StopRequests
 
 LOSSES = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
@@ -130,11 +131,12 @@ def _train(plan: RunPlan, runner, group, log: Callable[[str], None]) -> Dict[str
     history = []  # type: List[StepRecord]
     last_saved = plan.resume_path
     calls = plan.accounting.execution.optimizer_steps_per_call
+    watch = ShardWatch.of(plan.data.path) if progress.step < total else None  # a shard changed: one line
     with StopRequests() as stop:  # SIGINT, SIGTERM: the step in flight completes and is checkpointed
-        stop.last_saved = last_saved
+        stop.last_saved, stop.step = last_saved, progress.step
         try:
             while progress.step < total:
-                for batch in epoch_batches(plan, runner, progress):
+                for batch in guarded(epoch_batches(plan, runner, progress), watch, stop):
                     record = train_step(plan, runner, batch, group, progress, not history, last_saved)
                     logger.log(record)
                     history.append(record)
@@ -172,7 +174,7 @@ def _prepare_run_dir(plan: RunPlan, step: int, log: Callable[[str], None]) -> No
     ckpt.atomic_write_text(os.path.join(run_dir, "config.json"),
                            json.dumps(plan.config.to_dict(), indent=2, sort_keys=True) + "\n")
     if plan.resume_state is not None:
-        ckpt.truncate_jsonl(jsonl, step)
+        repair_jsonl(jsonl, step, log)  # a torn last line (a kill mid-write) is dropped, in one line
     elif os.path.exists(jsonl):
         os.unlink(jsonl)  # a fresh run in a directory without checkpoints
 
