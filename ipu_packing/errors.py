@@ -7,7 +7,9 @@ through :func:`run_command`, which decides by exception *type*, never by message
 - :class:`UserError` (bad config, dataset, checkpoint, option; the packages subclass it) and the
   environment refusing a file (:class:`OSError`: missing, read-only, full disk): one line
   ``error: <cause>`` on stderr, exit status 2, no traceback.
-- Ctrl-C: one line ``error: interrupted``, exit status 130 (128 + SIGINT), as a shell reports it.
+- Ctrl-C: one line ``error: interrupted``, exit status 130 (128 + SIGINT), as a shell reports it; SIGTERM
+  the same way (stopping.py): ``error: terminated (SIGTERM)``, exit status 143 (128 + SIGTERM). A training
+  run stopped by either writes a checkpoint first, and its line says so (train/stopping.py).
 - A reader that closed the pipe (``inspect ... | head``): no message, exit status 141
   (128 + SIGPIPE), as ``git log | head`` and other Unix tools end.
 - An exception a dependency raises on bad bytes (``describe_dependency_fault``: gzip, zlib, zip, JSON,
@@ -28,8 +30,11 @@ import re
 import sys
 from typing import Callable, Iterator, List, Optional
 
+from .stopping import terminate_as_interrupt
+
 USER_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
+TERMINATED_EXIT = 143
 BROKEN_PIPE_EXIT = 141
 
 
@@ -211,15 +216,17 @@ def run_command(main: Callable[[Optional[List[str]]], int], argv: Optional[List[
     """Run ``main(argv)`` under the convention above and return its exit status."""
     quiet = _QuietFinalisers()
     try:
-        code = int(main(argv) or 0)
+        with terminate_as_interrupt():
+            code = int(main(argv) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
         return code
     except UserError as error:
         quiet.start()
         message, code = one_line(error) or type(error).__name__, error.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as error:  # Ctrl-C, or stopping.Stopped: SIGTERM, a training run stopped by either
         quiet.start()
-        message, code = "interrupted", INTERRUPTED_EXIT
+        message = getattr(error, "line", None) or "interrupted"
+        code = getattr(error, "exit_code", INTERRUPTED_EXIT)
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
@@ -244,6 +251,7 @@ __all__ = [
     "BROKEN_PIPE_EXIT",
     "ConfigError",
     "INTERRUPTED_EXIT",
+    "TERMINATED_EXIT",
     "USER_ERROR_EXIT",
     "InputError",
     "UserError",

@@ -191,18 +191,23 @@ def _start_with_workers(tmp_path, name):
     raise AssertionError("the workers did not start")
 
 
-def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("signum, to_group, code, line", [
+    (signal.SIGINT, True, 130, "error: interrupted\n"),  # a terminal's Ctrl-C: the whole process group
+    (signal.SIGTERM, True, 143, "error: terminated (SIGTERM)\n"),  # a batch system stopping the job's group
+    (signal.SIGTERM, False, 143, "error: terminated (SIGTERM)\n"),  # `kill PID`: the parent alone
+])
+def test_ctrl_c_and_sigterm_are_one_line_and_leave_nothing(tmp_path, signum, to_group, code, line):
     proc, workers, output = _start_with_workers(tmp_path, "out")
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    (os.killpg if to_group else os.kill)(proc.pid, signum)
     try:
         _, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         os.kill(proc.pid, signal.SIGUSR1)
         time.sleep(2)
         os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("prepare did not stop on Ctrl-C:\n" + proc.communicate()[1][-6000:])
-    assert proc.returncode == 130, (proc.returncode, err)
-    assert err == "error: interrupted\n", err  # once, and no worker tracebacks
+        raise AssertionError("prepare did not stop on %s:\n" % signum + proc.communicate()[1][-6000:])
+    assert proc.returncode == code, (proc.returncode, err)
+    assert err == line, err  # once, and no worker tracebacks
     assert not [n for n in os.listdir(str(tmp_path)) if n.startswith(".out.tmp-")]
     assert not os.path.exists(output)
 

@@ -57,6 +57,9 @@ def _interrupted_copy(reference, resumed):
     shutil.copytree(reference, resumed)
     for step in (6, 8):
         os.unlink(os.path.join(resumed, "checkpoints", "step_%07d.pt" % step))
+    os.unlink(os.path.join(resumed, "summary.json"))  # written at the end only, as the export
+    if os.path.isdir(os.path.join(resumed, "final")):
+        shutil.rmtree(os.path.join(resumed, "final"))
 
 
 def _free_port() -> int:

@@ -4,6 +4,7 @@ running code, one run per directory, and a resume that would mix two configs is 
 import json
 import os
 import pickle
+import shutil
 
 import pytest
 import torch
@@ -119,8 +120,9 @@ def test_resume_with_changed_hyperparameters_is_refused_unless_forced(data_dir, 
     run = str(tmp_path / "run")
     common = ["training.steps=4", "checkpoint.every_steps=2"]
     assert run_main(args(data_dir, run, *common), capsys)[0] == 0
-    os.unlink(ckpt.latest_checkpoint(run))  # as if killed after step 2
+    os.unlink(ckpt.latest_checkpoint(run))  # as if killed after step 2: no step 4, no export, no summary
     os.unlink(os.path.join(run, "summary.json"))
+    shutil.rmtree(os.path.join(run, "final"))
     before = open(os.path.join(run, "config.json")).read()
 
     changed = ["optimizer.lr=0.5", "schedule.decay=constant", "schedule.warmup_fraction=0"]

@@ -4,7 +4,8 @@
 
 Exit status (ipu_packing.errors.run_command): 0 done; 2 bad input (config, dataset, checkpoint,
 launch), reported on one line before anything is written, or a run that diverged, naming the last
-checkpoint that is finite throughout; 130 interrupted.
+checkpoint that is finite throughout; 130 and 143 stopped by SIGINT (Ctrl-C) and SIGTERM, after the step in
+flight completed and its checkpoint was written (train/stopping.py), in one line naming both.
 """
 
 from __future__ import annotations

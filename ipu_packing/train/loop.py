@@ -11,6 +11,9 @@ The loop is split as torchtitan splits its Trainer: `train_step` runs one host c
 StepRecord (StepRecord.from_metrics), `checkpoint_due` is the cadence, `save_state` gathers and writes the
 TrainingState; `gather_rng_states` and the divergence checks are functions of their own.
 
+SIGINT and SIGTERM (train/stopping.py) let the step in flight complete, write its checkpoint and stop with
+exit status 130 or 143; every rank stops after the same step.
+
 Under PopRun the instances agree on their start before the first step and reduce every step's metrics
 (train/instances.py). On IPUs the first step's compile is timed apart (``compile_seconds``), outside the
 step's seconds and throughput.
@@ -32,11 +35,14 @@ from .compile_only import compile_only
 from .config import PretrainingConfig
 from .data import batch_rows
 from .errors import TrainingError, UserError
+from .fingerprints import record_forced
 from .instances import agree_on_start, agree_ready, reduce_step
-from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
+from .metrics import MetricsLogger, StepRecord, repair_jsonl, run_summary, summary_line
 from .plan import RunPlan, check_backend, plan_run, seed_everything
 from .runlock import RunLock
 from .state import TrainingState
+from .shard_watch import ShardWatch, guarded
+from .stopping import StopRequests
 
 LOSSES = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
 """The StepMetrics every host call reports, averaged over the PopRun instances."""
@@ -56,6 +62,9 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print,
             make_runner: Optional[Callable] = None) -> Dict[str, Any]:
     """Train to config.training.steps, holding the run directory's lock. Returns a summary dict (also
     written to run_dir/summary.json; a finished run returns the one it wrote and writes nothing)."""
+    if plan.finished is not None:  # train/finished.py: no runner, no lock, nothing written
+        log("run %s already finished at step %d: nothing to do, nothing written" % (plan.run_dir, plan.start_step))
+        return plan.finished
     if make_runner is None:
         from ipu_packing.execution import make_runner
     runner = make_runner(plan.model, plan.optimizer, plan.accounting.execution, scheduler=plan.scheduler)
@@ -114,12 +123,6 @@ def _train(plan: RunPlan, runner, group, log: Callable[[str], None]) -> Dict[str
     config, total = plan.config, plan.config.training.steps
     progress = restore(plan, runner)
     summary_path = os.path.join(plan.run_dir, "summary.json")
-    if (plan.resume_state is not None and progress.step >= total and not plan.changed_on_resume
-            and os.path.isfile(summary_path)):
-        log("run %s already finished at step %d (%s): nothing to do, nothing written"
-            % (plan.run_dir, progress.step, summary_path))
-        with open(summary_path, "r", encoding="utf-8") as f:
-            return json.load(f)
     if runner.is_writer:
         _prepare_run_dir(plan, progress.step, log)
     _announce(plan, group, progress, log)
@@ -128,26 +131,36 @@ def _train(plan: RunPlan, runner, group, log: Callable[[str], None]) -> Dict[str
     history = []  # type: List[StepRecord]
     last_saved = plan.resume_path
     calls = plan.accounting.execution.optimizer_steps_per_call
-    try:
-        while progress.step < total:
-            for batch in epoch_batches(plan, runner, progress):
-                record = train_step(plan, runner, batch, group, progress, not history, last_saved)
-                logger.log(record)
-                history.append(record)
-                if progress.position >= plan.steps_per_epoch:
-                    progress.epoch, progress.position = progress.epoch + 1, 0
-                if checkpoint_due(progress.step, calls, config.checkpoint.every_steps, total):
-                    last_saved = save_state(plan, runner, progress, record, last_saved)
-                if progress.step >= total:
-                    break
-            if progress.step < total and progress.position != 0:  # the loader stopped early: short batches
-                raise TrainingError(
-                    "the data loader gave fewer batches than %d per epoch; batch size mismatch"
-                    % (plan.steps_per_epoch,)
-                )
-    finally:
-        logger.close()
-    return _finish(plan, runner, history, last_saved, summary_path, log)
+    watch = ShardWatch.of(plan.data.path) if progress.step < total else None  # a shard changed: one line
+    with StopRequests() as stop:  # SIGINT, SIGTERM: the step in flight completes and is checkpointed
+        stop.last_saved, stop.step = last_saved, progress.step
+        try:
+            while progress.step < total:
+                for batch in guarded(epoch_batches(plan, runner, progress), watch, stop):
+                    record = train_step(plan, runner, batch, group, progress, not history, last_saved)
+                    logger.log(record)
+                    history.append(record)
+                    if progress.position >= plan.steps_per_epoch:
+                        progress.epoch, progress.position = progress.epoch + 1, 0
+                    stopping = progress.step < total and stop.agreed(runner, group, progress.step)
+                    if stopping or checkpoint_due(progress.step, calls, config.checkpoint.every_steps, total):
+                        with stop.saving():
+                            last_saved = stop.last_saved = save_state(plan, runner, progress, record, last_saved)
+                    if stopping:
+                        raise stop.stopped(progress.step, last_saved)
+                    if progress.step >= total:
+                        break
+                if progress.step < total and progress.position != 0:  # the loader stopped early: short batches
+                    raise TrainingError(
+                        "the data loader gave fewer batches than %d per epoch; batch size mismatch"
+                        % (plan.steps_per_epoch,)
+                    )
+        finally:
+            logger.close()
+        summary = _finish(plan, runner, history, last_saved, summary_path, log)
+    if stop.signum is not None:  # it came after the last step: the run finished first
+        raise stop.stopped(progress.step, last_saved, finished=True)
+    return summary
 
 
 def _prepare_run_dir(plan: RunPlan, step: int, log: Callable[[str], None]) -> None:
@@ -156,16 +169,12 @@ def _prepare_run_dir(plan: RunPlan, step: int, log: Callable[[str], None]) -> No
     run_dir, jsonl = plan.run_dir, os.path.join(plan.run_dir, "metrics.jsonl")
     os.makedirs(run_dir, exist_ok=True)
     ckpt.clean_run_directory(run_dir)
-    if plan.changed_on_resume:
-        # checkpoint.resume=force: keep the config the checkpoint was trained with beside the new one
-        before = os.path.join(run_dir, "config.before_step_%07d.json" % step)
-        ckpt.atomic_write_text(before, json.dumps(plan.resume_state.config, indent=2, sort_keys=True) + "\n")
-        log("checkpoint.resume=force: continuing with new values of %s (the old config is in %s)"
-            % (", ".join(plan.changed_on_resume), before))
+    if plan.forced:  # checkpoint.resume=force: what it changed, and the checkpoint's config, beside the run
+        log(record_forced(run_dir, step, plan.resume_path, plan.resume_state.config or {}, plan.forced))
     ckpt.atomic_write_text(os.path.join(run_dir, "config.json"),
                            json.dumps(plan.config.to_dict(), indent=2, sort_keys=True) + "\n")
     if plan.resume_state is not None:
-        ckpt.truncate_jsonl(jsonl, step)
+        repair_jsonl(jsonl, step, log)  # a torn last line (a kill mid-write) is dropped, in one line
     elif os.path.exists(jsonl):
         os.unlink(jsonl)  # a fresh run in a directory without checkpoints
 
@@ -254,7 +263,7 @@ def save_state(plan: RunPlan, runner, progress: Progress, record: StepRecord,
         rng=rng_states[0],
         rng_per_rank=rng_states,
         config=plan.config.to_dict(),
-        dataset=plan.data.fingerprint(),
+        dataset=plan.fingerprint or plan.data.fingerprint(),
         metrics=record.to_dict(),
     )
     try:

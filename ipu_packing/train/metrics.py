@@ -179,3 +179,45 @@ def summary_line(s: Dict[str, Any]) -> str:
             s["packing_factor"],
         )
     )
+
+
+def repair_jsonl(path: str, last_step: int, log=print) -> int:
+    """Cut metrics.jsonl back to the records of steps up to ``last_step`` (the checkpoint a run resumes from),
+    atomically. A last line a kill tore (no newline, not JSON, not a record) is dropped and said in one line;
+    a bad line before it is refused (UserError naming the file and line). Returns the records kept."""
+    from ..fsutil import atomic_write_text
+    from .errors import UserError
+
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    complete = lines[-1] == b""
+    lines = lines[:-1] if complete else lines
+    kept = []  # type: list
+    for number, raw in enumerate(lines, 1):
+        record = _record(raw)
+        last = number == len(lines)
+        if record is None or (last and not complete):
+            if not last:
+                raise UserError("%s line %d is not a metrics record (%r): the file was edited or corrupted; "
+                                "move it away to resume" % (path, number, raw[:60]))
+            log("note: %s: dropped a torn last line (%d bytes, left by a kill while it was written)"
+                % (path, len(raw)))
+            continue
+        if record["step"] <= last_step:
+            kept.append(json.dumps(record, sort_keys=True) + "\n")
+    atomic_write_text(path, "".join(kept))
+    return len(kept)
+
+
+def _record(raw: bytes) -> Optional[Dict[str, Any]]:
+    """The metrics record a line holds, or None when it is not one (torn, not UTF-8, not an object with
+    an integer step)."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
+        return None
+    return record

@@ -26,6 +26,7 @@ from . import checkpoint as ckpt
 from ..errors import one_line
 from ..fsutil import sha256_file
 from .errors import ConfigError, UserError
+from .fingerprints import check_init_matches
 from .sections import INIT_ARCHITECTURE_KEYS, INIT_OVERRIDE_VOCAB, CheckpointConfig
 
 
@@ -142,6 +143,10 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
                                 "weights) nor checkpoints" % (source,))
         state = ckpt.load_checkpoint(path)
         _check_vocab(config, data, (state.dataset or {}).get("vocab_sha256"), path)
+        from .model_section import BERT_CONFIG_FIELDS, MODEL_OPTION_FIELDS
+
+        # its recorded architecture: activation, eps, sizes (fingerprints.py)
+        check_init_matches(config, state, path, dict(BERT_CONFIG_FIELDS + MODEL_OPTION_FIELDS))
         ckpt.check_state_shapes(model, state.model, path)
         model.load_state_dict(state.model)
         line = "phase-1 weights: %d tensors from step %d of %s; initialised fresh: none" % (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -21,7 +21,9 @@ from .data import TrainingData, check_data_matches, open_shards, read_training_d
 from .errors import ConfigError, UserError
 from .optim import build_optimizer, build_scheduler
 from .phase1 import check_init_from, load_init_from
-from .resume import changed_keys, check_resume_matches, load_with_new_hyperparameters, resolve_resume
+from .finished import check_finished
+from .fingerprints import Difference, recorded_fingerprint, refuse_or_force, resume_differences
+from .resume import check_resume_matches, load_with_new_hyperparameters, resolve_resume
 from .state import TrainingState
 
 
@@ -43,6 +45,13 @@ class RunPlan:
     """Optimizer steps in an epoch: whole host calls of whole global batches."""
     changed_on_resume: List[str] = dataclasses.field(default_factory=list)
     """Keys a forced resume changed (checkpoint.resume=force); empty otherwise."""
+    forced: List[Difference] = dataclasses.field(default_factory=list)
+    """What a forced resume changed: (key, the checkpoint's value, this run's), as changed_on_resume."""
+    fingerprint: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What every checkpoint of this run records about its data and batch (fingerprints.recorded_fingerprint)."""
+    finished: Optional[Dict[str, Any]] = None
+    """The summary of the finished run the run directory holds, asked for again as it was (finished.py):
+    then nothing is trained or written."""
 
     @property
     def run_dir(self) -> str:
@@ -57,6 +66,13 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
     torch.manual_seed(seed)
+
+
+def model_defaults() -> Dict[str, Any]:
+    """Every model.* key's default (the loader's): a key a config leaves out has this value."""
+    from .model_section import BERT_CONFIG_FIELDS, MODEL_OPTION_FIELDS
+
+    return dict(BERT_CONFIG_FIELDS + MODEL_OPTION_FIELDS)
 
 
 def model_class():
@@ -108,17 +124,15 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
 
     resume_path = resolve_resume(config)
     resume_state = ckpt.load_checkpoint(resume_path) if resume_path else None
-    changed = []  # type: List[str]
+    fingerprint = recorded_fingerprint(data, accounting)
+    forced = []  # type: List[Difference]
     if resume_state is not None:
         resume_state.check_resumable(resume_path)
         check_resume_matches(config, data, resume_state, resume_path)
-        changed = changed_keys(resume_state.config or {}, config.to_dict())
-        if changed and config.checkpoint.resume != "force":
-            raise UserError(
-                "checkpoint %s was trained with other values of %s: resuming would mix two runs; use "
-                "another checkpoint.output_dir, or checkpoint.resume=force to continue with the new values"
-                % (resume_path, ", ".join(changed))
-            )
+        forced = resume_differences(resume_state, config.to_dict(), fingerprint, model_defaults())
+        refuse_or_force(forced, resume_path, config.checkpoint.resume == "force")
+    changed = [key for key, _, _ in forced]
+    finished = check_finished(config, resume_path, resume_state, forced)  # a finished run is never rewritten
 
     if config.checkpoint.init_from and resume_state is None:
         check_init_from(config, data)  # exists, and was trained on the dataset's vocabulary
@@ -147,7 +161,7 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
             raise UserError("checkpoint %s does not fit this config (%s)"
                             % (resume_path, " ".join(str(exc).split())[:200]))
     return RunPlan(config, data, accounting, model, optimizer, scheduler, resume_state, resume_path, steps_per_epoch,
-                   changed)
+                   changed, forced, fingerprint, finished)
 
 
 __all__ = ["RunPlan", "check_backend", "model_class", "plan_run", "seed_everything"]

@@ -1,45 +1,25 @@
 """Resuming a run: which checkpoint to continue from, and what a resume may not change.
 
-A run continues from its directory's latest checkpoint (``checkpoint.resume=auto``) only if it was
-trained on the same dataset and with the same optimizer, schedule, step count and batch: anything
-else would silently mix two runs (resuming with a new lr used to train at the old schedule's lr while
-config.json showed the new one). ``checkpoint.resume=force`` continues anyway, with the new values.
+A run continues from its directory's latest checkpoint (``checkpoint.resume=auto``) only if every
+fingerprint the checkpoint records matches (train/fingerprints.py: the dataset's identity, the vocabulary,
+every model.* key, the seed, the optimizer, the schedule, the step count and the batch): anything else
+would silently mix two runs (resuming with a new lr used to train at the old schedule's lr while
+config.json showed the new one). ``checkpoint.resume=force`` continues anyway, with the new values, and
+records what it changed in RUN/forced_changes.jsonl. S, K, the vocabulary and the qkv layout cannot change
+even so (`check_resume_matches`).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Optional
 
 from . import checkpoint as ckpt
 from .config import PretrainingConfig
 from .data import TrainingData
 from .errors import UserError
 from .state import TrainingState
-
-# What a resume may not change silently: the optimizer, the schedule, the length and the batch.
-_RESUME_KEYS = ("optimizer.", "schedule.", "training.steps", "training.global_batch_sequences",
-                "training.batch_accounting")
-
-
-def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    out = {}  # type: Dict[str, Any]
-    for key, value in d.items():
-        name = prefix + str(key)
-        if isinstance(value, dict):
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-def changed_keys(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
-    """Dotted keys among _RESUME_KEYS whose value differs between a checkpoint's config and this one."""
-    a, b = _flatten(old), _flatten(new)
-    keys = sorted(k for k in set(a) | set(b) if k.startswith(_RESUME_KEYS) and k in a and a.get(k) != b.get(k))
-    return keys
-
 
 def load_with_new_hyperparameters(optimizer, scheduler, state: TrainingState) -> None:
     """A forced resume: the moments and step counts come from the checkpoint, every hyperparameter (lr,

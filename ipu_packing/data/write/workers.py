@@ -1,7 +1,7 @@
 """The worker processes of `prepare` and `pack`: every task of both runs in them (text/tasks.py builds
 instances, existing/read.py converts records, write/packs.py scatters and gathers).
 
-Workers ignore Ctrl-C (the parent reports it once), die with their parent, and are fed at most two
+Workers ignore Ctrl-C and SIGTERM (the parent reports it once), die with their parent, and are fed at most two
 tasks each at a time, so the parent's memory holds a few shards, never the corpus.
 """
 
@@ -17,13 +17,18 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 
+_HELD_BACK = (signal.SIGINT, signal.SIGTERM)
+"""The signals the parent reports (errors.run_command: SIGTERM as Ctrl-C) and holds back while forking."""
+
+
 def _die_with_parent(parent: int) -> None:
-    """Worker processes ignore Ctrl-C (the parent reports it once and shuts them down) and, on Linux,
+    """Worker processes ignore Ctrl-C and SIGTERM (the parent reports it once and shuts them down) and, on Linux,
     get SIGKILL when the parent dies, so a killed prepare leaves no orphans behind. A parent killed
     between the fork and the prctl call has already gone: then the worker ends itself."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in _HELD_BACK:
+        signal.signal(signum, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while forking
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_HELD_BACK))  # blocked by the parent while forking
     try:
         import ctypes
 
@@ -95,19 +100,19 @@ class Workers:
     def start(self) -> None:
         """Start the worker processes now (the pool would start them at the first task).
 
-        Ctrl-C is held back while the pool forks them: a SIGINT that lands inside os.fork() is
+        Ctrl-C (and SIGTERM) is held back while the pool forks them: a SIGINT that lands inside os.fork() is
         swallowed by CPython's after-fork hooks ("Exception ignored in _after_fork"), and the run
         would carry on. It is delivered as soon as the workers are up."""
         if self.pool is None:
             return
         mask = hasattr(signal, "pthread_sigmask")
         if mask:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            signal.pthread_sigmask(signal.SIG_BLOCK, set(_HELD_BACK))
         try:
             self.pool.submit(os.getpid).result()
         finally:
             if mask:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_HELD_BACK))
 
     def map_bounded(self, fn, argument_tuples: Iterable[tuple], on_result=None) -> list:
         results, pending = [], []

@@ -1,0 +1,129 @@
+"""Rule 5 (issue 24): a finished run is immutable. Re-running it changes no file (bytes and mtimes of every
+file, the run lock included); a finished run with anything missing is refused in one line naming what is
+missing, and nothing is re-created; a forced change or a resume from elsewhere into it is refused."""
+
+import os
+import shutil
+
+import pytest
+
+import app_fixtures as fx
+from ipu_packing.train import checkpoint as ckpt
+from ipu_packing.train.cli import main
+
+from test_train_loop import TINY
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+BASE = ["training.steps=4", "checkpoint.every_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finished")
+    data = fx.write_prepared(str(root / "data"), S=32, K=3, V=64, num_sequences=96, seed=0)
+    run = str(root / "run")
+    assert main(args(data, run)) == 0
+    other = str(root / "other")
+    assert main(args(data, other)) == 0  # the same run again, elsewhere
+    return {"data": data, "run": run, "other": other}
+
+
+def args(data, run, *extra):
+    return ["--config", "demo"] + TINY + ["data.dir=%s" % data, "checkpoint.output_dir=%s" % run] + BASE + list(extra)
+
+
+def files(directory):
+    out = {}
+    for root, dirs, names in os.walk(directory):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(root, name), directory) + "/"] = None
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, directory)] = (os.stat(path).st_mtime_ns, f.read())
+    return out
+
+
+def finished_copy(ws, tmp_path, *remove):
+    run = str(tmp_path / "run")
+    shutil.copytree(ws["run"], run)
+    for name in remove:
+        path = os.path.join(run, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+    return run
+
+
+def test_rerunning_a_complete_finished_run_changes_no_file(ws, tmp_path, capsys):
+    run = finished_copy(ws, tmp_path)
+    before = files(run)
+    assert "run.lock" in before
+    assert main(args(ws["data"], run)) == 0
+    out = capsys.readouterr()[0]
+    assert out == "run %s already finished at step 4: nothing to do, nothing written\n" % run
+    assert files(run) == before  # every file's bytes and mtime, run.lock included
+
+
+# (row, what is removed from the finished run, what the line names)
+MISSING_ROWS = [
+    ("summary.json", ["summary.json"], ["summary.json"]),
+    ("the export", ["final"], ["final/"]),
+    ("the export's weights", ["final/model.safetensors"], ["final/'s config.json or weights"]),
+    ("metrics.jsonl", ["metrics.jsonl"], ["metrics.jsonl"]),
+    ("config.json", ["config.json"], ["config.json"]),
+    ("every checkpoint", ["checkpoints"], ["its last checkpoint (checkpoints/step_0000004.pt)"]),
+    ("the last checkpoint", ["checkpoints/step_0000004.pt"], ["its last checkpoint"]),
+    ("summary and export", ["summary.json", "final"], ["summary.json", "final/"]),
+    ("all but the summary", ["final", "checkpoints", "metrics.jsonl", "config.json"],
+     ["config.json", "its last checkpoint", "metrics.jsonl", "final/"]),
+    ("all but the export", ["summary.json", "checkpoints", "metrics.jsonl", "config.json"],
+     ["summary.json", "config.json", "its checkpoints", "metrics.jsonl"]),
+]
+
+
+@pytest.mark.parametrize("row, remove, named", MISSING_ROWS, ids=[r[0] for r in MISSING_ROWS])
+def test_a_finished_run_with_files_missing_is_refused_and_not_recreated(ws, tmp_path, capsys, row, remove, named):
+    run = finished_copy(ws, tmp_path, *remove)
+    before = files(run)
+    code = main(args(ws["data"], run))
+    out, err = capsys.readouterr()
+    assert code == 2, (row, out[-1500:], err)
+    assert err.startswith("error: run %s finished" % run) and err.count("\n") == 1, err
+    assert "lacks " in err and "a finished run is not rewritten" in err, err
+    for fragment in named:
+        assert fragment in err, (fragment, err)
+    assert files(run) == before  # nothing re-created, nothing touched
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["optimizer.lr=0.5", "checkpoint.resume=force"], "checkpoint.resume=force would change optimizer.lr"),
+    (["training.steps=6", "checkpoint.resume=force"], "checkpoint.resume=force would change training.steps"),
+], ids=["another lr", "more steps"])
+def test_a_forced_change_to_a_finished_run_is_refused(ws, tmp_path, capsys, extra, named):
+    run = finished_copy(ws, tmp_path)
+    before = files(run)
+    code = main(args(ws["data"], run, *extra))
+    err = capsys.readouterr()[1]
+    assert code == 2 and err.count("\n") == 1 and named in err, err
+    assert "another checkpoint.output_dir (checkpoint.init_from=%s starts from its weights)" % run in err
+    assert files(run) == before
+
+
+def test_resuming_another_runs_checkpoint_into_a_finished_run_is_refused(ws, tmp_path, capsys):
+    run = finished_copy(ws, tmp_path)
+    before = files(run)
+    other = ckpt.list_checkpoints(ws["other"])[0]  # its step 2: the same config, so only rule 5 refuses
+    code = main(args(ws["data"], run, "checkpoint.resume=%s" % other))
+    err = capsys.readouterr()[1]
+    assert code == 2 and err.count("\n") == 1 and "checkpoint.resume names another checkpoint" in err, err
+    assert files(run) == before
+
+
+def test_the_way_out_starts_from_a_finished_run_in_another_directory(ws, tmp_path, capsys):
+    run = str(tmp_path / "phase2")
+    before = files(ws["run"])
+    code = main(args(ws["data"], run, "checkpoint.init_from=%s" % ws["run"], "training.steps=2"))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "phase-1 weights: " in out and "from step 4 of %s" % ckpt.latest_checkpoint(ws["run"]) in out
+    assert [r["step"] for r in ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))] == [1, 2]
+    assert files(ws["run"]) == before

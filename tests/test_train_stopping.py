@@ -1,0 +1,234 @@
+"""A training run stopped by SIGTERM or SIGINT (train/stopping.py): the step in flight completes, its
+checkpoint is written, the run exits 143 or 130 with one line naming the step and the checkpoint, and the
+resume loses no step: its losses and final weights are bitwise an uninterrupted run's."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import app_fixtures as fx
+from ipu_packing.data import open_dataset
+from ipu_packing.stopping import Stopped
+from ipu_packing.train import checkpoint as ckpt
+from ipu_packing.train import load_config
+from ipu_packing.train.loop import execute, plan_run
+
+from test_train_loop import TINY
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.usefixtures("one_thread")  # the subprocesses run with OMP_NUM_THREADS=1: same sums
+STEPS = ["training.steps=10", "checkpoint.every_steps=4", "checkpoint.keep=10"]
+
+# The real command (run_pretraining's main, through errors.run_command), with a pause after each logged step
+# (argv[2] seconds) so that a signal from outside lands mid-run; with argv[3] > 0 it signals itself (SIGINT)
+# when step argv[3] is logged, and once more while that step's checkpoint is being written.
+CHILD = r"""
+import os, signal, sys, time
+from ipu_packing.train import checkpoint, metrics
+from ipu_packing.train.cli import main
+pause, at = float(sys.argv[1]), int(sys.argv[2])
+log = metrics.MetricsLogger.log
+def slow_log(self, record):
+    log(self, record)
+    if record.step == at:
+        os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(pause)
+metrics.MetricsLogger.log = slow_log
+save = checkpoint.atomic_torch_save
+def interrupted_save(obj, path):
+    if at and obj["step"] == at:
+        os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C while the checkpoint is written
+        time.sleep(0.2)
+    save(obj, path)
+checkpoint.atomic_torch_save = interrupted_save
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
+
+
+def overrides(data_dir, run_dir, *extra):
+    return TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir] + STEPS + list(extra)
+
+
+def train(data_dir, run_dir, *extra):
+    config = load_config("demo", overrides(data_dir, run_dir, *extra))
+    return execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
+
+
+def start(data_dir, run_dir, pause, at=0):
+    argv = [sys.executable, "-c", CHILD, str(pause), str(at), "--config", "demo"] + overrides(data_dir, run_dir)
+    return subprocess.Popen(argv, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def rows(run_dir):
+    return ckpt.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+
+
+def metrics_lines(run_dir):
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            return f.read().count("\n")
+    except OSError:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir, tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("reference") / "run")
+    train(data_dir, run)
+    return run
+
+
+def check_resume_is_bitwise(data_dir, run, reference, stopped_at):
+    """The checkpoint of the stopped step is there and whole; resuming trains from it (no step lost or
+    recomputed) to bitwise the reference's losses and final weights."""
+    state = ckpt.load_checkpoint(os.path.join(run, "checkpoints", "step_%07d.pt" % stopped_at))
+    assert state.step == stopped_at
+    assert [r["step"] for r in rows(run)] == list(range(1, stopped_at + 1))  # nothing logged past the checkpoint
+    assert not [n for n in os.listdir(os.path.join(run, "checkpoints")) if not n.endswith(".pt")]
+    proc = subprocess.run([sys.executable, "run_pretraining.py", "--config", "demo"] + overrides(data_dir, run),
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming from %s at step %d" % (os.path.join(run, "checkpoints", "step_%07d.pt" % stopped_at),
+                                           stopped_at) in proc.stdout
+    assert [(r["step"], r["loss"], r["mlm_loss"]) for r in rows(run)] == [
+        (r["step"], r["loss"], r["mlm_loss"]) for r in rows(reference)]  # exact, steps 1..10, each once
+    final = ckpt.load_checkpoint(ckpt.latest_checkpoint(run))
+    expected = ckpt.load_checkpoint(ckpt.latest_checkpoint(reference))
+    assert final.step == expected.step == 10
+    assert final.model.keys() == expected.model.keys()
+    for key, value in expected.model.items():
+        assert torch.equal(value, final.model[key]), key
+    for key, value in expected.optimizer["state"].items():
+        for name, tensor in value.items():
+            if isinstance(tensor, torch.Tensor):
+                assert torch.equal(tensor, final.optimizer["state"][key][name]), (key, name)
+
+
+def test_sigterm_mid_run_checkpoints_the_step_exits_143_and_resumes_bitwise(data_dir, reference, tmp_path):
+    run = str(tmp_path / "run")
+    proc = start(data_dir, run, pause=0.3)
+    deadline = time.time() + 120
+    while metrics_lines(run) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    seen = metrics_lines(run)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (proc.returncode, err[-3000:])
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    stopped_at = int(lines[0].split(" at step ")[1].split(";")[0])
+    assert seen <= stopped_at <= seen + 1  # the step in flight (if any) completes, no further one starts
+    path = os.path.join(run, "checkpoints", "step_%07d.pt" % stopped_at)
+    assert lines[0] == ("error: stopped by SIGTERM at step %d; checkpoint %s written; resume with the same command"
+                        % (stopped_at, path))
+    assert stopped_at % 4  # off the cadence (every 4 steps): written because of the signal
+    assert not os.path.exists(os.path.join(run, "summary.json"))
+    check_resume_is_bitwise(data_dir, run, reference, stopped_at)
+
+
+def test_sigint_with_a_second_one_during_the_save_exits_130_with_a_whole_checkpoint(data_dir, reference, tmp_path):
+    run = str(tmp_path / "run")
+    proc = start(data_dir, run, pause=0.0, at=3)
+    out, err = proc.communicate(timeout=120)
+    path = os.path.join(run, "checkpoints", "step_0000003.pt")
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert err == "error: stopped by SIGINT at step 3; checkpoint %s written; resume with the same command\n" % path
+    check_resume_is_bitwise(data_dir, run, reference, 3)
+
+
+def test_a_signal_on_the_poptorch_path_checkpoints_the_host_call(poptorch, data_dir, tmp_path, monkeypatch):
+    """The poptorch stand-in (two optimizer steps per host call here): the stop comes after a whole host call."""
+    from ipu_packing.train import metrics
+
+    run = str(tmp_path / "run")
+    extra = ["execution.backend=poptorch", "execution.layers_per_ipu=[1,1]", "execution.use_ipu_model=true",
+             "execution.micro_batch_size=2", "training.global_batch_sequences=24", "checkpoint.export=false",
+             "execution.device_iterations=2"]
+    log = metrics.MetricsLogger.log
+
+    def signalling_log(self, record):
+        log(self, record)
+        if record.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def outside_the_loop(signum, frame):  # what SIGTERM does here unless the loop took it over
+        raise RuntimeError("SIGTERM reached the test's own handler")
+
+    monkeypatch.setattr(metrics.MetricsLogger, "log", signalling_log)
+    previous = signal.signal(signal.SIGTERM, outside_the_loop)
+    try:
+        with pytest.raises(Stopped) as stopped:
+            train(data_dir, run, *extra)
+        assert signal.getsignal(signal.SIGTERM) is outside_the_loop  # the loop's handler is gone again
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    path = os.path.join(run, "checkpoints", "step_0000002.pt")
+    assert stopped.value.exit_code == 143
+    assert stopped.value.line == ("stopped by SIGTERM at step 2; checkpoint %s written; resume with the same command"
+                                  % path)
+    assert int(ckpt.load_checkpoint(path).optimizer["ipu_state"]["step"]) == 2
+
+
+def _agree_worker(rank, port, out_dir):
+    """Two gloo processes; only rank 1 got the signal. Both must answer True after the same step."""
+    import torch.distributed as dist
+
+    from ipu_packing.train.stopping import StopRequests
+
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
+    try:
+        stop = StopRequests()
+
+        class Runner:
+            world = 2
+
+        answers = [stop.agreed(Runner(), None, 1)]
+        if rank == 1:
+            stop.signum = signal.SIGTERM  # as the handler does
+        answers.append(stop.agreed(Runner(), None, 2))
+        with open(os.path.join(out_dir, "rank%d" % rank), "w") as f:
+            f.write("%s %s" % (answers, stop.signum))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_torchrun_rank_stops_after_the_same_step_when_one_got_the_signal(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_agree_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        assert open(str(tmp_path / ("rank%d" % rank))).read() == "[False, True] %d" % signal.SIGTERM
+
+
+def test_poprun_instances_that_exchange_metrics_agree_on_one_instances_signal():
+    from ipu_packing.train.stopping import StopRequests
+
+    class Group:
+        reduces_metrics = True
+
+        def allgather(self, row, name):
+            assert name == "ipu_packing.stop.4"
+            return [row, [float(signal.SIGINT)]]  # instance 1 got Ctrl-C
+
+    class Runner:
+        world = 1
+
+    stop = StopRequests()
+    assert stop.agreed(Runner(), Group(), 4) is True and stop.signum == signal.SIGINT
+    assert StopRequests().agreed(Runner(), None, 4) is False
