@@ -74,7 +74,7 @@ class StopRequests:
         and over PopRun instances that exchange their metrics); call it after every host call, on every rank."""
         self.step = step
         mine = float(self.signum or 0)
-        if getattr(runner, "world", 1) > 1:
+        if runner.world > 1:
             import torch
             import torch.distributed as dist
 
