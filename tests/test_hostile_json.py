@@ -125,3 +125,27 @@ def test_packing_json_is_strict(command, histogram, monkeypatch, capsys):
         row = strict(line)
         assert row["seconds"] is None and row["gap"] is None and row["num_sequences"] == 10
         assert sorted(w.split(" is ")[0] for w in row["warnings"]) == ["gap", "seconds"]
+
+
+def test_a_non_finite_step_metric_is_null_in_metrics_jsonl(tmp_path):
+    """metrics.jsonl is machine-readable output too: a step whose loss is NaN (the step a divergence stops
+    at) or whose throughput is inf (a zero-second step) is written as null with a warning, never NaN."""
+    from ipu_packing.train.metrics import MetricsLogger, StepRecord
+    from ipu_packing.train.sections import LoggingConfig
+
+    logger = MetricsLogger(str(tmp_path), 1, 0, LoggingConfig(progress_bar=False, tensorboard=False, jsonl=True),
+                           log=lambda line: None)
+    logger.log(StepRecord(step=1, loss=float("nan"), mlm_loss=1.0, nsp_loss=0.5, mlm_accuracy=0.1, nsp_accuracy=0.5,
+                          lr=1e-3, sequences=3, tokens=30, packs=2, packing_factor=1.5, seconds=0.0,
+                          sequences_per_second=float("inf"), tokens_per_second=float("inf"), epoch=0))
+    logger.close()
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+
+    def refuse(constant):
+        raise AssertionError("not JSON: %s" % constant)
+
+    record = json.loads(line, parse_constant=refuse)
+    assert record["loss"] is None and record["sequences_per_second"] is None and record["mlm_loss"] == 1.0
+    assert record["warnings"] == ["loss is NaN, not a finite number: written as null",
+                                  "sequences_per_second is Infinity, not a finite number: written as null",
+                                  "tokens_per_second is Infinity, not a finite number: written as null"]

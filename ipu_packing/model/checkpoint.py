@@ -78,14 +78,14 @@ def read_state_dict(directory: str) -> Dict[str, torch.Tensor]:
 def _index_shards(directory: str, path: str) -> List[str]:
     """The shard files an index names, each refused unless it is a file name inside ``directory``
     (fsutil.contained_path): an index is a file, and a file does not choose what else is read."""
-    from ..errors import InputError
+    from ..errors import InputError, one_line
     from ..fsutil import contained_path
 
     try:
         with open(path, "r", encoding="utf-8") as handle:
             index = json.load(handle)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
-        raise InputError("%s is not a JSON index: %s" % (path, " ".join(str(exc).split())[:200]))
+        raise InputError("%s is not a JSON index: %s" % (path, one_line(exc)[:200]))
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError("%s has no weight_map (a mapping of tensor names to shard files)" % (path,))

@@ -15,19 +15,18 @@ a diverged run never leaves a poisoned "last good" checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import re
 import shutil
-import tempfile
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
-from ..fsutil import atomic_open, atomic_write_text, fsync_directory, remove_stale_temporaries
+from ..errors import one_line
+from ..fsutil import atomic_open, fsync_directory, make_temp_dir, remove_stale_temporaries
 from ..model.checkpoint import load_tensors
 from ..model.self_attention import hf_layout
 from .errors import UserError
@@ -127,7 +126,7 @@ def load_checkpoint(path: str) -> TrainingState:
         state = load_tensors(path)
     except Exception as exc:  # a truncated or foreign file, or a pickle that wants to run code
         raise UserError("checkpoint %s is unreadable or not a plain tensor checkpoint (%s: %s)"
-                        % (path, type(exc).__name__, _one_line(exc)[:160]))
+                        % (path, type(exc).__name__, one_line(exc)[:160]))
     loaded = TrainingState.from_dict(state, path)  # the fields and their types
     if loaded.step < 0:
         raise UserError("checkpoint %s: field 'step' must be >= 0, got %d" % (path, loaded.step))
@@ -200,14 +199,6 @@ def check_loaded_state(path: str, state: Dict[str, Any]) -> None:
         raise UserError("checkpoint %s: %d tensors hold inf or NaN (first: %s)" % (path, len(bad), bad[0]))
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def is_hf_dir(path: str) -> bool:
     if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
         return False
@@ -228,7 +219,7 @@ def load_phase1_weights(model: torch.nn.Module, source: str, model_cls) -> Optio
             loaded = model_cls.from_pretrained(source)
         except Exception as exc:
             raise UserError("cannot load phase-1 weights from %s (%s: %s)"
-                            % (source, type(exc).__name__, _one_line(exc)))
+                            % (source, type(exc).__name__, one_line(exc)[:300]))
         _check_same_architecture(model, loaded, source)
         model.load_state_dict(loaded.state_dict())
         vocab = os.path.join(source, "vocab.txt")
@@ -267,7 +258,7 @@ def export_hf(model, directory: str, vocab_path: Optional[str] = None) -> str:
     """Save the model as a Hugging Face BertForPreTraining directory, atomically (temp dir + rename)."""
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(directory) + ".", dir=parent)
+    tmp = make_temp_dir("." + os.path.basename(directory) + ".", parent)  # 0777 & ~umask: an export is shared
     try:
         model.save_pretrained(tmp)
         if vocab_path and os.path.isfile(vocab_path):
@@ -292,10 +283,6 @@ def export_hf(model, directory: str, vocab_path: Optional[str] = None) -> str:
     return directory
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
-
-
 def read_jsonl(path: str) -> List[Dict[str, Any]]:
     if not os.path.isfile(path):
         return []
@@ -307,10 +294,3 @@ def read_jsonl(path: str) -> List[Dict[str, Any]]:
                 out.append(json.loads(line))
     return out
 
-
-def truncate_jsonl(path: str, last_step: int) -> None:
-    """Drop records of steps after `last_step` (work a resumed run redoes)."""
-    if not os.path.isfile(path):
-        return
-    rows = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))

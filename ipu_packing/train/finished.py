@@ -21,6 +21,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from . import checkpoint as ckpt
+from ..errors import one_line
 from .errors import UserError
 
 
@@ -30,7 +31,7 @@ def _read_json(path: str) -> Any:
             return json.load(f)
     except (OSError, ValueError, RecursionError) as exc:
         raise UserError("run directory %s: %s is unreadable (%s): a finished run is not rewritten"
-                        % (os.path.dirname(path), os.path.basename(path), " ".join(str(exc).split())[:120]))
+                        % (os.path.dirname(path), os.path.basename(path), one_line(exc)[:120]))
 
 
 def _recorded_config(run_dir: str, state) -> Dict[str, Any]:

@@ -34,6 +34,9 @@ from . import checkpoint as ckpt
 from .compile_only import compile_only
 from .config import PretrainingConfig
 from .data import batch_rows
+from .. import jsonout
+from ..errors import one_line
+from ..fsutil import atomic_write_text
 from .errors import TrainingError, UserError
 from .fingerprints import record_forced
 from .instances import agree_on_start, agree_ready, reduce_step
@@ -111,7 +114,7 @@ def restore(plan: RunPlan, runner) -> Progress:
         runner.load_optimizer_state_dict(state.optimizer)
     except (RuntimeError, ValueError, KeyError) as exc:
         raise UserError("checkpoint %s does not fit this config (%s)"
-                        % (plan.resume_path, " ".join(str(exc).split())[:200]))
+                        % (plan.resume_path, one_line(exc)[:200]))
     ckpt.set_rng_state(state.rng_for(runner.rank))
     epoch, position = state.position
     return Progress(int(state.step), epoch, position)
@@ -171,7 +174,7 @@ def _prepare_run_dir(plan: RunPlan, step: int, log: Callable[[str], None]) -> No
     ckpt.clean_run_directory(run_dir)
     if plan.forced:  # checkpoint.resume=force: what it changed, and the checkpoint's config, beside the run
         log(record_forced(run_dir, step, plan.resume_path, plan.resume_state.config or {}, plan.forced))
-    ckpt.atomic_write_text(os.path.join(run_dir, "config.json"),
+    atomic_write_text(os.path.join(run_dir, "config.json"),
                            json.dumps(plan.config.to_dict(), indent=2, sort_keys=True) + "\n")
     if plan.resume_state is not None:
         repair_jsonl(jsonl, step, log)  # a torn last line (a kill mid-write) is dropped, in one line
@@ -308,7 +311,7 @@ def _finish(plan: RunPlan, runner, history: List[StepRecord], last_saved: Option
         ckpt.export_hf(runner.model, export_dir, plan.data.vocab_path)
         summary["export"] = export_dir
         log("exported the final model (Hugging Face BertForPreTraining) to %s" % (export_dir,))
-    ckpt.atomic_write_text(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(summary_path, jsonout.dumps(summary, indent=2, sort_keys=True) + "\n")
     log(summary_line(summary))
     return summary
 

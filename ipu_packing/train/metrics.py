@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
+from .. import jsonout
+
 
 @dataclass
 class StepRecord:
@@ -93,7 +95,7 @@ class MetricsLogger:
 
     def log(self, record: StepRecord) -> None:
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps(record.to_dict(), sort_keys=True) + "\n")
+            self._jsonl.write(jsonout.dumps(record.to_dict(), sort_keys=True) + "\n")  # NaN: null + warnings
             self._jsonl.flush()
         if self.writer is not None:
             for key, value in record.to_dict().items():

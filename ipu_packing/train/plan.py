@@ -18,6 +18,7 @@ import torch
 from . import checkpoint as ckpt
 from .config import BatchAccounting, PretrainingConfig
 from .data import TrainingData, check_data_matches, open_shards, read_training_data
+from ..errors import one_line
 from .errors import ConfigError, UserError
 from .optim import build_optimizer, build_scheduler
 from .phase1 import check_init_from, load_init_from
@@ -144,7 +145,7 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
     try:
         model = model_cls(config.bert_config())
     except ValueError as exc:  # the model refusing a model: value (hidden_act, position_embedding_type, ...)
-        raise ConfigError("model: %s" % (" ".join(str(exc).split()),))
+        raise ConfigError("model: %s" % (one_line(exc),))
     if resume_state is None and config.checkpoint.init_from:
         load_init_from(config, data, model, model_cls)  # prints one line: what, from where, what is fresh
     optimizer = build_optimizer(model, config.optimizer, accounting.betas)
@@ -159,7 +160,7 @@ def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None)
                 scheduler.load_state_dict(resume_state.scheduler)
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
             raise UserError("checkpoint %s does not fit this config (%s)"
-                            % (resume_path, " ".join(str(exc).split())[:200]))
+                            % (resume_path, one_line(exc)[:200]))
     return RunPlan(config, data, accounting, model, optimizer, scheduler, resume_state, resume_path, steps_per_epoch,
                    changed, forced, fingerprint, finished)
 
