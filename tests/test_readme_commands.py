@@ -3,8 +3,9 @@
 README gives two commands, `make pretrain` and `make test`; docs/walkthrough.md's are run as written by
 tests/test_walkthrough.py, and docs/usage.md's torchrun line by tests/test_configs_attention_device.py.
 `make pretrain` is `prepare --input default` at S=128, K=3 and then `run_pretraining.py --config demo`:
-make's own dry run (`make -n -B`, as on a fresh clone) must give exactly those commands, with README's paths, so that what
-tests/test_golden_losses.py runs (the same prepare, then the demo's first 20 steps) is what a user runs.
+make's own dry run (`make -n -B`, as on a fresh clone) must give exactly those commands, with README's
+paths, so that what tests/test_golden_losses.py runs (the same prepare, then the demo's first 20 steps) is
+what a user runs.
 """
 
 from __future__ import annotations
