@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from . import jsonout
+from . import jsonin, jsonout
 from .errors import ArgumentParser, UserError, one_line, run_command
 
 LIKE_FOR_LIKE = 0.05
@@ -130,10 +130,10 @@ def _json_value(data: bytes, where: str) -> Any:
     """json.loads(data), every way it can fail (not UTF-8, torn, nested past the recursion limit) one
     CompareError naming ``where``."""
     try:
-        return json.loads(data.decode("utf-8"))
+        return jsonin.loads(data)
     except UnicodeDecodeError as exc:
         raise CompareError("%s is not UTF-8 (%s)" % (where, exc.reason))
-    except RecursionError:
+    except (jsonin.TooDeep, RecursionError):
         raise CompareError("%s is not JSON this reads: nested too deeply" % (where,))
     except ValueError as exc:
         raise CompareError("%s is not JSON (%s; a torn last line?)" % (where, one_line(exc)[:120]))

@@ -47,6 +47,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from .. import jsonin
 from ..errors import InputError
 from ..fsutil import atomic_write_text, contained_path, sha256_file  # noqa: F401  (sha256_file: importers of format)
 from .errors import DataError
@@ -258,7 +259,7 @@ def read_manifest(directory: str) -> Dict[str, Any]:
         raise DataError("%s: missing (not a prepared dataset directory)" % path)
     try:
         with open(path, "rb") as f:
-            manifest = json.loads(f.read().decode("utf-8"))
+            manifest = jsonin.loads(f.read())
     except (UnicodeDecodeError, ValueError) as error:
         raise DataError("%s: not valid JSON: %s" % (path, str(error).splitlines()[0]))
     if not isinstance(manifest, dict):

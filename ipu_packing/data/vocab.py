@@ -22,7 +22,6 @@ gives the same bytes even though the vocabulary is rebuilt on every run.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from .. import jsonin
 from .errors import DataError
 from .format import SPECIAL_TOKENS
 from .instance_files import ranges
@@ -248,7 +248,7 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
     if os.path.isfile(config_path):
         try:
             with open(config_path, "rb") as f:
-                config = json.loads(f.read().decode("utf-8"))
+                config = jsonin.loads(f.read())
         except (UnicodeDecodeError, ValueError) as error:
             raise DataError("%s: not valid JSON (%s)" % (config_path, str(error).splitlines()[0]))
     json_path = os.path.join(path, "tokenizer.json")
@@ -257,7 +257,7 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
         try:
             with open(json_path, "rb") as f:
                 text = f.read().decode("utf-8")
-            data = json.loads(text)
+            data = jsonin.loads(text)
             from tokenizers import Tokenizer
 
             tokenizer = Tokenizer.from_str(text)

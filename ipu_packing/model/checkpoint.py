@@ -16,13 +16,13 @@ fused projection concatenates them when loading and ``export_state_dict`` splits
 from __future__ import annotations
 
 import copy
-import json
 import os
 import warnings
 from typing import Any, Dict, List, Tuple
 
 import torch
 
+from .. import jsonin
 from .self_attention import FUSED_QKV_ATTRIBUTE, hf_layout
 
 CONFIG_NAME = "config.json"
@@ -83,7 +83,7 @@ def _index_shards(directory: str, path: str) -> List[str]:
 
     try:
         with open(path, "r", encoding="utf-8") as handle:
-            index = json.load(handle)
+            index = jsonin.load(handle)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
         raise InputError("%s is not a JSON index: %s" % (path, one_line(exc)[:200]))
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
@@ -182,7 +182,7 @@ def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: boo
     if not os.path.isfile(config_path):
         raise FileNotFoundError("no %s in %s (a transformers BERT directory is expected)" % (CONFIG_NAME, directory))
     with open(config_path, "r", encoding="utf-8") as handle:
-        check_config_values(config_path, json.load(handle))
+        check_config_values(config_path, jsonin.load(handle))
     config = BertConfig.from_json_file(config_path)
     if fused_qkv is not None:
         setattr(config, FUSED_QKV_ATTRIBUTE, fused_qkv)

@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from .. import jsonin
 from ..errors import InputError, one_line
 
 
@@ -37,7 +38,7 @@ def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
             max_length = None
         else:
             with open(path) as f:
-                obj = json.load(f)
+                obj = jsonin.load(f)
             if isinstance(obj, dict):
                 if "histogram" not in obj:
                     raise InputError("%s: JSON object has no \"histogram\" key" % path)

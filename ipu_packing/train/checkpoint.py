@@ -15,7 +15,6 @@ a diverged run never leaves a poisoned "last good" checkpoint.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -25,6 +24,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from .. import jsonin
 from ..errors import one_line
 from ..fsutil import atomic_open, fsync_directory, make_temp_dir, remove_stale_temporaries
 from ..model.checkpoint import load_tensors
@@ -291,6 +291,6 @@ def read_jsonl(path: str) -> List[Dict[str, Any]]:
         for line in f:
             line = line.strip()
             if line:
-                out.append(json.loads(line))
+                out.append(jsonin.loads(line))
     return out
 

@@ -16,11 +16,11 @@ To start from a finished run, train into another checkpoint.output_dir with chec
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List, Optional
 
 from . import checkpoint as ckpt
+from .. import jsonin
 from ..errors import one_line
 from .errors import UserError
 
@@ -28,7 +28,7 @@ from .errors import UserError
 def _read_json(path: str) -> Any:
     try:
         with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
+            return jsonin.load(f)
     except (OSError, ValueError, RecursionError) as exc:
         raise UserError("run directory %s: %s is unreadable (%s): a finished run is not rewritten"
                         % (os.path.dirname(path), os.path.basename(path), one_line(exc)[:120]))

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
-from .. import jsonout
+from .. import jsonin, jsonout
 
 
 @dataclass
@@ -217,7 +217,7 @@ def _record(raw: bytes) -> Optional[Dict[str, Any]]:
     """The metrics record a line holds, or None when it is not one (torn, not UTF-8, not an object with
     an integer step)."""
     try:
-        record = json.loads(raw.decode("utf-8"))
+        record = jsonin.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):

@@ -15,7 +15,6 @@ weights were initialised fresh.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List, Optional
 
@@ -23,6 +22,7 @@ import torch
 
 from ..model.checkpoint import check_config_values
 from . import checkpoint as ckpt
+from .. import jsonin
 from ..errors import one_line
 from ..fsutil import sha256_file
 from .errors import ConfigError, UserError
@@ -38,7 +38,7 @@ def _hf_config(directory: str) -> Dict[str, Any]:
     path = os.path.join(directory, "config.json")
     try:
         with open(path, "r", encoding="utf-8") as f:
-            raw = json.load(f)
+            raw = jsonin.load(f)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise ConfigError("checkpoint.init_from %s: cannot read config.json (%s)" % (directory, " ".join(
             str(exc).split())))

@@ -1,0 +1,38 @@
+"""ipu_packing/jsonin.py: nesting is measured before json parses, so no reader meets a RecursionError."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ipu_packing import jsonin
+
+
+@pytest.mark.parametrize("text, value", [
+    ('{"a": [1, 2, {"b": "[[[[[[[["}]}', {"a": [1, 2, {"b": "[[[[[[[["}]}),  # brackets in a string
+    ('["\\"[[[[", 1]', ['"[[[[', 1]),  # an escaped quote does not end the string
+    ("[" * 64 + "]" * 64, eval("[" * 64 + "]" * 64)),  # exactly the limit
+    (b'{"x": 1}', {"x": 1}),  # bytes are UTF-8
+])
+def test_what_json_reads_within_the_limit(text, value):
+    assert jsonin.loads(text) == value
+
+
+@pytest.mark.parametrize("text, at", [
+    ("[" * 65 + "]" * 65, 64),
+    ('{"a": ' * 65 + "1" + "}" * 65, 6 * 64),
+    ("[" * 1000000, 64),  # a megabyte of brackets: refused without parsing it
+    ('["]]]]"' + ", [" * 70, 6 + 3 * 64),
+])
+def test_deeper_than_the_limit_is_a_json_error_at_its_place(text, at):
+    with pytest.raises(json.JSONDecodeError) as info:
+        jsonin.loads(text)
+    assert isinstance(info.value, jsonin.TooDeep) and info.value.pos == at
+    assert str(info.value).startswith("nested too deeply: more than 64 levels of arrays and objects")
+
+
+def test_a_lower_limit_is_the_callers_choice():
+    assert jsonin.loads("[[[1]]]", max_depth=3) == [[[1]]]
+    with pytest.raises(jsonin.TooDeep):
+        jsonin.loads("[[[[1]]]]", max_depth=3)
