@@ -198,7 +198,7 @@ def _agree_worker(rank, port, out_dir):
             stop.signum = signal.SIGTERM  # as the handler does
         answers.append(stop.agreed(Runner(), None, 2))
         with open(os.path.join(out_dir, "rank%d" % rank), "w") as f:
-            f.write("%s %s" % (answers, stop.signum))
+            f.write("%s %d" % (answers, stop.signum))  # %d: an IntEnum's %s is its name on Python 3.8
     finally:
         dist.destroy_process_group()
 

@@ -92,8 +92,10 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     # 6. compare: the packed run's accounting against the padded one's
     rows = {line.split()[0]: line.split()[1:] for line in outputs[5].splitlines() if line.split()}
     assert rows["steps"] == ["6", "6"] and rows["global_batch_sequences"] == ["58", "58"]
-    assert rows["gradient_accumulation"] == ["16", "29"] and rows["packing_factor"][1] == "1"
-    assert 1.7 < float(rows["packing_factor"][0]) < 1.8  # 9433 packs of 16657 sequences at S=512, K=3
+    packing_factor = float(rows["packing_factor"][0])
+    assert 1.7 < packing_factor < 1.8 and rows["packing_factor"][1] == "1"  # at S=512, K=3 (1.766 on Python 3.11)
+    # accumulation divided by the packing factor (the corpus, and so the factor, depends on the Python)
+    assert rows["gradient_accumulation"] == [str(round(29 / packing_factor)), "29"]
     # 7. fill-mask's five tokens, each from the vocabulary
     predicted = ast.literal_eval(outputs[6].strip().splitlines()[-1])  # a printed list of strings
     vocab = set((final1 / "vocab.txt").read_text(encoding="utf-8").split("\n"))
