@@ -195,7 +195,7 @@ def test_each_entry_point_s_forkserver_child_does_not_run_its_command(tmp_path):
     for path, (proc, lines) in results.items():
         assert proc.returncode == 0, (path, proc.stderr[-2000:])
         assert [line for line in lines if line["role"] == "parent"] == [
-            {"role": "parent", "exitcodes": {"forkserver": 0}}], (path, lines)
+            {"role": "parent", "exitcodes": {"forkserver": 0}}], (path, lines, proc.stderr[-3000:])
         assert [line for line in lines if line["role"] == "rerun"] == [], path
         children = _children(lines)
         assert sorted(children) == ["forkserver"], (path, lines)
