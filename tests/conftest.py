@@ -75,6 +75,7 @@ SLOW_MODULES = {
     "test_train_runlock.py", "test_train_loop.py", "test_train_reliability.py", "test_app_cli.py",
     "test_compat.py", "test_data_cli.py", "test_data.py", "test_data_existing.py", "test_execution_poptorch.py",
     "test_execution_ipu_options.py", "test_packing_stopping.py", "test_packing_cli.py", "test_console_scripts.py",
+    "test_train_stopping.py", "test_train_midrun_faults.py",
 }
 SLOW_TESTS = (
     "test_model_fused_qkv.py::test_a_two_stage_torch_pipeline_of_the_fused_model_matches_one_process",
@@ -88,6 +89,9 @@ SLOW_TESTS = (
     "test_packing_hashes.py::test_planning_imports_no_solver",
     "test_model_varlen.py::test_bench_varlen",
     "test_model.py::test_attention_paths_agree",
+    "test_hostile_umask.py::test_a_training_run_is_shareable",
+    "test_hostile_outputs.py::test_two_concurrent_prepares_into_one_directory_one_fails_at_once",
+    "test_packing_plan.py::test_every_algorithm_places_every_sequence_within_limits",
 )
 
 
