@@ -31,7 +31,8 @@ import numpy as np
 
 from .. import jsonin
 from .errors import DataError
-from .format import SPECIAL_TOKENS
+from ..fsutil import sha256_file
+from .format import SPECIAL_TOKENS, VOCAB
 from .instance_files import ranges
 
 DEFAULT_VOCAB_SIZE = 8192
@@ -71,6 +72,15 @@ class TokenizerSpec:
 
     def vocab_text(self) -> str:
         return "".join(t + "\n" for t in self.vocab)
+
+    def write_vocab(self, directory: str) -> Dict[str, object]:
+        """Write ``directory``/vocab.txt; return the manifest's vocabulary fields (both `prepare` and `pack`
+        describe their datasets with these)."""
+        path = os.path.join(directory, VOCAB)
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(self.vocab_text())
+        return {"vocab_file": VOCAB, "vocab_size": len(self.vocab), "vocab_checksum": sha256_file(path),
+                "do_lower_case": bool(self.do_lower_case), "special_token_ids": self.special_token_ids}
 
     def continuation_mask(self) -> np.ndarray:
         """(V,) bool: token is a word continuation ("##..."), for whole-word masking."""

@@ -59,8 +59,7 @@ from ..write.datasets import PackingOptions
 from ..errors import DataError
 from ..write.output import claim_output, write_atomically
 from .read import FORMATS, Checks, InputFile, convert_hdf5_rows, convert_tfrecord_file, hash_file, inspect_inputs
-from ...fsutil import sha256_file
-from ..format import VOCAB, max_pack_predictions
+from ..format import max_pack_predictions
 from ..limits import check_pack_sizes
 from ..vocab import LOWER_CASE_CHOICES, TokenizerSpec, load_tokenizer
 
@@ -185,14 +184,8 @@ def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, 
         source = {"hdf5": "NVIDIA DeepLearningExamples BERT HDF5", "tfrecord": "google-research/bert TFRecord"}[kind]
 
         def describe(directory: str, kind_: str) -> dict:
-            with open(os.path.join(directory, VOCAB), "w", encoding="utf-8", newline="\n") as f:
-                f.write(spec.vocab_text())
             return {
-                "vocab_file": VOCAB,
-                "vocab_size": len(spec.vocab),
-                "vocab_checksum": sha256_file(os.path.join(directory, VOCAB)),
-                "do_lower_case": bool(spec.do_lower_case),
-                "special_token_ids": spec.special_token_ids,
+                **spec.write_vocab(directory),
                 "seed": config.packing.seed,
                 "recipe": {
                     "source": "%s, masked and paired by its producer (kept as it is)" % source,

@@ -38,8 +38,7 @@ from typing import Dict, List, Optional
 
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
 from ..errors import DataError
-from ...fsutil import sha256_file
-from ..format import VOCAB, mlm_slots
+from ..format import mlm_slots
 from ..limits import MAX_DUPE_FACTOR, MAX_VOCAB_SIZE, check_at_most, check_pack_sizes
 from .recipe import RecipeConfig
 from ..vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab, train_vocab
@@ -237,14 +236,8 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
         recipe = config.recipe
 
         def describe(directory: str, kind: str) -> dict:
-            with open(os.path.join(directory, VOCAB), "w", encoding="utf-8", newline="\n") as f:
-                f.write(spec.vocab_text())
             return {
-                "vocab_file": VOCAB,
-                "vocab_size": len(spec.vocab),
-                "vocab_checksum": sha256_file(os.path.join(directory, VOCAB)),
-                "do_lower_case": bool(spec.do_lower_case),
-                "special_token_ids": spec.special_token_ids,
+                **spec.write_vocab(directory),
                 "seed": config.packing.seed,
                 "recipe": {
                     "masked_lm_prob": recipe.masked_lm_prob,
