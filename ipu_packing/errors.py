@@ -1,15 +1,15 @@
 """One error convention for every command, and the one wrapper that applies it.
 
 Every entry point (run_pretraining.py, ``python -m ipu_packing.data``, ``ipu_packing.packing``,
-``ipu_packing.packing.bench``, ``ipu_packing.bench``, ``ipu_packing.execution``) runs its ``main``
+``ipu_packing.bench.planner``, ``ipu_packing.bench``, ``ipu_packing.execution``) runs its ``main``
 through :func:`run_command`, which decides by exception *type*, never by message text:
 
-- :class:`UserError` (bad config, dataset, checkpoint, option; the packages subclass it) and the
+- :class:`UserError` (bad config, dataset, checkpoint, option; its kinds are the classes below) and the
   environment refusing a file (:class:`OSError`: missing, read-only, full disk): one line
   ``error: <cause>`` on stderr, exit status 2, no traceback.
 - Ctrl-C: one line ``error: interrupted``, exit status 130 (128 + SIGINT), as a shell reports it; SIGTERM
-  the same way (stopping.py): ``error: terminated (SIGTERM)``, exit status 143 (128 + SIGTERM). A training
-  run stopped by either writes a checkpoint first, and its line says so (train/stopping.py).
+  the same way (signals.py): ``error: terminated (SIGTERM)``, exit status 143 (128 + SIGTERM). A training
+  run stopped by either writes a checkpoint first, and its line says so (train/guard.py).
 - A reader that closed the pipe (``inspect ... | head``): no message, exit status 141
   (128 + SIGPIPE), as ``git log | head`` and other Unix tools end.
 - An exception a dependency raises on bad bytes (``describe_dependency_fault``: gzip, zlib, zip, JSON,
@@ -30,7 +30,7 @@ import re
 import sys
 from typing import Callable, Iterator, List, Optional
 
-from .stopping import terminate_as_interrupt
+from .signals import terminate_as_interrupt
 
 USER_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
@@ -50,6 +50,24 @@ class InputError(UserError, ValueError):
 
 class ConfigError(InputError):
     """A config value is wrong (a YAML key, an override, a dataclass field); the message names the key."""
+
+
+class DataError(UserError):
+    """A data problem (a missing corpus, bad UTF-8, a broken vocabulary, a corrupt shard or manifest, an output
+    directory that already holds something): str(error) is one line naming the file, the shard or the field."""
+
+
+class LaunchError(UserError):
+    """The process was started in a way the config cannot run in (no CUDA, no torchrun, not under poprun)."""
+
+
+class BackendUnavailable(UserError, RuntimeError):
+    """The chosen backend cannot be imported here (poptorch or popdist without the Poplar SDK)."""
+
+
+class TrainingError(UserError):
+    """The run stopped while training (a loss or a weight that is not finite): one line naming the last
+    checkpoint that is finite throughout."""
 
 
 class ArgumentParser(argparse.ArgumentParser):

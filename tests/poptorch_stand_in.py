@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import transformers
 
-from ipu_packing.execution.synthetic import collate, synthetic_packs
+from synthetic_packs import collate, synthetic_packs
 from ipu_packing.model import PackedBertForPreTraining
 
 STAND_IN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_poptorch")

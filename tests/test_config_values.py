@@ -5,7 +5,7 @@ import os
 import pytest
 
 from ipu_packing.train import load_config
-from ipu_packing.train.errors import ConfigError, UserError
+from ipu_packing.errors import ConfigError, UserError
 from ipu_packing.train.loader import CONFIG_DIR
 from ipu_packing.train.strict_yaml import yaml_load
 

@@ -18,7 +18,7 @@ from ipu_packing.data.text.pipeline import PrepareConfig, prepare
 from ipu_packing.data.write.datasets import PackingOptions
 from ipu_packing.data.vocab import load_tokenizer, train_default_vocab
 
-from ipu_packing.data.synthetic import make_inputs
+from synthetic_corpus import make_inputs
 
 S, K = 64, 3
 

@@ -6,7 +6,7 @@ import sys
 
 from ipu_packing.data.cli import main
 
-from ipu_packing.data.synthetic import make_inputs
+from synthetic_corpus import make_inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

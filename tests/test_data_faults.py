@@ -13,7 +13,7 @@ import pytest
 from ipu_packing.data.text import corpus as corpus_module
 from ipu_packing.data.write import packs
 from ipu_packing.data.cli import main
-from ipu_packing.data.synthetic import make_inputs, write_bert_corpus, write_vocab
+from synthetic_corpus import make_inputs, write_bert_corpus, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -169,7 +169,7 @@ def _alive(pid):
 def _start_with_workers(tmp_path, name):
     """A two-worker prepare of a few MB, started in its own session; returns (proc, worker pids)
     once its workers run and its temporary directory exists."""
-    from ipu_packing.data.scale_bench import build_corpus
+    from ipu_packing.bench.prepare_scale import build_corpus
 
     corpus = str(tmp_path / "corpus.txt")
     if not os.path.exists(corpus):

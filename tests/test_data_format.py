@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ipu_packing.data.errors import DataError
+from ipu_packing.errors import DataError
 from ipu_packing.data.format import IGNORE_INDEX, pack_dtype
 from ipu_packing.data.reference import Instance, pack_sequences
 from ipu_packing.data.instance_files import Instances, load_instances, save_instances

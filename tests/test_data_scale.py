@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 from ipu_packing.data import open_dataset
-from ipu_packing.data.synthetic import write_bert_corpus, write_vocab
+from synthetic_corpus import write_bert_corpus, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -17,10 +17,10 @@ import pytest
 import app_fixtures as fx
 from ipu_packing.bench.cli import main as bench_main
 from ipu_packing.data.cli import main as data_main
-from ipu_packing.data.synthetic import make_inputs
+from synthetic_corpus import make_inputs
 from ipu_packing.execution.cli import main as execution_main
-from ipu_packing.model.bench import main as model_bench_main
-from ipu_packing.packing.bench import main as packing_bench_main
+from ipu_packing.bench.model_overhead import main as model_bench_main
+from ipu_packing.bench.planner import main as packing_bench_main
 from ipu_packing.packing.cli import main as packing_main
 from ipu_packing.train.cli import main as train_main
 

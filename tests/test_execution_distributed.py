@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 
 from ipu_packing.errors import UserError
 from ipu_packing.execution import ExecutionConfig, make_runner
-from ipu_packing.execution.synthetic import PackDataset
+from synthetic_packs import PackDataset
 
 from test_execution_fixtures import build_model, make_packs
 from torch_features import PIPELINING_MISSING

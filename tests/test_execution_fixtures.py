@@ -13,7 +13,7 @@ import transformers
 from torch import nn
 
 from ipu_packing.execution.runner_common import BATCH_FIELDS
-from ipu_packing.execution.synthetic import collate, synthetic_packs
+from synthetic_packs import collate, synthetic_packs
 from ipu_packing.model import PackedBertForPreTraining
 
 SEQ_LEN, MAX_SEQ, MAX_MASKED = 32, 3, 6

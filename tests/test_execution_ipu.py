@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ipu_packing.execution import ExecutionConfig, make_runner
-from ipu_packing.execution.synthetic import PackDataset
+from synthetic_packs import PackDataset
 
 import poptorch_stand_in as si
 

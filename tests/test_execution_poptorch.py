@@ -19,7 +19,7 @@ import torch
 from ipu_packing.execution import ExecutionConfig, make_runner
 from ipu_packing.execution.placement import model_stages
 from ipu_packing.execution.poptorch_backend import SDK_MESSAGE, BackendUnavailable, make_poptorch_runner
-from ipu_packing.execution.synthetic import PackDataset
+from synthetic_packs import PackDataset
 from ipu_packing.model.stages import parameter_owners
 from ipu_packing.train import load_config
 from ipu_packing.train.optim import LAMB
@@ -176,7 +176,7 @@ def test_too_few_micro_batches_for_the_pipeline_is_refused(poptorch, monkeypatch
 @pytest.mark.parametrize("layout, global_batch, refused", [("packed", 16, True), ("packed", 32, False),
                                                            ("padded", 8, True), ("padded", 10, False)])
 def test_a_config_whose_accumulation_is_too_small_for_its_pipeline_is_refused_at_load(layout, global_batch, refused):
-    from ipu_packing.train.errors import ConfigError
+    from ipu_packing.errors import ConfigError
 
     overrides = ["execution.backend=poptorch", "execution.layers_per_ipu=[1,1]", "model.num_hidden_layers=2",
                  "execution.micro_batch_size=2", "data.layout=%s" % layout, "data.packing_factor_estimate=2.0",

@@ -10,7 +10,7 @@ import torch
 
 from ipu_packing.execution import ExecutionConfig, make_runner
 from ipu_packing.execution.runner_common import BATCH_FIELDS
-from ipu_packing.execution.synthetic import PackDataset, collate
+from synthetic_packs import PackDataset, collate
 
 from test_execution_fixtures import build_model, make_packs
 

@@ -142,7 +142,7 @@ def ws(tmp_path_factory):
     os.makedirs(str(deep_data / "packed"))
     (deep_data / "packed" / "manifest.json").write_text('{"a": ' + DEEP + "}")
     w["deep_data"] = str(deep_data)
-    from ipu_packing.data.synthetic import make_inputs
+    from synthetic_corpus import make_inputs
     from ipu_packing.data.existing.tfrecord import masked_crc
 
     w["corpus"], w["vocab"] = make_inputs(str(root))

@@ -14,7 +14,7 @@ import pytest
 
 from ipu_packing import jsonout
 from ipu_packing.compare import main as compare_main
-from ipu_packing.packing.bench import main as packing_bench_main
+from ipu_packing.bench.planner import main as packing_bench_main
 from ipu_packing.packing.cli import main as packing_main
 from ipu_packing.packing.plan import PackingPlan
 

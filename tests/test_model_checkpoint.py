@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from ipu_packing.model import PackedBertForPreTraining
-from ipu_packing.model.checkpoint import normalize_keys
+from ipu_packing.model.pretrained import normalize_keys
 from test_model import tiny_batch, tiny_config
 
 

@@ -21,7 +21,7 @@ from ipu_packing.model.self_attention import BertFusedSelfAttention, BertSelfAtt
 from ipu_packing.model.stages import OUTPUT, parameter_owners, pretraining_stages
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
-from ipu_packing.train.errors import ConfigError, UserError
+from ipu_packing.errors import ConfigError, UserError
 from ipu_packing.train.optim import LAMB, parameter_groups
 from ipu_packing.train.resume import check_resume_matches
 from ipu_packing.train.state import TrainingState
@@ -273,7 +273,7 @@ def _train_fused(config: ExecutionConfig):
     """3 SGD steps of the fused tiny model from a fixed initialisation; its state in transformers' layout."""
     from test_execution_fixtures import make_packs, tiny_bert_config
 
-    from ipu_packing.execution.synthetic import PackDataset
+    from synthetic_packs import PackDataset
 
     torch.manual_seed(0)
     bert = tiny_bert_config(2)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ipu_packing.execution.runner_common import BATCH_FIELDS
-from ipu_packing.execution.synthetic import collate
+from synthetic_packs import collate
 from ipu_packing.model.stages import HIDDEN, INPUTS, OUTPUT, parameter_owners, pretraining_stages
 
 import poptorch_stand_in as si

@@ -151,7 +151,7 @@ def test_bad_input_exit_code_of_the_process(tmp_path, args):
 
 def test_bench_prints_every_algorithm(files):
     proc = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--max-sequences-per-pack", 3,
-               "--json", module="ipu_packing.packing.bench")
+               "--json", module="ipu_packing.bench.planner")
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["algorithm"] for r in rows] == ["spfhp", "lpfhp", "nnlshp", "optimal"]
@@ -170,7 +170,7 @@ def test_the_earlier_spelling_of_S_still_parses():
 
 def test_bench_assign_reports_seconds_memory_and_the_ratio_to_a_stable_argsort(files):
     proc = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--algorithms", "optimal", "--assign",
-               "--assign-repeats", 2, "--json", module="ipu_packing.packing.bench")
+               "--assign-repeats", 2, "--json", module="ipu_packing.bench.planner")
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout.splitlines()[-1])
     assert row["assign"] is True and row["repeats"] == 2
@@ -182,10 +182,10 @@ def test_bench_assign_reports_seconds_memory_and_the_ratio_to_a_stable_argsort(f
     assert [len(row["runs"][k]) for k in ("assign", "argsort", "argsort_int64")] == [2, 2, 2]
     assert row["seconds"] == min(row["runs"]["assign"]) and row["argsort_seconds"] == min(row["runs"]["argsort"])
     text = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--algorithms", "optimal", "--assign",
-               "--assign-repeats", 1, module="ipu_packing.packing.bench")
+               "--assign-repeats", 1, module="ipu_packing.bench.planner")
     assert text.returncode == 0, text.stderr
     assert "assign_sequences (optimal plan): 37 sequences" in text.stdout
     assert "stable np.argsort of the same lengths" in text.stdout and "x the uint16 argsort" in text.stdout
     bad = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--assign", "--assign-repeats", 0,
-              module="ipu_packing.packing.bench")
+              module="ipu_packing.bench.planner")
     assert bad.returncode == 2 and "--assign-repeats" in bad.stderr

@@ -104,7 +104,7 @@ def test_cli_exposes_the_rule(tmp_path, capsys):
 
 def test_prepare_passes_the_rule_to_the_planner(tmp_path, capsys, monkeypatch):
     from ipu_packing.data.cli import main as data_main
-    from ipu_packing.data.synthetic import make_inputs
+    from synthetic_corpus import make_inputs
     from ipu_packing.packing import plan as plan_module
 
     corpus, vocab = make_inputs(str(tmp_path))

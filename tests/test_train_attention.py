@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
 from ipu_packing.execution import ExecutionConfig, make_runner
-from ipu_packing.execution.synthetic import PackDataset
+from synthetic_packs import PackDataset
 from ipu_packing.model import PackedBertForPreTraining
 from ipu_packing.train import load_config
 from ipu_packing.train import checkpoint as ckpt

@@ -17,7 +17,7 @@ from ipu_packing.data import open_dataset
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.train import loop
-from ipu_packing.train import plan
+from ipu_packing.train import run_plan as plan
 from ipu_packing.train.cli import main
 from ipu_packing.train.loop import execute, plan_run
 

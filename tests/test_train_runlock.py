@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from ipu_packing.train.errors import UserError
+from ipu_packing.errors import UserError
 from ipu_packing.train.runlock import LOCK_NAME, RunLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ import torch
 
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
-from ipu_packing.stopping import Stopped
+from ipu_packing.signals import Stopped
 from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run

@@ -47,7 +47,7 @@ def read_histogram_file(path: str, max_seq_length: Optional[int]) -> np.ndarray:
 
 def read_dataset_histogram(directory: str) -> np.ndarray:
     """The sequence_length_histogram of prepared data (prepare's --output DIR, or one dataset directory)."""
-    from ..data.errors import DataError
+    from ..errors import DataError
     from ..data.format import MANIFEST, read_manifest
 
     for candidate in (os.path.join(directory, "padded"), os.path.join(directory, "packed"), directory):

@@ -52,10 +52,10 @@ share packs into shards and manifests.
   temporary files), vocab (tokenizers), errors, dataset (torch Dataset), synthetic (a tiny text corpus and
   vocabulary for tests), random_instances (the one generator of random NSP/MLM instances and packs, for tests
   and benchmarks), cli; pack_bench and scale_bench are benchmark commands
-  (`python -m ipu_packing.data.pack_bench`, `.scale_bench`).
+  (`python -m ipu_packing.bench.pack_existing`, `.scale_bench`).
 """
 
-from .errors import DataError
+from ..errors import DataError
 from .format import FIELDS, IGNORE_INDEX, pack_dtype
 
 __all__ = ["DataError", "FIELDS", "IGNORE_INDEX", "pack_dtype", "open_dataset", "PackedDataset",

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ArgumentParser, run_command
 from ..packing.cli import add_lp_arguments
-from .errors import DataError
+from ..errors import DataError
 
 
 def _add_packing_arguments(p: argparse.ArgumentParser) -> None:

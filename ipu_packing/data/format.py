@@ -50,7 +50,7 @@ import numpy as np
 from .. import jsonin
 from ..errors import InputError
 from ..fsutil import atomic_write_text, contained_path, sha256_file  # noqa: F401  (sha256_file: importers of format)
-from .errors import DataError
+from ..errors import DataError
 from .limits import MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, MAX_VOCAB_SIZE
 
 FORMAT_VERSION = 2

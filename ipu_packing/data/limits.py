@@ -16,7 +16,7 @@ Only this module and numpy-free arithmetic: the format, the manifest reader and 
 
 from __future__ import annotations
 
-from .errors import DataError
+from ..errors import DataError
 
 MAX_SEQ_LENGTH = 1 << 16
 MAX_SEQUENCES_PER_PACK = 255

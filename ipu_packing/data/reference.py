@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from .errors import DataError
+from ..errors import DataError
 from .format import IGNORE_INDEX, pack_dtype
 
 

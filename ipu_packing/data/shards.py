@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from ..fsutil import contained_path, sha256_file
-from .errors import DataError
+from ..errors import DataError
 from .format import FIELDS, IGNORE_INDEX, pack_dtype
 
 BLOCK_TOKENS = 1 << 22

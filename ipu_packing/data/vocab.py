@@ -30,7 +30,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from .. import jsonin
-from .errors import DataError
+from ..errors import DataError
 from ..fsutil import sha256_file
 from .format import SPECIAL_TOKENS, VOCAB
 from .instance_files import ranges

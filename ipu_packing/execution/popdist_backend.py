@@ -54,7 +54,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, UserError, one_line
 from .config import ExecutionConfig
-from .errors import BackendUnavailable, LaunchError
+from ..errors import BackendUnavailable, LaunchError
 from .runner_common import step_slices
 
 POPDIST_MESSAGE = (

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import ConfigError
 from .config import ExecutionConfig
-from .errors import BackendUnavailable
+from ..errors import BackendUnavailable
 from .placement import check_pipeline_depth, ipu_blocks, model_stages, placement_rows
 from .popdist_backend import Launch, instance_indices, popdist_options, resolve_launch
 from .poptorch_options import (

@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Tuple
 import torch
 
 from ..data.format import FIELDS, IGNORE_INDEX
-from .errors import LaunchError
+from ..errors import LaunchError
 
 BATCH_FIELDS = FIELDS  # model inputs in forward's order; shapes and meanings: data/format.py
 

@@ -377,19 +377,19 @@ class PackedBertForPreTraining(nn.Module):
     ) -> "PackedBertForPreTraining":
         """Read a directory written by transformers (config.json + safetensors or pytorch_model.bin);
         ``fused_qkv`` (default: config.json's, else False) builds the fused projection from its weights."""
-        from .checkpoint import load_pretrained
+        from .pretrained import load_pretrained
 
         return load_pretrained(cls, directory, attention=attention, strict=strict, fused_qkv=fused_qkv)
 
     def save_pretrained(self, directory: str, safe_serialization: bool = True) -> None:
         """Write config.json + model.safetensors (or pytorch_model.bin) that BertForPreTraining loads back."""
-        from .checkpoint import save_pretrained
+        from .pretrained import save_pretrained
 
         save_pretrained(self, directory, safe_serialization=safe_serialization)
 
     def hf_state_dict(self) -> Dict[str, torch.Tensor]:
         """State dict without tied aliases, as transformers saves it."""
-        from .checkpoint import export_state_dict
+        from .pretrained import export_state_dict
 
         return export_state_dict(self)
 

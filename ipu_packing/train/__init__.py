@@ -13,7 +13,7 @@ Public API:
 
 from .config import BatchAccounting, PretrainingConfig
 from .loader import available_configs, config_from_dict, load_config
-from .errors import ConfigError, TrainingError, UserError
+from ..errors import ConfigError, TrainingError, UserError
 
 __all__ = [
     "BatchAccounting",

@@ -27,9 +27,9 @@ import torch
 from .. import jsonin
 from ..errors import one_line
 from ..fsutil import atomic_open, fsync_directory, make_temp_dir, remove_stale_temporaries
-from ..model.checkpoint import load_tensors
+from ..model.pretrained import load_tensors
 from ..model.self_attention import hf_layout
-from .errors import UserError
+from ..errors import UserError
 from .state import TrainingState
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")

@@ -11,7 +11,7 @@ import torch
 from .config import PretrainingConfig
 from .data import check_data_matches, open_shards, read_training_data
 from .optim import build_optimizer, build_scheduler
-from .plan import check_backend, model_class, seed_everything
+from .run_plan import check_backend, model_class, seed_everything
 
 
 def compile_only(

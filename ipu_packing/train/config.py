@@ -16,7 +16,7 @@ from typing import Any, Dict, Tuple
 from ipu_packing.execution.placement import check_pipeline_depth
 from ipu_packing.model.stages import layer_split
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .sections import (
     CheckpointConfig,
     DataConfig,

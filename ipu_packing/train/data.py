@@ -14,11 +14,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..data.errors import DataError
+from ..errors import DataError
 from ..data.format import MANIFEST, read_manifest
 from ..fsutil import sha256_file
 from ..errors import one_line
-from .errors import UserError
+from ..errors import UserError
 
 PREPARE_HINT = ("python -m ipu_packing.data prepare --input default --output DIR --max-seq-length S "
                 "--max-sequences-per-pack K")

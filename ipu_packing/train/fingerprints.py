@@ -29,7 +29,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..fsutil import atomic_write_text
-from .errors import UserError
+from ..errors import UserError
 from .sections import INIT_ARCHITECTURE_KEYS
 
 Difference = Tuple[str, Any, Any]

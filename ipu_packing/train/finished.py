@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 from . import checkpoint as ckpt
 from .. import jsonin
 from ..errors import one_line
-from .errors import UserError
+from ..errors import UserError
 
 
 def _read_json(path: str) -> Any:

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 
 from .config import PretrainingConfig
-from .errors import ConfigError
+from ..errors import ConfigError
 from .model_section import check_attention, finite, parse_model
 from .sections import CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ScheduleConfig, TrainingConfig
 from .strict_yaml import shown, yaml_load

@@ -37,11 +37,11 @@ from .data import batch_rows
 from .. import jsonout
 from ..errors import one_line
 from ..fsutil import atomic_write_text
-from .errors import TrainingError, UserError
+from ..errors import TrainingError, UserError
 from .fingerprints import record_forced
-from .instances import agree_on_start, agree_ready, reduce_step
+from .poprun import agree_on_start, agree_ready, reduce_step
 from .metrics import MetricsLogger, StepRecord, repair_jsonl, run_summary, summary_line
-from .plan import RunPlan, check_backend, plan_run, seed_everything
+from .run_plan import RunPlan, check_backend, plan_run, seed_everything
 from .runlock import RunLock
 from .state import TrainingState
 from .shard_watch import ShardWatch, guarded

@@ -188,7 +188,7 @@ def repair_jsonl(path: str, last_step: int, log=print) -> int:
     atomically. A last line a kill tore (no newline, not JSON, not a record) is dropped and said in one line;
     a bad line before it is refused (UserError naming the file and line). Returns the records kept."""
     from ..fsutil import atomic_write_text
-    from .errors import UserError
+    from ..errors import UserError
 
     if not os.path.isfile(path):
         return 0

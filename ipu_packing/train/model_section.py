@@ -10,7 +10,7 @@ from typing import Any, Dict
 
 from ipu_packing.model.attention import ATTENTION_IMPLEMENTATIONS, missing_torch_support
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .strict_yaml import shown
 
 

@@ -20,12 +20,12 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..model.checkpoint import check_config_values
+from ..model.pretrained import check_config_values
 from . import checkpoint as ckpt
 from .. import jsonin
 from ..errors import one_line
 from ..fsutil import sha256_file
-from .errors import ConfigError, UserError
+from ..errors import ConfigError, UserError
 from .fingerprints import check_init_matches
 from .sections import INIT_ARCHITECTURE_KEYS, INIT_OVERRIDE_VOCAB, CheckpointConfig
 
@@ -115,7 +115,7 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
     returns (on the first process only)."""
     source = config.checkpoint.init_from
     if ckpt.is_hf_dir(source):
-        from ipu_packing.model.checkpoint import load_weights
+        from ipu_packing.model.pretrained import load_weights
 
         try:
             loaded, missing, unexpected = load_weights(model, source)

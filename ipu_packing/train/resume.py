@@ -18,7 +18,7 @@ from typing import Optional
 from . import checkpoint as ckpt
 from .config import PretrainingConfig
 from .data import TrainingData
-from .errors import UserError
+from ..errors import UserError
 from .state import TrainingState
 
 def load_with_new_hyperparameters(optimizer, scheduler, state: TrainingState) -> None:

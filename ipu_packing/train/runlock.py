@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Optional
 
-from .errors import UserError
+from ..errors import UserError
 
 LOCK_NAME = "run.lock"
 

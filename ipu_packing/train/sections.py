@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 BATCH_ACCOUNTING = ("accumulation", "betas")
 LAYOUTS = ("packed", "padded")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterator, List, Optional, Tuple
 
-from .errors import UserError
+from ..errors import UserError
 
 Stat = Tuple[int, int, int]
 """(size in bytes, mtime in ns, inode)."""

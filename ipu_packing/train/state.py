@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def _is(*types: type, what: str) -> Dict[str, Any]:

@@ -26,7 +26,7 @@ import contextlib
 import signal
 from typing import Any, Iterator, Optional
 
-from ..stopping import Stopped, handlers, signal_name
+from ..signals import Stopped, handlers, signal_name
 
 
 class StopRequests:

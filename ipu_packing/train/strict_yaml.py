@@ -13,7 +13,7 @@ from typing import Any, Dict
 import yaml
 
 from ..errors import one_line
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 MAX_CONFIG_BYTES = 1 << 20

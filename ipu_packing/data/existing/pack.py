@@ -56,7 +56,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..write.datasets import PackingOptions
-from ..errors import DataError
+from ...errors import DataError
 from ..write.output import claim_output, write_atomically
 from .read import FORMATS, Checks, InputFile, convert_hdf5_rows, convert_tfrecord_file, hash_file, inspect_inputs
 from ..format import max_pack_predictions

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..text.corpus import resolve_inputs
 from ...errors import one_line
-from ..errors import DataError
+from ...errors import DataError
 from ...fsutil import sha256_file
 from ..instance_files import Instances, save_instances
 from ..limits import MAX_SEQ_LENGTH, check_at_most

@@ -43,7 +43,7 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional
 
-from ..errors import DataError
+from ...errors import DataError
 
 Document = List[str]
 

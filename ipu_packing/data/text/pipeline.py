@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
-from ..errors import DataError
+from ...errors import DataError
 from ..format import mlm_slots
 from ..limits import MAX_DUPE_FACTOR, MAX_VOCAB_SIZE, check_at_most, check_pack_sizes
 from .recipe import RecipeConfig

@@ -65,7 +65,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..errors import DataError
+from ...errors import DataError
 from ..format import max_predictions, num_to_predict
 from ..instance_files import Instances, ranges
 

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
-from ..errors import DataError
+from ...errors import DataError
 from ..format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
 from ..limits import MAX_SEQUENCES_PER_PACK, MAX_WORKERS, check_at_most
 from .packs import PackLayout, dataset_spec, gather_shard, scatter

@@ -16,7 +16,7 @@ import shutil
 from typing import Callable, Iterator, TypeVar
 
 from ...fsutil import fsync_tree, make_temp_dir, replace_durably
-from ..errors import DataError
+from ...errors import DataError
 
 
 def check_output(path: str) -> None:

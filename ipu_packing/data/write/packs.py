@@ -37,7 +37,7 @@ import numpy as np
 
 from ...packing.permutation import KeyedPermutation
 from ...packing.slots import SlotMap, length_ranks
-from ..errors import DataError
+from ...errors import DataError
 from ..format import IGNORE_INDEX, pack_dtype
 from ..instance_files import (PER_INSTANCE, Instances, concat_instances, gather_instances, load_instances, ranges,
                               token_dtype)

@@ -1,6 +1,6 @@
 """Packing overhead of the model: step time (forward + backward) per pack, packed against padded.
 
-    python -m ipu_packing.model.bench [--preset tiny|small|base] [--max-seq-length 128] [--batch 8] ...
+    python -m ipu_packing.bench.model_overhead [--preset tiny|small|base] [--max-seq-length 128] [--batch 8] ...
 
 Both runs have the same shape (B, S) and the same code path; they differ only in what the rows hold:
 
@@ -33,15 +33,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..bench.presets import MODEL_PRESETS
+from .presets import MODEL_PRESETS
 from ..data.format import FIRST_WORD_ID, IGNORE_INDEX, as_batch
 from ..data.random_instances import random_packs
 from ..errors import ArgumentParser, run_command
-from .attention import ATTENTION_IMPLEMENTATIONS
+from ..model.attention import ATTENTION_IMPLEMENTATIONS
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = ArgumentParser(prog="python -m ipu_packing.model.bench", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m ipu_packing.bench.model_overhead", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(MODEL_PRESETS), default="small",
                         help="model size (bench/presets.py; default small)")
     parser.add_argument("--vocab-size", type=int, default=None, help="V (default: the preset's)")

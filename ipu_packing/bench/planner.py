@@ -1,6 +1,6 @@
 """Benchmark: every packing algorithm side by side on one histogram (not a test).
 
-    python -m ipu_packing.packing.bench --histogram FILE --max-seq-length N \\
+    python -m ipu_packing.bench.planner --histogram FILE --max-seq-length N \\
         [--max-sequences-per-pack K|max] [--assign [--assign-repeats R]] [--json]
 
 Columns: efficiency (real tokens / pack tokens), theoretical speed-up (sequences per pack),
@@ -22,9 +22,9 @@ from typing import List, Optional
 
 from .. import jsonout
 from ..errors import ArgumentParser, InputError, run_command
-from .cli import add_lp_arguments, parse_length, parse_limit
-from .io import load_histogram
-from .plan import ALGORITHMS, plan_packing
+from ..packing.cli import add_lp_arguments, parse_length, parse_limit
+from ..packing.io import load_histogram
+from ..packing.plan import ALGORITHMS, plan_packing
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _main(argv: Optional[List[str]]) -> int:
-    parser = ArgumentParser(prog="python -m ipu_packing.packing.bench", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m ipu_packing.bench.planner", description=__doc__.split("\n")[0])
     parser.add_argument("--histogram", required=True)
     parser.add_argument("--max-seq-length", type=parse_length, default=None, help="S, pack size in tokens")
     parser.add_argument("--max-sequence-length", dest="max_seq_length", type=parse_length, default=argparse.SUPPRESS,
@@ -108,7 +108,7 @@ def _time_assignment(plan, repeats: int = 3) -> dict:
 
     import numpy as np
 
-    from .assign import assign_sequences
+    from ..packing.assign import assign_sequences
 
     lengths = np.repeat(np.arange(1, plan.max_seq_length + 1, dtype=np.int64), plan.histogram)  # (N,)
     np.random.default_rng(0).shuffle(lengths)

@@ -19,7 +19,7 @@ from . import checkpoint as ckpt
 from .config import BatchAccounting, PretrainingConfig
 from .data import TrainingData, check_data_matches, open_shards, read_training_data
 from ..errors import one_line
-from .errors import ConfigError, UserError
+from ..errors import ConfigError, UserError
 from .optim import build_optimizer, build_scheduler
 from .phase1 import check_init_from, load_init_from
 from .finished import check_finished

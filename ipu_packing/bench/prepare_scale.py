@@ -1,7 +1,7 @@
 """Scale benchmark of `prepare` (a command, not a test): does a corpus of any size fit in flat memory
 and a fixed number of open files?
 
-    python -m ipu_packing.data.scale_bench --mb 100 [--nofile 1024] [--dupe-factor 1] [--workers 0]
+    python -m ipu_packing.bench.prepare_scale --mb 100 [--nofile 1024] [--dupe-factor 1] [--workers 0]
 
 Builds a corpus of about N MB in BERT format from text on the machine (the embedded default corpus,
 its documents shuffled anew for each copy), then runs `python -m ipu_packing.data prepare` on it in a
@@ -29,13 +29,13 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import jsonout
-from .write.datasets import PackingOptions
+from ..data.write.datasets import PackingOptions
 
 
 def build_corpus(path: str, megabytes: float, seed: int = 0) -> Dict[str, int]:
     """Write about `megabytes` MB of BERT-format text: copies of the default corpus, each copy's
     documents in a new random order. Returns {bytes, copies, documents}."""
-    from .text.corpus import default_documents
+    from ..data.text.corpus import default_documents
 
     blocks = ["\n".join(document) + "\n\n" for document in default_documents()]
     encoded = [block.encode("utf-8") for block in blocks]
@@ -153,7 +153,7 @@ def du(path: str) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ipu_packing.data.scale_bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m ipu_packing.bench.prepare_scale", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, required=True, help="corpus size in MB (2**20 bytes)")
     parser.add_argument("--nofile", type=int, default=1024, help="RLIMIT_NOFILE of prepare")

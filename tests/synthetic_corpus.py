@@ -11,7 +11,7 @@ without text (token ids straight into the pack format) are random_instances.py's
 import os
 import random
 
-from .format import SPECIAL_TOKENS
+from ipu_packing.data.format import SPECIAL_TOKENS
 
 WORDS = ("the a of to and in is was for on that with as by it at from his her an were are which this be "
          "or has had not but one their also its after first new two they who been have more other all "

@@ -12,8 +12,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..data.format import TOKEN_FIELDS
-from ..data.random_instances import random_packs
+from ipu_packing.data.format import TOKEN_FIELDS
+from ipu_packing.data.random_instances import random_packs
 
 
 def synthetic_packs(

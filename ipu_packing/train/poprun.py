@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class InstancesDisagree(UserError):

@@ -1,6 +1,6 @@
 """Benchmark of `pack` (a command, not a test): how fast are existing datasets packed, in how much memory?
 
-    python -m ipu_packing.data.pack_bench --instances 1000000 [--format hdf5|tfrecord] [--files 1]
+    python -m ipu_packing.bench.pack_existing --instances 1000000 [--format hdf5|tfrecord] [--files 1]
         [--max-seq-length 128] [--max-sequences-per-pack 3] [--workers 0] [--no-padded]
 
 Writes a synthetic dataset of N instances in the chosen format, laid out as its producer writes it
@@ -30,11 +30,11 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from .format import SPECIAL_TOKENS
-from .random_instances import draw_instances
-from .scale_bench import du, run_measured
+from ..data.format import SPECIAL_TOKENS
+from ..data.random_instances import draw_instances
+from .prepare_scale import du, run_measured
 from .. import jsonout
-from .write.datasets import PackingOptions
+from ..data.write.datasets import PackingOptions
 
 VOCAB_SIZE = 30522
 CHUNK = 1 << 15
@@ -101,8 +101,8 @@ def _varints(values: np.ndarray) -> List[bytes]:
 
 def write_tfrecord(path: str, n: int, s: int, p: int, seed: int) -> None:
     """As google-research/bert's create_pretraining_data.py: one tf.train.Example per instance."""
-    from .existing.tfexample import length_delimited
-    from .existing.tfrecord import write_records
+    from ..data.existing.tfexample import length_delimited
+    from ..data.existing.tfrecord import write_records
 
     names = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
              "masked_lm_weights", "next_sentence_labels")
@@ -132,7 +132,7 @@ def run_pack(inputs: str, vocab: str, output: str, extra: List[str]) -> Dict[str
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ipu_packing.data.pack_bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m ipu_packing.bench.pack_existing", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", type=int, required=True)
     parser.add_argument("--format", choices=("hdf5", "tfrecord"), default="hdf5")
