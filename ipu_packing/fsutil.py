@@ -149,7 +149,7 @@ def atomic_write_text(path: str, text: str) -> None:
 
 def remove_stale_temporaries(directory: str) -> int:
     """Delete ``.<name>.*.tmp`` files that a killed writer left in ``directory``; returns how many.
-    Call it only while holding the directory (for a run directory: under its RunLock)."""
+    Call it only while holding the directory (for a run directory: under its lock, train/run_dir.py)."""
     removed = 0
     try:
         names = os.listdir(directory)

@@ -4,7 +4,7 @@
 temporary output and worker pool, a training run's lock) runs for SIGTERM as well. ``run_command``
 (errors.py) routes SIGTERM to it for the whole command (``terminate_as_interrupt``) and reports it in one
 line, exit status 143; Ctrl-C stays Python's KeyboardInterrupt (130). While training steps, both signals
-are taken over by train/stopping.py: the step in flight completes and a checkpoint is written first.
+are taken over by train/guard.py: the step in flight completes and a checkpoint is written first.
 Handlers can only be set in the main thread; elsewhere these helpers change nothing.
 """
 
@@ -58,9 +58,17 @@ def _raise_stopped(signum: int, frame: Any) -> None:
     raise Stopped(signum)
 
 
+def ignore_stop_signals(*_: Any) -> None:
+    """In a worker process (a DataLoader's ``worker_init_fn``; prepare's and pack's pool): ignore SIGINT and
+    SIGTERM, so that a signal sent to the whole process group (Ctrl-C, ``timeout``, Slurm's ``scancel``) is
+    handled once, by the main process, which then shuts its workers down."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def terminate_as_interrupt() -> "contextlib.AbstractContextManager[None]":
     """For the block: SIGTERM raises Stopped (a KeyboardInterrupt) wherever the command is, as Ctrl-C does."""
     return handlers({signal.SIGTERM: _raise_stopped})
 
 
-__all__ = ["Stopped", "handlers", "signal_name", "terminate_as_interrupt"]
+__all__ = ["Stopped", "handlers", "ignore_stop_signals", "signal_name", "terminate_as_interrupt"]

@@ -86,3 +86,95 @@ def write_prepared(root: str, S: int = 32, K: int = 3, V: int = 64, num_sequence
         _write(os.path.join(root, "padded"), store, single[:-1], single, S, 1, "padded", "none (one sequence per row)",
                seed, vocab_lines, cap)
     return root
+
+
+# ---- tiny training runs -----------------------------------------------------------------------------------------
+
+TINY = [
+    "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
+    "model.num_attention_heads=2", "model.hidden_dropout_prob=0.1",
+    "data.max_seq_length=32", "execution.micro_batch_size=4", "training.global_batch_sequences=16",
+    "logging.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=0.01",
+]
+"""Overrides of the demo config for a 2-layer, 32-wide BERT on write_prepared's S=32, V=64 data."""
+
+
+def tiny(data_dir, run_dir, *extra):
+    """The demo config with TINY, on ``data_dir`` (write_prepared's root), into ``run_dir``."""
+    from ipu_packing.train import load_config
+
+    return load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir] + list(extra))
+
+
+def train(config, **kwargs):
+    """Plan and train ``config`` in this process, silently; returns the summary."""
+    from ipu_packing.data import open_dataset
+    from ipu_packing.train.loop import execute, plan_run
+
+    return execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None, **kwargs)
+
+
+# ---- reading a run directory (through its owner) -------------------------------------------------------------
+
+
+def checkpoints(run_dir):
+    """The run's step checkpoints, oldest first."""
+    from ipu_packing.train.run_dir import RunDirectory
+
+    return RunDirectory(run_dir).checkpoints()
+
+
+def latest(run_dir):
+    from ipu_packing.train.run_dir import RunDirectory
+
+    return RunDirectory(run_dir).latest()
+
+
+def load(path):
+    """A step checkpoint, read and checked (TrainingState.load)."""
+    from ipu_packing.train.state import TrainingState
+
+    return TrainingState.load(path)
+
+
+def save(run_dir, state, keep=2):
+    from ipu_packing.train.run_dir import RunDirectory
+
+    return RunDirectory(run_dir).save(state, keep)
+
+
+def metrics(run_dir):
+    """The records of the run's metrics.jsonl."""
+    from ipu_packing.train.run_dir import RunDirectory
+
+    return RunDirectory(run_dir).read_metrics()
+
+
+def read_jsonl(path):
+    import json
+
+    with open(path, "r", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def losses(run_dir):
+    """(step, loss, mlm_loss, nsp_loss) of every record of the run."""
+    return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"]) for r in metrics(run_dir)]
+
+
+def holding(run_dir):
+    """``with holding(run_dir):`` this process holds the run directory's lock, as a live run would."""
+    import contextlib
+
+    from ipu_packing.train.run_dir import RunDirectory
+
+    @contextlib.contextmanager
+    def held():
+        directory = RunDirectory(run_dir)
+        directory.lock()
+        try:
+            yield directory
+        finally:
+            directory.unlock()
+
+    return held()

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ipu_packing.model.attention import missing_torch_support
 from ipu_packing.train import ConfigError, load_config
 from ipu_packing.train.cli import build_parser, main
-from ipu_packing.train.resume import check_resume_matches
+from ipu_packing.train.fingerprint import check_fixed
 from ipu_packing.train.state import TrainingState
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,8 +148,8 @@ def test_the_documented_torchrun_line_validates():
 def test_a_checkpoint_past_training_steps_names_checkpoint_output_dir():
     config = load_config("demo", ["training.steps=20"])
     with pytest.raises(Exception) as err:
-        check_resume_matches(config, None, TrainingState(step=350, model={}, config={}),
-                             "output/runs/demo/checkpoints/step_0000350.pt")
+        check_fixed(config, {}, TrainingState(step=350, model={}, config={}),
+                    "output/runs/demo/checkpoints/step_0000350.pt")
     message = str(err.value)
     assert "at step 350, beyond training.steps=20" in message
     assert "set checkpoint.output_dir" in message and "output/runs/demo" in message

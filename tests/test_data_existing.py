@@ -341,7 +341,7 @@ def test_the_packed_output_trains(tmp_path, capsys):
     """run_pretraining.py reads the result: two steps of the tiny demo model on it."""
     from ipu_packing.train.cli import main as train_main
 
-    from test_train_loop import TINY
+    from app_fixtures import TINY
 
     path = write_hdf5(str(tmp_path / "data.hdf5"), make_instances(160, seed=8))
     code, out = run_pack(tmp_path, path)

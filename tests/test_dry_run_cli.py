@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ipu_packing.execution.cli import main as execution_main
+from ipu_packing.train.cli import execution_main
 from ipu_packing.train.cli import main as train_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

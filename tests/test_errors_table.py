@@ -18,13 +18,13 @@ import app_fixtures as fx
 from ipu_packing.bench.cli import main as bench_main
 from ipu_packing.data.cli import main as data_main
 from synthetic_corpus import make_inputs
-from ipu_packing.execution.cli import main as execution_main
+from ipu_packing.train.cli import execution_main
 from ipu_packing.bench.model_overhead import main as model_bench_main
 from ipu_packing.bench.planner import main as packing_bench_main
 from ipu_packing.packing.cli import main as packing_main
 from ipu_packing.train.cli import main as train_main
 
-from test_train_loop import TINY
+from app_fixtures import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {"train": train_main, "data": data_main, "packing": packing_main, "packing.bench": packing_bench_main,

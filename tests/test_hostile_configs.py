@@ -18,7 +18,7 @@ from ipu_packing.train.cli import main as train_main
 from ipu_packing.train.loader import CONFIG_DIR
 from ipu_packing.train.strict_yaml import MAX_CONFIG_BYTES, MAX_DEPTH
 
-from test_train_loop import TINY
+from app_fixtures import TINY
 
 DEMO = os.path.join(CONFIG_DIR, "demo.yaml")
 

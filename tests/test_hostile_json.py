@@ -133,9 +133,10 @@ def test_a_non_finite_step_metric_is_null_in_metrics_jsonl(tmp_path):
     from ipu_packing.train.metrics import MetricsLogger, StepRecord
     from ipu_packing.train.sections import LoggingConfig
 
-    logger = MetricsLogger(str(tmp_path), 1, 0, LoggingConfig(progress_bar=False, tensorboard=False, jsonl=True),
-                           log=lambda line: None)
-    logger.log(StepRecord(step=1, loss=float("nan"), mlm_loss=1.0, nsp_loss=0.5, mlm_accuracy=0.1, nsp_accuracy=0.5,
+    logger = MetricsLogger(str(tmp_path / "metrics.jsonl"), str(tmp_path / "tensorboard"), 1, 0,
+                           LoggingConfig(progress_bar=False, tensorboard=False, jsonl=True), log=lambda line: None)
+    logger.log(StepRecord(step=1, metrics={"loss": float("nan"), "mlm_loss": 1.0, "nsp_loss": 0.5, "mlm_accuracy": 0.1,
+                                           "nsp_accuracy": 0.5},
                           lr=1e-3, sequences=3, tokens=30, packs=2, packing_factor=1.5, seconds=0.0,
                           sequences_per_second=float("inf"), tokens_per_second=float("inf"), epoch=0))
     logger.close()

@@ -180,8 +180,9 @@ def test_init_from_a_hostile_index_is_one_line(name, make, words, sharded, datas
     code = train_main(["--config", "demo"] + TINY + ["data.dir=%s" % dataset, "training.steps=1",
                                                      "checkpoint.output_dir=%s" % str(tmp_path / "run"),
                                                      "checkpoint.init_from=%s" % directory,
-                                                     # the phase-1 config's eps (1e-12) against demo's: kept
-                                                     "checkpoint.init_override=[model.layer_norm_eps]"])
+                                                     # the phase-1 config's eps (1e-12) against demo's: kept;
+                                                     # no vocab.txt beside it: started from all the same
+                                                     "checkpoint.init_override=[model.layer_norm_eps,vocab]"])
     out, err = capsys.readouterr()
     assert code == 2, err
     assert err.startswith("error: ") and err.count("\n") == 1, err

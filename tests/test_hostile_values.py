@@ -1,12 +1,12 @@
-"""Rule 1 (issue 24), every value read from a file is checked before it is used. The mechanisms:
+"""Every value read from a file is checked before it is used. The mechanisms:
 
 - manifests: data/format.py `read_manifest` (`_check_manifest_values`): sizes within data/limits.py's, ids inside
   the vocabulary, counts that agree with each other, finite ratios;
 - shards: data/shards.py `validate_shards` (`check_packs`, `compare_counts`), run when a dataset is opened: every
   field's values in range, vectorised, and the packs' counts against the manifest's;
 - the dataset against the model: train/data.py `check_data_matches` (model.pad_token_id is the dataset's [PAD]);
-- step checkpoints: train/checkpoint.py `check_loaded_state` (generator states, finite tensors, record fields);
-- Hugging Face directories: model/checkpoint.py `check_config_values` (config.json).
+- step checkpoints: train/state.py `TrainingState.load` (field types, generator states, finite tensors);
+- Hugging Face directories: model/pretrained.py `check_config_values` (config.json).
 
 Each hostile row keeps the checksums consistent (the shard's sha256 rewritten), so only the value check can
 catch it; each must be refused in one line naming the file and the field."""
@@ -213,9 +213,9 @@ def test_the_clean_dataset_opens_and_inspect_says_one_line_for_a_hostile_one(cle
 # -- model.pad_token_id against the dataset's [PAD] ----------------------------------------------------
 
 def _config(pad):
+    model = {"vocab_size": V, "max_position_embeddings": 512, "type_vocab_size": 2, "pad_token_id": pad}
     return SimpleNamespace(data=SimpleNamespace(max_seq_length=S, expected_sequences_per_pack=K, layout="packed"),
-                           model={"vocab_size": V, "max_position_embeddings": 512, "type_vocab_size": 2,
-                                  "pad_token_id": pad})
+                           model=model, model_value=model.__getitem__)
 
 
 @pytest.mark.parametrize("pad", [4, 1, V - 1], ids=["mask-id", "unk-id", "last-id"])
@@ -231,7 +231,7 @@ def test_a_pad_token_id_that_is_not_the_datasets_is_refused(pad, clean):
 # -- step checkpoints --------------------------------------------------------------------------------
 
 def _state(**changes):
-    from ipu_packing.train.checkpoint import rng_state
+    from ipu_packing.train.state import rng_state
 
     state = {"step": 3, "model": {"w": torch.zeros(2, 2)}, "optimizer": {"state": {}, "param_groups": []},
              "scheduler": {}, "data": {"epoch": 0, "step_in_epoch": 3}, "rng": rng_state()}
@@ -272,22 +272,22 @@ CHECKPOINT_ROWS = [
 
 @pytest.mark.parametrize("name, state, words", CHECKPOINT_ROWS, ids=[r[0] for r in CHECKPOINT_ROWS])
 def test_a_hostile_checkpoint_is_one_line(name, state, words, tmp_path):
-    from ipu_packing.train.checkpoint import load_checkpoint
+    from ipu_packing.train.state import TrainingState
 
     path = str(tmp_path / "step_0000003.pt")
     torch.save(state, path)
     with pytest.raises(UserError) as info:
-        load_checkpoint(path)
+        TrainingState.load(path)
     message = str(info.value)
     assert words in message and path in message and "\n" not in message, message
 
 
 def test_a_clean_checkpoint_loads_and_restores(tmp_path):
-    from ipu_packing.train.checkpoint import load_checkpoint, set_rng_state
+    from ipu_packing.train.state import TrainingState, set_rng_state
 
     path = str(tmp_path / "step_0000003.pt")
     torch.save(_state(), path)
-    set_rng_state(load_checkpoint(path).rng)
+    set_rng_state(TrainingState.load(path).rng)
 
 
 # -- Hugging Face config.json --------------------------------------------------------------------------

@@ -42,7 +42,6 @@ import pytest
 import app_fixtures as fx
 import poptorch_stand_in as si
 import popdist_stand_in as pds
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +49,7 @@ ENTRY = os.path.join(REPO, "run_pretraining.py")
 CONFIGS = sorted(os.path.basename(p)[: -len(".yaml")]
                  for p in glob.glob(os.path.join(REPO, "configs", "bert_*pod*.yaml")))
 DEFAULT_RUNS = ("bert_large_512_pod64",)
-# PopRun instances agree on their start before training (train/instances.py), so the two instances of POD128
+# PopRun instances agree on their start before training (execution/poprun_group.py), so the two instances of POD128
 # must run at once: (c) starts them together; (b) starts one process at a time.
 TOGETHER = ("bert_large_512_pod128",)
 ALL_RUNS = os.environ.get("IPU_PACKING_ALL_CONFIG_RUNS") == "1"
@@ -210,7 +209,7 @@ def _kill_and_resume(run: Run):
     and finishes (writing nothing); instance 0 resumes and finishes."""
     train = ["training.steps=2", "checkpoint.every_steps=1", "execution.precision=fp32"]
     killed = _finish(run.start(*train, env=run.env(0, **{KILL_AT_CALL: "2"})))
-    killed["checkpoints"] = [os.path.basename(p) for p in ckpt.list_checkpoints(run.run_dir)]
+    killed["checkpoints"] = [os.path.basename(p) for p in fx.checkpoints(run.run_dir)]
     killed["steps"] = _steps(run.run_dir)
     killed["summary"] = os.path.exists(os.path.join(run.run_dir, "summary.json"))
     killed["workers"] = _worker_lines(run)
@@ -229,9 +228,9 @@ def _kill_and_resume(run: Run):
     resumed = _finish(run.start(*train))
     resumed["workers"] = _worker_lines(run)[seen:]
     resumed["steps"] = _steps(run.run_dir)
-    latest = ckpt.latest_checkpoint(run.run_dir)
+    latest = fx.latest(run.run_dir)
     resumed["latest"] = os.path.basename(latest) if latest else None
-    resumed["ipu_step"] = int(ckpt.load_checkpoint(latest).optimizer["ipu_state"]["step"]) if latest else None
+    resumed["ipu_step"] = int(fx.load(latest).optimizer["ipu_state"]["step"]) if latest else None
     resumed["summary"] = os.path.exists(os.path.join(run.run_dir, "summary.json"))
     return {"run": run, "killed": killed, "others": others, "resumed": resumed}
 
@@ -289,7 +288,7 @@ def _job(run: Run, label: str, *extra, kill_at=None, run_dirs=None):
 def _together(run: Run):
     train = ["training.steps=2", "checkpoint.every_steps=1", "execution.precision=fp32"]
     killed = _job(run, "killed", *train, kill_at=2)
-    after_kill = {"checkpoints": [os.path.basename(p) for p in ckpt.list_checkpoints(run.run_dir)],
+    after_kill = {"checkpoints": [os.path.basename(p) for p in fx.checkpoints(run.run_dir)],
                   "steps": _steps(run.run_dir), "workers": _worker_lines(run),
                   "summary": os.path.exists(os.path.join(run.run_dir, "summary.json"))}
     deadline = time.time() + 60
@@ -302,7 +301,7 @@ def _together(run: Run):
     refused_state = {"unchanged": _snapshot(run.run_dir) == before, "empty": os.path.exists(empty)}
     seen = len(_worker_lines(run))
     resumed = _job(run, "resumed", *train)
-    latest = ckpt.latest_checkpoint(run.run_dir)
+    latest = fx.latest(run.run_dir)
     return {"run": run, "killed": killed, "after_kill": after_kill, "refused": refused, "refused_state": refused_state,
             "resumed": resumed, "steps": _steps(run.run_dir), "workers": _worker_lines(run)[seen:],
             "latest": os.path.basename(latest) if latest else None,

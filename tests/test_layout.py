@@ -1,6 +1,10 @@
 """The package's layout, counted from its source (ast, nothing imported):
 
-- no module over MAX_LINES lines;
+- no import running up a floor: the rooms are floors, each importing only from itself and the floors below it
+  (FLOORS: the top-level helpers, packing, data, model, execution, train, then bench and compare); an entry point
+  (``__main__.py``) stands above them all;
+- no two modules in different rooms share a file name, but for the names that mean the same thing in every room
+  (SHARED_NAMES: a package, its ``python -m`` entry point, its command line);
 - no private name (one leading underscore, not a dunder) of an ipu_packing module used in another module:
   imported (``from .x import _name``) or reached as an attribute (``x._name``, x an imported module);
 - no import circle among ipu_packing modules: module-level imports (``import`` statements outside any
@@ -22,7 +26,10 @@ from typing import Dict, List, Set, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "ipu_packing")
-MAX_LINES = 400
+FLOORS = {"": 0, "packing": 1, "data": 2, "model": 3, "execution": 4, "train": 5, "bench": 6, "compare": 6}
+"""The floor of each room (the second part of a module's dotted name; "" for the top-level helpers: errors,
+signals, fsutil, jsonin, jsonout)."""
+SHARED_NAMES = ("__init__.py", "__main__.py", "cli.py")
 
 
 def modules() -> Dict[str, str]:
@@ -91,14 +98,33 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def long_modules() -> List[Tuple[str, int]]:
+def floor(module: str) -> int:
+    parts = module.split(".")
+    return FLOORS[parts[1] if len(parts) > 1 and parts[1] in FLOORS else ""] if len(parts) > 1 else 0
+
+
+def upward_imports(graph: Dict[str, Set[str]]) -> List[Tuple[str, str]]:
+    """(importer, imported) where the importer's floor is below the imported module's; entry points excepted."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets
+                  if floor(b) > floor(a) and not MODULES[a].endswith("__main__.py"))
+
+
+def shared_names() -> Dict[str, List[str]]:
+    """{file name: [modules]} of the file names that more than one room uses (SHARED_NAMES excepted)."""
+    rooms: Dict[str, List[str]] = {}
+    for name, path in MODULES.items():
+        base = os.path.basename(path)
+        if base not in SHARED_NAMES:
+            rooms.setdefault(base, []).append(name)
+    return {base: sorted(names) for base, names in sorted(rooms.items()) if len(names) > 1}
+
+
+def module_lines() -> List[Tuple[str, int]]:
     out = []
     for name, path in MODULES.items():
         with open(path, encoding="utf-8") as f:
-            lines = sum(1 for _ in f)
-        if lines > MAX_LINES:
-            out.append((name, lines))
-    return out
+            out.append((name, sum(1 for _ in f)))
+    return sorted(out, key=lambda item: -item[1])
 
 
 def private_uses() -> List[str]:
@@ -199,8 +225,13 @@ def test_the_checks_find_what_they_count(tmp_path):
                      "ipu_packing.data.toy: ipu_packing.data.format._other"]
 
 
-def test_no_module_is_over_400_lines():
-    assert long_modules() == []
+def test_no_import_runs_up_a_floor():
+    assert upward_imports(import_graph(lazy=True)) == []
+
+
+def test_the_floor_check_finds_an_upward_import():
+    graph = {"ipu_packing.data.format": {"ipu_packing.train.loop"}, "ipu_packing.train.loop": {"ipu_packing.data"}}
+    assert upward_imports(graph) == [("ipu_packing.data.format", "ipu_packing.train.loop")]
 
 
 def test_no_private_name_is_used_outside_its_module():
@@ -216,8 +247,10 @@ def test_no_import_circle_with_the_lazy_imports():
 
 
 if __name__ == "__main__":
-    print("modules: %d" % len(MODULES))
-    print("over %d lines: %d %s" % (MAX_LINES, len(long_modules()), long_modules()))
+    print("modules: %d (longest: %s)" % (len(MODULES), ", ".join("%s %d" % item for item in module_lines()[:5])))
+    print("file names shared across rooms: %d %s" % (len(shared_names()), shared_names()))
+    print("imports running up a floor: %d %s" % (len(upward_imports(import_graph(True))),
+                                                  upward_imports(import_graph(True))))
     print("private names used across modules: %d" % len(private_uses()))
     for use in private_uses():
         print("  " + use)

@@ -19,18 +19,19 @@ from ipu_packing.execution import ExecutionConfig, make_runner
 from ipu_packing.model import PackedBertForPreTraining
 from ipu_packing.model.self_attention import BertFusedSelfAttention, BertSelfAttention, hf_layout
 from ipu_packing.model.stages import OUTPUT, parameter_owners, pretraining_stages
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.errors import ConfigError, UserError
 from ipu_packing.train.optim import LAMB, parameter_groups
-from ipu_packing.train.resume import check_resume_matches
+from ipu_packing.train.fingerprint import check_fixed
 from ipu_packing.train.state import TrainingState
 from test_model import tiny_batch, tiny_config
 from test_model_equivalence import (
     CONFIGS, FP64_ATOL, MLM_SLOTS, MAX_SEQUENCES, PACK_LENGTHS, SEQ_LEN, gather_reference, make_config, randomize_,
 )
 from test_model_packs import build_packs, padded_hf_inputs, random_packs, to_torch
-from test_train_loop import open_dataset, plan_run, tiny, train
+from app_fixtures import tiny, train
+from ipu_packing.data import open_dataset
+from ipu_packing.train.loop import plan_run
 from torch_features import requires_torch_compile
 
 import app_fixtures as fx
@@ -229,15 +230,15 @@ def test_a_resume_that_changes_fused_qkv_is_refused_naming_init_from():
     config = load_config("demo", ["model.fused_qkv=true"])
     state = TrainingState(step=1, model={}, config=load_config("demo").to_dict())
     with pytest.raises(UserError, match="trained with model.fused_qkv=false, this config has true.*init_from=ckpt"):
-        check_resume_matches(config, None, state, "ckpt")
-    check_resume_matches(config, None, dataclasses.replace(state, config=config.to_dict()), "ckpt")  # same layout
+        check_fixed(config, {}, state, "ckpt")
+    check_fixed(config, {}, dataclasses.replace(state, config=config.to_dict()), "ckpt")  # same layout
 
 
 def test_a_fused_run_starts_from_unfused_weights_and_exports_what_transformers_loads(data_dir, tmp_path):
     first = str(tmp_path / "phase1")
     train(tiny(data_dir, first, "training.steps=2"))
-    exported = ckpt.load_checkpoint(ckpt.latest_checkpoint(first)).model  # query/key/value names
-    for source in (os.path.join(first, "final"), ckpt.latest_checkpoint(first), first):
+    exported = fx.load(fx.latest(first)).model  # query/key/value names
+    for source in (os.path.join(first, "final"), fx.latest(first), first):
         plan = plan_run(tiny(data_dir, str(tmp_path / "phase2"), "model.fused_qkv=true",
                              "checkpoint.init_from=%s" % source), open_dataset=open_dataset)
         assert isinstance(plan.model.bert.encoder.layer[0].attention.self, BertFusedSelfAttention)
@@ -250,7 +251,7 @@ def test_a_fused_run_starts_from_unfused_weights_and_exports_what_transformers_l
     final = os.path.join(second, "final")
     loaded, info = transformers.BertForPreTraining.from_pretrained(final, output_loading_info=True)
     assert info["unexpected_keys"] == [] and set(info["missing_keys"]) <= {"cls.predictions.decoder.weight"}
-    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(second)).model
+    state = fx.load(fx.latest(second)).model
     assert "bert.encoder.layer.0.attention.self.qkv.weight" in state  # the run's own checkpoints stay fused
     assert torch.equal(loaded.bert.encoder.layer[0].attention.self.key.weight,
                        state["bert.encoder.layer.0.attention.self.qkv.weight"].chunk(3)[1])

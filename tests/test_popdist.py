@@ -26,7 +26,7 @@ import poptorch_stand_in as si
 from ipu_packing.data import open_dataset
 from ipu_packing.errors import UserError
 from ipu_packing.execution import ExecutionConfig, make_runner
-from ipu_packing.train import ConfigError, checkpoint as ckpt, load_config
+from ipu_packing.train import ConfigError, load_config
 from ipu_packing.train.loop import execute, plan_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -230,9 +230,9 @@ def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(pop
     # the one host read, in total, the same packs in the same steps
     assert Counter(single["read"][: steps * G]) == Counter(single["order"][0][: steps * G])
     # instance 0 wrote the run: two checkpoints with the IPU optimizer state it read back, metrics, summary
-    saved = ckpt.list_checkpoints(run)
+    saved = fx.checkpoints(run)
     assert len(saved) == 2
-    assert int(ckpt.load_checkpoint(saved[-1]).optimizer["ipu_state"]["step"]) == 2 * steps
+    assert int(fx.load(saved[-1]).optimizer["ipu_state"]["step"]) == 2 * steps
     assert os.path.isfile(os.path.join(run, "summary.json")) and os.path.isfile(os.path.join(run, "metrics.jsonl"))
 
 
@@ -244,8 +244,8 @@ def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state
     run = str(tmp_path / "run")
     extra = ["training.steps=4", "checkpoint.every_steps=2"]
     full = _poprun_train(popdist, data_dir, run, 2, *extra)
-    first, last = ckpt.list_checkpoints(run)
-    saved = ckpt.load_checkpoint(first).optimizer
+    first, last = fx.checkpoints(run)
+    saved = fx.load(first).optimizer
     assert int(saved["ipu_state"]["step"]) == 2 and saved["ipu_param"]
     os.unlink(last)  # as if the run had been killed after step 2
     os.unlink(os.path.join(run, "summary.json"))
@@ -258,7 +258,7 @@ def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state
             assert torch.equal(written["ipu_param"][name], value)
         read = full[instance]["read"]
         assert result["read"] == read[len(read) // 2:]  # steps 3 and 4, as the first run read them
-    assert int(ckpt.load_checkpoint(ckpt.latest_checkpoint(run)).optimizer["ipu_state"]["step"]) == 4
+    assert int(fx.load(fx.latest(run)).optimizer["ipu_state"]["step"]) == 4
 
 
 @pytest.mark.parametrize("n", INSTANCES)

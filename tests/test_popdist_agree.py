@@ -25,11 +25,12 @@ import pytest
 import torch
 
 import app_fixtures as fx
+from ipu_packing.train.state import rng_state
 import popdist_stand_in as pds
 from ipu_packing.data import open_dataset
 from ipu_packing.data.format import IGNORE_INDEX
 from ipu_packing.execution import make_runner as real_make_runner
-from ipu_packing.train import checkpoint as ckpt, load_config
+from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
 from ipu_packing.train.state import TrainingState
 from test_popdist import REPLICAS, TINY  # poptorch, popdist and horovod: fixtures of conftest.py
@@ -58,9 +59,9 @@ def _fabricate_checkpoint(popdist, config, step, n, perturb=0.0):
     model = {k: v + perturb if v.is_floating_point() else v for k, v in plan.model.state_dict().items()}
     state = TrainingState(step=step, model=model, optimizer=plan.optimizer.state_dict(),
                           scheduler=plan.scheduler.state_dict(), data={"epoch": 0, "step_in_epoch": step},
-                          rng=ckpt.rng_state(), rng_per_rank=[ckpt.rng_state()], config=config.to_dict(),
+                          rng=rng_state(), rng_per_rank=[rng_state()], config=config.to_dict(),
                           dataset=plan.data.fingerprint(), metrics={})
-    return ckpt.save_checkpoint(config.run_dir, state, keep=2)
+    return fx.save(config.run_dir, state, keep=2)
 
 
 def _digest(model):
@@ -111,7 +112,7 @@ def test_unshared_run_directories_stop_every_instance_in_one_line_naming_their_s
     outcomes = pds.poprun(popdist, n, REPLICAS, 2, lambda i: _command(
         ["--config", "demo"] + _overrides(data_dir, runs[i], n)))
     _stopped(outcomes, START_LINE % _starts(n, 2))
-    assert sorted(os.listdir(runs[0])) == before and ckpt.list_checkpoints(runs[0]) == [saved]  # nothing written
+    assert sorted(os.listdir(runs[0])) == before and fx.checkpoints(runs[0]) == [saved]  # nothing written
     assert not any(os.path.exists(r) for r in runs[1:])
 
 
@@ -152,8 +153,8 @@ def _recording_instance(data_dir, run, n, perturb_instance=None):
             next(plan.model.parameters()).add_(0.25)
     own, compiled_first, started = [], [], []
 
-    def make_runner(model, optimizer, execution, scheduler=None):
-        runner = real_make_runner(model, optimizer, execution, scheduler=scheduler)
+    def make_runner(model, optimizer, execution, scheduler=None, metrics=None):
+        runner = real_make_runner(model, optimizer, execution, scheduler=scheduler, metrics=metrics)
         step = runner.train_step
 
         def train_step(batch):
@@ -192,7 +193,7 @@ def test_a_shared_run_directory_resumes_every_instance_and_logs_the_whole_step(p
     assert any(line.startswith("PopRun: %d instances start at step 2 from instance 0's weights" % n)
                for line in results[0]["lines"])
     # metrics.jsonl (instance 0 writes it) holds the whole step: every instance's share reduced
-    rows = ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))
+    rows = fx.metrics(run)
     assert [r["step"] for r in rows] == [3, 4]
     order = data.epoch_order(config.training.seed, 0).tolist()
     for k, row in enumerate(rows):
@@ -224,17 +225,16 @@ def _sequences(data, indices):
 def test_a_run_directory_in_use_stops_every_instance(popdist, horovod, data_dir, tmp_path):
     """Another live run holds the run directory's lock: instance 0 is refused it, and the others stop too
     instead of training alone."""
-    from ipu_packing.train.runlock import RunLock
 
     run = str(tmp_path / "run")
-    with RunLock(run):
+    with fx.holding(run):
         outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(
             ["--config", "demo"] + _overrides(data_dir, run, 2)))
     (code0, _, err0), (code1, out1, err1) = (o.value for o in outcomes)
     assert code0 == 2 and err0.startswith("error: run directory %s is in use by pid %d" % (run, os.getpid())), err0
     assert (code1, err1) == (
         2, "error: PopRun instance 0 could not start (its error line says why): every instance stops\n")
-    assert not ckpt.list_checkpoints(run)
+    assert not fx.checkpoints(run)
 
 
 # ---- the weights ---------------------------------------------------------------------------------------
@@ -291,7 +291,7 @@ def test_without_horovod_a_shared_run_directory_checks_the_start_and_logs_instan
                      r"\(sha256 [0-9a-f]{12}, checked through files in %s "
                      % re.escape(os.path.join(run, ".instances")), out, re.M), out
     assert "note: no horovod.torch: each step's metrics are instance 0's share (1 of 2 instances" in out
-    rows = ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))
+    rows = fx.metrics(run)
     assert [(r["step"], r["instances"], r["packs"]) for r in rows] == [
         (3, 1, G // 2), (4, 1, G // 2)]  # one of two shares
 
@@ -309,7 +309,7 @@ def test_without_horovod_unshared_run_directories_stop_every_instance(popdist, n
         code, out, err = o.value
         assert (code, err) == (2, head + tail), err
         assert "training " not in out
-    assert not ckpt.list_checkpoints(runs[0]) and not os.path.exists(os.path.join(runs[0], "metrics.jsonl"))
+    assert not fx.checkpoints(runs[0]) and not os.path.exists(os.path.join(runs[0], "metrics.jsonl"))
 
 
 def test_without_horovod_weights_that_differ_are_refused(popdist, no_horovod, data_dir, tmp_path):
@@ -340,14 +340,14 @@ def test_compile_time_is_reported_apart_on_both_backends(poptorch, data_dir, tmp
     config = load_config("demo", [o for o in _overrides(data_dir, run, 1) if "num_instances" not in o])
     compiled_first = []
 
-    def make_runner(model, optimizer, execution, scheduler=None):
-        runner = real_make_runner(model, optimizer, execution, scheduler=scheduler)
+    def make_runner(model, optimizer, execution, scheduler=None, metrics=None):
+        runner = real_make_runner(model, optimizer, execution, scheduler=scheduler, metrics=metrics)
         step = runner.train_step
         runner.train_step = lambda batch: (compiled_first.append(runner.executor.isCompiled()), step(batch))[1]
         return runner
 
     summary = execute(plan_run(config, open_dataset=open_dataset), log=lines.append, make_runner=make_runner)
-    rows = ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))
+    rows = fx.metrics(run)
     assert compiled_first == [True] * 4 and len(rows) == 4
     assert rows[0]["compile_seconds"] > 0 and [r["compile_seconds"] for r in rows[1:]] == [0.0] * 3
     assert [r["instances"] for r in rows] == [1] * 4
@@ -360,7 +360,7 @@ def test_compile_time_is_reported_apart_on_both_backends(poptorch, data_dir, tmp
     assert config.execution_spec.backend == "torch"
     lines = []
     summary = execute(plan_run(config, open_dataset=open_dataset), log=lines.append)
-    rows = ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))
+    rows = fx.metrics(run)
     assert [(r["compile_seconds"], r["instances"]) for r in rows] == [(0.0, 1), (0.0, 1)]
     assert summary["compile_seconds"] == 0.0 and re.match(r"done: 2 steps in [0-9.]+ s; loss", lines[-1]), lines[-1]
 
@@ -368,7 +368,8 @@ def test_compile_time_is_reported_apart_on_both_backends(poptorch, data_dir, tmp
 def test_without_horovod_files_an_earlier_run_left_are_not_taken_for_this_one(popdist, no_horovod, tmp_path):
     """A killed run left its meeting's files (instance 0's table, instance 1's hello and acknowledgement):
     the instances of the next run exchange their own rows all the same."""
-    from ipu_packing.execution.popdist_backend import DirectoryGroup, Launch
+    from ipu_packing.execution.popdist_backend import Launch
+    from ipu_packing.execution.poprun_group import DirectoryGroup
 
     meeting = tmp_path / "run" / ".instances"
     meeting.mkdir(parents=True)
@@ -389,7 +390,8 @@ def test_a_horovod_that_cannot_start_under_poprun_stops_in_one_line(popdist, hor
     """horovod.torch imports but hvd.init() fails (a wheel built without MPI under poprun's mpirun), or
     reports another process than popdist's instance: one line each, a launch error."""
     from ipu_packing.errors import UserError
-    from ipu_packing.execution.popdist_backend import HorovodGroup, Launch
+    from ipu_packing.execution.popdist_backend import Launch
+    from ipu_packing.execution.poprun_group import HorovodGroup
 
     def broken():
         raise RuntimeError("Horovod has not been built with MPI support.\nRebuild it")

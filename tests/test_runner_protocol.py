@@ -1,5 +1,6 @@
 """Every runner implements the declared Runner interface (execution/runner.py), and the training loop reaches a
-runner through that interface only: no ``getattr``/``hasattr`` probe of a runner in train/."""
+runner through that interface only: no ``getattr``/``hasattr`` probe of a runner in train/, and no collective of
+its own (torch.distributed, the PopRun group): the host collectives are runner methods, one per backend."""
 
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ def declared(cls):
 
 def test_the_protocol_declares_what_the_loop_uses():
     assert protocol_members() == {
-        "model", "rank", "world", "launch", "is_writer", "dataloader", "is_compiled", "compile", "train_step",
+        "model", "rank", "world", "metrics", "is_writer", "dataloader", "is_compiled", "compile", "train_step",
         "sync_model", "optimizer_state_dict", "load_optimizer_state_dict",
+        "agree_on_start", "agree_ready", "agree", "gather_rng_states", "reduce_metrics",
     }
 
 
@@ -61,8 +63,9 @@ def test_a_torch_runner_instance_is_a_runner():
     assert isinstance(model, PackedBertForPreTraining)
     runner = make_runner(model, LAMB(model.parameters(), lr=1e-3), ExecutionConfig(micro_batch_size=2))
     assert isinstance(runner, TorchRunner) and isinstance(runner, Runner)
-    assert (runner.rank, runner.world, runner.launch, runner.is_writer, runner.is_compiled()) == (0, 1, None, True,
-                                                                                                   True)
+    assert (runner.rank, runner.world, runner.is_writer, runner.is_compiled()) == (0, 1, True, True)
+    assert runner.metrics == model.METRICS and runner.agree(15) == 15 and runner.gather_rng_states("s") == ["s"]
+    assert runner.reduce_metrics({"loss": 2.0, "packs": 4}) == {"loss": 2.0, "packs": 4, "instances": 1}
 
 
 def test_a_poptorch_runner_instance_is_a_runner(poptorch):
@@ -108,8 +111,42 @@ def test_the_training_package_never_probes_a_runner(name):
         assert runner_probes(f.read()) == []
 
 
-def test_the_losses_the_loop_reads_are_step_metrics_fields():
+def test_the_metrics_the_loop_reads_are_the_models_step_metrics():
     from ipu_packing.execution.runner_common import StepMetrics
-    from ipu_packing.train.loop import LOSSES
+    from ipu_packing.model import PackedBertForPreTraining, PackedBertOutput
+    from ipu_packing.train.task import PRETRAINING
 
-    assert set(LOSSES) <= set(StepMetrics.__dataclass_fields__)
+    assert PRETRAINING.metrics == PackedBertForPreTraining.METRICS
+    assert set(PRETRAINING.metrics) <= set(PackedBertOutput._fields)
+    metrics = StepMetrics({"loss": 1.5, "mlm_loss": 1.0}, sequences=3, tokens=40)
+    assert (metrics.loss, metrics.mlm_loss, metrics.sequences) == (1.5, 1.0, 3)
+    metrics.loss = 2.5
+    assert metrics.values["loss"] == 2.5
+
+
+COLLECTIVE_MODULES = ("torch.distributed", "horovod", "popdist")
+COLLECTIVE_CALLS = ("all_reduce", "all_gather", "all_gather_object", "allgather", "broadcast", "barrier")
+
+
+def collectives(source: str):
+    """Imports of a process-group library and calls of a collective in ``source`` (its code, not its words)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith(COLLECTIVE_MODULES)]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(COLLECTIVE_MODULES):
+            found.append(node.module)
+        elif isinstance(node, ast.Attribute) and node.attr in COLLECTIVE_CALLS:
+            found.append(node.attr)
+    return found
+
+
+def test_the_collective_finder_finds_collectives():
+    source = 'import torch.distributed as dist\nfrom horovod import torch\ndist.all_reduce(x)\n"all_gather"\n'
+    assert collectives(source) == ["torch.distributed", "horovod", "all_reduce"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(TRAIN) if n.endswith(".py")))
+def test_the_training_package_runs_no_collective_of_its_own(name):
+    with open(os.path.join(TRAIN, name), "r", encoding="utf-8") as f:
+        assert collectives(f.read()) == []

@@ -20,7 +20,6 @@ from ipu_packing.execution import ExecutionConfig, make_runner
 from synthetic_packs import PackDataset
 from ipu_packing.model import PackedBertForPreTraining
 from ipu_packing.train import load_config
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.loop import execute, plan_run
 
 from spawned import leave_after
@@ -54,7 +53,7 @@ def train(config):
 
 def losses(run_dir):
     return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"])
-            for r in ckpt.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+            for r in fx.metrics(run_dir)]
 
 
 def assert_same_losses(got, want, rel=FP32_REL):
@@ -89,7 +88,7 @@ def test_each_attention_trains_the_same_losses(runs, name):
 
 @pytest.mark.parametrize("name", ATTENTIONS)
 def test_the_attention_reaches_the_model_checkpoint_and_export(runs, name):
-    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(runs[name]))
+    state = fx.load(fx.latest(runs[name]))
     assert state.config["model"]["packed_attention"] == name
     with open(os.path.join(runs[name], "config.json")) as f:
         assert json.load(f)["model"]["packed_attention"] == name
@@ -101,10 +100,10 @@ def test_a_run_resumes_with_another_attention(runs, data_dir, tmp_path):
     # dense's run, cut back to its step-2 checkpoint, continued with varlen: the same losses as dense went on
     run = str(tmp_path / "resumed")
     shutil.copytree(runs["dense"], run)
-    os.unlink(ckpt.latest_checkpoint(run))  # step_0000004.pt
+    os.unlink(fx.latest(run))  # step_0000004.pt
     shutil.rmtree(os.path.join(run, "final"))
     os.unlink(os.path.join(run, "summary.json"))
-    assert os.path.basename(ckpt.latest_checkpoint(run)) == "step_0000002.pt"
+    assert os.path.basename(fx.latest(run)) == "step_0000002.pt"
     train(tiny(data_dir, run, "model.packed_attention=varlen", "training.steps=4", "checkpoint.every_steps=2",
                "checkpoint.keep=3"))
     got = losses(run)

@@ -9,10 +9,9 @@ import shutil
 import pytest
 
 import app_fixtures as fx
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.cli import main
 
-from test_train_loop import TINY
+from app_fixtures import TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BASE = ["training.steps=4", "checkpoint.every_steps=2", "checkpoint.export=false"]
@@ -31,7 +30,7 @@ def ws(tmp_path_factory):
     other_vocab = fx.write_prepared(str(root / "vocab"), S=32, K=3, V=64, num_sequences=96, seed=0, vocab_tag="x")
     run = str(root / "run")
     assert main(args(data, run)) == 0
-    os.unlink(ckpt.latest_checkpoint(run))  # as a run killed after step 2 leaves it
+    os.unlink(fx.latest(run))  # as a run killed after step 2 leaves it
     os.unlink(os.path.join(run, "summary.json"))
     return {"root": str(root), "data": data, "other": other, "copy": copy, "other_vocab": other_vocab, "run": run}
 
@@ -90,7 +89,7 @@ def test_a_resume_that_changes_a_recorded_fingerprint_is_refused_naming_it(ws, t
 def test_a_copy_of_the_same_dataset_elsewhere_resumes(ws, tmp_path, capsys):
     run = stopped_copy(ws, tmp_path)
     assert main(args(ws["copy"], run)) == 0, capsys.readouterr()
-    assert [r["step"] for r in ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))] == [1, 2, 3, 4]
+    assert [r["step"] for r in fx.metrics(run)] == [1, 2, 3, 4]
     assert not os.path.exists(os.path.join(run, "forced_changes.jsonl"))
 
 

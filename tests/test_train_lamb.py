@@ -126,7 +126,7 @@ def test_poptorch_translation_keeps_lamb_groups():
 
     from ipu_packing.execution import ExecutionConfig
     from ipu_packing.execution.poptorch_backend import translate_optimizer
-    from ipu_packing.train.config import OptimizerConfig
+    from ipu_packing.train.run_config import OptimizerConfig
     from ipu_packing.train.optim import build_optimizer
 
     recorded = {}

@@ -12,18 +12,12 @@ import torch
 
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
-from ipu_packing.train import TrainingError, UserError, load_config
-from ipu_packing.train import checkpoint as ckpt
-from ipu_packing.train.loop import execute, plan_run
+from ipu_packing.train import TrainingError, UserError
+from ipu_packing.train.loop import plan_run
 from ipu_packing.train.state import TrainingState
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
-    "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
-    "model.num_attention_heads=2", "model.hidden_dropout_prob=0.1",
-    "data.max_seq_length=32", "execution.micro_batch_size=4", "training.global_batch_sequences=16",
-    "logging.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=0.01",
-]
+TINY, tiny, train, losses = fx.TINY, fx.tiny, fx.train, fx.losses
 # torch on one thread in every test (conftest.py): the killed subprocess runs with OMP_NUM_THREADS=1, same reductions
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,23 +27,10 @@ def data_dir(tmp_path_factory):
     return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
-def tiny(data_dir, run_dir, *extra):
-    return load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir] + list(extra))
-
-
-def train(config, **kwargs):
-    return execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None, **kwargs)
-
-
-def losses(run_dir):
-    return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"])
-            for r in ckpt.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
-
-
 def test_metrics_checkpoints_and_export(data_dir, tmp_path):
     run = str(tmp_path / "run")
     summary = train(tiny(data_dir, run, "training.steps=4", "checkpoint.every_steps=2", "logging.tensorboard=true"))
-    rows = ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))
+    rows = fx.metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     expected_keys = {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "sequences_per_second",
                      "tokens_per_second", "packing_factor", "sequences", "tokens", "packs", "lr"}
@@ -59,9 +40,9 @@ def test_metrics_checkpoints_and_export(data_dir, tmp_path):
         assert r["loss"] == pytest.approx(r["mlm_loss"] + r["nsp_loss"], rel=1e-6)
         assert r["packing_factor"] == pytest.approx(r["sequences"] / 8.0)
     # one epoch of 6 steps covers 48 packs; the first 4 steps hold distinct packs
-    assert [os.path.basename(p) for p in ckpt.list_checkpoints(run)] == ["step_0000002.pt", "step_0000004.pt"]
+    assert [os.path.basename(p) for p in fx.checkpoints(run)] == ["step_0000002.pt", "step_0000004.pt"]
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(run, "tensorboard")))
-    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(run))
+    state = fx.load(fx.latest(run))
     assert state.step == 4 and state.data == {"epoch": 0, "step_in_epoch": 4}
     assert {"model", "optimizer", "scheduler", "rng", "config", "dataset"} <= set(state.to_dict())
     assert summary["export"] == os.path.join(run, "final")
@@ -119,21 +100,21 @@ def test_resume_after_kill_gives_bitwise_the_same_losses(data_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-c", KILLER, REPO, "5"] + overrides, env=env, capture_output=True,
                           text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    assert [os.path.basename(p) for p in ckpt.list_checkpoints(killed)] == ["step_0000002.pt", "step_0000004.pt"]
+    assert [os.path.basename(p) for p in fx.checkpoints(killed)] == ["step_0000002.pt", "step_0000004.pt"]
     assert [row[0] for row in losses(killed)] == [1, 2, 3, 4, 5]
     assert not [f for f in os.listdir(os.path.join(killed, "checkpoints")) if f.endswith(".tmp")]
     train(tiny(data_dir, killed, *args))  # checkpoint.resume=auto picks up step 4
     assert losses(killed) == losses(reference)  # exact float equality, steps 1..8
-    ref_state = ckpt.load_checkpoint(ckpt.latest_checkpoint(reference))
-    res_state = ckpt.load_checkpoint(ckpt.latest_checkpoint(killed))
+    ref_state = fx.load(fx.latest(reference))
+    res_state = fx.load(fx.latest(killed))
     for key, value in ref_state.model.items():
         assert torch.equal(value, res_state.model[key]), key
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     run = str(tmp_path)
-    ckpt.save_checkpoint(run, TrainingState(step=1, model={"w": torch.ones(2)}), keep=2)
-    before = open(ckpt.latest_checkpoint(run), "rb").read()
+    fx.save(run, TrainingState(step=1, model={"w": torch.ones(2)}), keep=2)
+    before = open(fx.latest(run), "rb").read()
 
     def broken_save(obj, f):
         f.write(b"partial")
@@ -141,9 +122,9 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError):
-        ckpt.save_checkpoint(run, TrainingState(step=2, model={"w": torch.zeros(2)}), keep=2)
-    assert os.listdir(ckpt.checkpoint_dir(run)) == ["step_0000001.pt"]
-    assert open(ckpt.latest_checkpoint(run), "rb").read() == before
+        fx.save(run, TrainingState(step=2, model={"w": torch.zeros(2)}), keep=2)
+    assert os.listdir(os.path.join(run, "checkpoints")) == ["step_0000001.pt"]
+    assert open(fx.latest(run), "rb").read() == before
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
@@ -169,16 +150,16 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
         train(tiny(data_dir, run, "training.steps=6", "checkpoint.every_steps=2"), make_runner=poisoned_runner)
     message = str(info.value)
     assert "nan" in message and "step 3" in message and "step_0000002.pt" in message
-    assert [os.path.basename(p) for p in ckpt.list_checkpoints(run)] == ["step_0000002.pt"]
-    assert ckpt.load_checkpoint(ckpt.latest_checkpoint(run)).step == 2
+    assert [os.path.basename(p) for p in fx.checkpoints(run)] == ["step_0000002.pt"]
+    assert fx.load(fx.latest(run)).step == 2
     assert not os.path.exists(os.path.join(run, "final"))
 
 
 def test_init_from_phase1_hf_dir_and_checkpoint(data_dir, tmp_path):
     first = str(tmp_path / "phase1")
     train(tiny(data_dir, first, "training.steps=2"))
-    exported = ckpt.load_checkpoint(ckpt.latest_checkpoint(first)).model
-    for source in (os.path.join(first, "final"), ckpt.latest_checkpoint(first), first):
+    exported = fx.load(fx.latest(first)).model
+    for source in (os.path.join(first, "final"), fx.latest(first), first):
         plan = plan_run(tiny(data_dir, str(tmp_path / "phase2"), "checkpoint.init_from=%s" % source),
                         open_dataset=open_dataset)
         assert plan.start_step == 0
@@ -191,8 +172,9 @@ def test_init_from_other_architecture_is_a_user_error(data_dir, tmp_path):
     first = str(tmp_path / "phase1")
     train(tiny(data_dir, first, "training.steps=1"))
     other = ["model.hidden_size=16", "model.intermediate_size=32"]
-    with pytest.raises(UserError) as info:  # the HF directory's config.json states 32 and 64
-        tiny(data_dir, str(tmp_path / "p2"), *other + ["checkpoint.init_from=%s" % os.path.join(first, "final")])
+    with pytest.raises(UserError) as info:  # the HF directory's config.json states 32 and 64: read by planning
+        plan_run(tiny(data_dir, str(tmp_path / "p2"), *other + [
+            "checkpoint.init_from=%s" % os.path.join(first, "final")]), open_dataset=open_dataset)
     assert "model.hidden_size is 16 in the config but 32 in its config.json" in str(info.value)
     for source in (os.path.join(first, "final"), first):  # overridden, or a run directory: the shapes differ
         with pytest.raises(UserError) as info:

@@ -11,10 +11,9 @@ import sys
 import pytest
 
 import app_fixtures as fx
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.cli import main
 
-from test_train_loop import TINY
+from app_fixtures import TINY
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -62,7 +61,7 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume_in_one_line(ws, tmp_path,
     notes = [line for line in out.splitlines() if "torn last line" in line]
     assert notes == ["note: %s: dropped a torn last line (%d bytes, left by a kill while it was written)"
                      % (path, len(tail.rstrip(b"\n")))], out
-    assert [r["step"] for r in ckpt.read_jsonl(path)] == [1, 2, 3, 4]
+    assert [r["step"] for r in fx.read_jsonl(path)] == [1, 2, 3, 4]
 
 
 def test_a_bad_metrics_line_before_the_last_is_refused_naming_it(ws, tmp_path, capsys):
@@ -116,4 +115,4 @@ def test_a_shard_changed_under_a_running_job_is_one_line_not_sigbus(ws, tmp_path
     assert lines[0].startswith("error: shard %s %s" % (shard, what)), lines[0]
     assert "it stopped after step 2, before reading it; the last checkpoint is %s" % os.path.join(
         run, "checkpoints", "step_0000002.pt") in lines[0]
-    assert [r["step"] for r in ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))] == [1, 2]
+    assert [r["step"] for r in fx.metrics(run)] == [1, 2]

@@ -1,7 +1,8 @@
 """Phase 2 from phase 1 (checkpoint.init_from): a Hugging Face BertForPreTraining directory gives the model its
-architecture (gelu_new and eps 1e-12 survive training and export), a config value that disagrees is refused
-unless checkpoint.init_override lists it, loading prints one line naming what is fresh, and a checkpoint trained
-on another vocabulary is refused unless overridden."""
+architecture (gelu_new and eps 1e-12 survive training and export) when the run is planned (a config object reads
+no file), a config value that disagrees is refused unless checkpoint.init_override lists it, loading prints one
+line naming what is fresh, and a checkpoint trained on another vocabulary, or a directory without vocab.txt, is
+refused unless overridden."""
 
 import json
 import os
@@ -13,8 +14,8 @@ import torch
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
 from ipu_packing.train import ConfigError, UserError, load_config
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.loop import execute, plan_run
+from ipu_packing.train.phase1 import with_init_architecture
 
 SETTINGS = ["data.max_seq_length=32", "execution.micro_batch_size=4", "training.global_batch_sequences=16",
             "logging.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=0.01"]
@@ -48,9 +49,9 @@ def config(data_dir, run_dir, *extra):
 
 def test_architecture_comes_from_the_hf_config_and_survives_training_and_export(data_dir, tmp_path, capsys):
     source, hf = hf_phase1(str(tmp_path / "phase1"), data_dir)
-    # demo.yaml says layer_norm_eps 0.001 and other sizes: refused, naming the keys and both values
+    # demo.yaml says layer_norm_eps 0.001 and other sizes: refused when planned, naming the keys and both values
     with pytest.raises(ConfigError) as info:
-        config(data_dir, str(tmp_path / "run"), "checkpoint.init_from=%s" % source)
+        plan_run(config(data_dir, str(tmp_path / "run"), "checkpoint.init_from=%s" % source), open_dataset=open_dataset)
     message = str(info.value)
     assert "\n" not in message
     assert "model.layer_norm_eps is 0.001 in the config but 1e-12 in its config.json" in message, message
@@ -60,8 +61,10 @@ def test_architecture_comes_from_the_hf_config_and_survives_training_and_export(
     bare = _bare_demo(tmp_path)
     cfg = load_config(bare, SETTINGS + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run,
                                         "checkpoint.init_from=%s" % source, "training.steps=2"])
-    assert cfg.model["hidden_act"] == "gelu_new" and cfg.model["layer_norm_eps"] == 1e-12
-    assert cfg.model["hidden_size"] == 32 and cfg.model["max_position_embeddings"] == 64
+    assert "hidden_act" not in cfg.model  # as written: the config object read nothing
+    taken = with_init_architecture(cfg).model
+    assert taken["hidden_act"] == "gelu_new" and taken["layer_norm_eps"] == 1e-12
+    assert taken["hidden_size"] == 32 and taken["max_position_embeddings"] == 64
     capsys.readouterr()
     plan = plan_run(cfg, open_dataset=open_dataset)
     lines = capsys.readouterr().out.splitlines()
@@ -78,7 +81,7 @@ def test_architecture_comes_from_the_hf_config_and_survives_training_and_export(
     # resuming the finished run recomputes the same architecture: nothing changed, nothing refused
     again = load_config(bare, SETTINGS + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run,
                                           "checkpoint.init_from=%s" % source, "training.steps=2"])
-    assert again.to_dict()["model"] == ckpt.load_checkpoint(ckpt.latest_checkpoint(run)).config["model"]
+    assert with_init_architecture(again).to_dict()["model"] == fx.load(fx.latest(run)).config["model"]
 
 
 def _bare_demo(tmp_path):
@@ -101,7 +104,8 @@ def test_init_override_keeps_the_config_value_and_a_bare_bert_model_gets_fresh_h
         "data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % str(tmp_path / "run"),
         "checkpoint.init_from=%s" % source, "model.layer_norm_eps=0.001",
         "checkpoint.init_override=[model.layer_norm_eps]"])
-    assert cfg.model["layer_norm_eps"] == 0.001 and cfg.model["hidden_act"] == "gelu_new"
+    taken = with_init_architecture(cfg).model
+    assert taken["layer_norm_eps"] == 0.001 and taken["hidden_act"] == "gelu_new"
     capsys.readouterr()
     plan = plan_run(cfg, open_dataset=open_dataset)
     (line,) = capsys.readouterr().out.splitlines()
@@ -127,10 +131,36 @@ def test_a_checkpoint_trained_on_another_vocabulary_is_refused_unless_overridden
             "training.steps=1"]
     first = str(tmp_path / "phase1")
     execute(plan_run(config(data_dir, first, *tiny), open_dataset=open_dataset), log=lambda m: None)
-    for source in (first, ckpt.latest_checkpoint(first), os.path.join(first, "final")):
+    for source in (first, fx.latest(first), os.path.join(first, "final")):
         with pytest.raises(UserError, match="another vocabulary.*checkpoint.init_override=\\[vocab\\]"):
             plan_run(config(other, str(tmp_path / "p2"), "checkpoint.init_from=%s" % source, *tiny),
                      open_dataset=open_dataset)
         plan = plan_run(config(other, str(tmp_path / "p2"), "checkpoint.init_from=%s" % source,
                                "checkpoint.init_override=[vocab]", *tiny), open_dataset=open_dataset)
         assert plan.start_step == 0
+
+
+def test_a_config_object_reads_no_file_planning_does(data_dir, tmp_path):
+    """checkpoint.init_from names a directory whose config.json is not JSON: building the config reads nothing and
+    succeeds; planning the run reads it and refuses it in one line, writing nothing."""
+    source = tmp_path / "broken"
+    source.mkdir()
+    (source / "config.json").write_text("{not json")
+    (source / "model.safetensors").write_bytes(b"")
+    cfg = config(data_dir, str(tmp_path / "run"), "checkpoint.init_from=%s" % source)
+    with pytest.raises(ConfigError, match="cannot read config.json") as info:
+        plan_run(cfg, open_dataset=open_dataset)
+    assert "\n" not in str(info.value) and not os.path.exists(str(tmp_path / "run"))
+
+
+def test_a_phase1_directory_without_vocab_txt_is_refused_unless_overridden(data_dir, tmp_path):
+    source, _ = hf_phase1(str(tmp_path / "phase1"), data_dir)
+    os.unlink(os.path.join(source, "vocab.txt"))
+    bare = _bare_demo(tmp_path)
+    args = SETTINGS + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % str(tmp_path / "run"),
+                       "checkpoint.init_from=%s" % source]
+    with pytest.raises(UserError, match="has no vocab.txt: its vocabulary cannot be checked") as info:
+        plan_run(load_config(bare, args), open_dataset=open_dataset)
+    assert "checkpoint.init_override=[vocab]" in str(info.value)
+    plan = plan_run(load_config(bare, args + ["checkpoint.init_override=[vocab]"]), open_dataset=open_dataset)
+    assert plan.start_step == 0

@@ -19,7 +19,6 @@ import pytest
 
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
 from torch_features import PIPELINING_MISSING
@@ -70,7 +69,7 @@ def _free_port() -> int:
 
 def _losses(run_dir):
     return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"])
-            for r in ckpt.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+            for r in fx.metrics(run_dir)]
 
 
 @pytest.mark.skipif(PIPELINING_MISSING is not None, reason=PIPELINING_MISSING or "")
@@ -79,13 +78,13 @@ def test_pipelined_resume_gives_bitwise_the_same_losses(tmp_path):
     reference, resumed = str(tmp_path / "reference"), str(tmp_path / "resumed")
     # One pair of processes runs both: the reference, then (after rank 0 copied it) the resumed run.
     mp.spawn(_worker, args=(2, _free_port(), data_dir, reference, resumed), nprocs=2, join=True)
-    assert [os.path.basename(p) for p in ckpt.list_checkpoints(reference)] == [
+    assert [os.path.basename(p) for p in fx.checkpoints(reference)] == [
         "step_0000002.pt", "step_0000004.pt", "step_0000006.pt", "step_0000008.pt"]
 
     ref_losses, res_losses = _losses(reference), _losses(resumed)
     assert [row[0] for row in res_losses] == list(range(1, 9))
     assert res_losses == ref_losses  # exact float equality, steps 5..8 recomputed after the resume
-    ref_state = ckpt.load_checkpoint(ckpt.latest_checkpoint(reference))
-    res_state = ckpt.load_checkpoint(ckpt.latest_checkpoint(resumed))
+    ref_state = fx.load(fx.latest(reference))
+    res_state = fx.load(fx.latest(resumed))
     for key, value in ref_state.model.items():
         assert torch.equal(value, res_state.model[key]), key

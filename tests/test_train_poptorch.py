@@ -14,10 +14,9 @@ import torch
 import app_fixtures as fx
 import poptorch_stand_in as si
 from ipu_packing.data import open_dataset
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.train import loop
-from ipu_packing.train import run_plan as plan
+from ipu_packing.train import run_plan
 from ipu_packing.train.cli import main
 from ipu_packing.train.loop import execute, plan_run
 
@@ -51,8 +50,8 @@ def test_checkpoints_hold_the_ipu_optimizer_state_and_a_resume_hands_it_back(pop
     run = str(tmp_path / "run")
     config = _config(data_dir, run, "training.steps=4", "checkpoint.every_steps=2")
     _train(config)
-    first, last = ckpt.list_checkpoints(run)
-    saved = ckpt.load_checkpoint(first).optimizer
+    first, last = fx.checkpoints(run)
+    saved = fx.load(first).optimizer
     # Read back from the device after two steps (the torch LAMB never stepped on this path: no moments).
     assert int(saved["ipu_state"]["step"]) == 2 and saved["ipu_param"]
     assert saved["state"] == {}
@@ -65,17 +64,17 @@ def test_checkpoints_hold_the_ipu_optimizer_state_and_a_resume_hands_it_back(pop
     assert int(written["ipu_state"]["step"]) == 2
     for name, value in saved["ipu_param"].items():
         assert torch.equal(written["ipu_param"][name], value)
-    final = ckpt.load_checkpoint(ckpt.latest_checkpoint(run))
+    final = fx.load(fx.latest(run))
     assert final.step == 4 and int(final.optimizer["ipu_state"]["step"]) == 4
 
 
 def test_without_poptorch_the_run_stops_in_one_line_before_building_the_model(monkeypatch, capsys, data_dir, tmp_path):
     monkeypatch.setitem(sys.modules, "poptorch", None)  # import poptorch -> ImportError
 
-    def no_model():
+    def no_model(*args):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(plan, "model_class", no_model)
+    monkeypatch.setattr(run_plan, "build", no_model)
     args = ["--config", "demo"] + TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % (tmp_path / "run")]
     assert main(args) == 2
     out, err = capsys.readouterr()

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import app_fixtures as fx
+from ipu_packing.train.state import non_finite_tensors
+from ipu_packing.train.run_dir import NonFiniteState
 from ipu_packing.train import UserError
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.state import TrainingState
 from ipu_packing.train.cli import main
-from ipu_packing.train.runlock import RunLock
 
-from test_train_loop import TINY
+from app_fixtures import TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # as the loop tests (conftest.py)
 
@@ -45,22 +45,22 @@ def test_a_real_divergence_stops_with_exit_2_naming_a_finite_checkpoint(data_dir
     assert err.startswith("error: ") and err.count("\n") == 1 and "diverged" in err
     named = err.split("finite throughout is ")[1].strip()
     assert os.path.isfile(named)
-    saved = ckpt.list_checkpoints(run)
+    saved = fx.checkpoints(run)
     assert saved and saved[-1] == named
     for path in saved:
-        assert ckpt.non_finite_tensors(ckpt.load_checkpoint(path).to_dict()) == [], path
+        assert non_finite_tensors(fx.load(path).to_dict()) == [], path
     assert not os.path.exists(os.path.join(run, "final"))
 
 
 def test_a_state_with_non_finite_weights_is_never_saved(tmp_path):
     state = TrainingState(step=3, model={"w": torch.tensor([1.0, float("inf")])}, optimizer={"state": {}})
-    with pytest.raises(ckpt.NonFiniteState, match="model.w"):
-        ckpt.save_checkpoint(str(tmp_path), state, keep=2)
+    with pytest.raises(NonFiniteState, match="model.w"):
+        fx.save(str(tmp_path), state, keep=2)
     state = TrainingState(step=3, model={"w": torch.ones(2)},
                           optimizer={"state": {0: {"exp_avg": torch.tensor([float("nan")])}}})
-    with pytest.raises(ckpt.NonFiniteState, match="optimizer.state.0.exp_avg"):
-        ckpt.save_checkpoint(str(tmp_path), state, keep=2)
-    assert ckpt.list_checkpoints(str(tmp_path)) == []
+    with pytest.raises(NonFiniteState, match="optimizer.state.0.exp_avg"):
+        fx.save(str(tmp_path), state, keep=2)
+    assert fx.checkpoints(str(tmp_path)) == []
 
 
 class _Payload:
@@ -99,18 +99,18 @@ def test_a_checkpoint_with_wrong_field_types_is_refused_naming_the_field(tmp_pat
     path = str(tmp_path / "step_0000002.pt")
     torch.save({"step": "2", "model": {}}, path)
     with pytest.raises(UserError, match="'step' must be an integer"):
-        ckpt.load_checkpoint(path)
+        fx.load(path)
     torch.save({"step": 2, "model": {"w": [1.0]}}, path)
     with pytest.raises(UserError, match="model entry 'w' is not a tensor"):
-        ckpt.load_checkpoint(path)
+        fx.load(path)
     torch.save({"step": 2, "model": {}, "data": {"epoch": -1, "step_in_epoch": 0}}, path)
     with pytest.raises(UserError, match="data.epoch"):
-        ckpt.load_checkpoint(path)
+        fx.load(path)
 
 
 def test_a_second_run_in_the_same_directory_is_refused_and_writes_nothing(data_dir, tmp_path, capsys):
     run = str(tmp_path / "run")
-    with RunLock(run):
+    with fx.holding(run):
         code, out, err = run_main(args(data_dir, run, "training.steps=2"), capsys)
         assert code == 2 and "in use by pid %d" % os.getpid() in err and err.count("\n") == 1
         assert sorted(os.listdir(run)) == ["run.lock"]
@@ -120,7 +120,7 @@ def test_resume_with_changed_hyperparameters_is_refused_unless_forced(data_dir, 
     run = str(tmp_path / "run")
     common = ["training.steps=4", "checkpoint.every_steps=2"]
     assert run_main(args(data_dir, run, *common), capsys)[0] == 0
-    os.unlink(ckpt.latest_checkpoint(run))  # as if killed after step 2: no step 4, no export, no summary
+    os.unlink(fx.latest(run))  # as if killed after step 2: no step 4, no export, no summary
     os.unlink(os.path.join(run, "summary.json"))
     shutil.rmtree(os.path.join(run, "final"))
     before = open(os.path.join(run, "config.json")).read()
@@ -133,7 +133,7 @@ def test_resume_with_changed_hyperparameters_is_refused_unless_forced(data_dir, 
 
     code, out, err = run_main(args(data_dir, run, *(common + changed + ["checkpoint.resume=force"])), capsys)
     assert code == 0, err
-    rows = ckpt.read_jsonl(os.path.join(run, "metrics.jsonl"))
+    rows = fx.metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["lr"] for r in rows[2:]] == [0.5, 0.5]  # the new schedule, not the checkpoint's
     old = json.load(open(os.path.join(run, "config.before_step_0000002.json")))

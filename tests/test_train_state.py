@@ -4,10 +4,12 @@ checkpoint cadence and the step record."""
 from __future__ import annotations
 
 import pytest
+
+import app_fixtures as fx
+from ipu_packing.train.state import rng_state
 import torch
 
 from ipu_packing.train import UserError
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train.loop import checkpoint_due
 from ipu_packing.train.metrics import StepRecord
 from ipu_packing.train.state import TrainingState
@@ -17,10 +19,10 @@ WRITTEN = ["step", "model", "optimizer", "scheduler", "data", "rng", "rng_per_ra
 
 
 def _written(step=3):
-    rng = ckpt.rng_state()
+    rng = rng_state()
     return {"step": step, "model": {"w": torch.arange(4.0)}, "optimizer": {"state": {}, "param_groups": []},
             "scheduler": {"last_epoch": step}, "data": {"epoch": 1, "step_in_epoch": 2}, "rng": rng,
-            "rng_per_rank": [rng, ckpt.rng_state()], "config": {"name": "demo"},
+            "rng_per_rank": [rng, rng_state()], "config": {"name": "demo"},
             "dataset": {"max_seq_length": 32}, "metrics": {"loss": 1.5}}
 
 
@@ -31,11 +33,11 @@ def test_the_fields_are_the_keys_the_loop_writes_in_their_order():
 def test_a_checkpoint_as_written_loads_and_is_written_back_the_same(tmp_path):
     path = str(tmp_path / "step_0000003.pt")
     torch.save(_written(), path)  # a plain dict, as every checkpoint on disk is
-    state = ckpt.load_checkpoint(path)
+    state = fx.load(path)
     assert isinstance(state, TrainingState) and state.step == 3 and state.position == (1, 2)
     assert torch.equal(state.model["w"], torch.arange(4.0)) and state.rng_for(1) is state.rng_per_rank[1]
     assert state.rng_for(5) is state.rng  # more processes than were saved: the first one's
-    again = ckpt.save_checkpoint(str(tmp_path / "run"), state, keep=2)
+    again = fx.save(str(tmp_path / "run"), state, keep=2)
     reread = torch.load(again, weights_only=True)
     assert list(reread) == WRITTEN and reread["data"] == {"epoch": 1, "step_in_epoch": 2}
 
@@ -53,7 +55,7 @@ def test_every_field_is_checked_for_type(tmp_path, field, value, what):
     path = str(tmp_path / "step_0000003.pt")
     torch.save(dict(_written(), **{field: value}), path)
     with pytest.raises(UserError) as info:
-        ckpt.load_checkpoint(path)
+        fx.load(path)
     assert str(info.value) == "checkpoint %s: field %r must be %s, got %s" % (path, field, what,
                                                                                type(value).__name__)
 
@@ -78,8 +80,11 @@ def test_the_step_record_is_built_from_the_reduced_metrics():
     whole = {"loss": 2.0, "mlm_loss": 1.5, "nsp_loss": 0.5, "mlm_accuracy": 0.25, "nsp_accuracy": 0.75,
              "sequences": 30.0, "tokens": 900.0, "packs": 16.0, "seconds": 0.5, "compile_seconds": 3.0,
              "instances": 2}
-    record = StepRecord.from_metrics(step=7, epoch=1, lr=1e-3, whole=whole)
-    assert record == StepRecord(step=7, loss=2.0, mlm_loss=1.5, nsp_loss=0.5, mlm_accuracy=0.25, nsp_accuracy=0.75,
+    names = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+    record = StepRecord.from_metrics(step=7, epoch=1, lr=1e-3, whole=whole, names=names)
+    assert record == StepRecord(step=7, metrics={"loss": 2.0, "mlm_loss": 1.5, "nsp_loss": 0.5, "mlm_accuracy": 0.25,
+                                                 "nsp_accuracy": 0.75},
                                 lr=1e-3, sequences=30, tokens=900, packs=16, packing_factor=30 / 16.0, seconds=0.5,
                                 sequences_per_second=60.0, tokens_per_second=1800.0, epoch=1, compile_seconds=3.0,
                                 instances=2)
+    assert record.loss == 2.0 and record.to_dict()["nsp_accuracy"] == 0.75 and "metrics" not in record.to_dict()

@@ -1,4 +1,4 @@
-"""A training run stopped by SIGTERM or SIGINT (train/stopping.py): the step in flight completes, its
+"""A training run stopped by SIGTERM or SIGINT (train/guard.py): the step in flight completes, its
 checkpoint is written, the run exits 143 or 130 with one line naming the step and the checkpoint, and the
 resume loses no step: its losses and final weights are bitwise an uninterrupted run's."""
 
@@ -14,11 +14,10 @@ import torch
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
 from ipu_packing.signals import Stopped
-from ipu_packing.train import checkpoint as ckpt
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
 
-from test_train_loop import TINY
+from app_fixtures import TINY
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")  # the subprocesses run with OMP_NUM_THREADS=1: same sums
@@ -29,8 +28,9 @@ STEPS = ["training.steps=10", "checkpoint.every_steps=4", "checkpoint.keep=10"]
 # when step argv[3] is logged, and once more while that step's checkpoint is being written.
 CHILD = r"""
 import os, signal, sys, time
-from ipu_packing.train import checkpoint, metrics
+from ipu_packing.train import metrics
 from ipu_packing.train.cli import main
+from ipu_packing.train.run_dir import RunDirectory
 pause, at = float(sys.argv[1]), int(sys.argv[2])
 log = metrics.MetricsLogger.log
 def slow_log(self, record):
@@ -39,13 +39,13 @@ def slow_log(self, record):
         os.kill(os.getpid(), signal.SIGINT)
     time.sleep(pause)
 metrics.MetricsLogger.log = slow_log
-save = checkpoint.atomic_torch_save
-def interrupted_save(obj, path):
-    if at and obj["step"] == at:
+save = RunDirectory.save
+def interrupted_save(self, state, keep):
+    if at and state.step == at:
         os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C while the checkpoint is written
         time.sleep(0.2)
-    save(obj, path)
-checkpoint.atomic_torch_save = interrupted_save
+    return save(self, state, keep)
+RunDirectory.save = interrupted_save
 sys.exit(main(sys.argv[3:]))
 """
 
@@ -71,7 +71,7 @@ def start(data_dir, run_dir, pause, at=0):
 
 
 def rows(run_dir):
-    return ckpt.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    return fx.metrics(run_dir)
 
 
 def metrics_lines(run_dir):
@@ -92,7 +92,7 @@ def reference(data_dir, tmp_path_factory):
 def check_resume_is_bitwise(data_dir, run, reference, stopped_at):
     """The checkpoint of the stopped step is there and whole; resuming trains from it (no step lost or
     recomputed) to bitwise the reference's losses and final weights."""
-    state = ckpt.load_checkpoint(os.path.join(run, "checkpoints", "step_%07d.pt" % stopped_at))
+    state = fx.load(os.path.join(run, "checkpoints", "step_%07d.pt" % stopped_at))
     assert state.step == stopped_at
     assert [r["step"] for r in rows(run)] == list(range(1, stopped_at + 1))  # nothing logged past the checkpoint
     assert not [n for n in os.listdir(os.path.join(run, "checkpoints")) if not n.endswith(".pt")]
@@ -103,8 +103,8 @@ def check_resume_is_bitwise(data_dir, run, reference, stopped_at):
                                            stopped_at) in proc.stdout
     assert [(r["step"], r["loss"], r["mlm_loss"]) for r in rows(run)] == [
         (r["step"], r["loss"], r["mlm_loss"]) for r in rows(reference)]  # exact, steps 1..10, each once
-    final = ckpt.load_checkpoint(ckpt.latest_checkpoint(run))
-    expected = ckpt.load_checkpoint(ckpt.latest_checkpoint(reference))
+    final = fx.load(fx.latest(run))
+    expected = fx.load(fx.latest(reference))
     assert final.step == expected.step == 10
     assert final.model.keys() == expected.model.keys()
     for key, value in expected.model.items():
@@ -177,26 +177,27 @@ def test_a_signal_on_the_poptorch_path_checkpoints_the_host_call(poptorch, data_
     assert stopped.value.exit_code == 143
     assert stopped.value.line == ("stopped by SIGTERM at step 2; checkpoint %s written; resume with the same command"
                                   % path)
-    assert int(ckpt.load_checkpoint(path).optimizer["ipu_state"]["step"]) == 2
+    assert int(fx.load(path).optimizer["ipu_state"]["step"]) == 2
 
 
 def _agree_worker(rank, port, out_dir):
     """Two gloo processes; only rank 1 got the signal. Both must answer True after the same step."""
     import torch.distributed as dist
 
-    from ipu_packing.train.stopping import StopRequests
+    from ipu_packing.execution.runner_common import TorchProcessRunner
+    from ipu_packing.train.guard import StepGuard
 
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
     try:
-        stop = StopRequests()
+        stop = StepGuard([])
 
-        class Runner:
+        class Runner(TorchProcessRunner):  # the torch runners' collectives, over the two processes
             world = 2
 
-        answers = [stop.agreed(Runner(), None, 1)]
+        answers = [stop.stop_requested(Runner(), 1)]
         if rank == 1:
             stop.signum = signal.SIGTERM  # as the handler does
-        answers.append(stop.agreed(Runner(), None, 2))
+        answers.append(stop.stop_requested(Runner(), 2))
         with open(os.path.join(out_dir, "rank%d" % rank), "w") as f:
             f.write("%s %d" % (answers, stop.signum))  # %d: an IntEnum's %s is its name on Python 3.8
     finally:
@@ -217,18 +218,21 @@ def test_every_torchrun_rank_stops_after_the_same_step_when_one_got_the_signal(t
 
 
 def test_poprun_instances_that_exchange_metrics_agree_on_one_instances_signal():
-    from ipu_packing.train.stopping import StopRequests
+    from ipu_packing.execution.poptorch_backend import PoptorchRunner
+    from ipu_packing.train.guard import StepGuard
 
     class Group:
         reduces_metrics = True
+        names = []
 
         def allgather(self, row, name):
-            assert name == "ipu_packing.stop.4"
+            self.names.append(name)
             return [row, [float(signal.SIGINT)]]  # instance 1 got Ctrl-C
 
-    class Runner:
-        world = 1
-
-    stop = StopRequests()
-    assert stop.agreed(Runner(), Group(), 4) is True and stop.signum == signal.SIGINT
-    assert StopRequests().agreed(Runner(), None, 4) is False
+    runner = object.__new__(PoptorchRunner)  # its collectives only: no IPU
+    runner.group = Group()
+    stop = StepGuard([])
+    assert stop.stop_requested(runner, 4) is True and stop.signum == signal.SIGINT
+    assert Group.names == ["ipu_packing.stop.1"]  # the instances' first exchange after this start
+    runner.group = None  # one instance
+    assert StepGuard([]).stop_requested(runner, 4) is False

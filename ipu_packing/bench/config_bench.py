@@ -122,7 +122,7 @@ def histogram_groups(config, plan, path: str, packed_rows: int, padded_rows: int
     lengths = np.asarray([n for pack in chosen for n in pack], dtype=np.int64)
     if len(chosen) < packed_rows or len(lengths) < padded_rows:
         raise BenchError("histogram %s holds too few sequences for --steps of both layouts; lower --steps" % (path,))
-    sequences = iter(make_sequences(lengths, int(config.model.get("vocab_size", 30522)), config.training.seed))
+    sequences = iter(make_sequences(lengths, config.model_value("vocab_size"), config.training.seed))
     groups = [[next(sequences) for _ in pack] for pack in chosen]
     return groups, {"source": path, "packed_mlm_slots": None, "recipe": {}}
 
@@ -146,16 +146,12 @@ class Timed:
         import torch
 
         from ipu_packing.execution import make_runner
-        from ipu_packing.model import PackedBertForPreTraining
-        from ipu_packing.train.loop import seed_everything
-        from ipu_packing.train.optim import build_optimizer, build_scheduler
+        from ipu_packing.train.build import build
 
         self.name, self.config, self.accounting = name, config, accounting
-        seed_everything(config.training.seed)  # both layouts start from the same weights
-        model = PackedBertForPreTraining(config.bert_config())
-        optimizer = build_optimizer(model, config.optimizer, accounting.betas)
-        scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)
-        self.runner = make_runner(model, optimizer, accounting.execution, scheduler=scheduler)
+        built = build(config, accounting.betas)  # both layouts start from the same (seeded) weights
+        self.runner = make_runner(built.model, built.optimizer, accounting.execution, scheduler=built.scheduler,
+                                  metrics=config.task.metrics)
         rng = torch.get_rng_state()
         # A copy of each batch: an asynchronous poptorch.DataLoader (the IPU configs' mode) hands out the memory
         # of its ring buffer, which its worker refills once the next batch is asked for.
@@ -195,7 +191,7 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
                      histogram_path: str = "", log: Callable[[str], None] = lambda message: None) -> Dict[str, Any]:
     import torch
 
-    from ipu_packing.train.loop import check_backend
+    from ipu_packing.train.run_plan import check_backend
 
     packed_config, padded_config = load_layouts(name, overrides)
     check_backend(packed_config)

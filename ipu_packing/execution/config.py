@@ -158,6 +158,8 @@ class ExecutionConfig:
             raise ConfigError("execution.device must be one of %s, got %r" % (DEVICES, self.device))
         if self.precision not in PRECISIONS:
             raise ConfigError("execution.precision must be one of %s, got %r" % (PRECISIONS, self.precision))
+        if self.backend == "poptorch" and self.precision == "bf16":
+            raise ConfigError("execution.precision bf16 is not available on IPUs: use fp16 or fp32")
         if self.pipeline_schedule not in PIPELINE_SCHEDULES:
             raise ConfigError(
                 "execution.pipeline_schedule must be one of %s, got %r" % (PIPELINE_SCHEDULES, self.pipeline_schedule)

@@ -13,7 +13,7 @@ from popdist.poptorch.Options and each instance reads its share of the data: pop
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -22,6 +22,7 @@ from .config import ExecutionConfig
 from ..errors import BackendUnavailable
 from .placement import check_pipeline_depth, ipu_blocks, model_stages, placement_rows
 from .popdist_backend import Launch, instance_indices, popdist_options, resolve_launch
+from .poprun_group import InstanceGroup, agree_on_start, agree_ready, instance_group
 from .poptorch_options import (
     build_options,
     dataloader_kwargs,
@@ -31,7 +32,14 @@ from .poptorch_options import (
     popart_patterns,
     translate_optimizer,
 )
-from .runner_common import BATCH_FIELDS, StepMetrics, count_batch
+from .runner_common import (
+    StepMetrics,
+    count_batch,
+    ignoring_workers,
+    model_inputs,
+    model_metrics,
+    reduce_over_instances,
+)
 
 SDK_MESSAGE = (
     "execution.backend 'poptorch' needs poptorch, which ships only with Graphcore's Poplar SDK "
@@ -127,19 +135,18 @@ class _RecomputeCheckpoint:
 
 
 class _TrainingWrapper(torch.nn.Module):
-    """Marks the model's loss for poptorch and returns tensors only, in a fixed order."""
+    """Marks the model's loss for poptorch and returns its step metrics only, loss first, in a fixed order."""
 
-    OUTPUTS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
-
-    def __init__(self, model: torch.nn.Module, poptorch) -> None:
+    def __init__(self, model: torch.nn.Module, poptorch, inputs, metrics) -> None:
         super().__init__()
         self.model = model
         self._identity_loss = poptorch.identity_loss
+        self._inputs, self._metrics = tuple(inputs), tuple(metrics)
 
     def forward(self, *fields):
-        out = self.model(**dict(zip(BATCH_FIELDS, fields)))
+        out = self.model(**dict(zip(self._inputs, fields)))
         loss = self._identity_loss(out.loss, reduction="none")
-        return (loss,) + tuple(getattr(out, k) for k in self.OUTPUTS[1:])
+        return (loss,) + tuple(getattr(out, k) for k in self._metrics[1:])
 
 
 class PoptorchRunner:
@@ -155,8 +162,13 @@ class PoptorchRunner:
     """This PopRun instance's part (one host: instance 0 of 1)."""
     is_writer: bool
     """Whether this instance writes the run's files: instance 0."""
+    metrics: Tuple[str, ...]
+    """The model output's step metrics ``train_step`` reports, "loss" first."""
+    group: Optional[InstanceGroup] = None
+    """How the PopRun instances exchange (poprun_group.py), from ``agree_on_start`` on; None on one instance."""
 
-    def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None) -> None:
+    def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None,
+                 metrics=None) -> None:
         if poptorch is None:
             check_attention(getattr(model, "attention_implementation", "dense"))
             poptorch = import_poptorch()
@@ -168,6 +180,8 @@ class PoptorchRunner:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.inputs = model_inputs(model)
+        self.metrics = model_metrics(model, metrics)
         self.launch = resolve_launch(config)
         self.is_writer = self.launch.is_writer
         self.options = build_options(config, self.poptorch, popdist_options(config, self.launch))
@@ -175,13 +189,12 @@ class PoptorchRunner:
         serialize_tied_decoder(model, config, self.poptorch)  # execution.embedding_serialization_factor
         if config.precision == "fp16":
             model.half()
-        elif config.precision == "bf16":
-            raise ConfigError("execution.precision bf16 is not available on IPUs: use fp16 or fp32")
         model.train()
         self.ipu_optimizer = translate_optimizer(optimizer, config, self.poptorch)
         self._lrs = self._current_lrs()
         self.executor = self.poptorch.trainingModel(
-            _TrainingWrapper(model, self.poptorch), options=self.options, optimizer=self.ipu_optimizer
+            _TrainingWrapper(model, self.poptorch, self.inputs, self.metrics), options=self.options,
+            optimizer=self.ipu_optimizer
         )
 
     def _current_lrs(self) -> List[float]:
@@ -199,14 +212,14 @@ class PoptorchRunner:
             dataset,
             batch_size=self.config.micro_batch_size,
             shuffle=False,  # the training loop hands over its epoch order
-            num_workers=num_workers,
             drop_last=True,
             auto_distributed_partitioning=False,  # the instance's share is cut above, once
+            **ignoring_workers(num_workers),
             **dataloader_kwargs(self.config, self.poptorch),  # execution.dataloader_mode
         )
 
     def _args(self, batch) -> List[torch.Tensor]:
-        return [torch.as_tensor(batch[k]) for k in BATCH_FIELDS]
+        return [torch.as_tensor(batch[k]) for k in self.inputs]
 
     def is_compiled(self) -> bool:
         """Whether the executor is compiled (or loaded from the executable cache) yet."""
@@ -240,16 +253,54 @@ class PoptorchRunner:
                 self.executor.setOptimizer(self.ipu_optimizer)
                 self._lrs = lrs
         sequences, tokens = count_batch(batch)
-        return StepMetrics(
-            loss=means[0],
-            mlm_loss=means[1],
-            nsp_loss=means[2],
-            mlm_accuracy=means[3],
-            nsp_accuracy=means[4],
-            sequences=sequences,
-            tokens=tokens,
-            optimizer_steps=steps,
-        )
+        return StepMetrics(dict(zip(self.metrics, means)), sequences=sequences, tokens=tokens, optimizer_steps=steps)
+
+    # ---- host collectives: over the PopRun instances (poprun_group.py); this instance's own on one host ----
+
+    def agree_on_start(self, run_dir: str, step: int, resumed: bool, log) -> None:
+        """Under PopRun: the instances start from the same step and weights, or all stop (one line); with
+        horovod, instance 0's weights are broadcast. Nothing on one instance."""
+        self.group = instance_group(self.launch, run_dir)
+        if self.group is not None:
+            agree_on_start(self.group, step, resumed, self.model, log=log if self.is_writer else (lambda m: None))
+            if not self.group.reduces_metrics:
+                log("note: no horovod.torch: each step's metrics are instance 0's share (1 of %d instances; "
+                    "\"instances\": 1 in metrics.jsonl); install the Poplar SDK's horovod wheel to reduce them over "
+                    "the instances" % (self.group.num_instances,))
+
+    def agree_ready(self, refused) -> None:
+        """After instance 0 tried to take the run directory: every instance starts, or every one stops."""
+        if self.group is None:
+            if refused is not None:
+                raise refused
+            return
+        agree_ready(self.group, refused)
+
+    def agree(self, flag: int) -> int:
+        """The largest ``flag`` over the instances that exchange every host call (horovod); this one's elsewhere."""
+        if self.group is None or not self.group.reduces_metrics:
+            return int(flag)
+        return int(max(row[0] for row in self.group.allgather([float(flag)], name="ipu_packing.stop.%d"
+                                                                 % self._agreements())))
+
+    def _agreements(self) -> int:
+        self._agreed = getattr(self, "_agreed", 0) + 1
+        return self._agreed
+
+    def gather_rng_states(self, state: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """This process's generator states: one torch process per instance, and instance 0 writes."""
+        return [state]
+
+    def reduce_metrics(self, values: Dict[str, float]) -> Dict[str, float]:
+        """The whole step over the instances (means of the metrics, sums of the counts, the slowest seconds),
+        where they exchange every host call; this instance's share elsewhere (``instances`` says which)."""
+        if self.group is None or not self.group.reduces_metrics:
+            return reduce_over_instances(values, None, (), 0)
+        names = sorted(values, key=lambda k: (k not in self.metrics, self.metrics.index(k) if k in self.metrics
+                                              else 0, k))
+        rows = self.group.allgather([float(values[k]) for k in names], name="ipu_packing.step.%d"
+                                    % self._agreements())
+        return reduce_over_instances(values, rows, names, len(self.metrics))
 
     def sync_model(self) -> None:
         """Copy the IPU weights back into ``self.model`` (e.g. before saving a checkpoint)."""
@@ -285,8 +336,9 @@ class PoptorchRunner:
             self.executor.attachToDevice()
 
 
-def make_poptorch_runner(model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None) -> PoptorchRunner:
-    return PoptorchRunner(model, optimizer, config, scheduler=scheduler, poptorch=poptorch)
+def make_poptorch_runner(model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None,
+                         metrics=None) -> PoptorchRunner:
+    return PoptorchRunner(model, optimizer, config, scheduler=scheduler, poptorch=poptorch, metrics=metrics)
 
 
 __all__ = [

@@ -23,18 +23,16 @@ the replicas'), so a global batch gives the same update however it is split.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 
+from ..errors import UserError
 from .config import ExecutionConfig
 from .placement import model_stages
 from .runner_common import BATCH_FIELDS, StepMetrics, init_distributed
 from .runner_ddp import TorchRunner
 from .runner_pipeline import PipelineRunner
-
-if TYPE_CHECKING:
-    from .popdist_backend import Launch
 
 __all__ = ["BATCH_FIELDS", "PipelineRunner", "Runner", "StepMetrics", "TorchRunner", "init_distributed",
            "make_runner"]
@@ -51,9 +49,8 @@ class Runner(Protocol):
     """This process's torch.distributed rank: 0 in one process, and on poptorch (one process per instance)."""
     world: int
     """torch.distributed processes of the run: 1 in one process, and on poptorch."""
-    launch: Optional["Launch"]
-    """This PopRun instance's part (poptorch: popdist_backend.Launch, one host is instance 0 of 1); None on
-    torch, which has no host instances."""
+    metrics: Tuple[str, ...]
+    """The model output's step metrics ``train_step`` reports, "loss" first (the model's METRICS, or the task's)."""
 
     @property
     def is_writer(self) -> bool:
@@ -80,14 +77,37 @@ class Runner(Protocol):
     def load_optimizer_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore a checkpoint's optimizer state, before the first step of a resumed run."""
 
+    # The host collectives: between the processes that run one training (torch ranks under torchrun; the PopRun
+    # instances on poptorch), each a no-op on a single process. Every process calls them in the same order.
 
-def make_runner(model, optimizer, config: ExecutionConfig, scheduler=None):
-    """The runner ``config`` asks for. The poptorch backend imports poptorch here, and only here."""
+    def agree_on_start(self, run_dir: str, step: int, resumed: bool, log: Callable[[str], None]) -> None:
+        """Before anything is written: every process starts from the same step and weights, or all stop (one
+        line). PopRun: the instances exchange their start (poprun_group.py); torch: nothing to exchange."""
+
+    def agree_ready(self, refused: Optional[UserError]) -> None:
+        """After the writer tried to take the run directory's lock: raise ``refused`` (this process's reason not
+        to start), or stop together where another process could not start."""
+
+    def agree(self, flag: int) -> int:
+        """The largest ``flag`` over the processes (e.g. a stop request's signal number; 0: none)."""
+
+    def gather_rng_states(self, state: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """Every process's generator states by rank (the writer checkpoints them all); [state] on one process."""
+
+    def reduce_metrics(self, values: Dict[str, float]) -> Dict[str, float]:
+        """The whole step from this process's ``values`` (the metrics, and sequences, tokens, packs, seconds,
+        compile_seconds): means of the metrics, sums of the counts, the slowest seconds; plus ``instances``,
+        how many PopRun instances the result covers."""
+
+
+def make_runner(model, optimizer, config: ExecutionConfig, scheduler=None, metrics: Optional[Sequence[str]] = None):
+    """The runner ``config`` asks for (``metrics``: the step metrics to report, default the model's METRICS). The
+    poptorch backend imports poptorch here, and only here."""
     if config.backend == "poptorch":
         from .poptorch_backend import make_poptorch_runner
 
-        return make_poptorch_runner(model, optimizer, config, scheduler=scheduler)
+        return make_poptorch_runner(model, optimizer, config, scheduler=scheduler, metrics=metrics)
     model_stages(int(model.config.num_hidden_layers), config)  # one-line error when layers_per_ipu does not fit
     if config.num_stages > 1:
-        return PipelineRunner(model, optimizer, config, scheduler=scheduler)
-    return TorchRunner(model, optimizer, config, scheduler=scheduler)
+        return PipelineRunner(model, optimizer, config, scheduler=scheduler, metrics=metrics)
+    return TorchRunner(model, optimizer, config, scheduler=scheduler, metrics=metrics)

@@ -1,47 +1,104 @@
-"""Pieces the runners share: the batch fields, the step metrics, counting what a batch holds, and the torch
-runners' process group, sampler, micro batches and precision helpers."""
+"""Pieces the runners share: the model's inputs and step metrics, counting what a batch holds, the collectives
+of the torch processes, and the torch runners' sampler, micro batches and precision helpers."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..data.format import FIELDS, IGNORE_INDEX
-from ..errors import LaunchError
+from ..data.format import FIELDS
+from ..errors import LaunchError, UserError
+from ..signals import ignore_stop_signals
 
-BATCH_FIELDS = FIELDS  # model inputs in forward's order; shapes and meanings: data/format.py
+BATCH_FIELDS = FIELDS  # the pretraining model's inputs in forward's order; shapes and meanings: data/format.py
+
+
+def model_inputs(model: torch.nn.Module) -> Tuple[str, ...]:
+    """The batch fields ``model``'s forward takes, in its argument order (each a tensor of the batch)."""
+    return tuple(inspect.signature(model.forward).parameters)
+
+
+def model_metrics(model: torch.nn.Module, metrics: Optional[Sequence[str]] = None) -> Tuple[str, ...]:
+    """The step metrics of ``model``'s output, averaged over micro batches and replicas: ``metrics`` when given,
+    else the model's own ``METRICS`` (its output's scalar fields, "loss" first)."""
+    names = tuple(metrics if metrics is not None else getattr(model, "METRICS", ("loss",)))
+    if not names or names[0] != "loss":
+        raise ValueError("step metrics must start with 'loss', got %r" % (names,))
+    return names
 
 
 @dataclass
 class StepMetrics:
-    loss: float
-    mlm_loss: float
-    nsp_loss: float
-    mlm_accuracy: float
-    nsp_accuracy: float
-    sequences: int
+    """What one host call reports: the model's step metrics (averaged over micro batches and replicas) and what
+    the batch held. ``metrics.loss`` reads ``values["loss"]`` (and so for every metric name)."""
+
+    values: Dict[str, float] = field(default_factory=dict)
+    """The model's step metrics by name ("loss" first)."""
+    sequences: int = 0
     """Real sequences in the step, all replicas together."""
-    tokens: int
+    tokens: int = 0
     """Real (non-padding) tokens in the step, all replicas together."""
     optimizer_steps: int = 1
     """Optimizer steps this call ran (poptorch: device iterations)."""
 
+    def __getattr__(self, name: str) -> float:
+        values = self.__dict__.get("values") or {}
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        values = self.__dict__.get("values")
+        if values is not None and name in values:
+            values[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
 
 def count_batch(batch: Mapping[str, torch.Tensor]) -> Tuple[int, int]:
-    """(sequences, tokens) in a batch: NSP slots in use, and non-padding tokens."""
-    sequences = int((torch.as_tensor(batch["nsp_labels"]) != IGNORE_INDEX).sum())
-    tokens = int((torch.as_tensor(batch["sequence_ids"]) != 0).sum())
+    """(sequences, tokens) in a batch: the sequences of each pack (its sequence ids run 1..k, so k is the largest),
+    and the non-padding tokens."""
+    ids = torch.as_tensor(batch["sequence_ids"])  # (B, S)
+    sequences = int(ids.max(dim=-1).values.clamp(min=0).sum()) if ids.numel() else 0
+    tokens = int((ids != 0).sum())
     return sequences, tokens
 
 
-# ---- helpers of the torch runners (runner_ddp.py, runner_pipeline.py) ------------------------------------
+def ignoring_workers(num_workers: int) -> Dict[str, Any]:
+    """DataLoader arguments of a run's loader: workers that ignore SIGINT and SIGTERM (the main process handles a
+    signal sent to the whole group, stops at a step, and shuts them down)."""
+    return {"num_workers": num_workers, "worker_init_fn": ignore_stop_signals if num_workers else None}
 
-METRICS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
-"""The StepMetrics averaged over micro batches (and replicas)."""
+
+def reduce_over_instances(values: Dict[str, float], rows: Optional[List[List[float]]], names: Sequence[str],
+                          metrics: int) -> Dict[str, float]:
+    """The whole step from every PopRun instance's ``values`` (one row each, in ``names`` order; None: this
+    instance alone): the first ``metrics`` names (losses, accuracies) averaged (each instance holds the same
+    number of replicas), sequences, tokens and packs summed, the seconds the slowest instance's; plus
+    ``instances``, how many instances the result covers."""
+    if rows is None:
+        out = dict(values)
+        out["instances"] = 1
+        return out
+    out = {}  # type: Dict[str, float]
+    for j, key in enumerate(names):
+        column = [r[j] for r in rows]
+        if j < metrics:
+            out[key] = sum(column) / len(column)
+        elif key in ("sequences", "tokens", "packs"):
+            out[key] = sum(column)
+        else:
+            out[key] = max(column)
+    out["instances"] = len(rows)
+    return out
+
+
+# ---- helpers of the torch runners (runner_ddp.py, runner_pipeline.py) ------------------------------------
 
 
 def check_launch(config) -> None:
@@ -89,14 +146,49 @@ def init_distributed(config) -> Tuple[int, int, torch.device]:
 
 class TorchProcessRunner:
     """What the torch runners (runner_ddp.TorchRunner, runner_pipeline.PipelineRunner) share of the Runner
-    interface (runner.py): one process per replica or stage, no host instances, nothing compiled ahead."""
+    interface (runner.py): one process per replica or stage, no host instances, nothing compiled ahead; the
+    host collectives go through torch.distributed when there is more than one process."""
 
-    launch = None
-    """No PopRun instances on torch."""
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     rank: int
     world: int
+    metrics: Tuple[str, ...]
+    device: torch.device
+
+    def agree(self, flag: int) -> int:
+        """The largest ``flag`` over the torch processes (a max all-reduce); ``flag`` in one process."""
+        if self.world <= 1:
+            return int(flag)
+        import torch.distributed as dist
+
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        value = torch.tensor([float(flag)], dtype=torch.float64, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value.item())
+
+    def gather_rng_states(self, state: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """Every torch process's generator states, by rank (an all-gather); this process's in one process."""
+        if self.world <= 1:
+            return [state]
+        import torch.distributed as dist
+
+        parts = [None] * self.world  # type: List[Any]
+        dist.all_gather_object(parts, state)
+        return parts
+
+    def reduce_metrics(self, values: Dict[str, float]) -> Dict[str, float]:
+        """``values`` as they are: ``train_step`` already reduced the step over the torch processes."""
+        return reduce_over_instances(values, None, (), 0)
+
+    def agree_on_start(self, run_dir: str, step: int, resumed: bool, log) -> None:
+        """Nothing to agree on: torchrun's processes read one run directory and start from its checkpoint."""
+
+    def agree_ready(self, refused: Optional[UserError]) -> None:
+        """Raise the writer's refusal (another run holds the directory); the other ranks fail their first
+        collective when the writer leaves."""
+        if refused is not None:
+            raise refused
 
     @property
     def is_writer(self) -> bool:
@@ -146,9 +238,11 @@ def step_slices(num_items: int, step_packs: int, part_packs: int, part: int) -> 
         yield list(range(start, start + part_packs))
 
 
-def micro_batches(batch, micro: int, count: int, device: torch.device) -> List[Dict[str, torch.Tensor]]:
+def micro_batches(batch, micro: int, count: int, device: torch.device,
+                  fields: Sequence[str] = BATCH_FIELDS) -> List[Dict[str, torch.Tensor]]:
+    """``count`` micro batches of ``micro`` rows of each of ``fields`` (the model's inputs), on ``device``."""
     return [
-        {k: torch.as_tensor(batch[k])[i * micro : (i + 1) * micro].to(device) for k in BATCH_FIELDS}
+        {k: torch.as_tensor(batch[k])[i * micro : (i + 1) * micro].to(device) for k in fields}
         for i in range(count)
     ]
 
@@ -167,11 +261,8 @@ def unscale(params, scale: float) -> None:
                 p.grad.div_(scale)
 
 
-def metrics_from(stats: torch.Tensor) -> StepMetrics:
-    """StepMetrics from [METRICS..., sequences, tokens]."""
+def metrics_from(stats: torch.Tensor, names: Sequence[str]) -> StepMetrics:
+    """StepMetrics from [the metrics named ``names``..., sequences, tokens]."""
     values = stats.tolist()
-    return StepMetrics(
-        sequences=int(round(values[-2])),
-        tokens=int(round(values[-1])),
-        **dict(zip(METRICS, values[: len(METRICS)])),
-    )
+    return StepMetrics(dict(zip(names, values[: len(names)])), sequences=int(round(values[-2])),
+                       tokens=int(round(values[-1])))

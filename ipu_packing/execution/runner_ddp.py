@@ -11,15 +11,17 @@ import torch
 
 from .config import ExecutionConfig
 from .runner_common import (
-    METRICS,
     StepBatchSampler,
     StepMetrics,
     TorchProcessRunner,
     autocast,
     count_batch,
     init_distributed,
+    ignoring_workers,
     metrics_from,
     micro_batches,
+    model_inputs,
+    model_metrics,
     unscale,
 )
 
@@ -27,7 +29,7 @@ from .runner_common import (
 class TorchRunner(TorchProcessRunner):
     """Single process, or DistributedDataParallel with one replica per process."""
 
-    def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None) -> None:
+    def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None, metrics=None) -> None:
         if config.num_stages != 1:
             raise ValueError("TorchRunner runs one stage; use PipelineRunner for layers_per_ipu %r"
                              % config.layers_per_ipu)
@@ -36,6 +38,8 @@ class TorchRunner(TorchProcessRunner):
         self.model = model.to(self.device)
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.inputs = model_inputs(model)
+        self.metrics = model_metrics(model, metrics)
         self.ddp = None
         self._forward = self.model
         if self.world > 1:
@@ -54,7 +58,7 @@ class TorchRunner(TorchProcessRunner):
 
     def dataloader(self, dataset, num_workers: int = 0):
         sampler = StepBatchSampler(len(dataset), self.config, self.rank)
-        return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
+        return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, **ignoring_workers(num_workers))
 
     def train_step(self, batch) -> StepMetrics:
         cfg = self.config
@@ -62,15 +66,15 @@ class TorchRunner(TorchProcessRunner):
         scale = float(cfg.loss_scaling) if cfg.precision == "fp16" else 1.0
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(len(METRICS), dtype=torch.float64)
-        for i, part in enumerate(micro_batches(batch, cfg.micro_batch_size, accumulation, self.device)):
+        sums = torch.zeros(len(self.metrics), dtype=torch.float64)
+        for i, part in enumerate(micro_batches(batch, cfg.micro_batch_size, accumulation, self.device, self.inputs)):
             last = i == accumulation - 1
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
                 with autocast(cfg, self.device):
                     out = self._forward(**part)
                 (out.loss.float() * (scale / accumulation)).backward()
-            sums += torch.stack([getattr(out, k).detach().double().cpu() for k in METRICS])
+            sums += torch.stack([getattr(out, k).detach().double().cpu() for k in self.metrics])
         unscale(self.model.parameters(), scale)
         self.optimizer.step()
         if self.scheduler is not None:
@@ -83,8 +87,8 @@ class TorchRunner(TorchProcessRunner):
             stats = stats.to(self.device)
             dist.all_reduce(stats)
             stats = stats.cpu()
-            stats[: len(METRICS)] /= self.world
-        return metrics_from(stats)
+            stats[: len(self.metrics)] /= self.world
+        return metrics_from(stats, self.metrics)
 
     def sync_model(self) -> None:
         """Every process already holds every weight."""

@@ -11,15 +11,16 @@ import torch
 from .config import ExecutionConfig
 from .placement import model_stages, owner_stage, plan_placement, torch_stages
 from .runner_common import (
-    METRICS,
     StepBatchSampler,
     StepMetrics,
     TorchProcessRunner,
     autocast,
     count_batch,
     init_distributed,
+    ignoring_workers,
     metrics_from,
     micro_batches,
+    model_metrics,
     unscale,
 )
 
@@ -30,7 +31,8 @@ class _Stage(torch.nn.Module):
     (the attention mask, rebuilt from ``sequence_ids`` on every stage: (B, S) ints are cheaper to send
     than a (B, S, S) mask) stays on its process."""
 
-    def __init__(self, model, stages, part_stage: Sequence[int], stage: int, num_stages: int, config, device) -> None:
+    def __init__(self, model, stages, part_stage: Sequence[int], stage: int, num_stages: int, config, device,
+                 metrics: Sequence[str]) -> None:
         super().__init__()
         self.first = stage == 0
         self.last = stage == num_stages - 1
@@ -43,6 +45,7 @@ class _Stage(torch.nn.Module):
         self._stages = stages
         self._config = config
         self._device = device
+        self._metrics = tuple(metrics)
         self.records = []  # type: List[torch.Tensor]
 
     def forward(self, *args):
@@ -53,7 +56,7 @@ class _Stage(torch.nn.Module):
         if not self.last:
             return tuple(state[k] for k in self.outputs)
         out = state[self._stages.output]
-        self.records.append(torch.stack([getattr(out, k).detach().double().cpu() for k in METRICS]))
+        self.records.append(torch.stack([getattr(out, k).detach().double().cpu() for k in self._metrics]))
         return out.loss.float().reshape(1)  # (1,): the schedule concatenates the micro batches' outputs
 
 
@@ -74,7 +77,7 @@ class PipelineRunner(TorchProcessRunner):
     (``runner.model``) but computes and updates only its stage; ``sync_model`` gathers the weights and
     ``optimizer_state_dict`` the moments."""
 
-    def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None) -> None:
+    def __init__(self, model, optimizer, config: ExecutionConfig, scheduler=None, metrics=None) -> None:
         try:
             from torch.distributed import pipelining
         except ImportError as exc:  # torch < 2.4
@@ -102,12 +105,13 @@ class PipelineRunner(TorchProcessRunner):
         self.model = model.to(self.device)
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.metrics = model_metrics(model, metrics)
         num_layers = int(model.config.num_hidden_layers)
         stages = model_stages(num_layers, config)
         part_stage = torch_stages(stages, self.world)
         self.plan = plan_placement(num_layers, config)
         self.inputs = tuple(stages.inputs)  # the model's forward arguments, in its order
-        self.stage_modules = [_Stage(model, stages, part_stage, s, self.world, config, self.device)
+        self.stage_modules = [_Stage(model, stages, part_stage, s, self.world, config, self.device, self.metrics)
                               for s in range(self.world)]
         self.stage_module = self.stage_modules[self.rank]
         self._scale = float(config.loss_scaling) if config.precision == "fp16" else 1.0
@@ -125,7 +129,7 @@ class PipelineRunner(TorchProcessRunner):
         the RNG (restored afterwards), otherwise a run resumed from a checkpoint, which builds its schedule
         on its first resumed step, would draw its dropout masks from a shifted stream."""
         cfg = self.config
-        part = micro_batches(batch, cfg.micro_batch_size, 1, self.device)[0]
+        part = micro_batches(batch, cfg.micro_batch_size, 1, self.device, self.inputs)[0]
         devices = [self.device] if self.device.type == "cuda" else []  # CPU generator only, or it and this GPU's
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             args = tuple(part[k] for k in self.inputs)  # type: Tuple[torch.Tensor, ...]
@@ -154,7 +158,7 @@ class PipelineRunner(TorchProcessRunner):
     def dataloader(self, dataset, num_workers: int = 0):
         # Every stage walks the same order (only the first uses the inputs; all count sequences/tokens).
         sampler = StepBatchSampler(len(dataset), self.config, 0)
-        return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
+        return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, **ignoring_workers(num_workers))
 
     def _shared_params(self) -> List[torch.nn.Parameter]:
         """Parameters that received gradients on more than one stage (the tied word embedding / MLM decoder
@@ -193,11 +197,12 @@ class PipelineRunner(TorchProcessRunner):
         if self.stage_module.last:
             stats = torch.stack(self.stage_module.records).mean(0)
         else:
-            stats = torch.zeros(len(METRICS), dtype=torch.float64)
+            stats = torch.zeros(len(self.metrics), dtype=torch.float64)
         stats = stats.to(self.device)
         self._dist.broadcast(stats, src=self.world - 1)
         sequences, tokens = count_batch(batch)
-        return metrics_from(torch.cat([stats.cpu(), torch.tensor([sequences, tokens], dtype=torch.float64)]))
+        return metrics_from(torch.cat([stats.cpu(), torch.tensor([sequences, tokens], dtype=torch.float64)]),
+                            self.metrics)
 
     def sync_model(self) -> None:
         """Broadcast every parameter and buffer from the stage that owns it, so ``runner.model`` is complete

@@ -293,6 +293,9 @@ def _mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: t
 class PackedBertForPreTraining(nn.Module):
     """BERT for pretraining on packs; see the package docstring for the batch contract and composition."""
 
+    METRICS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+    """The output's scalar fields a training step reports (averaged over micro batches and replicas)."""
+
     def __init__(self, config: Any, attention: Optional[str] = None) -> None:
         super().__init__()
         if getattr(config, "position_embedding_type", "absolute") != "absolute":

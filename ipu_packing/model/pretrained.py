@@ -170,7 +170,7 @@ def check_config_values(path: str, config: Any) -> Dict[str, Any]:
     weights = (hidden * (vocab + size("max_position_embeddings", 512) + size("type_vocab_size", 2))
                + size("num_hidden_layers", 12) * (4 * hidden * hidden + 2 * hidden * size("intermediate_size", 3072)))
     if weights > MAX_PARAMETERS:
-        raise InputError("%s: describes about %d weights, over the limit of 2**34 (model/checkpoint.py "
+        raise InputError("%s: describes about %d weights, over the limit of 2**34 (model/pretrained.py "
                          "MAX_PARAMETERS)" % (path, weights))
     return config
 

@@ -11,7 +11,7 @@ Public API:
     from ipu_packing.train.optim import LAMB, build_scheduler
 """
 
-from .config import BatchAccounting, PretrainingConfig
+from .run_config import BatchAccounting, PretrainingConfig
 from .loader import available_configs, config_from_dict, load_config
 from ..errors import ConfigError, TrainingError, UserError
 

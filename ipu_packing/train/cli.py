@@ -5,7 +5,7 @@
 Exit status (ipu_packing.errors.run_command): 0 done; 2 bad input (config, dataset, checkpoint,
 launch), reported on one line before anything is written, or a run that diverged, naming the last
 checkpoint that is finite throughout; 130 and 143 stopped by SIGINT (Ctrl-C) and SIGTERM, after the step in
-flight completed and its checkpoint was written (train/stopping.py), in one line naming both.
+flight completed and its checkpoint was written (train/guard.py), in one line naming both.
 """
 
 from __future__ import annotations
@@ -31,14 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def dry_run(config) -> str:
-    """The execution package's report, preceded by the batch accounting (no dataset opened)."""
+    """The execution package's report, preceded by the batch accounting (no dataset opened; a phase-1
+    directory's architecture read, as training reads it)."""
+    from .phase1 import with_init_architecture
+
+    config = with_init_architecture(config)
     accounting = config.batch_accounting(config.nominal_packing_factor)
     lines = [
         "config %s: model %d layers, hidden %d; S=%d, layout %s"
         % (
             config.name,
-            int(config.model.get("num_hidden_layers", 12)),
-            int(config.model.get("hidden_size", 768)),
+            config.model_value("num_hidden_layers"),
+            config.model_value("hidden_size"),
             config.data.max_seq_length,
             config.data.layout,
         ),
@@ -84,3 +88,30 @@ def command(argv: Optional[List[str]]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     return run_command(command, argv)
+
+
+def dry_run_command(argv: Optional[List[str]]) -> int:
+    """``python -m ipu_packing.execution dry-run --config NAME|PATH [section.key=value ...]``: placement, weight
+    memory per IPU/stage and batch sizes of a config (no poptorch needed). The same report as
+    ``run_pretraining.py --config NAME --dry-run``, through the same loader: the keys accepted, ``base:``, overrides,
+    the derived gradient accumulation and the one-line ``error: ...``, exit 2, are the same."""
+    parser = ArgumentParser(prog="python -m ipu_packing.execution")
+    sub = parser.add_subparsers(dest="command", required=True)
+    dry = sub.add_parser("dry-run", help="placement, memory per IPU and batch sizes of a config (no poptorch needed)")
+    dry.add_argument("--config", required=True, help="config name in configs/ or a YAML path")
+    dry.add_argument("overrides", nargs="*", metavar="section.key=value",
+                     help="e.g. data.packing_factor_estimate=2.0 (the packing factor the batch sizes assume)")
+    args = parser.parse_args(argv)
+    return command(["--config", args.config, "--dry-run"] + list(args.overrides))
+
+
+def execution_main(argv: Optional[List[str]] = None) -> int:
+    """``python -m ipu_packing.execution``."""
+    return run_command(dry_run_command, argv)
+
+
+def dry_run_main(argv: Optional[List[str]] = None) -> int:
+    """The ``ipu-packing-dry-run`` console script: ``python -m ipu_packing.execution dry-run ...``."""
+    import sys
+
+    return execution_main(["dry-run"] + list(sys.argv[1:] if argv is None else argv))

@@ -8,10 +8,10 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from .config import PretrainingConfig
+from .build import build
+from .run_config import PretrainingConfig
 from .data import check_data_matches, open_shards, read_training_data
-from .optim import build_optimizer, build_scheduler
-from .run_plan import check_backend, model_class, seed_everything
+from .phase1 import with_init_architecture
 
 
 def compile_only(
@@ -27,20 +27,21 @@ def compile_only(
     prepared dataset when it exists; otherwise a generated batch of the config's S and K and the M
     of the default masking recipe (Graphcore compiles on a generated batch too), with the
     accumulation the config's packing_factor_estimate gives."""
+    from .run_plan import check_backend
+
     check_backend(config)
+    config = with_init_architecture(config)
     data = None
     if os.path.isfile(os.path.join(config.data.path, "manifest.json")):
         data = open_shards(read_training_data(config.data.path), open_dataset)
         check_data_matches(config, data)
     accounting = config.batch_accounting(data.packing_factor if data is not None
                                          else config.data.packing_factor_estimate)
-    seed_everything(config.training.seed)
-    model = model_class()(config.bert_config())
-    optimizer = build_optimizer(model, config.optimizer, accounting.betas)
-    scheduler = build_scheduler(optimizer, config.schedule, config.training.steps)
+    built = build(config, accounting.betas)
     if make_runner is None:
         from ipu_packing.execution import make_runner
-    runner = make_runner(model, optimizer, accounting.execution, scheduler=scheduler)
+    runner = make_runner(built.model, built.optimizer, accounting.execution, scheduler=built.scheduler,
+                         metrics=config.task.metrics)
     if data is not None:
         batch = next(iter(runner.dataloader(data.dataset, num_workers=0)))
         source = "the first batch of %s" % (data.path,)

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
 from ..errors import DataError
 from ..data.format import MANIFEST, read_manifest
-from ..fsutil import sha256_file
+from ..fsutil import atomic_write_text, sha256_file
 from ..errors import one_line
 from ..errors import UserError
 
@@ -29,6 +30,8 @@ class TrainingData:
     dataset: Any
     """torch Dataset of packs (dicts of the 8 pack fields)."""
     path: str
+    manifest: Dict[str, Any]
+    """The dataset's manifest.json, read and checked once (format.read_manifest)."""
     max_seq_length: int
     max_sequences_per_pack: int
     num_packs: int
@@ -62,6 +65,11 @@ class TrainingData:
         rng = np.random.default_rng([int(seed), int(epoch)])
         return rng.permutation(len(self.dataset))
 
+    @property
+    def shard_paths(self) -> List[str]:
+        """Every shard file the manifest names, in order."""
+        return [os.path.join(self.path, str(s["file"])) for s in self.manifest["shards"]]
+
     def fingerprint(self) -> dict:
         return {
             "path": os.path.abspath(self.path),
@@ -92,6 +100,7 @@ def read_training_data(path: str) -> TrainingData:
     return TrainingData(
         dataset=None,
         path=path,
+        manifest=manifest,
         vocab_path=vocab_path,
         vocab_sha256=sha256_file(vocab_path) if vocab_path else None,
         pad_token_id=manifest["special_token_ids"]["[PAD]"],
@@ -128,17 +137,17 @@ def check_data_matches(config, data: TrainingData) -> None:
             "dataset %s was built with max_seq_length %d, but the config's data.max_seq_length is %d"
             % (data.path, data.max_seq_length, config.data.max_seq_length)
         )
-    if data.max_seq_length > int(config.model.get("max_position_embeddings", 512)):
+    if data.max_seq_length > config.model_value("max_position_embeddings"):
         raise UserError(
             "dataset %s has max_seq_length %d, more than model.max_position_embeddings %d"
-            % (data.path, data.max_seq_length, int(config.model.get("max_position_embeddings", 512)))
+            % (data.path, data.max_seq_length, config.model_value("max_position_embeddings"))
         )
     if data.max_sequences_per_pack != config.data.expected_sequences_per_pack:
         raise UserError(
             "dataset %s has max_sequences_per_pack %d, but data.layout=%s expects %d"
             % (data.path, data.max_sequences_per_pack, config.data.layout, config.data.expected_sequences_per_pack)
         )
-    model_vocab = int(config.model.get("vocab_size", 30522))
+    model_vocab = config.model_value("vocab_size")
     if data.vocab_size != model_vocab:
         raise UserError(
             "dataset %s was built with a vocabulary of %d tokens, but model.vocab_size is %d (another vocabulary)"
@@ -146,7 +155,7 @@ def check_data_matches(config, data: TrainingData) -> None:
         )
     # The embedding of model.pad_token_id gets no gradient (padding_idx): it must be the id the packs pad with,
     # or a real token (set to [MASK]'s id: every masked position) would never learn.
-    model_pad = int(config.model.get("pad_token_id", 0))
+    model_pad = config.model_value("pad_token_id")
     if data.pad_token_id is not None and model_pad != data.pad_token_id:
         raise UserError(
             "dataset %s pads with [PAD] id %d, but model.pad_token_id is %d (that token's embedding would get no "
@@ -154,7 +163,7 @@ def check_data_matches(config, data: TrainingData) -> None:
         )
     # Every pack holds segment A (token type 0) and segment B (token type 1): the format's recipe
     # (data/format.py), so a model needs two token-type embeddings or its first step indexes out of range.
-    token_types = int(config.model.get("type_vocab_size", 2))
+    token_types = config.model_value("type_vocab_size")
     if token_types < DATA_TOKEN_TYPES:
         raise UserError(
             "dataset %s uses token types 0 and 1 (segments A and B), but model.type_vocab_size is %d"
@@ -165,24 +174,26 @@ def check_data_matches(config, data: TrainingData) -> None:
 DATA_TOKEN_TYPES = 2
 
 
-def write_tokenizer_files(directory: str, vocab_path: str) -> None:
-    """Beside an export's config.json and vocab.txt: tokenizer_config.json and special_tokens_map.json
+def write_tokenizer_files(directory: str, data: TrainingData, positions: int) -> None:
+    """Beside an export's config.json: the dataset's vocab.txt, tokenizer_config.json and special_tokens_map.json
     (data/vocab.py, hf_tokenizer_files), with the dataset's casing (its manifest's do_lower_case) and
-    model_max_length = config.json's max_position_embeddings, so that transformers' AutoTokenizer gives
-    the ids `prepare` gave. A dataset whose manifest does not say its casing gets none."""
+    model_max_length = ``positions`` (max_position_embeddings), so that transformers' AutoTokenizer gives the ids
+    `prepare` gave. The vocabulary must still be the one the run started with (its sha256 then), or the export
+    would map ids to other words: a vocabulary changed during the run is refused in one line."""
     from ipu_packing.data.vocab import hf_tokenizer_files
 
-    try:
-        lower = read_manifest(os.path.dirname(vocab_path)).get("do_lower_case")
-        with open(os.path.join(directory, "config.json"), "r", encoding="utf-8") as f:
-            positions = int(json.load(f).get("max_position_embeddings", 512))
-    except (OSError, ValueError, AttributeError, DataError):  # validated by the run; a vanished dataset: no casing
+    if data.vocab_path is None:
         return
+    if sha256_file(data.vocab_path) != data.vocab_sha256:
+        raise UserError("dataset %s: %s changed while the run was training: the export would map the ids it was "
+                        "trained on to other words; restore it and run the same command again to export"
+                        % (data.path, data.vocab_path))
+    shutil.copyfile(data.vocab_path, os.path.join(directory, "vocab.txt"))
+    lower = data.manifest.get("do_lower_case")
     if not isinstance(lower, bool):
         return
     for name, content in hf_tokenizer_files(lower, positions).items():
-        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
-            f.write(json.dumps(content, indent=2, sort_keys=True) + "\n")
+        atomic_write_text(os.path.join(directory, name), json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def batch_rows(batch: Any) -> int:

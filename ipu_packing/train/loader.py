@@ -27,7 +27,7 @@ import typing
 from typing import Any, Dict, List, Sequence, Tuple
 
 
-from .config import PretrainingConfig
+from .run_config import PretrainingConfig
 from ..errors import ConfigError
 from .model_section import check_attention, finite, parse_model
 from .sections import CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ScheduleConfig, TrainingConfig

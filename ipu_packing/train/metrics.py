@@ -7,21 +7,18 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import jsonin, jsonout
 
 
 @dataclass
 class StepRecord:
-    """What one optimizer step reports (metrics.jsonl holds one of these per line)."""
+    """What one host call reports (metrics.jsonl holds one of these per line, its metrics at the top level)."""
 
     step: int
-    loss: float
-    mlm_loss: float
-    nsp_loss: float
-    mlm_accuracy: float
-    nsp_accuracy: float
+    metrics: Dict[str, float]
+    """The task's step metrics (train/task.py), "loss" first; ``record.loss`` reads ``metrics["loss"]``."""
     lr: float
     sequences: int
     """Real sequences in the step (all packs of the step)."""
@@ -43,19 +40,23 @@ class StepRecord:
     """PopRun instances whose shares the record sums: all of them with horovod.torch; 1 on one instance,
     on torch, and under PopRun without horovod (instance 0's share then)."""
 
+    def __getattr__(self, name: str) -> float:
+        metrics = self.__dict__.get("metrics") or {}
+        if name in metrics:
+            return metrics[name]
+        raise AttributeError(name)
+
     @classmethod
-    def from_metrics(cls, step: int, epoch: int, lr: float, whole: Mapping[str, float]) -> "StepRecord":
-        """The record of the host call that ended at ``step``, from its metrics over every PopRun instance
-        (instances.reduce_step: instances.STEP_FIELDS and ``instances``); the rates are over ``seconds``."""
+    def from_metrics(cls, step: int, epoch: int, lr: float, whole: Mapping[str, float],
+                     names: Sequence[str]) -> "StepRecord":
+        """The record of the host call that ended at ``step``, from its values over every process (the runner's
+        ``reduce_metrics``: the metrics ``names``, sequences, tokens, packs, seconds, compile_seconds and
+        ``instances``); the rates are over ``seconds``."""
         rows, sequences, tokens = int(whole["packs"]), int(whole["sequences"]), int(whole["tokens"])
         seconds = whole["seconds"]
         return cls(
             step=step,
-            loss=whole["loss"],
-            mlm_loss=whole["mlm_loss"],
-            nsp_loss=whole["nsp_loss"],
-            mlm_accuracy=whole["mlm_accuracy"],
-            nsp_accuracy=whole["nsp_accuracy"],
+            metrics={name: whole[name] for name in names},
             lr=lr,
             sequences=sequences,
             tokens=tokens,
@@ -70,20 +71,27 @@ class StepRecord:
         )
 
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The metrics.jsonl line: the metrics first, then every other field."""
+        out = dict(self.metrics)
+        for f in dataclasses.fields(self):
+            if f.name != "metrics":
+                out[f.name] = getattr(self, f.name)
+        return out
 
 
 class MetricsLogger:
     """Writes StepRecords to metrics.jsonl and TensorBoard, and drives a tqdm progress bar."""
 
-    def __init__(self, run_dir: str, total_steps: int, start_step: int, logging_config, log=print):
-        self.jsonl_path = os.path.join(run_dir, "metrics.jsonl") if logging_config.jsonl else None
+    def __init__(self, jsonl_path: str, tensorboard_dir: str, total_steps: int, start_step: int, logging_config,
+                 shown=("loss",), log=print):
+        self.jsonl_path = jsonl_path if logging_config.jsonl else None
+        self.shown = tuple(shown)
         self.writer = None
         if logging_config.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"), purge_step=start_step + 1)
+                self.writer = SummaryWriter(tensorboard_dir, purge_step=start_step + 1)
             except Exception as exc:  # tensorboard is optional (e.g. a Poplar SDK venv without it)
                 log("note: TensorBoard logging off (%s)" % (type(exc).__name__,))
         self.bar = None
@@ -103,14 +111,9 @@ class MetricsLogger:
                     self.writer.add_scalar("train/" + key, value, record.step)
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(
-                loss="%.3f" % record.loss,
-                mlm_acc="%.3f" % record.mlm_accuracy,
-                nsp_acc="%.3f" % record.nsp_accuracy,
-                seq_s="%.1f" % record.sequences_per_second,
-                pf="%.2f" % record.packing_factor,
-                refresh=False,
-            )
+            shown = {name: "%.3f" % record.metrics[name] for name in self.shown}
+            shown.update(seq_s="%.1f" % record.sequences_per_second, pf="%.2f" % record.packing_factor)
+            self.bar.set_postfix(refresh=False, **shown)
 
     def write(self, message: str) -> None:
         if self.bar is not None:
@@ -119,12 +122,15 @@ class MetricsLogger:
             print(message, file=sys.stderr)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
-        if self._jsonl is not None:
-            self._jsonl.close()
+        """Close the bar, the event file and metrics.jsonl (again: nothing)."""
+        bar, writer, jsonl = self.bar, self.writer, self._jsonl
+        self.bar = self.writer = self._jsonl = None
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.close()
+        if jsonl is not None:
+            jsonl.close()
 
 
 def _mean(values) -> float:
@@ -132,50 +138,45 @@ def _mean(values) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
 
 
-def run_summary(plan, history, last_saved: Optional[str]) -> Dict[str, Any]:
-    """summary.json of a run (plan: the loop's RunPlan; history: its StepRecords this run)."""
+def run_summary(plan, history: List[Dict[str, Any]], steps_this_run: int, last_saved: Optional[str]) -> Dict[str, Any]:
+    """summary.json of a run (plan: the loop's RunPlan; history: its step records as dicts, this process's steps,
+    or the run's metrics.jsonl when a run only completes its export)."""
+    task = plan.task
     n = max(1, min(10, len(history) // 4 or 1))
     first, last = history[:n], history[-n:]
-    seconds = sum(r.seconds for r in history)
+    timed = history[-steps_this_run:] if steps_this_run else []
+    seconds = sum(r["seconds"] for r in timed)
     return {
         "config": plan.config.name,
+        "task": task.name,
         "steps": plan.config.training.steps,
-        "steps_this_run": len(history),
+        "steps_this_run": steps_this_run,
         "checkpoint": last_saved,
         "packing_factor": plan.data.packing_factor,
         "batch_accounting": plan.accounting.method,
         "gradient_accumulation": plan.accounting.gradient_accumulation,
         "betas": list(plan.accounting.betas),
-        "first_steps": {"loss": _mean(r.loss for r in first), "mlm_accuracy": _mean(r.mlm_accuracy for r in first)},
-        "last_steps": {
-            "loss": _mean(r.loss for r in last),
-            "mlm_accuracy": _mean(r.mlm_accuracy for r in last),
-            "nsp_accuracy": _mean(r.nsp_accuracy for r in last),
-        },
+        "first_steps": {name: _mean(r[name] for r in first) for name in task.first_metrics},
+        "last_steps": {name: _mean(r[name] for r in last) for name in task.last_metrics},
         "train_seconds": seconds,
-        "compile_seconds": sum(r.compile_seconds for r in history),
-        "instances": history[-1].instances if history else 1,
-        "sequences_per_second": sum(r.sequences for r in history) / max(seconds, 1e-9),
-        "tokens_per_second": sum(r.tokens for r in history) / max(seconds, 1e-9),
+        "compile_seconds": sum(r["compile_seconds"] for r in timed),
+        "instances": history[-1]["instances"] if history else 1,
+        "sequences_per_second": sum(r["sequences"] for r in timed) / max(seconds, 1e-9),
+        "tokens_per_second": sum(r["tokens"] for r in timed) / max(seconds, 1e-9),
     }
 
 
-def summary_line(s: Dict[str, Any]) -> str:
+def summary_line(s: Dict[str, Any], task) -> str:
     if not s["steps_this_run"]:
-        return "nothing to do: already at step %d" % (s["steps"],)
+        return "nothing to train: already at step %d; %s" % (s["steps"], task.describe(s))
     compiled = s.get("compile_seconds") or 0.0
     return (
-        "done: %d steps in %.1f s%s; loss %.3f -> %.3f; MLM accuracy %.3f -> %.3f; NSP accuracy %.3f; "
-        "%.1f sequences/s, %.0f real tokens/s; packing factor %.3f"
+        "done: %d steps in %.1f s%s; %s; %.1f sequences/s, %.0f real tokens/s; packing factor %.3f"
         % (
             s["steps_this_run"],
             s["train_seconds"],
             " (and %.1f s compiling)" % compiled if compiled else "",
-            s["first_steps"]["loss"],
-            s["last_steps"]["loss"],
-            s["first_steps"]["mlm_accuracy"],
-            s["last_steps"]["mlm_accuracy"],
-            s["last_steps"]["nsp_accuracy"],
+            task.describe(s),
             s["sequences_per_second"],
             s["tokens_per_second"],
             s["packing_factor"],
@@ -193,7 +194,8 @@ def repair_jsonl(path: str, last_step: int, log=print) -> int:
     if not os.path.isfile(path):
         return 0
     with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
+        original = f.read()
+    lines = original.split(b"\n")
     complete = lines[-1] == b""
     lines = lines[:-1] if complete else lines
     kept = []  # type: list
@@ -209,7 +211,9 @@ def repair_jsonl(path: str, last_step: int, log=print) -> int:
             continue
         if record["step"] <= last_step:
             kept.append(json.dumps(record, sort_keys=True) + "\n")
-    atomic_write_text(path, "".join(kept))
+    text = "".join(kept)
+    if text.encode("utf-8") != original:  # unchanged: not rewritten
+        atomic_write_text(path, text)
     return len(kept)
 
 

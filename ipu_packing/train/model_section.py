@@ -45,10 +45,12 @@ MODEL_OPTION_FIELDS = (
     ("fused_qkv", False),
     ("packed_attention", "dense"),
 )
+MODEL_DEFAULTS = dict(BERT_CONFIG_FIELDS + MODEL_OPTION_FIELDS)
+"""Every ``model.*`` key's default: a key a config leaves out has this value."""
 
 
 def parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
-    defaults = dict(BERT_CONFIG_FIELDS + MODEL_OPTION_FIELDS)
+    defaults = MODEL_DEFAULTS
     allowed = [name for name, _ in BERT_CONFIG_FIELDS]
     own = [name for name, _ in MODEL_OPTION_FIELDS]
     out = {}
@@ -126,7 +128,7 @@ def check_attention(model: Dict[str, Any], execution: Any) -> None:
                          "or dense with execution.layers_per_ipu)")
         if execution.torch_compile:
             where.append("execution.torch_compile=false")
-        dropout = model.get("attention_probs_dropout_prob", dict(BERT_CONFIG_FIELDS)["attention_probs_dropout_prob"])
+        dropout = model.get("attention_probs_dropout_prob", MODEL_DEFAULTS["attention_probs_dropout_prob"])
         if dropout:
             where.append("model.attention_probs_dropout_prob=0 (it has no attention dropout; got %r)" % (dropout,))
         if where:

@@ -2,7 +2,8 @@
 
 A Hugging Face BertForPreTraining directory states the model it holds in config.json. Its architecture
 (sections.INIT_ARCHITECTURE_KEYS: activation, LayerNorm eps, sizes, vocabulary, token types, positions) is
-taken from there when the config is parsed (`apply_init_architecture`), so that a phase 2 started from
+taken from there when a run is planned (`with_init_architecture`: planning reads the file, the config object
+does not), so that a phase 2 started from
 bert-large-uncased keeps its `layer_norm_eps` 1e-12 and `hidden_act` instead of the YAML's. A `model:` value
 that disagrees is refused, naming the key and both values, unless `checkpoint.init_override` lists it.
 
@@ -21,20 +22,20 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..model.pretrained import check_config_values
-from . import checkpoint as ckpt
 from .. import jsonin
 from ..errors import one_line
 from ..fsutil import sha256_file
 from ..errors import ConfigError, UserError
-from .fingerprints import check_init_matches
-from .sections import INIT_ARCHITECTURE_KEYS, INIT_OVERRIDE_VOCAB, CheckpointConfig
+from .fingerprint import check_init_matches
+from .model_section import MODEL_DEFAULTS
+from .run_dir import RunDirectory, is_hf_dir
+from .sections import INIT_ARCHITECTURE_KEYS, INIT_OVERRIDE_VOCAB
+from .state import TrainingState
 
 
 def _hf_config(directory: str) -> Dict[str, Any]:
     """config.json of a Hugging Face directory, each architecture key with transformers' default where it
     is absent (as transformers itself would build the model)."""
-    from .model_section import BERT_CONFIG_FIELDS
-
     path = os.path.join(directory, "config.json")
     try:
         with open(path, "r", encoding="utf-8") as f:
@@ -45,22 +46,26 @@ def _hf_config(directory: str) -> Dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError("checkpoint.init_from %s: config.json is not a JSON object" % (path,))
     check_config_values(path, raw)  # every value in range before the architecture is taken from it
-    defaults = dict(BERT_CONFIG_FIELDS)
-    return {key: raw.get(key, defaults[key]) for key in INIT_ARCHITECTURE_KEYS}
+    return {key: raw.get(key, MODEL_DEFAULTS[key]) for key in INIT_ARCHITECTURE_KEYS}
 
 
 def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def apply_init_architecture(model: Dict[str, Any], checkpoint: CheckpointConfig) -> Dict[str, Any]:
-    """The `model:` section with the architecture of checkpoint.init_from when it is a Hugging Face
-    directory; a key the config sets to another value is a ConfigError unless checkpoint.init_override
-    lists it (then the config's value stays). Anything else as it was (a step checkpoint states no
-    architecture apart from its tensors' shapes, which loading checks)."""
+def with_init_architecture(config):
+    """``config`` with the architecture of checkpoint.init_from when it is a Hugging Face directory (a new config
+    object, checked again); a key the config sets to another value is a ConfigError unless
+    checkpoint.init_override lists it (then the config's value stays). Anything else as it was (a step
+    checkpoint states no architecture apart from its tensors' shapes, which loading checks)."""
+    import dataclasses
+
+    model, checkpoint = config.model, config.checkpoint
     source = checkpoint.init_from
-    if not source or not ckpt.is_hf_dir(source):
-        return model
+    if not source or config.architecture_taken:
+        return config
+    if not is_hf_dir(source):  # a step checkpoint or a run: its tensors' shapes are checked when it loads
+        return dataclasses.replace(config, architecture_taken=True)
     stated = _hf_config(source)
     out = dict(model)
     disagree = []
@@ -76,7 +81,7 @@ def apply_init_architecture(model: Dict[str, Any], checkpoint: CheckpointConfig)
             "checkpoint.init_from %s: %s; the architecture comes from the phase-1 model: drop the value or set it "
             "to the checkpoint's, or train with the config's by checkpoint.init_override=[%s]"
             % (source, "; ".join(disagree), ",".join(item.split(" ")[0] for item in disagree)))
-    return out
+    return dataclasses.replace(config, model=out, architecture_taken=True)
 
 
 def check_init_from(config, data) -> None:
@@ -86,8 +91,15 @@ def check_init_from(config, data) -> None:
     if not os.path.exists(source):
         raise UserError("checkpoint.init_from %s does not exist" % (source,))
     vocab = os.path.join(source, "vocab.txt")
-    if ckpt.is_hf_dir(source) and os.path.isfile(vocab) and data.vocab_sha256 is not None:
-        _check_vocab(config, data, sha256_file(vocab), vocab)
+    if not is_hf_dir(source) or data.vocab_sha256 is None:
+        return
+    if not os.path.isfile(vocab):
+        if INIT_OVERRIDE_VOCAB in config.checkpoint.init_override:
+            return
+        raise UserError("checkpoint.init_from %s has no vocab.txt: its vocabulary cannot be checked against the "
+                        "dataset's (%s); copy the phase-1 vocab.txt beside its config.json, or start from it anyway "
+                        "with checkpoint.init_override=[vocab]" % (source, data.vocab_path))
+    _check_vocab(config, data, sha256_file(vocab), vocab)
 
 
 def _check_vocab(config, data, sha256: Optional[str], what: str) -> None:
@@ -114,7 +126,7 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
     """Load checkpoint.init_from's weights into `model` (built from `config`); prints the one line it
     returns (on the first process only)."""
     source = config.checkpoint.init_from
-    if ckpt.is_hf_dir(source):
+    if is_hf_dir(source):
         from ipu_packing.model.pretrained import load_weights
 
         try:
@@ -137,20 +149,34 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
     else:
         path = source
         if os.path.isdir(source):
-            path = ckpt.latest_checkpoint(source)
+            path = RunDirectory(source).latest()
             if path is None:
                 raise UserError("checkpoint.init_from %s holds neither a Hugging Face BERT (config.json + "
                                 "weights) nor checkpoints" % (source,))
-        state = ckpt.load_checkpoint(path)
+        state = TrainingState.load(path)
         _check_vocab(config, data, (state.dataset or {}).get("vocab_sha256"), path)
-        from .model_section import BERT_CONFIG_FIELDS, MODEL_OPTION_FIELDS
-
-        # its recorded architecture: activation, eps, sizes (fingerprints.py)
-        check_init_matches(config, state, path, dict(BERT_CONFIG_FIELDS + MODEL_OPTION_FIELDS))
-        ckpt.check_state_shapes(model, state.model, path)
+        check_init_matches(config, state, path, MODEL_DEFAULTS)  # its recorded architecture: activation, eps, sizes
+        check_state_shapes(model, state.model, path)
         model.load_state_dict(state.model)
         line = "phase-1 weights: %d tensors from step %d of %s; initialised fresh: none" % (
             len(state.model), int(state.step), path)
     if _first_process():
         print(line, flush=True)
     return line
+
+
+def check_state_shapes(model: torch.nn.Module, state: Dict[str, torch.Tensor], source: str) -> None:
+    """Refuse (one line) weights whose names or shapes are not the model's, compared in transformers' layout (the
+    model loads query/key/value or a fused qkv alike: model.fused_qkv)."""
+    from ..model.self_attention import hf_layout
+
+    own, state = hf_layout(model.state_dict()), hf_layout(state)
+    missing = [k for k in own if k not in state]
+    if missing:
+        raise UserError("weights in %s do not match the model: missing %s" % (source, missing[0]))
+    for key, value in own.items():
+        if tuple(state[key].shape) != tuple(value.shape):
+            raise UserError(
+                "weights in %s do not match the model config: %s has shape %s, the model wants %s"
+                % (source, key, tuple(state[key].shape), tuple(value.shape))
+            )

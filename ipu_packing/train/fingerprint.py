@@ -1,34 +1,34 @@
-"""What a checkpoint records about its run, and what a resume or a phase-1 init compares against it.
+"""What a run records about itself, and the one comparison a resume or a phase-1 init makes against it.
 
-Every checkpoint's ``dataset`` field (TrainingState.dataset) holds the dataset's facts (S, K, vocabulary size
-and sha256, packs), its identity (``content_sha256``: a digest of what the manifest says the data is, its
-shards' sha256 and counts in order, the vocabulary, S, K, M and dtypes; no path or corpus location, so a
-copy of the dataset is the same dataset and another one with the same S, K and vocabulary is not) and the
-batch as run (``batch``: packs per optimizer step and the gradient accumulation derived from the packing
-factor). Its ``config`` field holds the whole config.
+Every checkpoint's ``dataset`` field (TrainingState.dataset) holds the recorded fingerprint
+(`recorded_fingerprint`): the dataset's facts (S, K, vocabulary size and sha256, packs, sequences), its identity
+(``content_sha256``: a digest of what the manifest says the data is, its shards' sha256 and counts in order, the
+vocabulary, S, K, M and dtypes; no path or corpus location, so a copy of the dataset is the same dataset and
+another one with the same S, K and vocabulary is not) and the batch as run (``batch``: packs per optimizer step
+and the gradient accumulation derived from the packing factor). Its ``config`` field holds the whole config.
 
-A resume (`resume_differences`) compares all of it with this run: the dataset's identity and counts, every
-``model.*`` key (absent ones at the loader's defaults; ``model.packed_attention`` chooses how attention is
-computed, not what, and may change), the seed, the optimizer, the schedule, the step count and the batch
-(global batch, micro batch, replicas, accounting and the accumulation as run). A difference is refused in
-one line naming each key, old -> new, unless ``checkpoint.resume=force``; a forced resume appends what it
-changed to RUN/forced_changes.jsonl (`record_forced`) and keeps the checkpoint's config beside the new one.
+A resume compares all of it with this run (`resume_differences`): every setting that changes what is computed,
+namely the dataset's identity and counts, every ``model.*`` key (absent ones at the loader's defaults;
+``model.packed_attention`` chooses how attention is computed, not what, and may change), the seed, the
+optimizer, the schedule, the step count, the batch (global batch, micro batch, replicas, accounting and the
+accumulation as run), the precision and loss scaling, and where the weights started (``checkpoint.init_from``,
+``checkpoint.init_override``). Some differences can never be resumed across (`FIXED`: S, K, the vocabulary,
+the qkv layout, a checkpoint beyond the step count): those are refused whatever ``checkpoint.resume`` says.
+The others are refused in one line naming each key, old -> new, unless ``checkpoint.resume=force``, whose
+changes the run directory records (run_dir.py).
 
 A phase-1 init from one of our checkpoints or runs (`init_differences`) compares the architecture
 (sections.INIT_ARCHITECTURE_KEYS: activation, LayerNorm eps, sizes, vocabulary, token types, positions) as
-a Hugging Face directory's config.json is compared, and its vocabulary (phase1._check_vocab). The dataset,
-seed and batch are a new run's own: phase 2 trains on other data by design.
+a Hugging Face directory's config.json is compared, and its vocabulary (phase1.py). The dataset, seed and
+batch are a new run's own: phase 2 trains on other data by design.
 """
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
-import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
-from ..fsutil import atomic_write_text
 from ..errors import UserError
 from .sections import INIT_ARCHITECTURE_KEYS
 
@@ -37,12 +37,14 @@ Difference = Tuple[str, Any, Any]
 
 _CONFIG_KEYS = ("optimizer.", "schedule.", "training.steps", "training.global_batch_sequences",
                 "training.batch_accounting", "training.seed", "execution.micro_batch_size",
-                "execution.replication_factor")
+                "execution.replication_factor", "execution.precision", "execution.loss_scaling",
+                "checkpoint.init_from", "checkpoint.init_override")
 """Config keys (prefixes) a resume may not change silently, beyond every model.* key."""
 RESUMABLE_MODEL_KEYS = ("packed_attention",)
 """model.* keys a resume may change: the attention kernel gives the same function (docs/usage.md)."""
 _DATASET_KEYS = ("content_sha256", "num_packs", "num_sequences")
-FORCED_CHANGES = "forced_changes.jsonl"
+FIXED_DATASET_KEYS = ("max_seq_length", "max_sequences_per_pack", "vocab_size", "vocab_sha256")
+"""What the model's shapes and the meaning of its ids depend on: never resumed across, even forced."""
 
 
 def dataset_identity(manifest: Dict[str, Any]) -> str:
@@ -125,34 +127,34 @@ def describe(differences: List[Difference]) -> str:
     return ", ".join("%s %s -> %s" % (key, _show(old), _show(new)) for key, old, new in differences)
 
 
-def refuse_or_force(differences: List[Difference], path: str, force: bool) -> None:
-    """Refuse a resume that would change what the checkpoint records, unless checkpoint.resume=force."""
+def check_fixed(config, fingerprint: Dict[str, Any], state, path: str) -> None:
+    """Refuse (UserError, one line), whatever checkpoint.resume says, what no resume can cross: another S, K or
+    vocabulary, another qkv layout (the optimizer's moments are per tensor), a checkpoint beyond the step count."""
+    old = state.dataset or {}
+    for key in FIXED_DATASET_KEYS:
+        if key in old and old[key] != fingerprint.get(key):
+            raise UserError("checkpoint %s was trained on a dataset with %s=%r, this dataset has %r"
+                            % (path, key, old[key], fingerprint.get(key)))
+    fused = bool(((state.config or {}).get("model") or {}).get("fused_qkv", False))
+    if fused != bool(config.model.get("fused_qkv", False)):
+        raise UserError(
+            "checkpoint %s was trained with model.fused_qkv=%s, this config has %s: the optimizer state does not "
+            "carry over; start a new run with checkpoint.init_from=%s (its weights load in either layout)"
+            % (path, str(fused).lower(), str(not fused).lower(), path))
+    if int(state.step) > config.training.steps:
+        raise UserError("checkpoint %s is at step %d, beyond training.steps=%d: it is an earlier, longer run's "
+                        "(%s); set checkpoint.output_dir to train this one in a directory of its own"
+                        % (path, state.step, config.training.steps, config.run_dir))
+
+
+def refuse_or_force(differences: List[Difference], path: str, force: bool, record: str) -> None:
+    """Refuse a resume that would change what the checkpoint records, unless checkpoint.resume=force (whose
+    changes go to ``record``)."""
     if differences and not force:
         raise UserError(
             "checkpoint %s was trained with other values: %s; resuming would mix two runs; use another "
             "checkpoint.output_dir, or checkpoint.resume=force to continue with the new values (recorded in "
-            "RUN/%s)" % (path, describe(differences), FORCED_CHANGES))
-
-
-def record_forced(run_dir: str, step: int, checkpoint: Optional[str], old_config: Dict[str, Any],
-                  differences: List[Difference]) -> str:
-    """A forced resume's trace beside the run: the checkpoint's config as config.before_step_N.json, and one
-    line appended to forced_changes.jsonl (step, time, checkpoint, each key's old and new value). Returns the
-    line to log."""
-    before = os.path.join(run_dir, "config.before_step_%07d.json" % step)
-    atomic_write_text(before, json.dumps(old_config, indent=2, sort_keys=True) + "\n")
-    path = os.path.join(run_dir, FORCED_CHANGES)
-    previous = ""
-    if os.path.isfile(path):
-        with open(path, "r", encoding="utf-8") as f:
-            previous = f.read()
-        if previous and not previous.endswith("\n"):
-            previous += "\n"
-    record = {"step": int(step), "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "checkpoint": checkpoint, "changes": {k: {"old": old, "new": new} for k, old, new in differences}}
-    atomic_write_text(path, previous + json.dumps(record, sort_keys=True, default=str) + "\n")
-    return ("checkpoint.resume=force: continuing from step %d with %s (recorded in %s; the old config is in %s)"
-            % (step, describe(differences), path, before))
+            "%s)" % (path, describe(differences), record))
 
 
 def init_differences(config, state, defaults: Dict[str, Any]) -> List[Difference]:
@@ -180,6 +182,6 @@ def check_init_matches(config, state, path: str, defaults: Dict[str, Any]) -> No
             % (path, describe(differences), ",".join(k for k, _, _ in differences)))
 
 
-__all__ = ["FORCED_CHANGES", "RESUMABLE_MODEL_KEYS", "check_init_matches", "config_differences", "dataset_identity",
-           "describe", "init_differences", "record_forced", "recorded_fingerprint", "refuse_or_force",
+__all__ = ["Difference", "RESUMABLE_MODEL_KEYS", "check_fixed", "check_init_matches", "config_differences",
+           "dataset_identity", "describe", "init_differences", "recorded_fingerprint", "refuse_or_force",
            "resume_differences"]

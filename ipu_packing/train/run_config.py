@@ -45,31 +45,53 @@ class PretrainingConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     explicit_execution_keys: Tuple[str, ...] = ()
     """Keys the `execution:` section set explicitly (for checks only)."""
+    architecture_taken: bool = False
+    """Whether checkpoint.init_from's architecture was taken (phase1.with_init_architecture): until then, a key the
+    config leaves out may come from a phase-1 directory, so the checks that need it wait for planning."""
 
     def __post_init__(self) -> None:
-        from .phase1 import apply_init_architecture
-
-        self.model = apply_init_architecture(self.model, self.checkpoint)  # a phase-1 directory's architecture
-        layers = int(self.model.get("num_hidden_layers", 12))
+        """Checks of the values alone: a config object reads no file (a phase-1 directory's architecture is
+        taken by planning, train/phase1.py ``with_init_architecture``, which checks the result again)."""
         if "gradient_accumulation" in self.explicit_execution_keys:
             raise ConfigError(
                 "execution.gradient_accumulation is derived from training.global_batch_sequences and the "
                 "packing factor; set training.global_batch_sequences instead"
             )
-        layer_split(layers, self.execution_spec.layers_per_ipu)  # ConfigError when the split misses layers
-        if self.data.max_seq_length > int(self.model.get("max_position_embeddings", 512)):
-            raise ConfigError(
-                "data.max_seq_length %d exceeds model.max_position_embeddings %d"
-                % (self.data.max_seq_length, int(self.model.get("max_position_embeddings", 512)))
-            )
-        hidden, heads = int(self.model.get("hidden_size", 768)), int(self.model.get("num_attention_heads", 12))
-        if hidden % heads:
+        layers = self._known("num_hidden_layers")
+        if layers is not None:
+            layer_split(layers, self.execution_spec.layers_per_ipu)  # ConfigError when the split misses layers
+        positions = self._known("max_position_embeddings")
+        if positions is not None and self.data.max_seq_length > positions:
+            raise ConfigError("data.max_seq_length %d exceeds model.max_position_embeddings %d"
+                              % (self.data.max_seq_length, positions))
+        hidden, heads = self._known("hidden_size"), self._known("num_attention_heads")
+        if hidden is not None and heads is not None and hidden % heads:
             raise ConfigError("model.hidden_size %d is not a multiple of model.num_attention_heads %d"
                               % (hidden, heads))
         self.unpacked_accumulation  # raises ConfigError when the batch does not divide
         self.execution  # raises ConfigError when a pipeline is too shallow for its accumulation
 
+    def _known(self, key: str) -> Any:
+        """``model_value(key)``, or None while a phase-1 directory may still state it."""
+        if self.checkpoint.init_from and not self.architecture_taken and key not in self.model:
+            return None
+        return self.model_value(key)
+
     # ---- derived values (one place) ----
+
+    def model_value(self, key: str) -> Any:
+        """``model.KEY`` as the model is built: the config's value, else its default (model_section.py, the one
+        statement of the BERT defaults)."""
+        from .model_section import MODEL_DEFAULTS
+
+        return self.model[key] if key in self.model else MODEL_DEFAULTS[key]
+
+    @property
+    def task(self):
+        """What this config trains (train/task.py)."""
+        from .task import PRETRAINING
+
+        return PRETRAINING
 
     @property
     def run_dir(self) -> str:

@@ -1,0 +1,348 @@
+"""The run directory, owned once: its layout, its lock, its checkpoints, resume, finished runs and the export.
+
+    RUN/config.json                       the config as run (written before the first step)
+    RUN/metrics.jsonl                     one StepRecord a line (train/metrics.py)
+    RUN/tensorboard/                      TensorBoard event files
+    RUN/checkpoints/step_NNNNNNN.pt       TrainingState (train/state.py), the newest ``checkpoint.keep`` kept
+    RUN/final/                            the Hugging Face export (``checkpoint.export``)
+    RUN/summary.json                      written last: its presence is what "finished" means
+    RUN/run.lock                          held by the process that trains in the directory
+    RUN/forced_changes.jsonl              what each ``checkpoint.resume=force`` changed, one line each
+    RUN/config.before_step_NNNNNNN.json   the config a forced resume replaced
+
+``RunDirectory`` is the only code that spells these names. What it guarantees:
+
+- One run per directory: an advisory ``flock`` on run.lock for as long as the run lives (the kernel drops it
+  when its holder exits for any reason, SIGKILL included), opened without following a symlink. The file holds
+  the holder's pid and host, so a second run is refused naming them.
+- Checkpoints are written atomically (temporary file, fsync, rename, fsync of the directory): a kill leaves the
+  old set or the new one, never a torn file; a state holding inf or NaN is never written. Reading goes through
+  ``TrainingState.load`` (no code runs; every field checked).
+- Resume (`resume_point`): ``checkpoint.resume`` auto (the latest), force (the same, taking the new values),
+  never, or a checkpoint path; what the checkpoint records is compared with the run (train/fingerprint.py).
+- A finished run is immutable (`finished`): with summary.json present, nothing is trained, exported or
+  written, the lock included; a run missing any other trace of its end is refused naming what is missing.
+  A run stopped during its export (its last checkpoint written, no summary.json) is not finished: the same
+  command resumes it at its last step, which exports and writes the summary, so its result can always be
+  produced.
+- A finished run is never the target of a forced change or of another run's checkpoint: to start from it,
+  train into another directory with ``checkpoint.init_from`` set to it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import re
+import shutil
+import socket
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from .. import jsonin, jsonout
+from ..errors import UserError, one_line
+from ..fsutil import atomic_open, atomic_write_text, fsync_directory, make_temp_dir, remove_stale_temporaries
+from .fingerprint import Difference, describe
+from .state import TrainingState, non_finite_tensors
+
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+class RunDirectoryInUse(UserError):
+    """Another live process holds the run directory."""
+
+
+class NonFiniteState(UserError):
+    """The state to save holds inf or NaN (the run diverged): it is not written."""
+
+
+class RunDirectory:
+    """``RunDirectory(path)``: the files of one training run (see the module docstring for the layout)."""
+
+    CONFIG = "config.json"
+    METRICS = "metrics.jsonl"
+    TENSORBOARD = "tensorboard"
+    CHECKPOINTS = "checkpoints"
+    FINAL = "final"
+    SUMMARY = "summary.json"
+    LOCK = "run.lock"
+    FORCED = "forced_changes.jsonl"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock_fd = None  # type: Optional[int]
+
+    def file(self, name: str) -> str:
+        """The path of one of the names above inside the directory."""
+        return os.path.join(self.path, name)
+
+    # ---- checkpoints -------------------------------------------------------------------------------------------
+
+    def checkpoints(self) -> List[str]:
+        """Step checkpoints, oldest first."""
+        directory = self.file(self.CHECKPOINTS)
+        if not os.path.isdir(directory):
+            return []
+        found = []
+        for name in os.listdir(directory):
+            match = _STEP_FILE.match(name)
+            if match:
+                found.append((int(match.group(1)), os.path.join(directory, name)))
+        return [path for _, path in sorted(found)]
+
+    def latest(self) -> Optional[str]:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def save(self, state: TrainingState, keep: int) -> str:
+        """Write ``state`` as step_<step>.pt atomically, then delete all but the newest ``keep``. Raises
+        NonFiniteState, writing nothing, if a model or optimizer tensor is not finite."""
+        bad = non_finite_tensors({"model": state.model, "optimizer": state.optimizer})
+        if bad:
+            raise NonFiniteState("step %d: %d tensors hold inf or NaN (first: %s)"
+                                 % (int(state.step), len(bad), bad[0]))
+        directory = self.file(self.CHECKPOINTS)
+        path = os.path.join(directory, "step_%07d.pt" % int(state.step))
+        with atomic_open(path, "wb") as f:
+            torch.save(state.to_dict(), f)
+        for old in self.checkpoints()[:-keep]:
+            os.unlink(old)
+        fsync_directory(directory)
+        return path
+
+    def resume_point(self, mode: str) -> Optional[str]:
+        """The checkpoint ``checkpoint.resume=mode`` continues from, or None (a fresh start)."""
+        latest = self.latest()
+        if mode in ("auto", "force"):
+            return latest
+        if mode == "never":
+            if latest is not None:
+                raise UserError("run directory %s already has checkpoints (%s); use checkpoint.resume=auto or another "
+                                "checkpoint.output_dir" % (self.path, os.path.basename(latest)))
+            return None
+        if os.path.isdir(mode):
+            found = RunDirectory(mode).latest()
+            if found is None:
+                raise UserError("checkpoint.resume: %s holds no checkpoints" % (mode,))
+            return found
+        if not os.path.isfile(mode):
+            raise UserError("checkpoint.resume: %s is neither auto, never, nor an existing checkpoint" % (mode,))
+        return mode
+
+    # ---- finished runs ---------------------------------------------------------------------------------------
+
+    def finished(self, recorded: Optional[Dict[str, Any]], resume_path: Optional[str],
+                 forced: List[Difference]) -> Optional[Dict[str, Any]]:
+        """The summary of the finished run this directory holds, asked for again as it was trained (then
+        nothing may be written); None when it holds no finished run. Raises UserError (one line) for a finished
+        run missing a trace of its end, and for a forced change or another run's checkpoint aimed at it.
+        ``recorded``: the config its latest checkpoint records; ``resume_path``: the checkpoint this run would
+        resume from."""
+        latest = self.latest()
+        if recorded is None:
+            recorded = self._read_json(self.CONFIG) if os.path.isfile(self.file(self.CONFIG)) else None
+        recorded = recorded if isinstance(recorded, dict) else {}
+        steps = _section(recorded, "training").get("steps")
+        summary = self._read_json(self.SUMMARY) if os.path.exists(self.file(self.SUMMARY)) else None
+        final_exists = os.path.exists(self.file(self.FINAL))
+        if summary is None and not final_exists:
+            return None  # not finished, or stopped during its export: resuming at the last step completes it
+        if not isinstance(steps, int):
+            steps = summary.get("steps") if isinstance(summary, dict) else None
+        at_end = latest is not None and isinstance(steps, int) and _step_of(latest) >= steps
+        if summary is None and at_end:
+            return None  # killed between the export and summary.json: the export is redone, then the summary
+        missing = []  # type: List[str]
+        if summary is None:
+            missing.append(self.SUMMARY)
+        if not os.path.isfile(self.file(self.CONFIG)):
+            missing.append(self.CONFIG)
+        if not at_end:
+            missing.append("its last checkpoint (%s/step_%07d.pt)" % (self.CHECKPOINTS, steps) if isinstance(steps, int)
+                           else "its checkpoints")
+        if _section(recorded, "logging").get("jsonl", True) and not os.path.isfile(self.file(self.METRICS)):
+            missing.append(self.METRICS)
+        if _section(recorded, "checkpoint").get("export", True):
+            if not final_exists:
+                missing.append(self.FINAL + "/")
+            elif not is_hf_dir(self.file(self.FINAL)):
+                missing.append("%s/'s config.json or weights" % (self.FINAL,))
+        where = "run %s finished%s" % (self.path, " at step %d" % steps if isinstance(steps, int) else "")
+        how = ("a finished run is not rewritten: train into another checkpoint.output_dir (checkpoint.init_from=%s "
+               "starts from its weights)" % (self.path,))
+        if missing:
+            raise UserError("%s but lacks %s; %s" % (where, ", ".join(missing), how))
+        if forced or resume_path != latest:
+            raise UserError("%s; %s%s" % (where, "checkpoint.resume=force would change %s; " % ", ".join(
+                k for k, _, _ in forced) if forced else "checkpoint.resume names another checkpoint; ", how))
+        return summary
+
+    def _read_json(self, name: str) -> Any:
+        path = self.file(name)
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                return jsonin.load(f)
+        except (OSError, ValueError, RecursionError) as exc:
+            raise UserError("run directory %s: %s is unreadable (%s): a finished run is not rewritten"
+                            % (self.path, name, one_line(exc)[:120]))
+
+    # ---- the lock ----------------------------------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """Take run.lock (creating the directory); RunDirectoryInUse (one line, naming the holder) when another
+        live process holds it. A lock file left by a killed run is stale by construction and taken over."""
+        os.makedirs(self.path, exist_ok=True)
+        path = self.file(self.LOCK)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            raise UserError("run directory %s: cannot open its lock %s (%s): it must be a regular file, not a link"
+                            % (self.path, path, one_line(exc)))
+        try:
+            if not _regular(fd):
+                raise UserError("run directory %s: its lock %s is not a regular file" % (self.path, path))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunDirectoryInUse("run directory %s is in use by %s (lock %s): wait for it, or choose another "
+                                    "directory" % (self.path, holder, path))
+        except BaseException:
+            os.close(fd)
+            raise
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
+        os.fsync(fd)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is None:
+            return
+        fd, self._lock_fd = self._lock_fd, None
+        try:
+            os.ftruncate(fd, 0)  # an empty file reads as "nobody"
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    @property
+    def locked(self) -> bool:
+        return self._lock_fd is not None
+
+    # ---- the writer's files ------------------------------------------------------------------------------------
+
+    def prepare(self, config: Dict[str, Any], resumed_step: Optional[int], log: Callable[[str], None]) -> None:
+        """Before the first step (under the lock): stale temporaries gone, config.json written, metrics.jsonl cut
+        back to the checkpoint's step (a torn last line dropped, in one line) or, on a fresh start, removed."""
+        os.makedirs(self.path, exist_ok=True)
+        remove_stale_temporaries(self.path)
+        remove_stale_temporaries(self.file(self.CHECKPOINTS))
+        atomic_write_text(self.file(self.CONFIG), json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if resumed_step is not None:
+            from .metrics import repair_jsonl
+
+            repair_jsonl(self.file(self.METRICS), resumed_step, log)
+        elif os.path.exists(self.file(self.METRICS)):
+            os.unlink(self.file(self.METRICS))
+
+    def record_forced(self, step: int, checkpoint: Optional[str], old_config: Dict[str, Any],
+                      differences: List[Difference]) -> str:
+        """A forced resume's trace: the checkpoint's config as config.before_step_N.json, and one line appended to
+        forced_changes.jsonl (step, time, checkpoint, each key's old and new value). Returns the line to log."""
+        before = self.file("config.before_step_%07d.json" % step)
+        atomic_write_text(before, json.dumps(old_config, indent=2, sort_keys=True) + "\n")
+        path = self.file(self.FORCED)
+        previous = ""
+        if os.path.isfile(path):
+            with open(path, "r", encoding="utf-8") as f:
+                previous = f.read()
+            if previous and not previous.endswith("\n"):
+                previous += "\n"
+        record = {"step": int(step), "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "checkpoint": checkpoint, "changes": {k: {"old": old, "new": new} for k, old, new in differences}}
+        atomic_write_text(path, previous + json.dumps(record, sort_keys=True, default=str) + "\n")
+        return ("checkpoint.resume=force: continuing from step %d with %s (recorded in %s; the old config is in %s)"
+                % (step, describe(differences), path, before))
+
+    def read_metrics(self) -> List[Dict[str, Any]]:
+        """The records of metrics.jsonl (none when it is absent)."""
+        path = self.file(self.METRICS)
+        if not os.path.isfile(path):
+            return []
+        with open(path, "r", encoding="utf-8") as f:
+            return [jsonin.loads(line) for line in f if line.strip()]
+
+    def export(self, save: Callable[[str], None]) -> str:
+        """final/, written whole by ``save(directory)`` into a temporary directory (umask applied) and renamed into
+        place: a kill leaves the old export or the new one."""
+        directory = self.file(self.FINAL)
+        os.makedirs(self.path, exist_ok=True)
+        tmp = make_temp_dir("." + self.FINAL + ".", self.path)
+        try:
+            save(tmp)
+            _share(tmp)  # what a library wrote with its own mode (0600) gets the umask's, as every output does
+            old = None
+            if os.path.exists(directory):
+                old = directory + ".old"
+                if os.path.exists(old):
+                    shutil.rmtree(old)
+                os.replace(directory, old)
+            os.replace(tmp, directory)
+            fsync_directory(self.path)
+            if old:
+                shutil.rmtree(old)
+        except BaseException:
+            if os.path.exists(tmp):
+                shutil.rmtree(tmp)
+            raise
+        return directory
+
+    def write_summary(self, summary: Dict[str, Any]) -> None:
+        """summary.json, last of all: from here on the run is finished."""
+        atomic_write_text(self.file(self.SUMMARY), jsonout.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def is_hf_dir(path: str) -> bool:
+    """Whether ``path`` is a Hugging Face model directory: config.json and weights."""
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        return False
+    return any(os.path.isfile(os.path.join(path, name)) for name in (
+        "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"))
+
+
+def _share(root: str) -> None:
+    from ..fsutil import file_mode
+
+    for directory, _, names in os.walk(root):
+        for name in names:
+            os.chmod(os.path.join(directory, name), file_mode())
+
+
+def _step_of(path: str) -> int:
+    match = _STEP_FILE.match(os.path.basename(path))
+    return int(match.group(1)) if match else -1
+
+
+def _section(config: Dict[str, Any], name: str) -> Dict[str, Any]:
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _regular(fd: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return "pid %d on %s" % (int(data["pid"]), data["host"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return "another process"
+
+
+__all__ = ["NonFiniteState", "RunDirectory", "RunDirectoryInUse", "is_hf_dir"]
