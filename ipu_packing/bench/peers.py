@@ -46,10 +46,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import jsonout
-from ..data.format import IGNORE_INDEX
-from ..data.reference import Instance, unpack
 from .inputs import BenchError
+from .peer_batches import (Contents, grouped_batches, hf_contents, layout_batches, layout_contents, layout_instances,
+                           padded_batches)
 from .presets import MODEL_PRESETS
+from .report import PeerRow, PeersResult, format_peers
 from .throughput import Layout, plan_histogram, timed_layouts
 
 ATTENTIONS = ("dense", "sdpa", "varlen")
@@ -59,128 +60,7 @@ ADAMW = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
 """Every contender's optimizer: torch.optim.AdamW with these settings, weight decay on matrices only
 (train/optim.py's parameter_groups, as the HF Trainer leaves biases and LayerNorm weights undecayed)."""
 
-MEGA_BATCH_MULT = 50
-"""Micro batches per mega-batch of the Trainer's length grouping (at most; fewer for few sequences)."""
-
 BASELINE = "transformers padded"
-
-
-# -- the transformers rows -----------------------------------------------------------------------------------
-
-
-def layout_instances(layout: Layout) -> List[Instance]:
-    """Every sequence of a layout, row by row and in slot order (``unpack`` of each record)."""
-    arrays = layout.arrays
-    return [s for p in range(layout.rows) for s in unpack({k: v[p] for k, v in arrays.items()})]
-
-
-def hf_batch(instances: Sequence[Instance], length: int) -> Dict[str, np.ndarray]:
-    """transformers' BertForPreTraining inputs for ``instances``, each padded to ``length`` (pad id 0): input_ids,
-    token_type_ids, attention_mask (B, L); labels (B, L), each masked token's original id at its position and
-    -100 elsewhere; next_sentence_label (B,)."""
-    B = len(instances)
-    input_ids = np.zeros((B, length), dtype=np.int64)  # (B, L)
-    token_type_ids = np.zeros((B, length), dtype=np.int64)  # (B, L)
-    attention_mask = np.zeros((B, length), dtype=np.int64)  # (B, L)
-    labels = np.full((B, length), IGNORE_INDEX, dtype=np.int64)  # (B, L)
-    next_sentence_label = np.zeros(B, dtype=np.int64)  # (B,)
-    for i, s in enumerate(instances):
-        n = len(s)
-        if n > length:
-            raise ValueError("a sequence of %d tokens does not fit a row of %d" % (n, length))
-        input_ids[i, :n] = s.input_ids
-        token_type_ids[i, :n] = s.token_type_ids
-        attention_mask[i, :n] = 1
-        labels[i, np.asarray(s.mlm_positions, dtype=np.int64)] = s.mlm_labels
-        next_sentence_label[i] = s.nsp_label
-    return dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, labels=labels,
-                next_sentence_label=next_sentence_label)
-
-
-def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int) -> List[int]:
-    """The order of transformers' ``trainer_pt_utils.get_length_grouped_indices`` (the Trainer's
-    ``group_by_length``), with a torch generator seeded by ``seed``: a random permutation cut into mega-batches
-    of min(50, n // (4 * batch_size)) (at least 1) micro batches, each sorted by length, longest first, then
-    the mega-batch holding the longest sequence swapped to the front (an out-of-memory shows at once).
-    A test holds it equal to transformers' own function."""
-    import torch
-
-    mult = min(len(lengths) // (batch_size * 4), MEGA_BATCH_MULT) or 1
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    indices = torch.randperm(len(lengths), generator=generator).tolist()
-    size = mult * batch_size
-    megabatches = [sorted(indices[i:i + size], key=lambda j: lengths[j], reverse=True)
-                   for i in range(0, len(lengths), size)]
-    if megabatches:
-        longest = int(np.argmax([lengths[m[0]] for m in megabatches]))
-        megabatches[0][0], megabatches[longest][0] = megabatches[longest][0], megabatches[0][0]
-    return [i for m in megabatches for i in m]
-
-
-def padded_batches(instances: Sequence[Instance], batch_size: int, S: int) -> List[Dict[str, np.ndarray]]:
-    """``transformers padded``: consecutive batches of ``batch_size`` sequences, every row padded to S."""
-    return [hf_batch(instances[i:i + batch_size], S) for i in range(0, len(instances), batch_size)]
-
-
-def grouped_batches(instances: Sequence[Instance], batch_size: int, seed: int) -> List[Dict[str, np.ndarray]]:
-    """``transformers grouped``: ``length_grouped_order`` cut into batches of ``batch_size``, each padded to its
-    own longest sequence (what the Trainer's padding collator does)."""
-    order = length_grouped_order([len(s) for s in instances], batch_size, seed)
-    out = []
-    for i in range(0, len(order), batch_size):
-        chosen = [instances[j] for j in order[i:i + batch_size]]
-        out.append(hf_batch(chosen, max(len(s) for s in chosen)))
-    return out
-
-
-def layout_batches(layout: Layout, batch_size: int) -> List[Dict[str, np.ndarray]]:
-    """Our contenders' steps: consecutive ``batch_size`` rows of a layout (the last batch may be short)."""
-    return [{k: v[i:i + batch_size] for k, v in layout.arrays.items()} for i in range(0, layout.rows, batch_size)]
-
-
-@dataclass
-class Contents:
-    """What a contender's batches hold, to hold every contender to the same sequences."""
-
-    sequences: int
-    tokens: int
-    """Real tokens."""
-    computed_tokens: int
-    """Rows x row length over every batch: the positions the model computes, padding included."""
-    lengths: List[int]
-    """Every sequence's length, sorted."""
-    mlm_labels: List[int]
-    """Every masked token's original id, sorted (a multiset)."""
-    nsp_labels: List[int]
-    """Every sequence's NSP label, sorted."""
-
-    def same_sequences(self, other: "Contents") -> bool:
-        """The same sequences, tokens and labels (padding aside)."""
-        return ((self.sequences, self.tokens, self.lengths, self.mlm_labels, self.nsp_labels)
-                == (other.sequences, other.tokens, other.lengths, other.mlm_labels, other.nsp_labels))
-
-
-def hf_contents(batches: Sequence[Dict[str, np.ndarray]]) -> Contents:
-    lengths, mlm, nsp, computed = [], [], [], 0
-    for b in batches:
-        lengths.extend(b["attention_mask"].sum(axis=1).tolist())
-        mlm.extend(b["labels"][b["labels"] != IGNORE_INDEX].tolist())
-        nsp.extend(b["next_sentence_label"].tolist())
-        computed += int(b["input_ids"].size)
-    return Contents(len(lengths), int(sum(lengths)), computed, sorted(lengths), sorted(mlm), sorted(nsp))
-
-
-def layout_contents(batches: Sequence[Dict[str, np.ndarray]]) -> Contents:
-    lengths, mlm, nsp, computed = [], [], [], 0
-    for b in batches:
-        for row in b["sequence_ids"]:
-            counts = np.bincount(row[row > 0])
-            lengths.extend(int(n) for n in counts[1:] if n > 0)
-        mlm.extend(b["mlm_labels"][b["mlm_labels"] != IGNORE_INDEX].tolist())
-        nsp.extend(b["nsp_labels"][b["nsp_labels"] != IGNORE_INDEX].tolist())
-        computed += int(b["input_ids"].size)
-    return Contents(len(lengths), int(sum(lengths)), computed, sorted(lengths), sorted(mlm), sorted(nsp))
 
 
 # -- contenders -----------------------------------------------------------------------------------------------
@@ -367,65 +247,6 @@ def time_contenders(contenders: Sequence[Contender], torch, cuda: bool) -> Tuple
     return seconds, peaks
 
 
-@dataclass
-class PeerRow:
-    """One contender's result."""
-
-    name: str
-    library: str
-    layout: str
-    attention: str
-    sequences: int
-    tokens: int
-    computed_tokens: int
-    """Positions computed, padding included (rows x row length)."""
-    steps: int
-    seconds: List[float]
-    """Seconds of all its steps, per repeat."""
-    sequences_per_second: float
-    """sequences / the median of ``seconds``."""
-    ratio: float
-    """sequences_per_second / transformers padded's."""
-    peak_memory_bytes: Optional[int] = None
-    """CUDA: resident_bytes + step_memory_bytes, what it would peak at alone; None on CPU."""
-    step_memory_bytes: Optional[int] = None
-    """CUDA: the most ``torch.cuda.max_memory_allocated`` rose during one of its steps."""
-    resident_bytes: Optional[int] = None
-    """CUDA: its model's weights and AdamW state."""
-
-
-@dataclass
-class PeersResult:
-    rows: List[PeerRow]
-    skipped: List[str]
-    """Contenders left out, each with why."""
-    load_before: List[float]
-    """os.getloadavg() before the plan (1, 5, 15 minutes)."""
-    load_after: List[float]
-    device: str
-    device_name: str
-    precision: str
-    torch_threads: int
-    torch_version: str
-    transformers_version: str
-    transformers_attention: str
-    model: Dict[str, Any]
-    optimizer: Dict[str, Any]
-    micro_batch_size: int
-    repeats: int
-    seed: int
-    max_seq_length: int
-    max_sequences_per_pack: int
-    packing_algorithm: str
-    plan_sequences: int
-    plan_packs: int
-    timed_packs: int
-    num_sequences: int
-    num_tokens: int
-    seconds: float
-    """Wall time of the whole command's work (models built, warm-up, repeats)."""
-
-
 def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny", micro_batch_size: int = 8,
               repeats: int = 3, algorithm: Optional[str] = None, seed: int = 0, timed_packs: Optional[int] = 128,
               device: str = "cpu", precision: str = "fp32", attentions: Sequence[str] = ATTENTIONS,
@@ -484,34 +305,6 @@ def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny",
         packing_algorithm=plan.algorithm, plan_sequences=int(plan.num_sequences), plan_packs=int(plan.num_packs),
         timed_packs=packed.rows, num_sequences=padded.sequences, num_tokens=padded.tokens,
         seconds=time.perf_counter() - started)
-
-
-# -- output ---------------------------------------------------------------------------------------------------
-
-
-def format_peers(r: PeersResult) -> str:
-    m = r.model
-    memory = any(row.peak_memory_bytes is not None for row in r.rows)
-    lines = [
-        "model %s (hidden %d, %d layers, vocab %d), S=%d, micro batch %d (sequences, or packs for ours packed), "
-        "%s on %s (%s), %d torch threads, %d repeats (medians), AdamW lr %g wd %g"
-        % (m["preset"], m["hidden_size"], m["num_hidden_layers"], m["vocab_size"], r.max_seq_length,
-           r.micro_batch_size, r.precision, r.device, r.device_name, r.torch_threads, r.repeats,
-           r.optimizer["lr"], r.optimizer["weight_decay"]),
-        "timed: %d packs of the plan (K=%d, %s) = %d sequences, %d real tokens; torch %s, transformers %s "
-        "(attention %s)" % (r.timed_packs, r.max_sequences_per_pack, r.packing_algorithm, r.num_sequences,
-                            r.num_tokens, r.torch_version, r.transformers_version, r.transformers_attention),
-        "load average before %s, after %s" % (" ".join("%.2f" % x for x in r.load_before),
-                                              " ".join("%.2f" % x for x in r.load_after)),
-        "%-26s %6s %10s %11s %12s%s" % ("contender", "steps", "seq/s", "vs HF pad", "computed tok",
-                                        "  peak memory" if memory else ""),
-    ]
-    for row in r.rows:
-        lines.append("%-26s %6d %10.2f %10.2fx %12d%s" % (
-            row.name, row.steps, row.sequences_per_second, row.ratio, row.computed_tokens,
-            "  %8.0f MiB" % (row.peak_memory_bytes / 2.0 ** 20) if row.peak_memory_bytes is not None else ""))
-    lines.extend("skipped %s" % note for note in r.skipped)
-    return "\n".join(lines)
 
 
 def main_peers(args, histogram: np.ndarray) -> int:
