@@ -131,8 +131,12 @@ def test_every_contender_steps_on_every_batch_interleaved(monkeypatch):
         return contenders, models, skipped, attention
 
     monkeypatch.setattr(peers, "build_contenders", counting)
-    result = peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=2, timed_packs=8)
+    result = peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=2, timed_packs=9)
     contenders = counting.contenders
+    for c in contenders:  # every sequence, or pack, in some batch: 9 packs are 4 + 4 + 1
+        rows = [len(next(iter(b.values()))) for b in c.batches]
+        assert sum(rows) == (9 if c.layout == "packed" else result.num_sequences), c.name
+    assert [len(next(iter(b.values()))) for b in contenders[-1].batches] == [4, 4, 1]
     warm, timed = calls[:len(contenders)], calls[len(contenders):]
     assert [name for name, _ in warm] == NAMES  # one warm-up step each
     per_pass = sum(len(c.batches) for c in contenders)
