@@ -102,6 +102,11 @@ MODES = {
 }
 
 
+def progress(message: str) -> None:
+    """A line on stderr as the check goes (a GPU session is short: where it is, and what took how long)."""
+    print("gpu-check: " + message, file=sys.stderr, flush=True)
+
+
 # -- one training command ------------------------------------------------------------------------------------
 
 
@@ -123,6 +128,8 @@ def training_run(mode: Mode, data: str, S: int, attention: str, run_dir: str, ti
                finite=bool(losses) and all(math.isfinite(x) for row in losses for x in row[1:4]),
                sequences_per_second=statistics.median(rates) if rates else None, checkpoints=checkpoints(run_dir))
     out["passed"] = out["returncode"] == 0 and out["steps"] == mode.steps and out["finite"]
+    progress("trained %s into %s: exit %s, %d steps, %.1f s" % (attention, run_dir, out["returncode"], out["steps"],
+                                                               out["seconds"]))
     return out
 
 
@@ -136,8 +143,11 @@ def kill_and_resume(mode: Mode, data: str, S: int, runs: str, reference: Dict[st
                               timeout())
     killed.update(checkpoints=checkpoints(run_dir), metrics_steps=[row[0] for row in read_losses(run_dir)],
                   final_exported=os.path.isdir(os.path.join(run_dir, "final")))
+    progress("killed run: exit %s, checkpoints %s" % (killed["returncode"], killed["checkpoints"]))
     resumed = run_command_line([sys.executable, RUN_PRETRAINING, "--config", CONFIG] + overrides, timeout())
     comparison = compare_runs(reference["run_dir"], run_dir)
+    progress("resumed run: exit %s; bitwise equal to the uninterrupted run: %s" % (resumed["returncode"],
+                                                                                   comparison["bitwise"]))
     out = dict(killed=killed, resumed=resumed, comparison=comparison, run_dir=run_dir,
                killed_by_sigkill=killed["returncode"] == -signal.SIGKILL,
                first_checkpoint_on_disk_at_kill="step_%07d.pt" % CHECKPOINT_EVERY in killed["checkpoints"],
@@ -178,7 +188,7 @@ def run_peers_spec(spec: PeersSpec, mode: Mode, histogram, source: str) -> Dict[
     try:
         result = run_peers(histogram, S, 3, model_preset=spec.model, micro_batch_size=spec.micro_batch_size,
                            repeats=spec.repeats, timed_packs=spec.timed_packs, device=mode.device,
-                           precision=spec.precision)
+                           precision=spec.precision, keep_going=True, log=progress)
         out["result"] = asdict(result)
         out["table"] = format_peers(result)
     except Exception as exc:  # a GPU session is short: record it and go on with the rest of the check
@@ -207,6 +217,8 @@ def failures(report: Dict[str, Any]) -> List[str]:
                                             resume["resumed"]["returncode"], c["losses_equal"],
                                             c.get("checkpoint", {}).get("equal")))
     out.extend("peers %s: %s" % (p["model"], p["error"]) for p in report["peers"] if "error" in p)
+    out.extend("peers %s: %s" % (p["model"], note) for p in report["peers"] for note in p.get("result", {}).get(
+        "failed", []))
     return out
 
 
@@ -267,6 +279,7 @@ def format_markdown(report: Dict[str, Any]) -> str:
                 row["name"], row["sequences_per_second"], row["ratio"],
                 "%.0f" % (row["peak_memory_bytes"] / 2.0 ** 20) if row["peak_memory_bytes"] is not None else "-"))
         lines.extend("\nskipped %s" % note for note in r["skipped"])
+        lines.extend("\nFAILED %s" % note for note in r["failed"])
     fails = report["failures"]
     lines += ["", "**%s**" % ("every check passed" if not fails else "FAILED: " + "; ".join(fails))]
     return "\n".join(lines) + "\n"
@@ -368,6 +381,7 @@ def check(mode: Mode, data: str, output: str) -> Dict[str, Any]:
             report["peers"].append(dict(model=spec.model, skipped="%.0f s of the %.0f s budget left, %.0f s wanted"
                                         % (left(), mode.budget_seconds, spec.min_seconds_left)))
             continue
+        progress("peers %s (%.0f s of the budget left)" % (spec.model, left()))
         report["peers"].append(run_peers_spec(spec, mode, histogram, source))
     report["seconds"] = time.perf_counter() - started
     cpu_name = "CPU (%s)" % (platform.processor() or platform.machine())

@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import jsonout
+from ..errors import one_line
 from .inputs import BenchError
 from .peer_batches import (Contents, grouped_batches, hf_contents, layout_batches, layout_contents, layout_instances,
                            padded_batches)
@@ -250,7 +251,10 @@ def time_contenders(contenders: Sequence[Contender], torch, cuda: bool) -> Tuple
 def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny", micro_batch_size: int = 8,
               repeats: int = 3, algorithm: Optional[str] = None, seed: int = 0, timed_packs: Optional[int] = 128,
               device: str = "cpu", precision: str = "fp32", attentions: Sequence[str] = ATTENTIONS,
-              log=lambda message: None) -> PeersResult:
+              keep_going: bool = False, log=lambda message: None) -> PeersResult:
+    """The module docstring's bench. ``keep_going`` (gpu_check's, for a short GPU session): a contender whose
+    warm-up step raises is left out and named in ``failed`` with its error, and the others are timed; without
+    it the error propagates (a failing contender is a bug, with its traceback)."""
     import torch
     import transformers
 
@@ -271,9 +275,21 @@ def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny",
         log("skipped " + note)
     cuda = device == "cuda"
     # warm-up: each contender's first batch (the grouped one's longest), then every model's initial weights again
+    failed, working = [], []
     for c in contenders:
-        c.step(c.batches[0])
+        try:
+            c.step(c.batches[0])
+        except Exception as exc:
+            if not keep_going:
+                raise
+            failed.append("%s: %s: %s" % (c.name, type(exc).__name__, one_line(exc)[:300]))
+            log("failed " + failed[-1])
+            if cuda:
+                torch.cuda.empty_cache()
+        else:
+            working.append(c)
         c.after()
+    contenders = working
     for model, initial in models:
         model.load_state_dict(initial)
     per_repeat: List[List[float]] = [[] for _ in contenders]
@@ -292,11 +308,12 @@ def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny",
         rows.append(PeerRow(c.name, c.library, c.layout, c.attention, c.contents.sequences, c.contents.tokens,
                             c.contents.computed_tokens, len(c.batches), per_repeat[i], rate, 0.0,
                             None if peaks[i] is None else resident + peaks[i], peaks[i], resident))
-    baseline = [row for row in rows if row.name == BASELINE][0].sequences_per_second
+    baseline = [row.sequences_per_second for row in rows if row.name == BASELINE] or [float("nan")]
     for row in rows:
-        row.ratio = row.sequences_per_second / baseline
+        row.ratio = row.sequences_per_second / baseline[0]
     return PeersResult(
-        rows=rows, skipped=skipped, load_before=load_before, load_after=list(os.getloadavg()), device=device,
+        rows=rows, skipped=skipped, failed=failed, load_before=load_before, load_after=list(os.getloadavg()),
+        device=device,
         device_name=torch.cuda.get_device_name() if cuda else "cpu", precision=precision,
         torch_threads=torch.get_num_threads(), torch_version=torch.__version__,
         transformers_version=transformers.__version__, transformers_attention=hf_attention,

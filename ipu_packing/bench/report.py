@@ -140,7 +140,9 @@ class PeersResult:
 
     rows: List[PeerRow]
     skipped: List[str]
-    """Contenders left out, each with why."""
+    """Contenders left out, each with why (an attention this torch cannot run)."""
+    failed: List[str]
+    """Contenders whose warm-up step raised, each with its error (only under run_peers' keep_going)."""
     load_before: List[float]
     """os.getloadavg() before the plan (1, 5, 15 minutes)."""
     load_after: List[float]
@@ -193,4 +195,5 @@ def format_peers(r: PeersResult) -> str:
             row.name, row.steps, row.sequences_per_second, row.ratio, row.computed_tokens,
             "  %8.0f MiB" % (row.peak_memory_bytes / 2.0 ** 20) if row.peak_memory_bytes is not None else ""))
     lines.extend("skipped %s" % note for note in r.skipped)
+    lines.extend("FAILED %s" % note for note in r.failed)
     return "\n".join(lines)
