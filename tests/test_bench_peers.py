@@ -217,3 +217,24 @@ def test_device_cuda_without_cuda_is_one_line_exit_2(tmp_path):
     code, out, err = run_main(["--histogram", str(hist_file), "--peers", "--device", "cuda"])
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and "--device cuda: torch" in err and "sees no CUDA device" in err
+
+
+def test_keep_going_leaves_out_a_contender_whose_warm_up_fails(monkeypatch):
+    original = peers.build_contenders
+
+    def one_broken(*args, **kwargs):
+        contenders, models, skipped, attention = original(*args, **kwargs)
+
+        def boom(batch):
+            raise RuntimeError("no kernel\nfor this")
+
+        [c for c in contenders if c.name == "ours packed sdpa"][0].step = boom
+        return contenders, models, skipped, attention
+
+    monkeypatch.setattr(peers, "build_contenders", one_broken)
+    with pytest.raises(RuntimeError, match="no kernel"):  # the bench itself: a failing contender is a bug
+        peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=4)
+    result = peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=4, keep_going=True)
+    assert [row.name for row in result.rows] == [n for n in NAMES if n != "ours packed sdpa"]
+    assert result.failed == ["ours packed sdpa: RuntimeError: no kernel for this"]
+    assert "FAILED ours packed sdpa: RuntimeError: no kernel for this" in report.format_peers(result)
