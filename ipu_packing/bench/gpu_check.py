@@ -23,8 +23,8 @@ on one GPU (an H200), records:
 4. Peers: the peers bench (peers.py, as ``python -m ipu_packing.bench --peers --device cuda --precision bf16``)
    at BERT-Base S=512, then BERT-Large when the time left allows: sequences/s and peak memory
    (``torch.cuda.max_memory_allocated``) of transformers padded and grouped, and ours padded and packed with
-   each attention, on the same sequences. The lengths are the shared Wikipedia 512 histogram's where it is
-   there, else the prepared data's.
+   each attention, on the same sequences (the Wikipedia 512 lengths where shared/ has them, else the data's);
+   a contender whose warm-up step fails is left out, the others timed, and the check fails naming it.
 5. OUTPUT/gpu_check.json (everything, through ``jsonout.dumps``) and OUTPUT/gpu_check.md (the tables, also
    printed). OUTPUT (default output/gpu_check) must be absent or empty: nothing is overwritten.
 
