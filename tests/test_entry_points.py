@@ -46,6 +46,7 @@ sys.exit(main())
 ENTRY_POINTS = {
     "run_pretraining.py": ["run_pretraining.py"],
     "ipu_packing/bench/__main__.py": ["-m", "ipu_packing.bench"],
+    "ipu_packing/bench/gpu_check.py": ["-m", "ipu_packing.bench.gpu_check"],
     "ipu_packing/compare.py": ["-m", "ipu_packing.compare"],
     "ipu_packing/bench/model_overhead.py": ["-m", "ipu_packing.bench.model_overhead"],
     "ipu_packing/bench/planner.py": ["-m", "ipu_packing.bench.planner"],
@@ -191,7 +192,7 @@ def _in_pairs(jobs):
 def test_each_entry_point_s_forkserver_child_does_not_run_its_command(tmp_path):
     results = _in_pairs({path: (lambda path=path, argv=argv: _probe(tmp_path, path, argv, REPO))
                          for path, argv in ENTRY_POINTS.items() if not path.endswith("__main__.py")})
-    assert len(results) == 6  # scripts and -m modules; a package __main__.py (bench, data, ...) is never re-imported
+    assert len(results) == 7  # scripts and -m modules; a package __main__.py (bench, data, ...) is never re-imported
     for path, (proc, lines) in results.items():
         assert proc.returncode == 0, (path, proc.stderr[-2000:])
         assert [line for line in lines if line["role"] == "parent"] == [

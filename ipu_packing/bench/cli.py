@@ -1,6 +1,7 @@
 """The command line of ``python -m ipu_packing.bench`` (the console script ipu-packing-bench): the synthetic
-mode (throughput.py), --config (config_bench.py) and, with --attention varlen, the attention comparison
-(attention.py). throughput.py's docstring says what is measured."""
+mode (throughput.py), --config (config_bench.py), with --attention varlen the attention comparison
+(attention.py), and --peers, ours against transformers' BertForPreTraining (peers.py). throughput.py's
+docstring says what is measured."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import List, Optional, Sequence
 from .. import jsonout
 from ..errors import ArgumentParser, run_command
 from .presets import MODEL_PRESETS
-from . import throughput
+from . import peers, throughput
 from .attention import format_comparison, run_comparison
 from .config_bench import main_config
 from .inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
@@ -50,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10,
                    help="with --config: optimizer steps of each layout (default: %(default)s)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="with --config: config overrides")
+    p.add_argument("--peers", action="store_true", help="ours (padded and packed, every attention) against "
+                   "transformers' BertForPreTraining (padded, and grouped by length), on the same sequences "
+                   "(peers.py)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="with --peers (default: %(default)s)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="with --peers: bf16 = torch.autocast bfloat16 for every contender (default: %(default)s)")
     return p
 
 
@@ -61,11 +68,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _main(argv: Optional[List[str]]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.config and args.peers:
+        raise BenchError("--peers and --config are two modes of the bench: give one")
     if args.config:
         return main_config(parser, args)
     if args.steps != parser.get_default("steps") or args.overrides:
         raise BenchError("%s is an option of --config" % ("--steps" if args.steps != parser.get_default("steps") else
                                                           "section.key=value (%s)" % args.overrides[0]))
+    for name in ("device", "precision"):
+        if not args.peers and getattr(args, name) != parser.get_default(name):
+            raise BenchError("--%s is an option of --peers" % name)
+    if args.peers:
+        if args.attention is not None:
+            raise BenchError("--attention is not an option of --peers: it times every attention (%s)"
+                             % ", ".join(peers.ATTENTIONS))
+        if args.plot and args.plot != parser.get_default("plot"):
+            raise BenchError("--plot is not an option of --peers (it prints a table, or JSON with --json)")
+        args.plot = None
     # Every input is checked before anything is timed or written.
     if args.timed_packs < 0:
         raise BenchError("--timed-packs must be >= 0")
@@ -92,6 +111,8 @@ def _main(argv: Optional[List[str]]) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.peers:
+        return peers.main_peers(args, histogram)
     log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
     result = run_bench(
         histogram,

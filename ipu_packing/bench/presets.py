@@ -17,4 +17,6 @@ MODEL_PRESETS: Dict[str, Dict[str, int]] = {
                   vocab_size=30522),
     "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                  vocab_size=30522),
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                  vocab_size=30522),
 }

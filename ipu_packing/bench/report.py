@@ -1,10 +1,11 @@
-"""What the packed-vs-padded bench (ipu_packing/bench.py) reports: its result, as a table and a plot."""
+"""What the benches report: the packed-vs-padded bench's result (throughput.py), as a table and a plot, and the
+peers bench's (peers.py: ours against transformers), as a table."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -104,3 +105,95 @@ def format_result(r: Result) -> str:
         ]
         + (["plot: %s" % r.plot] if r.plot else [])
     )
+
+
+@dataclass
+class PeerRow:
+    """One contender's result."""
+
+    name: str
+    library: str
+    layout: str
+    attention: str
+    sequences: int
+    tokens: int
+    computed_tokens: int
+    """Positions computed, padding included (rows x row length)."""
+    steps: int
+    seconds: List[float]
+    """Seconds of all its steps, per repeat."""
+    sequences_per_second: float
+    """sequences / the median of ``seconds``."""
+    ratio: float
+    """sequences_per_second / transformers padded's."""
+    peak_memory_bytes: Optional[int] = None
+    """CUDA: resident_bytes + step_memory_bytes, what it would peak at alone; None on CPU."""
+    step_memory_bytes: Optional[int] = None
+    """CUDA: the most ``torch.cuda.max_memory_allocated`` rose during one of its steps."""
+    resident_bytes: Optional[int] = None
+    """CUDA: its model's weights and AdamW state."""
+
+
+@dataclass
+class PeersResult:
+    """``bench --peers``: every contender's row, and the conditions they ran under."""
+
+    rows: List[PeerRow]
+    skipped: List[str]
+    """Contenders left out, each with why (an attention this torch cannot run)."""
+    failed: List[str]
+    """Contenders whose warm-up step raised, each with its error (only under run_peers' keep_going)."""
+    load_before: List[float]
+    """os.getloadavg() before the plan (1, 5, 15 minutes)."""
+    load_after: List[float]
+    device: str
+    device_name: str
+    precision: str
+    torch_threads: int
+    torch_version: str
+    transformers_version: str
+    transformers_attention: str
+    model: Dict[str, Any]
+    optimizer: Dict[str, Any]
+    micro_batch_size: int
+    repeats: int
+    seed: int
+    max_seq_length: int
+    max_sequences_per_pack: int
+    packing_algorithm: str
+    plan_sequences: int
+    plan_packs: int
+    timed_packs: int
+    num_sequences: int
+    num_tokens: int
+    seconds: float
+    """Wall time of the whole command's work (models built, warm-up, repeats)."""
+
+
+# -- output ---------------------------------------------------------------------------------------------------
+
+
+def format_peers(r: PeersResult) -> str:
+    m = r.model
+    memory = any(row.peak_memory_bytes is not None for row in r.rows)
+    lines = [
+        "model %s (hidden %d, %d layers, vocab %d), S=%d, micro batch %d (sequences, or packs for ours packed), "
+        "%s on %s (%s), %d torch threads, %d repeats (medians), AdamW lr %g wd %g"
+        % (m["preset"], m["hidden_size"], m["num_hidden_layers"], m["vocab_size"], r.max_seq_length,
+           r.micro_batch_size, r.precision, r.device, r.device_name, r.torch_threads, r.repeats,
+           r.optimizer["lr"], r.optimizer["weight_decay"]),
+        "timed: %d packs of the plan (K=%d, %s) = %d sequences, %d real tokens; torch %s, transformers %s "
+        "(attention %s)" % (r.timed_packs, r.max_sequences_per_pack, r.packing_algorithm, r.num_sequences,
+                            r.num_tokens, r.torch_version, r.transformers_version, r.transformers_attention),
+        "load average before %s, after %s" % (" ".join("%.2f" % x for x in r.load_before),
+                                              " ".join("%.2f" % x for x in r.load_after)),
+        "%-26s %6s %10s %11s %12s%s" % ("contender", "steps", "seq/s", "vs HF pad", "computed tok",
+                                        "  peak memory" if memory else ""),
+    ]
+    for row in r.rows:
+        lines.append("%-26s %6d %10.2f %10.2fx %12d%s" % (
+            row.name, row.steps, row.sequences_per_second, row.ratio, row.computed_tokens,
+            "  %8.0f MiB" % (row.peak_memory_bytes / 2.0 ** 20) if row.peak_memory_bytes is not None else ""))
+    lines.extend("skipped %s" % note for note in r.skipped)
+    lines.extend("FAILED %s" % note for note in r.failed)
+    return "\n".join(lines)

@@ -217,7 +217,14 @@ def load_weights(model: Any, directory: str) -> Tuple[List[str], List[str], List
     those copied, the model's tensors the directory lacks (left as they were: their fresh initialisation)
     and the directory's tensors the model has no place for (not used). A tensor of another shape is a
     ValueError naming it."""
-    state = normalize_keys(read_state_dict(directory))
+    return load_hf_state_dict(model, read_state_dict(directory), directory)
+
+
+def load_hf_state_dict(model: Any, state: Dict[str, torch.Tensor], source: str = "the state dict"
+                       ) -> Tuple[List[str], List[str], List[str]]:
+    """``load_weights`` from a state dict in memory, e.g. a live ``transformers.BertForPreTraining``'s
+    ``state_dict()`` (the benches give both models the same weights this way); ``source`` names it in errors."""
+    state = normalize_keys(state)
     aliases = _aliases(model)
     for name in aliases:
         state.pop(name, None)
@@ -225,7 +232,7 @@ def load_weights(model: Any, directory: str) -> Tuple[List[str], List[str], List
     for key, value in state.items():
         if key in own and tuple(value.shape) != tuple(own[key].shape):
             raise ValueError("%s in %s has shape %s, the model wants %s"
-                             % (key, directory, tuple(value.shape), tuple(own[key].shape)))
+                             % (key, source, tuple(value.shape), tuple(own[key].shape)))
     model.load_state_dict({key: value for key, value in state.items() if key in own}, strict=False)
     model.tie_weights()
     return ([key for key in own if key in state], [key for key in own if key not in state],

@@ -1,0 +1,342 @@
+"""Peers: the packed model against Hugging Face transformers' ``BertForPreTraining``, on the same sequences.
+
+    python -m ipu_packing.bench --peers --histogram ../shared/data/wikipedia_512_histogram.json \\
+        --max-seq-length 512 --model small --timed-packs 32 --repeats 2 [--device cuda] [--precision bf16] [--json]
+
+The sequences are the synthetic bench's (throughput.py): `--timed-packs` packs of the plan of the histogram,
+sampled systematically, their sequences made as the data recipe masks them and laid out padded (one per row,
+K = 1) and packed. Every contender trains on exactly these sequences, with their MLM and NSP labels:
+
+- ``transformers padded``: ``transformers.BertForPreTraining`` (``attn_implementation="sdpa"`` where the
+  installed transformers has it for BERT, else its default), `--micro-batch-size` sequences per step, every row
+  padded to S. Its inputs are built from the padded layout's records (``data.reference.unpack``): input ids,
+  token types, an attention mask over the real tokens, ``labels`` holding each masked token's original id at
+  its position (-100 elsewhere) and ``next_sentence_label``.
+- ``transformers grouped``: the same model and batch size, the sequences ordered as the Trainer's
+  ``group_by_length`` orders them (``length_grouped_order``: a seeded permutation cut into mega-batches of 50
+  micro batches, each sorted longest first, the longest batch first) and each batch padded to its longest.
+- ``ours padded <attention>`` and ``ours packed <attention>``: ``PackedBertForPreTraining`` holding the
+  transformers model's initial weights (``model.checkpoint.load_hf_state_dict``), one model per attention
+  implementation (dense, sdpa, varlen; one this torch cannot run is left out, and the result says why),
+  stepping through the training runner (``make_runner(...).train_step``) on `--micro-batch-size` rows per step:
+  padded sequences, or packs.
+
+Every contender: full training steps (zero_grad, forward, backward, AdamW update with the same ``ADAMW``
+settings and weight-decay groups), bf16 autocast with `--precision bf16`, on `--device`. Every batch of every
+contender is one timed call (the last batch may be short), and the calls of all contenders are interleaved in
+proportion (throughput.time_interleaved's rule) in one process, so every contender sees the same machine load;
+that is repeated `--repeats` times and each contender's seconds are the median over repeats. On CUDA each
+call ends with ``torch.cuda.synchronize()`` (the optimizer's kernels are counted in the call that launched
+them) and each contender's peak memory is measured: ``torch.cuda.max_memory_allocated`` during its steps less
+what was allocated before them (every model stays resident; gradients are freed after each call), plus its own
+weights and AdamW state: what it would peak at alone.
+
+Reported: sequences/s per contender, its ratio to ``transformers padded``, real and computed (padding
+included) tokens, and ``os.getloadavg()`` before and after. Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import jsonout
+from ..errors import one_line
+from .inputs import BenchError
+from .peer_batches import (Contents, grouped_batches, hf_contents, layout_batches, layout_contents, layout_instances,
+                           padded_batches)
+from .presets import MODEL_PRESETS
+from .report import PeerRow, PeersResult, format_peers
+from .throughput import Layout, plan_histogram, timed_layouts
+
+ATTENTIONS = ("dense", "sdpa", "varlen")
+"""Our attention implementations every peers run times (model/attention.py); flex needs CUDA and is left out."""
+
+ADAMW = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+"""Every contender's optimizer: torch.optim.AdamW with these settings, weight decay on matrices only
+(train/optim.py's parameter_groups, as the HF Trainer leaves biases and LayerNorm weights undecayed)."""
+
+BASELINE = "transformers padded"
+
+
+# -- contenders -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Contender:
+    """One row of the table: a name, its batches (host tensors, one per timed call) and its training step."""
+
+    name: str
+    library: str
+    """"transformers" or "ours"."""
+    layout: str
+    """"padded", "grouped" or "packed"."""
+    attention: str
+    batches: List[Dict[str, Any]]
+    contents: Contents
+    step: Callable[[Dict[str, Any]], None]
+    """One full training step on one batch (zero_grad, forward, backward, AdamW update)."""
+    after: Callable[[], None]
+    """Run after each timed call, untimed: frees the gradients (so the next contender's memory is its own)."""
+    resident_bytes: Callable[[], int]
+    """Its model's weights and optimizer state, in bytes (shared with the contenders of the same model)."""
+
+
+def adamw(model, torch):
+    """torch.optim.AdamW with ``ADAMW``'s settings, weight decay on matrices only (parameter_groups)."""
+    from ipu_packing.train.optim import parameter_groups
+
+    groups = parameter_groups(model, ADAMW["weight_decay"])
+    for g in groups:
+        g.pop("max_weight_norm", None)
+    return torch.optim.AdamW(groups, lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"])
+
+
+def transformers_model(config) -> Tuple[Any, str]:
+    """(BertForPreTraining built from ``config``, its attention implementation): "sdpa" where this transformers
+    supports it for BERT, else its default (eager)."""
+    import transformers
+
+    cls = transformers.BertForPreTraining
+    model = None
+    if getattr(cls, "_supports_sdpa", False) and hasattr(cls, "_from_config"):
+        try:
+            model = cls._from_config(config, attn_implementation="sdpa")
+        except (TypeError, ValueError, ImportError):  # a transformers whose BERT has no sdpa path
+            model = None
+    if model is None:
+        model = cls(config)
+    return model, str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def state_bytes(model, optimizer) -> int:
+    """Bytes of a model's parameters and buffers and of its optimizer's state tensors."""
+    import torch
+
+    seen, total = set(), 0
+    tensors = list(model.parameters()) + list(model.buffers())
+    for state in optimizer.state.values():
+        tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def autocast(device, precision: str, torch):
+    import contextlib
+
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def to_tensors(batches: Sequence[Dict[str, np.ndarray]], torch) -> List[Dict[str, Any]]:
+    return [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in b.items()} for b in batches]
+
+
+def build_contenders(padded: Layout, packed: Layout, model_kwargs: Dict[str, Any], micro_batch_size: int,
+                     device: str, precision: str, seed: int, attentions: Sequence[str] = ATTENTIONS):
+    """(contenders, models, skipped, transformers attention): the transformers rows, then ours per attention.
+
+    ``models`` is [(model, initial weights)] for restoring after the warm-up; ``skipped`` says which attention
+    this torch cannot run, and why. The transformers inputs are unpacked from the padded layout's records;
+    every contender's contents are checked equal to the padded layout's (AssertionError otherwise)."""
+    import torch
+    import transformers
+
+    from ipu_packing.execution import ExecutionConfig, make_runner
+    from ipu_packing.model import PackedBertForPreTraining
+    from ipu_packing.model.attention import missing_torch_support
+    from ipu_packing.model.checkpoint import load_hf_state_dict
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    S = int(padded.arrays["input_ids"].shape[1])
+    config = transformers.BertConfig(**model_kwargs)
+    torch.manual_seed(seed)
+    hf, hf_attention = transformers_model(config)
+    hf.to(dev).train()
+    hf_optimizer = adamw(hf, torch)
+    initial_state = {k: v.detach().cpu().clone() for k, v in hf.state_dict().items()}
+
+    def hf_step(batch):
+        hf_optimizer.zero_grad(set_to_none=True)
+        inputs = {k: v.to(dev) for k, v in batch.items()}
+        with autocast(dev, precision, torch):
+            out = hf(**inputs)
+        out.loss.float().backward()
+        hf_optimizer.step()
+
+    def hf_after():
+        hf_optimizer.zero_grad(set_to_none=True)
+
+    reference = layout_contents(layout_batches(padded, micro_batch_size))
+    instances = layout_instances(padded)
+    contenders = []
+    for layout_name, batches in (("padded", padded_batches(instances, micro_batch_size, S)),
+                                 ("grouped", grouped_batches(instances, micro_batch_size, seed))):
+        contenders.append(Contender("transformers " + layout_name, "transformers", layout_name, hf_attention,
+                                    to_tensors(batches, torch), hf_contents(batches), hf_step, hf_after,
+                                    lambda: state_bytes(hf, hf_optimizer)))
+    models = [(hf, initial_state)]  # host copies (the live tensors change), off the GPU's memory
+    skipped = []
+    execution = ExecutionConfig(backend="torch", device=device, micro_batch_size=micro_batch_size,
+                                precision=precision)
+    runners = {}  # attention -> (model, optimizer, runner): one model per attention, both layouts step it
+    for attention in attentions:
+        missing = missing_torch_support(attention)
+        if missing:
+            skipped.append("ours %s: %s" % (attention, missing))
+            continue
+        model = PackedBertForPreTraining(config, attention=attention)
+        loaded, missing_keys, unexpected = load_hf_state_dict(model, initial_state, "transformers' BertForPreTraining")
+        if missing_keys or unexpected:
+            raise AssertionError("our model and transformers' differ: missing %s, unexpected %s"
+                                 % (missing_keys, unexpected))
+        model.to(dev).train()
+        optimizer = adamw(model, torch)
+        runners[attention] = (model, optimizer, make_runner(model, optimizer, execution))
+        models.append((model, {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}))
+    for layout in (padded, packed):
+        batches = layout_batches(layout, micro_batch_size)
+        for attention, (model, optimizer, runner) in runners.items():
+            contenders.append(Contender(
+                "ours %s %s" % (layout.name, attention), "ours", layout.name, attention, to_tensors(batches, torch),
+                layout_contents(batches), runner.train_step,
+                (lambda o=optimizer: o.zero_grad(set_to_none=True)),
+                (lambda m=model, o=optimizer: state_bytes(m, o))))
+    for c in contenders:
+        if not c.contents.same_sequences(reference):
+            raise AssertionError("%s does not hold the padded layout's sequences" % c.name)
+    return contenders, models, skipped, hf_attention
+
+
+# -- timing ---------------------------------------------------------------------------------------------------
+
+
+def time_contenders(contenders: Sequence[Contender], torch, cuda: bool) -> Tuple[List[float], List[Optional[int]]]:
+    """One pass over every batch of every contender, the calls interleaved in proportion (the contender whose
+    batch is due soonest, by its fraction of its own batches, goes next): (seconds of each contender, the
+    peak bytes its steps allocated beyond what was allocated before them, CUDA only)."""
+    schedule = []
+    for i, c in enumerate(contenders):
+        n = len(c.batches)
+        schedule.extend(((b + 0.5) / n, i, b) for b in range(n))
+    schedule.sort()
+    seconds = [0.0] * len(contenders)
+    peaks: List[Optional[int]] = [None] * len(contenders)
+    for _, i, b in schedule:
+        c = contenders[i]
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        start = time.perf_counter()
+        c.step(c.batches[b])
+        if cuda:
+            torch.cuda.synchronize()
+        seconds[i] += time.perf_counter() - start
+        if cuda:
+            peaks[i] = max(peaks[i] or 0, torch.cuda.max_memory_allocated() - before)
+        c.after()
+    return seconds, peaks
+
+
+def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny", micro_batch_size: int = 8,
+              repeats: int = 3, algorithm: Optional[str] = None, seed: int = 0, timed_packs: Optional[int] = 128,
+              device: str = "cpu", precision: str = "fp32", attentions: Sequence[str] = ATTENTIONS,
+              keep_going: bool = False, log=lambda message: None) -> PeersResult:
+    """The module docstring's bench. ``keep_going`` (gpu_check's, for a short GPU session): a contender whose
+    warm-up step raises is left out and named in ``failed`` with its error, and the others are timed; without
+    it the error propagates (a failing contender is a bug, with its traceback)."""
+    import torch
+    import transformers
+
+    started = time.perf_counter()
+    load_before = list(os.getloadavg())
+    model_kwargs = dict(MODEL_PRESETS[model_preset])
+    model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)
+    plan = plan_histogram(histogram, S, K, algorithm)
+    padded, packed = timed_layouts(plan, S, K, timed_packs, model_kwargs["vocab_size"], seed)
+    if packed.rows < micro_batch_size:
+        raise BenchError("--micro-batch-size %d is more than the %d timed packs" % (micro_batch_size, packed.rows))
+    log("plan: %d sequences -> %d packs (K=%d, %s); timing %d packs = %d sequences (%d real tokens) at S=%d, "
+        "model %s, %s on %s" % (plan.num_sequences, plan.num_packs, K, plan.algorithm, packed.rows,
+                                padded.sequences, padded.tokens, S, model_preset, precision, device))
+    contenders, models, skipped, hf_attention = build_contenders(padded, packed, model_kwargs, micro_batch_size,
+                                                                  device, precision, seed, attentions)
+    for note in skipped:
+        log("skipped " + note)
+    cuda = device == "cuda"
+    # warm-up: each contender's first batch (the grouped one's longest), then every model's initial weights again
+    failed, working = [], []
+    for c in contenders:
+        try:
+            c.step(c.batches[0])
+        except Exception as exc:
+            if not keep_going:
+                raise
+            failed.append("%s: %s: %s" % (c.name, type(exc).__name__, one_line(exc)[:300]))
+            log("failed " + failed[-1])
+            if cuda:
+                torch.cuda.empty_cache()
+        else:
+            working.append(c)
+        c.after()
+    contenders = working
+    for model, initial in models:
+        model.load_state_dict(initial)
+    per_repeat: List[List[float]] = [[] for _ in contenders]
+    peaks: List[Optional[int]] = [None] * len(contenders)
+    for r in range(repeats):
+        seconds, repeat_peaks = time_contenders(contenders, torch, cuda)
+        for i, s in enumerate(seconds):
+            per_repeat[i].append(s)
+            if repeat_peaks[i] is not None:
+                peaks[i] = max(peaks[i] or 0, repeat_peaks[i])
+        log("repeat %d: %s" % (r + 1, ", ".join("%s %.2f s" % (c.name, s) for c, s in zip(contenders, seconds))))
+    rows = []
+    for i, c in enumerate(contenders):
+        rate = c.contents.sequences / statistics.median(per_repeat[i])
+        resident = c.resident_bytes() if cuda else None
+        rows.append(PeerRow(c.name, c.library, c.layout, c.attention, c.contents.sequences, c.contents.tokens,
+                            c.contents.computed_tokens, len(c.batches), per_repeat[i], rate, 0.0,
+                            None if peaks[i] is None else resident + peaks[i], peaks[i], resident))
+    baseline = [row.sequences_per_second for row in rows if row.name == BASELINE] or [float("nan")]
+    for row in rows:
+        row.ratio = row.sequences_per_second / baseline[0]
+    return PeersResult(
+        rows=rows, skipped=skipped, failed=failed, load_before=load_before, load_after=list(os.getloadavg()),
+        device=device,
+        device_name=torch.cuda.get_device_name() if cuda else "cpu", precision=precision,
+        torch_threads=torch.get_num_threads(), torch_version=torch.__version__,
+        transformers_version=transformers.__version__, transformers_attention=hf_attention,
+        model=dict(model_kwargs, preset=model_preset), optimizer=dict(ADAMW, name="AdamW"),
+        micro_batch_size=micro_batch_size, repeats=repeats, seed=seed, max_seq_length=S, max_sequences_per_pack=K,
+        packing_algorithm=plan.algorithm, plan_sequences=int(plan.num_sequences), plan_packs=int(plan.num_packs),
+        timed_packs=packed.rows, num_sequences=padded.sequences, num_tokens=padded.tokens,
+        seconds=time.perf_counter() - started)
+
+
+def main_peers(args, histogram: np.ndarray) -> int:
+    """``--peers``: the command line's checked arguments and length histogram -> table or JSON on stdout."""
+    import sys
+
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BenchError("--device cuda: torch %s sees no CUDA device" % torch.__version__)
+    log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
+    result = run_peers(histogram, len(histogram), args.max_sequences_per_pack, model_preset=args.model,
+                       micro_batch_size=args.micro_batch_size, repeats=args.repeats, algorithm=args.algorithm,
+                       seed=args.seed, timed_packs=args.timed_packs or None, device=args.device,
+                       precision=args.precision, log=log)
+    print(jsonout.dumps(asdict(result), sort_keys=True) if args.json else format_peers(result))
+    return 0
