@@ -234,6 +234,10 @@ def test_the_floor_check_finds_an_upward_import():
     assert upward_imports(graph) == [("ipu_packing.data.format", "ipu_packing.train.loop")]
 
 
+def test_no_two_rooms_share_a_module_name():
+    assert shared_names() == {}
+
+
 def test_no_private_name_is_used_outside_its_module():
     assert private_uses() == []
 

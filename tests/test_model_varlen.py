@@ -214,7 +214,7 @@ def test_varlen_under_torch_compile_aot_eager():
 def test_flop_model_counts_only_within_sequence_pairs():
     """The bench's FLOP model, by hand: per-row linear + L * 4H * (S^2 or sum l_i^2) + heads, per sequence."""
     from ipu_packing.bench import throughput as bench
-    from ipu_packing.bench.attention import flops_per_sequence
+    from ipu_packing.bench.attention_compare import flops_per_sequence
 
     lengths = np.array([10, 6, 12, 3])
     sequences = bench.make_sequences(lengths, 100, seed=0)
@@ -232,7 +232,7 @@ def test_flop_model_counts_only_within_sequence_pairs():
 def test_bench_varlen_reports_the_attention_comparison(tmp_path):
     """``python -m ipu_packing.bench --attention varlen --json`` adds the four pairs and their ratios, each
     measured ratio being the ratio of the reported seconds per sequence, beside the FLOP model's."""
-    from ipu_packing.bench.attention import RATIOS
+    from ipu_packing.bench.attention_compare import RATIOS
     from test_bench import run_main, synthetic_histogram
 
     hist_file = tmp_path / "hist.json"

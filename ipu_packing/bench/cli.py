@@ -15,7 +15,7 @@ from .. import jsonout
 from ..errors import ArgumentParser, run_command
 from .presets import MODEL_PRESETS
 from . import peers, throughput
-from .attention import format_comparison, run_comparison
+from .attention_compare import format_comparison, run_comparison
 from .config_bench import main_config
 from .inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
 from .report import draw_plot, format_result

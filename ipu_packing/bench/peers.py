@@ -16,7 +16,7 @@ K = 1) and packed. Every contender trains on exactly these sequences, with their
   ``group_by_length`` orders them (``length_grouped_order``: a seeded permutation cut into mega-batches of 50
   micro batches, each sorted longest first, the longest batch first) and each batch padded to its longest.
 - ``ours padded <attention>`` and ``ours packed <attention>``: ``PackedBertForPreTraining`` holding the
-  transformers model's initial weights (``model.checkpoint.load_hf_state_dict``), one model per attention
+  transformers model's initial weights (``model.pretrained.load_hf_state_dict``), one model per attention
   implementation (dense, sdpa, varlen; one this torch cannot run is left out, and the result says why),
   stepping through the training runner (``make_runner(...).train_step``) on `--micro-batch-size` rows per step:
   padded sequences, or packs.
@@ -154,7 +154,7 @@ def build_contenders(padded: Layout, packed: Layout, model_kwargs: Dict[str, Any
     from ipu_packing.execution import ExecutionConfig, make_runner
     from ipu_packing.model import PackedBertForPreTraining
     from ipu_packing.model.attention import missing_torch_support
-    from ipu_packing.model.checkpoint import load_hf_state_dict
+    from ipu_packing.model.pretrained import load_hf_state_dict
 
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     S = int(padded.arrays["input_ids"].shape[1])

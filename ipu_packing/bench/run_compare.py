@@ -57,24 +57,16 @@ def run_command_line(command: List[str], timeout: float) -> Dict[str, Any]:
 
 def read_losses(run_dir: str) -> List[List[Any]]:
     """[step, loss, mlm_loss, nsp_loss, sequences_per_second] of every record of run_dir/metrics.jsonl."""
-    import json
+    from ipu_packing.train.run_dir import RunDirectory
 
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return []
-    rows = []
-    with open(path, "r", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                rows.append([r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"], r["sequences_per_second"]])
-    return rows
+    return [[r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"], r["sequences_per_second"]]
+            for r in RunDirectory(run_dir).read_metrics()]
 
 
 def checkpoints(run_dir: str) -> List[str]:
-    from ipu_packing.train.checkpoint import list_checkpoints
+    from ipu_packing.train.run_dir import RunDirectory
 
-    return [os.path.basename(p) for p in list_checkpoints(run_dir)]
+    return [os.path.basename(p) for p in RunDirectory(run_dir).checkpoints()]
 
 
 def _flatten(value: Any, path: str):
@@ -93,7 +85,7 @@ def compare_checkpoints(a: str, b: str) -> Dict[str, Any]:
     compared, which differ (the first 20), the largest absolute difference among differing float tensors."""
     import torch
 
-    from ipu_packing.model.checkpoint import load_tensors
+    from ipu_packing.model.pretrained import load_tensors
 
     left, right = load_tensors(a), load_tensors(b)
     flat_a = dict(_flatten({k: left.get(k) for k in COMPARED_FIELDS if k in left}, ""))
@@ -116,11 +108,11 @@ def compare_checkpoints(a: str, b: str) -> Dict[str, Any]:
 
 def compare_runs(reference: str, other: str) -> Dict[str, Any]:
     """metrics.jsonl losses (exact floats) and the last checkpoints (``compare_checkpoints``) of two runs."""
-    from ipu_packing.train.checkpoint import latest_checkpoint
+    from ipu_packing.train.run_dir import RunDirectory
 
     a, b = read_losses(reference), read_losses(other)
     losses_a, losses_b = [row[:4] for row in a], [row[:4] for row in b]
-    last_a, last_b = latest_checkpoint(reference), latest_checkpoint(other)
+    last_a, last_b = RunDirectory(reference).latest(), RunDirectory(other).latest()
     out: Dict[str, Any] = dict(losses_equal=bool(losses_a) and losses_a == losses_b, steps=[len(a), len(b)],
                                checkpoints=[os.path.basename(last_a or ""), os.path.basename(last_b or "")])
     if not losses_a or losses_a != losses_b:
