@@ -31,7 +31,8 @@ def one_line_error(capsys, *argv):
 
 
 REFUSED = [
-    (["model.packed_attention=bogus"], ["model.packed_attention must be one of dense, sdpa, flex, varlen", "bogus"]),
+    (["model.packed_attention=bogus"], ["model.packed_attention must be one of auto, dense, sdpa, flex, varlen",
+                                        "bogus"]),
     (["model.packed_attention=sdpa", "execution.backend=poptorch"],
      ["'poptorch' runs attention 'dense' only", "got 'sdpa'", "set model.packed_attention=dense"]),
     (["model.packed_attention=varlen", "execution.backend=poptorch"], ["got 'varlen'"]),
@@ -105,7 +106,8 @@ def test_the_cuda_configs_load_and_validate(name, replicas):
     assert chosen == ("torch", "cuda", "bf16", "varlen")
     assert ex.replication_factor == replicas and config.execution.world_size == replicas
     # the same training problem as demo_512: model, data, steps and the 58-sequence step (packed: 30 packs)
-    assert {k: v for k, v in config.model.items() if k != "packed_attention"} == base.model
+    assert {k: v for k, v in config.model.items() if k != "packed_attention"} == {
+        k: v for k, v in base.model.items() if k != "packed_attention"}
     assert (config.data, config.training) == (base.data, base.training)
     packed = config.batch_accounting(1.932)
     assert packed.unpacked_accumulation * ex.micro_batch_size * replicas == 58

@@ -1,6 +1,6 @@
 """The command line of ``python -m ipu_packing.bench`` (the console script ipu-packing-bench): the synthetic
 mode (throughput.py), --config (config_bench.py), with --attention varlen the attention comparison
-(attention.py), and --peers, ours against transformers' BertForPreTraining (peers.py). throughput.py's
+(attention_compare.py), and --peers, ours against transformers' BertForPreTraining (peers.py). throughput.py's
 docstring says what is measured."""
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed passes over both layouts, interleaved (default: %(default)s)")
     p.add_argument("--model", choices=sorted(MODEL_PRESETS), default="tiny", help="BERT size (default: %(default)s)")
     p.add_argument("--attention", default=None,
-                   help="model attention implementation (dense, sdpa, ...; default: the model's)")
+                   help="model attention implementation (dense, sdpa, ...; default: the model's); with --config, "
+                   "one or more separated by commas, each timed with both layouts, interleaved")
     p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default: %(default)s: steadier timings on a shared machine; 0 = torch default)")

@@ -2,6 +2,7 @@
 
     python -m ipu_packing.bench --config demo_512 [section.key=value ...] [--steps N] [--json] [--plot PNG]
     python -m ipu_packing.bench --config demo_512 --histogram ../shared/data/wikipedia_512_histogram.json
+    python -m ipu_packing.bench --config demo --attention dense,sdpa,varlen [--steps N]
     torchrun --nproc-per-node 2 -m ipu_packing.bench --config NAME ...     (DDP or pipelined configs)
 
 What it does:
@@ -24,6 +25,11 @@ What it does:
 Reported as in the synthetic mode: sequences/s and tokens/s of each layout, ``speedup`` (packed over padded
 sequences/s), ``theoretical_speedup`` (sequences per row of the timed packed steps: a padded row holds
 one) and ``overhead`` (theoretical / measured - 1). Speed is reported, never asserted.
+
+``--attention A,B,...`` times both layouts with each attention implementation (``model.packed_attention``),
+all calls interleaved (padded and packed of A, of B, ...; then again), so every implementation sees the same
+machine load: the measurement behind the torch configs' default attention (docs/results.md). The first
+attention's figures are the top-level ones; ``attentions`` holds each one's.
 """
 
 from __future__ import annotations
@@ -150,6 +156,7 @@ class Timed:
 
         self.name, self.config, self.accounting = name, config, accounting
         built = build(config, accounting.betas)  # both layouts start from the same (seeded) weights
+        self.attention = str(getattr(built.model, "attention_implementation", ""))
         self.runner = make_runner(built.model, built.optimizer, accounting.execution, scheduler=built.scheduler,
                                   metrics=config.task.metrics)
         rng = torch.get_rng_state()
@@ -188,13 +195,17 @@ class Timed:
 
 
 def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram: Optional[np.ndarray] = None,
-                     histogram_path: str = "", log: Callable[[str], None] = lambda message: None) -> Dict[str, Any]:
+                     histogram_path: str = "", log: Callable[[str], None] = lambda message: None,
+                     attentions: Sequence[Optional[str]] = (None,)) -> Dict[str, Any]:
     import torch
 
     from ipu_packing.train.run_plan import check_backend
 
-    packed_config, padded_config = load_layouts(name, overrides)
-    check_backend(packed_config)
+    variants = [list(overrides) + (["model.packed_attention=%s" % a] if a else []) for a in attentions]
+    configs = [load_layouts(name, v) for v in variants]
+    packed_config, padded_config = configs[0]
+    for packed_variant, _ in configs:
+        check_backend(packed_variant)
     S, K = packed_config.data.max_seq_length, packed_config.data.max_sequences_per_pack
     # Rows each layout needs (all processes): one warm-up call and ceil(N / steps per call) timed calls.
     calls = int(math.ceil(steps / float(packed_config.execution.optimizer_steps_per_call)))
@@ -210,8 +221,10 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
     packed_packs, padded_packs = lay_out(groups, S, K, source["packed_mlm_slots"], source["recipe"])
     if packed_config.training.num_threads:
         torch.set_num_threads(packed_config.training.num_threads)
-    layouts = [Timed("padded", padded_config, padded_accounting, padded_packs),
-               Timed("packed", packed_config, packed_accounting, packed_packs)]
+    layouts = []  # type: List[Timed]
+    for packed_variant, padded_variant in configs:  # the same sequences and accounting; another attention
+        layouts += [Timed("padded", padded_variant, padded_accounting, padded_packs),
+                    Timed("packed", packed_variant, packed_accounting, packed_packs)]
     main = int(getattr(layouts[0].runner, "rank", 0)) == 0
     for layout in layouts:
         start = time.perf_counter()
@@ -221,7 +234,7 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
         layout.release()
         log("%s: compile %.2f s, warm-up call %.2f s; %s" % (layout.name, layout.compile_seconds,
                                                              layout.warmup_seconds, layout.accounting.describe()))
-    for i in range(calls):  # padded, packed, padded, packed, ...
+    for i in range(calls):  # padded, packed, padded, packed, ... (of each attention in turn)
         for layout in layouts:
             layout.attach()
             seconds, metrics = layout.call(layout.batches[1 + i])
@@ -231,9 +244,10 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
             layout.sequences += int(metrics.sequences)
             layout.tokens += int(metrics.tokens)
             layout.rows += rows_per_call(layout.accounting.execution)
-        log("call %d of %d: padded %.3f s, packed %.3f s"
-            % (i + 1, calls, layouts[0].seconds[-1], layouts[1].seconds[-1]))
-    padded, packed = (layout.summary() for layout in layouts)
+        log("call %d of %d: %s" % (i + 1, calls, ", ".join(
+            "%s %s %.3f s" % (layout.name, layout.attention, layout.seconds[-1]) for layout in layouts)))
+    summaries = [layout.summary() for layout in layouts]
+    padded, packed = summaries[0], summaries[1]
     ex = packed_accounting.execution
     speedup = packed["sequences_per_second"] / padded["sequences_per_second"]
     theoretical = (packed["sequences"] / float(packed["rows"])) / (padded["sequences"] / float(padded["rows"]))
@@ -255,6 +269,10 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
         "speedup": speedup, "theoretical_speedup": theoretical, "overhead": theoretical / speedup - 1.0,
         "compile_seconds": padded["compile_seconds"] + packed["compile_seconds"],
         "padded": padded, "packed": packed,
+        "attentions": [{"attention": layouts[2 * j + 1].attention, "padded": summaries[2 * j],
+                        "packed": summaries[2 * j + 1],
+                        "speedup": summaries[2 * j + 1]["sequences_per_second"]
+                        / summaries[2 * j]["sequences_per_second"]} for j in range(len(configs))],
     }
     return result
 
@@ -277,6 +295,14 @@ def format_config_result(r: Dict[str, Any]) -> str:
             x["sequences_per_second"], x["tokens_per_second"], x["compile_seconds"]))
     lines.append("speed-up %.3fx (theoretical %.3fx, overhead %.1f%%)" % (r["speedup"], r["theoretical_speedup"],
                                                                         100.0 * r["overhead"]))
+    if len(r.get("attentions", ())) > 1:
+        first = r["attentions"][0]
+        lines.append("%-9s %15s %15s %9s %14s" % ("attention", "padded seq/s", "packed seq/s", "speed-up",
+                                                   "packed vs " + first["attention"]))
+        for a in r["attentions"]:
+            lines.append("%-9s %15.1f %15.1f %8.3fx %13.3fx" % (
+                a["attention"], a["padded"]["sequences_per_second"], a["packed"]["sequences_per_second"],
+                a["speedup"], a["packed"]["sequences_per_second"] / first["packed"]["sequences_per_second"]))
     return "\n".join(lines)
 
 
@@ -309,7 +335,7 @@ def draw_config_plot(r: Dict[str, Any], path: str) -> str:
     return path
 
 
-SHARED_OPTIONS = ("config", "histogram", "plot", "json", "steps", "overrides", "help")
+SHARED_OPTIONS = ("config", "histogram", "plot", "json", "steps", "overrides", "help", "attention")
 """bench's options that --config takes; the synthetic mode's others are the config's values (refused)."""
 
 
@@ -325,7 +351,14 @@ def main_config(parser, args) -> int:
     if args.plot:
         check_writable(args.plot)
     log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
-    result = run_config_bench(args.config, args.overrides, args.steps, histogram, args.histogram or "", log=log)
+    attentions = [a.strip() for a in args.attention.split(",")] if args.attention else [None]
+    if any(not a for a in attentions) or len(set(attentions)) != len(attentions):
+        raise BenchError("--attention with --config takes distinct implementations separated by commas, got %r"
+                         % (args.attention,))
+    if any(a and "model.packed_attention=" in o for a in attentions for o in args.overrides):
+        raise BenchError("--attention and the override model.packed_attention both choose the attention: give one")
+    result = run_config_bench(args.config, args.overrides, args.steps, histogram, args.histogram or "", log=log,
+                              attentions=attentions)
     if not result.pop("main_process"):
         return 0
     if args.plot:

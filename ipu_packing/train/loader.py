@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from .run_config import PretrainingConfig
 from ..errors import ConfigError
-from .model_section import check_attention, finite, parse_model
+from .model_section import check_attention, finite, parse_model, resolve_attention
 from .sections import CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ScheduleConfig, TrainingConfig
 from .strict_yaml import shown, yaml_load
 
@@ -96,8 +96,10 @@ def config_from_dict(raw: Dict[str, Any], name: str = "custom") -> PretrainingCo
     model = parse_model(raw.get("model") or {})
     execution_raw = raw.get("execution") or {}
     execution = _build("execution", ExecutionConfig, execution_raw)
-    check_attention(model, execution)
     sections = {key: _build(key, cls, raw.get(key) or {}) for key, cls in _SECTIONS.items()}
+    # "auto" (the default) becomes the attention this execution trains fastest with: the config records the choice
+    model["packed_attention"] = resolve_attention(model, execution, sections["data"].max_seq_length)
+    check_attention(model, execution)
     try:
         return PretrainingConfig(
             name=name,

@@ -40,10 +40,12 @@ BERT_CONFIG_FIELDS = (
 # The packed model's own options, set on the BertConfig as attributes (saved in config.json, which
 # transformers ignores): ipu_packing/model/self_attention.py FUSED_QKV_ATTRIBUTE, and
 # ipu_packing/model/attention.py CONFIG_ATTRIBUTE (dense, sdpa, varlen or flex: the same function of the
-# weights, so a run may resume with another one).
+# weights, so a run may resume with another one; "auto", the default, is the fastest the execution allows,
+# `resolve_attention`, and the config records the one it chose).
+AUTO_ATTENTION = "auto"
 MODEL_OPTION_FIELDS = (
     ("fused_qkv", False),
-    ("packed_attention", "dense"),
+    ("packed_attention", AUTO_ATTENTION),
 )
 MODEL_DEFAULTS = dict(BERT_CONFIG_FIELDS + MODEL_OPTION_FIELDS)
 """Every ``model.*`` key's default: a key a config leaves out has this value."""
@@ -88,9 +90,10 @@ def parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
         if out.get(key) is not None and not 0.0 <= out[key] <= 1.0:
             raise ConfigError("model.%s is a probability: it must be in [0, 1], got %r" % (key, out[key]))
-    if "packed_attention" in out and out["packed_attention"] not in ATTENTION_IMPLEMENTATIONS:
+    choices = (AUTO_ATTENTION,) + ATTENTION_IMPLEMENTATIONS
+    if "packed_attention" in out and out["packed_attention"] not in choices:
         raise ConfigError("model.packed_attention must be one of %s, got %r"
-                          % (", ".join(ATTENTION_IMPLEMENTATIONS), shown(str(out["packed_attention"]))))
+                          % (", ".join(choices), shown(str(out["packed_attention"]))))
     if "layer_norm_eps" in out and not out["layer_norm_eps"] > 0:
         raise ConfigError("model.layer_norm_eps must be > 0, got %r" % (out["layer_norm_eps"],))
     if "initializer_range" in out and out["initializer_range"] < 0:
@@ -98,13 +101,43 @@ def parse_model(raw: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+LONG_SEQUENCES = 256
+"""From this S on, ``auto`` trains with varlen on CPU (below it, sdpa): docs/results.md, the default attention."""
+
+
+def resolve_attention(model: Dict[str, Any], execution: Any, max_seq_length: int) -> str:
+    """The attention a config trains with: ``model.packed_attention`` as written, or, for ``auto``, the fastest
+    exact one this execution allows, by measurement (docs/results.md, "The default attention"):
+
+    - poptorch: dense (PopTorch traces no other);
+    - torch with torch_compile: sdpa (varlen's layout is data, which fullgraph cannot capture);
+    - torch on CUDA, or on CPU from S = LONG_SEQUENCES: varlen (each sequence attends within itself: sum(l_i^2)
+      scores, not S^2; CUDA's jagged kernels take no mask at all);
+    - torch on CPU below that: sdpa (the one fused kernel; varlen's one call per distinct length does not pay
+      at short S);
+
+    each falling back to the next (sdpa, then dense) where this torch lacks the kernel."""
+    name = model.get("packed_attention", AUTO_ATTENTION)
+    if name != AUTO_ATTENTION:
+        return name
+    if execution.backend == "poptorch":
+        return "dense"
+    if execution.torch_compile:
+        candidates = ("sdpa", "dense")
+    elif execution.device == "cuda" or max_seq_length >= LONG_SEQUENCES:
+        candidates = ("varlen", "sdpa", "dense")
+    else:
+        candidates = ("sdpa", "dense")
+    return next(c for c in candidates if c == "dense" or not missing_torch_support(c))
+
+
 def check_attention(model: Dict[str, Any], execution: Any) -> None:
     """Refuse, when the config is read, an attention its execution cannot train with (one line each):
     PopTorch traces the dense path only; FlexAttention has no backward on CPU, no attention dropout, and
     its BlockMask cannot be a pipeline stage's input; varlen's layout is data, which
     torch.compile(fullgraph=True) cannot capture; and the torch this runs on must have the kernel."""
-    name = model.get("packed_attention", "dense")
-    if name == "dense":
+    name = model.get("packed_attention", AUTO_ATTENTION)
+    if name in ("dense", AUTO_ATTENTION):
         return
     if execution.backend == "poptorch":
         raise ConfigError(
