@@ -36,6 +36,34 @@ them to int32 (`as_batch`, the Dataset), which is what the model and PopTorch ta
 A batch is the same fields stacked: (B, S), (B, M), (B, K), in the order of FIELDS, which is also the
 order of the model's forward arguments. A record is contiguous on disk, so reading one pack is one
 small sequential read. The padded baseline is the same format with K = 1.
+
+Structural invariants. Besides each value's range, every pack of k sequences (1 <= k <= K) holds these;
+the model reads attention, positions and both heads from them, so a pack that breaks one trains on
+something other than what it claims. data/shards.py `check_packs` checks them all, vectorised, wherever
+a dataset is opened (`validate_shards`: `open_dataset`, `inspect`, training) and on every pack the writer
+builds before it is written; the first pack that breaks one is one DataError line naming the pack and
+the invariant.
+
+    sequences       sequence_ids is 1 at slot 0 and runs 1, 2, ..., k in contiguous runs in that order,
+                    each step the same id or the next, then 0 (padding) to the end: no token of one
+                    sequence carries another's id, and no sequence follows padding
+    positions       position_ids is 0 at each sequence's first token, one more than the token before
+                    inside a sequence, and 0 on padding
+    token types     token_type_ids is 0 at each sequence's first token and never decreases inside a
+                    sequence (segment A, then B), and is 0 on padding
+    [CLS]           cls_positions[j] for j < k is the first token of sequence j + 1, and that token is
+                    the vocabulary's [CLS] (the manifest's special_token_ids); cls_positions[j] is 0 for j >= k
+    NSP slots       nsp_labels[j] is used (not IGNORE_INDEX) exactly when j < k: slot k - 1 holds sequence
+                    k's label, so no slot is read by two sequences and no label sits on an empty slot
+    MLM slots       the used slots (label not IGNORE_INDEX) come first; an unused slot's position is 0;
+                    a used position lies on a real token (sequence id not 0) that is not a sequence's
+                    [CLS]; the used positions strictly increase, so no position appears twice and each
+                    sequence's predictions fill the slots after the previous sequence's, inside its own
+                    tokens (a slot belongs to the sequence whose tokens its position falls in)
+
+What a pack cannot show is not checked: whether an MLM label is the token that was masked there, or a
+position inside the right sequence where two sequences' predictions could be exchanged without
+breaking the order.
 """
 
 from __future__ import annotations

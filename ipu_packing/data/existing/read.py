@@ -256,6 +256,10 @@ def dense_to_instances(ids: np.ndarray, mask: np.ndarray, segments: np.ndarray, 
             raise DataError("%s: masked_lm_positions holds %d, outside the sequence's %d tokens"
                             % (where(r), mlm_positions[_first(bad)], lengths[r]))
         same_row = np.repeat(rows, counts)
+        bad = mlm_positions == 0
+        if bad.any():
+            raise DataError("%s: masked_lm_positions holds 0, the sequence's [CLS] (never a prediction in the pack "
+                            "format)" % where(int(same_row[_first(bad)])))
         bad = (np.diff(mlm_positions) <= 0) & (same_row[1:] == same_row[:-1])
         if bad.any():
             raise DataError("%s: masked_lm_positions are not in ascending order (or repeat one)"
