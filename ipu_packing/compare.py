@@ -42,6 +42,7 @@ import numpy as np
 
 from . import jsonin, jsonout
 from .errors import ArgumentParser, UserError, one_line, run_command
+from .fsutil import atomic_write_with, open_regular
 
 LIKE_FOR_LIKE = 0.05
 """Largest relative difference of mean sequences per step before compare warns."""
@@ -79,11 +80,11 @@ def read_run(path: str) -> Run:
     metrics = os.path.join(path, "metrics.jsonl")
     if not os.path.isdir(path):
         raise CompareError("%s is not a run directory" % (path,))
-    if not os.path.isfile(metrics):
+    if not os.path.lexists(metrics):
         raise CompareError("%s has no metrics.jsonl (is it a run directory of run_pretraining.py?)" % (path,))
     keys = COUNTS + CURVES
     columns: Dict[str, List[float]] = {k: [] for k in keys}
-    with open(metrics, "rb") as f:
+    with open_regular(metrics, "rb", error=CompareError) as f:  # a FIFO or a device: one line, never a hang
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -111,8 +112,8 @@ def read_run(path: str) -> Run:
     extra = {}
     for name in ("config", "summary"):
         file = os.path.join(path, name + ".json")
-        if os.path.isfile(file):
-            with open(file, "rb") as f:
+        if os.path.lexists(file):
+            with open_regular(file, "rb", error=CompareError) as f:
                 value = _json_value(f.read(), file)
             if not isinstance(value, dict):
                 raise CompareError("%s is %s, not a JSON object" % (file, _kind(value)))
@@ -312,9 +313,10 @@ def draw(a: Run, b: Run, window: int, path: str) -> str:
         axis.set_ylabel("MLM loss (trailing mean, %d steps)" % window)
         axis.legend()
     figure.tight_layout()
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    figure.savefig(path, dpi=100)
+    # written to a temporary file beside it and renamed into place (the umask's mode; a symlink or a FIFO at
+    # the path is replaced, never written through), so a failure leaves the old plot whole
+    extension = os.path.splitext(path)[1][1:].lower()
+    atomic_write_with(path, lambda f: figure.savefig(f, format=extension, dpi=100))
     plt.close(figure)
     return path
 

@@ -77,7 +77,8 @@ import numpy as np
 
 from .. import jsonin
 from ..errors import InputError
-from ..fsutil import atomic_write_text, contained_path, sha256_file  # noqa: F401  (sha256_file: importers of format)
+from ..fsutil import atomic_write_text, contained_path, open_regular
+from ..fsutil import sha256_file  # noqa: F401  (importers of format use it)
 from ..errors import DataError
 from .limits import MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, MAX_VOCAB_SIZE
 
@@ -281,12 +282,12 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
         raise DataError("%s: not a dataset directory (no such directory)" % directory)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         if os.path.isfile(os.path.join(directory, "packed", MANIFEST)):
             raise DataError("%s: holds packed/ and padded/; name one of them" % directory)
         raise DataError("%s: missing (not a prepared dataset directory)" % path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb", error=DataError) as f:  # a FIFO or a device: one line, never a hang
             manifest = jsonin.loads(f.read())
     except (UnicodeDecodeError, ValueError) as error:
         raise DataError("%s: not valid JSON: %s" % (path, str(error).splitlines()[0]))

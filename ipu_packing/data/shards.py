@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..fsutil import contained_path, sha256_file
+from ..fsutil import check_regular, contained_path, sha256_file
 from ..errors import DataError
 from .format import FIELDS, IGNORE_INDEX, pack_dtype
 
@@ -281,8 +281,9 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
     expected = pack_dtype(manifest["max_seq_length"], manifest["mlm_slots"], manifest["max_sequences_per_pack"],
                           manifest["vocab_size"])
     vocab_path = contained_path(directory, manifest["vocab_file"])  # read_manifest has checked the name
-    if not os.path.isfile(vocab_path):
+    if not os.path.lexists(vocab_path):
         raise DataError("%s: missing (named by manifest field 'vocab_file')" % vocab_path)
+    check_regular(vocab_path, DataError)
     if checksums and sha256_file(vocab_path) != manifest["vocab_checksum"]:
         raise DataError("%s: sha256 does not match manifest field 'vocab_checksum'" % vocab_path)
     counts = PackCounts(manifest["max_seq_length"], manifest["max_sequences_per_pack"])
@@ -290,8 +291,9 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
     paths = []
     for shard in manifest["shards"]:
         path = contained_path(directory, shard["file"], "shard %r in %s" % (shard["file"], directory))
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise DataError("shard %s: file is missing" % path)
+        check_regular(path, DataError)  # a FIFO or a device: one line, never a hang (a memory map takes a path)
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except Exception as error:  # numpy raises ValueError/OSError/EOFError... for a broken header

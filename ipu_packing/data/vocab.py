@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import jsonin
 from ..errors import DataError
-from ..fsutil import sha256_file
+from ..fsutil import open_regular, sha256_file
 from .format import SPECIAL_TOKENS, VOCAB
 from .instance_files import ranges
 
@@ -203,7 +203,7 @@ def _flatten(ids: List[List[int]]):
 def _read_vocab_file(path: str) -> List[str]:
     tokens = []
     try:
-        f = open(path, "rb")
+        f = open_regular(path, "rb", error=DataError)
     except OSError as error:
         raise DataError("%s: cannot read vocabulary (%s)" % (path, error.strerror))
     with f:
@@ -248,32 +248,32 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
     if lower_case not in LOWER_CASE_CHOICES:
         raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
     forced = None if lower_case == "auto" else lower_case == "yes"
-    if os.path.isfile(path):
+    if os.path.exists(path) and not os.path.isdir(path):  # a file (a FIFO or a device is refused in one line)
         vocab = _read_vocab_file(path)
         return TokenizerSpec(vocab, _guess_lower_case(vocab) if forced is None else forced, source=path)
     if not os.path.isdir(path):
         raise DataError("%s: no such vocabulary file or tokenizer directory" % path)
     config = {}
     config_path = os.path.join(path, "tokenizer_config.json")
-    if os.path.isfile(config_path):
+    if os.path.lexists(config_path):
         try:
-            with open(config_path, "rb") as f:
-                config = jsonin.loads(f.read())
+            config = jsonin.load_path(config_path, error=DataError)
         except (UnicodeDecodeError, ValueError) as error:
             raise DataError("%s: not valid JSON (%s)" % (config_path, str(error).splitlines()[0]))
     json_path = os.path.join(path, "tokenizer.json")
     vocab_path = os.path.join(path, "vocab.txt")
-    if os.path.isfile(json_path):
+    if os.path.lexists(json_path):
+        with open_regular(json_path, "rb", error=DataError) as f:
+            raw = f.read()
         try:
-            with open(json_path, "rb") as f:
-                text = f.read().decode("utf-8")
+            text = raw.decode("utf-8")
             data = jsonin.loads(text)
             from tokenizers import Tokenizer
 
             tokenizer = Tokenizer.from_str(text)
         except Exception as error:  # tokenizers raises its own exception types for a broken file
             raise DataError("%s: not a readable tokenizer (%s)" % (json_path, str(error).splitlines()[0]))
-        if os.path.isfile(vocab_path):
+        if os.path.lexists(vocab_path):
             vocab = _read_vocab_file(vocab_path)
         else:
             by_id = tokenizer.get_vocab(with_added_tokens=True)
@@ -290,7 +290,7 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
                             "--lower-case: a tokenizer.json decides its own casing)"
                             % (lower_case, json_path, "does" if lower else "does not"))
         return TokenizerSpec(vocab, lower, tokenizer_json=text, source=path)
-    if os.path.isfile(vocab_path):
+    if os.path.lexists(vocab_path):
         vocab = _read_vocab_file(vocab_path)
         lower = config.get("do_lower_case")
         if forced is not None:

@@ -14,6 +14,7 @@ import yaml
 
 from ..errors import one_line
 from ..errors import ConfigError
+from ..fsutil import open_regular
 
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -117,6 +118,13 @@ def yaml_load(stream: Any, source: str = "value") -> Any:
         raise ConfigError("%s holds a value YAML cannot build: %s" % (source, shown(str(exc), 300)))
     finally:
         loader.dispose()
+
+
+def yaml_load_file(path: str, source: str) -> Any:
+    """``yaml_load`` of the config file at ``path``, opened through ``fsutil.open_regular``: a FIFO, a device
+    or a directory is refused at once as a ConfigError naming it, instead of blocking or reading without end."""
+    with open_regular(path, "rb", error=ConfigError) as f:
+        return yaml_load(f, source=source)
 
 
 def shown(text: str, limit: int = 80) -> str:

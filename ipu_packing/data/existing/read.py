@@ -15,7 +15,7 @@ import numpy as np
 from ..text.corpus import resolve_inputs
 from ...errors import one_line
 from ...errors import DataError
-from ...fsutil import sha256_file
+from ...fsutil import open_regular, sha256_file
 from ..instance_files import Instances, save_instances
 from ..limits import MAX_SEQ_LENGTH, check_at_most
 
@@ -54,7 +54,7 @@ def _h5py():
 
 def _head(path: str, size: int = 16) -> bytes:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb", error=DataError) as f:
             return f.read(size)
     except OSError as error:
         raise DataError("%s: cannot read (%s)" % (path, error.strerror)) from None

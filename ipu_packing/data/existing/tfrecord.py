@@ -61,7 +61,10 @@ def is_tfrecord(path: str) -> bool:
 
 
 def _open(path: str) -> BinaryIO:
-    f = open(path, "rb")
+    from ...errors import DataError
+    from ...fsutil import open_regular
+
+    f = open_regular(path, "rb", error=DataError)
     if f.read(2) == GZIP_MAGIC:
         f.close()
         return gzip.open(path, "rb")  # type: ignore[return-value]
