@@ -238,6 +238,14 @@ MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
 }
 
 
+OPTIONAL_MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
+    "strip_accents": (bool, "whether the tokenizer stripped accents; absent: exactly when it lower-cased (the "
+                            "BertNormalizer rule every vocabulary-built tokenizer follows; data/vocab.py)"),
+}
+"""Keys a manifest may hold (checked like MANIFEST_KEYS where present): written only where the value says
+something the others do not, so a dataset made before a key existed opens as it did."""
+
+
 def pack_statistics(lengths: Optional[np.ndarray], mlm_counts: np.ndarray, sequences_per_pack: Optional[np.ndarray],
                     max_seq_length: int, max_sequences_per_pack: int,
                     sequences_per_pack_histogram: Optional[np.ndarray] = None,
@@ -269,7 +277,7 @@ def pack_statistics(lengths: Optional[np.ndarray], mlm_counts: np.ndarray, seque
 
 
 def write_manifest(directory: str, manifest: Dict[str, Any]) -> None:
-    unknown = sorted(set(manifest) - set(MANIFEST_KEYS))
+    unknown = sorted(set(manifest) - set(MANIFEST_KEYS) - set(OPTIONAL_MANIFEST_KEYS))
     missing = sorted(set(MANIFEST_KEYS) - set(manifest))
     assert not unknown and not missing, (unknown, missing)
     # fsync'd and renamed into place (ipu_packing/fsutil.py): a reader sees the old manifest or the new one
@@ -297,8 +305,10 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     if version != FORMAT_VERSION:
         raise DataError("%s: format_version %r, this code reads %d: prepare the dataset again with "
                         "`python -m ipu_packing.data prepare`" % (path, version, FORMAT_VERSION))
-    for key, (kind, _) in MANIFEST_KEYS.items():
+    for key, (kind, _) in list(MANIFEST_KEYS.items()) + list(OPTIONAL_MANIFEST_KEYS.items()):
         if key not in manifest:
+            if key in OPTIONAL_MANIFEST_KEYS:
+                continue
             raise DataError("%s: field %r is missing" % (path, key))
         value = manifest[key]
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float
@@ -307,7 +317,7 @@ def read_manifest(directory: str) -> Dict[str, Any]:
             ok = False
         if not ok:
             raise DataError("%s: field %r should be %s, got %r" % (path, key, kind.__name__, value))
-    unknown = sorted(set(manifest) - set(MANIFEST_KEYS))
+    unknown = sorted(set(manifest) - set(MANIFEST_KEYS) - set(OPTIONAL_MANIFEST_KEYS))
     if unknown:
         raise DataError("%s: unknown field %r" % (path, unknown[0]))
     _check_manifest_values(path, directory, manifest)

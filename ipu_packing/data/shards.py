@@ -22,7 +22,9 @@ The writer (data/write/packs.py `write_shard`) runs the same `check_packs` on ev
 writing it.
 
 A manifest and shards that agree in their checksums but not in their values (a hand-edited manifest, a
-shard written by another tool) are refused here, when the dataset is opened, not at step 1000.
+shard written by another tool) are refused here, when the dataset is opened, not at step 1000. So is a
+vocab.txt that is not the vocabulary the manifest describes (data/vocab.py `check_dataset_vocab`: its size,
+its special tokens at the recorded ids, no token twice), with or without the checksums.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 from ..fsutil import check_regular, contained_path, sha256_file
 from ..errors import DataError
 from .format import FIELDS, IGNORE_INDEX, pack_dtype
+from .vocab import check_dataset_vocab
 
 BLOCK_TOKENS = 1 << 22
 """Token slots (packs x S) checked at a time: memory is a few times this, whatever the shard size."""
@@ -286,6 +289,7 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
     check_regular(vocab_path, DataError)
     if checksums and sha256_file(vocab_path) != manifest["vocab_checksum"]:
         raise DataError("%s: sha256 does not match manifest field 'vocab_checksum'" % vocab_path)
+    check_dataset_vocab(directory, manifest)  # its size, special tokens and no token twice (cheap: always)
     counts = PackCounts(manifest["max_seq_length"], manifest["max_sequences_per_pack"])
     block = max(1, BLOCK_TOKENS // manifest["max_seq_length"])
     paths = []
