@@ -68,10 +68,11 @@ breaking the order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -274,6 +275,27 @@ def pack_statistics(lengths: Optional[np.ndarray], mlm_counts: np.ndarray, seque
         "sequence_length_histogram": sequence_length_histogram.tolist(),
         "sequences_per_pack_histogram": sequences_per_pack_histogram.tolist(),
     }
+
+
+IDENTITY_KEYS = ("kind", "max_seq_length", "max_sequences_per_pack", "mlm_slots", "num_packs", "num_sequences",
+                 "num_tokens", "num_masked_tokens")
+"""Manifest keys a dataset's identity covers, besides its shards, vocabulary checksum and field dtypes."""
+
+
+def dataset_identity(manifest: Mapping[str, Any]) -> str:
+    """A dataset's content digest: sha256 of what its manifest says the data is, paths left out: every
+    shard's pack count and sha256 in order, the vocabulary's checksum, the field dtypes, and IDENTITY_KEYS.
+    A copy of a dataset elsewhere has the same identity, another dataset of the same S, K and vocabulary has
+    another. Checkpoints record it (dataset.content_sha256) and compare identifies runs' data by it; its
+    value never changes for a given manifest."""
+    facts = {
+        "shards": [[int(s["num_packs"]), str(s["sha256"])] for s in manifest["shards"]],
+        "vocab_checksum": manifest["vocab_checksum"],
+        "field_dtypes": manifest["field_dtypes"],
+    }
+    for key in IDENTITY_KEYS:
+        facts[key] = manifest[key]
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
 def write_manifest(directory: str, manifest: Dict[str, Any]) -> None:
