@@ -57,7 +57,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from . import jsonin, jsonout
-from .errors import ArgumentParser, UserError, one_line, run_command
+from .errors import ArgumentParser, UserError, one_line, require_extra, run_command
 from .fsutil import atomic_write_with, open_regular
 
 LIKE_FOR_LIKE = 0.05
@@ -432,8 +432,7 @@ def format_comparison(c: Comparison) -> str:
 
 
 def draw(a: Run, b: Run, window: int, path: str) -> str:
-    import matplotlib
-
+    matplotlib = require_extra("matplotlib", "compare --plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -460,8 +459,7 @@ def draw(a: Run, b: Run, window: int, path: str) -> str:
 def check_plot_path(path: str) -> None:
     """Refuse a --plot path before any work: an extension matplotlib cannot write (naming those it can), a
     directory, or a parent that is a file."""
-    import matplotlib
-
+    matplotlib = require_extra("matplotlib", "compare --plot")
     matplotlib.use("Agg")
     from matplotlib.backend_bases import FigureCanvasBase
 

@@ -13,7 +13,7 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 
 from ..text.corpus import resolve_inputs
-from ...errors import one_line
+from ...errors import one_line, require_extra
 from ...errors import DataError
 from ...fsutil import open_regular, sha256_file
 from ..instance_files import Instances, save_instances
@@ -27,7 +27,6 @@ MLM_KEYS = ("masked_lm_positions", "masked_lm_ids")  # [N, P]
 TFRECORD_FEATURES = {"input_ids": "int64_list", "input_mask": "int64_list", "segment_ids": "int64_list",
                      "masked_lm_positions": "int64_list", "masked_lm_ids": "int64_list",
                      "masked_lm_weights": "float_list", "next_sentence_labels": "int64_list"}
-H5PY_PIN = "h5py==3.16.0"
 
 
 @dataclass
@@ -45,11 +44,7 @@ class InputFile:
 
 
 def _h5py():
-    try:
-        import h5py
-    except ImportError:
-        raise DataError("reading HDF5 needs h5py: pip install %s" % H5PY_PIN) from None
-    return h5py
+    return require_extra("h5py", "reading NVIDIA BERT HDF5 (pack)")
 
 
 def _head(path: str, size: int = 16) -> bytes:
