@@ -113,13 +113,17 @@ def _inspect_hdf5(path: str) -> InputFile:
             shapes[key] = shape
     n = shapes["input_ids"][0] if shapes["input_ids"] else 0
     expected = {key: "[N, S]" for key in TOKEN_KEYS}
-    expected.update({key: "[N, P]" for key in MLM_KEYS}, next_sentence_labels="[N]")
+    expected.update({key: "[N, P]" for key in MLM_KEYS}, next_sentence_labels="[N] or [N, 1]")
     for key in HDF5_KEYS:
         shape = shapes[key]
-        ndim_ok = len(shape) == 2 or (key == "next_sentence_labels" and (len(shape) == 1 or shape[1:] == (1,)))
-        if not ndim_ok or shape[0] != n:
-            raise DataError("%s: key %r has shape %s, expected %s with N = %d (the rows of 'input_ids')"
-                            % (path, key, list(shape), expected[key], n))
+        if key == "next_sentence_labels":  # one label a record: a second column would be other records' labels
+            shape_ok = len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)
+        else:
+            shape_ok = len(shape) == 2
+        if not shape_ok or shape[0] != n:
+            raise DataError("%s: key %r has shape %s, expected %s with N = %d (the rows of 'input_ids')%s"
+                            % (path, key, list(shape), expected[key], n,
+                               ": one label per record" if key == "next_sentence_labels" else ""))
     s = shapes["input_ids"][1]
     for key in TOKEN_KEYS[1:]:
         if shapes[key] != shapes["input_ids"]:
@@ -317,8 +321,12 @@ def convert_hdf5_rows(path: str, start: int, stop: int, out: str, checks: Checks
     if bad.any():
         raise DataError("%s: record %d: masked_lm_positions has a position after a 0 (the padding of unused "
                         "slots)" % (path, start + _first(bad)))
+    labels = arrays["next_sentence_labels"]
+    if labels.size != stop - start:  # the file changed since its shapes were checked
+        raise DataError("%s: key 'next_sentence_labels' holds %d values for records %d-%d: one label per record"
+                        % (path, labels.size, start, stop - 1))
     instances = dense_to_instances(arrays["input_ids"], arrays["input_mask"], arrays["segment_ids"], positions,
-                                   arrays["masked_lm_ids"], used, arrays["next_sentence_labels"].reshape(-1),
+                                   arrays["masked_lm_ids"], used, labels.reshape(-1),
                                    checks, _record_namer(path, start))
     save_instances(out, instances, checks.vocab_size)
     lengths, masked, most = _summarise(instances, checks)
