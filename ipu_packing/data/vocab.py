@@ -35,6 +35,7 @@ gives the same bytes even though the vocabulary is rebuilt on every run.
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import os
 import re
@@ -247,12 +248,26 @@ def read_vocab(path: str) -> List[str]:
 
 
 def _read_vocab_file(path: str) -> List[str]:
-    tokens = []
     try:
         f = open_regular(path, "rb", error=DataError)
     except OSError as error:
         raise DataError("%s: cannot read vocabulary (%s)" % (path, error.strerror))
     with f:
+        data = f.read()
+    try:  # the whole file at once (every dataset open reads it); line by line only to name a bad line
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and "\r" not in text:
+        tokens = text.split("\n")
+        if tokens and tokens[-1] == "" and text.endswith("\n"):
+            tokens.pop()
+        if tokens and tokens[0].startswith("\ufeff"):  # a UTF-8 BOM (Windows editors) is not token 0
+            tokens[0] = tokens[0][1:]
+        if tokens and all(t.strip() for t in tokens):
+            return tokens
+    tokens = []
+    with io.BytesIO(data) as f:
         for number, raw in enumerate(f, 1):
             try:
                 token = raw.decode("utf-8").rstrip("\r\n")
