@@ -199,6 +199,36 @@ def recorded_digest(change):
     return action
 
 
+def export_files(change_vocab, vocab_size=None):
+    """An export directory: the dataset's vocab.txt (changed by `change_vocab`), then the tokenizer files
+    written beside it from the dataset's manifest; with `vocab_size`, the export's vocabulary against a model
+    of that many embedding rows."""
+    def action(prepared, tmp_path, capsys):
+        from ipu_packing.data.vocab import check_vocab_size, write_export_tokenizer
+
+        packed = os.path.join(prepared, "packed")
+        with open(os.path.join(packed, "manifest.json")) as f:
+            manifest = json.load(f)
+        export = tmp_path / "final"
+        export.mkdir()
+        _write_lines(str(export / "vocab.txt"), change_vocab(_lines(os.path.join(packed, "vocab.txt"))))
+        old = os.umask(0o027)
+        try:
+            if vocab_size is not None:
+                check_vocab_size(str(export / "vocab.txt"), vocab_size, "model.vocab_size")
+            written = write_export_tokenizer(str(export), manifest, 32)
+        except UserError as error:
+            return str(error)
+        finally:
+            os.umask(old)
+        with open(str(export / "tokenizer_config.json")) as f:
+            config = json.load(f)
+        modes = sorted({"%o" % (os.stat(str(export / name)).st_mode & 0o777) for name in written})
+        return "written %s, mode %s, do_lower_case %s, strip_accents %s" % (
+            ",".join(sorted(written)), ",".join(modes), config["do_lower_case"], config["strip_accents"])
+    return action
+
+
 BASE = SPECIAL + ["w%d" % i for i in range(20)]
 
 ROWS = [
@@ -224,6 +254,11 @@ ROWS = [
     ("accents-stripped-cased", export_accents(False, True), "same; manifest strip_accents True"),
     ("accents-by-the-rule-uncased", export_accents(True, None), "same; manifest strip_accents absent"),
     ("accents-by-the-rule-cased", export_accents(False, None), "same; manifest strip_accents absent"),
+    # the export: its vocab.txt is the dataset's and the model's, its tokenizer files the dataset's tokenizer
+    ("export-writes-the-tokenizer", export_files(lambda v: v, vocab_size=64),
+     "written special_tokens_map.json,tokenizer_config.json, mode 640, do_lower_case True, strip_accents True"),
+    ("export-vocab-not-the-datasets", export_files(_swap(7, 8)), "is not the dataset's vocabulary"),
+    ("export-vocab-not-the-models", export_files(lambda v: v, vocab_size=30522), "has vocab_size 30522"),
     # two vocabularies by content
     ("compare-sizes-differ", compared(BASE, BASE + ["w20"]), "has 25 tokens, "),
     ("compare-one-token-differs", compared(BASE, BASE[:9] + ["W4"] + BASE[10:]),

@@ -426,6 +426,37 @@ def hf_tokenizer_files(do_lower_case: bool, model_max_length: int,
     return {"tokenizer_config.json": config, "special_tokens_map.json": special}
 
 
+def write_export_tokenizer(directory: str, manifest: Mapping[str, Any], model_max_length: int) -> List[str]:
+    """Beside an export's vocab.txt (DIRECTORY/vocab.txt, copied from the dataset): tokenizer_config.json and
+    special_tokens_map.json of the tokenizer that made the dataset (`tokenizer_options(manifest)`: its casing
+    and accents), each written atomically with the umask's mode. The export's vocab.txt is checked first: it
+    must be the dataset's vocabulary by content (manifest field vocab_checksum, `check_dataset_vocab`).
+    Returns the files written."""
+    from ..fsutil import atomic_write_json
+
+    path = os.path.join(directory, VOCAB)
+    tokens = check_dataset_vocab(directory, dict(manifest, vocab_file=VOCAB))
+    difference = vocab_digest_difference(tokens, manifest["vocab_checksum"], path,
+                                         "the dataset's vocabulary (manifest field 'vocab_checksum')")
+    if difference:
+        raise DataError(difference)
+    written = []
+    for name, content in hf_tokenizer_files(model_max_length=model_max_length, **tokenizer_options(manifest)).items():
+        atomic_write_json(os.path.join(directory, name), content)
+        written.append(name)
+    return written
+
+
+def check_vocab_size(path: str, vocab_size: int, what: str = "the model") -> List[str]:
+    """The tokens of the vocab.txt at `path`, refused in one line unless there are `vocab_size` of them (the rows
+    of `what`'s embedding): an export or a phase-1 directory whose vocabulary is not the model's."""
+    tokens = read_vocab(path)
+    if len(tokens) != int(vocab_size):
+        raise DataError("%s holds %d tokens, but %s has vocab_size %d (its embedding rows): not its vocabulary"
+                        % (path, len(tokens), what, int(vocab_size)))
+    return tokens
+
+
 def tokenizer_options(manifest: Mapping[str, Any]) -> Dict[str, bool]:
     """{do_lower_case, strip_accents} of the tokenizer that made a dataset, from its manifest (strip_accents
     where recorded, else as it lower-cased): the keyword arguments of `hf_tokenizer_files` besides
