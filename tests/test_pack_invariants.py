@@ -163,6 +163,20 @@ def position_repeats(packs, cls_id):
     return p
 
 
+def position_skip_at_a_type_drop(packs, cls_id):
+    """Inside segment B, one token's position jumps by two while its type falls back to 0 (A), the rest of the
+    sequence shifted along: each field alone still looks like a sequence's."""
+    s = packs["sequence_ids"].shape[1]
+    p = first(packs, lambda q: packs["token_type_ids"][q].any() and end(packs, q) < s)  # room for one position more
+    types = packs["token_type_ids"][p]
+    t = int(np.flatnonzero(types)[0]) + 1  # the second token of segment B
+    sid = packs["sequence_ids"][p]
+    last = int(np.flatnonzero(sid == sid[t])[-1])
+    packs["position_ids"][p, t:last + 1] += 1
+    types[t] = 0
+    return p
+
+
 def position_on_padding(packs, cls_id):
     """Padding carries its slot index as a position."""
     p = with_sequences(packs, 1, padding=True)
@@ -329,6 +343,7 @@ ROWS = [
     ("positions-do-not-restart", positions_do_not_restart, "'position_ids'"),
     ("position-skips", position_skips, "'position_ids'"),
     ("position-repeats", position_repeats, "'position_ids'"),
+    ("position-skip-at-a-type-drop", position_skip_at_a_type_drop, "'position_ids'"),
     ("position-on-padding", position_on_padding, "'position_ids'"),
     ("position-restarts-mid-sequence", restart_mid_sequence, "'position_ids'"),
     ("cls-into-another-sequence", cls_into_other_sequence, "'cls_positions'"),

@@ -135,24 +135,26 @@ def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int]) -> np.ndarray
     """(P,) bool: the packs that break a structural invariant of format.py (only the first one flagged is
     certain to be the first broken pack; `_first_broken_invariant` then says which invariant, and where).
 
-    The token fields are read once into flat contiguous arrays: the sequence ids, and v = position * 2 +
-    token type, so that one unsigned difference checks both. Inside a sequence v grows by 2 (same segment)
-    or 3 (A to B); a sequence's first token and padding have v = 0, a sequence's first token has the id
+    The token fields are read once into flat contiguous arrays: the sequence ids, and v = position * 4 +
+    token type, so that one unsigned difference checks both. Inside a sequence v grows by 4 (same segment)
+    or 5 (A to B), and by nothing else: 4 * (position step) + (type step) is 4 or 5 only for a position step
+    of 1 and a type step of 0 or 1 (with v = position * 2 + type, a position step of 2 and a type step of -1
+    would pass as 3). A sequence's first token and padding have v = 0, a sequence's first token has the id
     before it plus one (and a sequence before it), padding has id 0. Every test is a whole-block pass of
     numpy; the heads' slots are gathered from the same flat arrays."""
     sid = a["sequence_ids"]
     n, s = sid.shape
     sid = sid.reshape(-1)
-    v = a["position_ids"].astype(np.uint16 if s <= 1 << 15 else np.uint32).reshape(-1)  # 16 bits, one more
-    v <<= 1
+    v = a["position_ids"].astype(np.uint16 if s <= 1 << 14 else np.uint32).reshape(-1)  # position, 2 bits more
+    v <<= 2
     v |= a["token_type_ids"].reshape(-1)
     nxt, prev = sid[1:], sid[:-1]  # token t + 1 of the block against token t
     grow = v[1:] - v[:-1]  # unsigned: a decrease is huge
-    grow -= 2
+    grow -= 4
     inside = v[1:] != 0
     real = nxt != 0
     # a real token's id is the one before it (inside a sequence) or one more (a sequence's first token), and
-    # a real token never follows padding; a token inside a sequence (v > 0) is real and grows v by 2 or 3
+    # a real token never follows padding; a token inside a sequence (v > 0) is real and grows v by 4 or 5
     step = nxt - prev  # unsigned
     wrong = real & ((step != ~inside) | (prev == 0))
     wrong |= inside & ((grow > 1) | ~real)
