@@ -427,3 +427,36 @@ def test_every_dataset_the_package_writes_holds_the_invariants(tmp_path):
     root = fx.write_prepared(str(tmp_path / "data"), S=48, K=3, V=64, num_sequences=120)
     for kind in ("packed", "padded"):
         assert len(open_dataset(os.path.join(root, kind))) > 0
+
+
+def test_the_vectorised_pass_finds_the_first_pack_the_plain_statement_refuses():
+    """data/shards.py checks a block of packs with whole-block numpy passes (`_broken_packs`) and names what
+    the first flagged pack breaks with a plain loop over its slots (`_first_broken_invariant`). On blocks of
+    random packs with one to three values changed (each kept inside its field's range, so only an invariant
+    can catch it) both must find the same first broken pack, or none."""
+    from ipu_packing.data.format import CLS_ID, FIELDS
+    from ipu_packing.data.random_instances import random_packs
+    from ipu_packing.data.shards import _broken_packs, _first_broken_invariant
+
+    rng = np.random.default_rng(0)
+    s, k, v = 24, 3, 40
+    ranges = {"input_ids": (0, v), "token_type_ids": (0, 2), "position_ids": (0, s), "sequence_ids": (0, k + 1),
+              "mlm_positions": (0, s), "mlm_labels": (-1, v), "cls_positions": (0, s), "nsp_labels": (-1, 2)}
+    found = 0
+    for trial in range(400):
+        groups = [list(rng.integers(5, 13, size=rng.integers(1, k + 1))) for _ in range(6)]
+        groups = [g if sum(g) <= s else g[:1] for g in groups]
+        packs = random_packs(rng, groups, S=s, K=k, vocab_size=v)
+        arrays = {name: np.ascontiguousarray(packs[name]) for name in FIELDS}
+        for _ in range(int(rng.integers(0 if trial < 20 else 1, 4))):
+            name = FIELDS[int(rng.integers(len(FIELDS)))]
+            low, high = ranges[name]
+            value = int(rng.integers(low, high))
+            arrays[name][int(rng.integers(len(packs))), int(rng.integers(arrays[name].shape[1]))] = \
+                -100 if value == -1 else value
+        plain = [p for p in range(len(packs))
+                 if _first_broken_invariant({n: a[p] for n, a in arrays.items()}, CLS_ID) is not None]
+        flagged = np.flatnonzero(_broken_packs(arrays, CLS_ID))
+        assert (plain[:1] == flagged[:1].tolist()), (trial, plain, flagged.tolist())
+        found += bool(plain)
+    assert found > 200  # most changes break something: the two passes were compared on broken packs
