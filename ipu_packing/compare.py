@@ -17,9 +17,25 @@ any backend. A is the candidate (say packed), B the baseline (say padded):
 - a warning when the runs' mean sequences per optimizer step differ by more than 5%: the comparison is
   then not like for like (packing keeps the global batch in sequences; see BatchAccounting);
 - a refusal, unless ``--force``, when the runs' config.json differ in S (``data.max_seq_length``), K
-  (``data.max_sequences_per_pack``) or dataset (``data.dir``, the prepared root whose packed/ and padded/
-  a packed and a padded run read): an S=128 run is ~6x "faster" than an S=512 one for reasons that have
-  nothing to do with packing. With ``--force`` each difference is a warning.
+  (``data.max_sequences_per_pack``) or dataset: an S=128 run is ~6x "faster" than an S=512 one for reasons
+  that have nothing to do with packing. With ``--force`` each difference is a warning.
+
+A dataset is identified by its content digest (data/format.py ``dataset_identity``: its shards' sha256 and
+counts, vocabulary, S, K, M, dtypes; no path), not by the text of ``data.dir``: two datasets both named
+``data`` in two directories differ, one dataset spelled relative and absolute, or copied elsewhere, is the
+same. A run's dataset is ``data.dir``/``data.layout``, the prepared root whose packed/ and padded/ a packed
+and a padded run read; what each run read is found, in this order, from
+
+1. what the run recorded: summary.json's ``dataset`` or, failing that, its newest step checkpoint's
+   (``dataset.content_sha256`` and ``dataset.path``, read with ``torch.load(weights_only=True)``); the
+   root's other layout is identified from its manifest when the recorded one still matches its own;
+2. the manifests under ``data.dir`` (a relative path from the working directory) when the run recorded
+   nothing.
+
+Two runs read the same data when the layouts identified for both have the same digests. Where a run's
+dataset cannot be identified (it recorded nothing and its ``data.dir`` is gone, or the two runs'
+identified layouts do not overlap), compare falls back to the text of ``data.dir``, each made absolute from
+the working directory (or the recorded path's root): the same directory is the same dataset.
 
 Warnings are the ``warnings`` field of ``--json``, or the last lines of the text report; with ``--json``, a
 forced difference in S, K or dataset is also a ``warning:`` line on stderr.
@@ -41,7 +57,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from . import jsonin, jsonout
-from .errors import ArgumentParser, UserError, one_line, run_command
+from .errors import ArgumentParser, UserError, one_line, require_extra, run_command
+from .fsutil import atomic_write_with, open_regular
 
 LIKE_FOR_LIKE = 0.05
 """Largest relative difference of mean sequences per step before compare warns."""
@@ -79,11 +96,11 @@ def read_run(path: str) -> Run:
     metrics = os.path.join(path, "metrics.jsonl")
     if not os.path.isdir(path):
         raise CompareError("%s is not a run directory" % (path,))
-    if not os.path.isfile(metrics):
+    if not os.path.lexists(metrics):
         raise CompareError("%s has no metrics.jsonl (is it a run directory of run_pretraining.py?)" % (path,))
     keys = COUNTS + CURVES
     columns: Dict[str, List[float]] = {k: [] for k in keys}
-    with open(metrics, "rb") as f:
+    with open_regular(metrics, "rb", error=CompareError) as f:  # a FIFO or a device: one line, never a hang
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -111,8 +128,8 @@ def read_run(path: str) -> Run:
     extra = {}
     for name in ("config", "summary"):
         file = os.path.join(path, name + ".json")
-        if os.path.isfile(file):
-            with open(file, "rb") as f:
+        if os.path.lexists(file):
+            with open_regular(file, "rb", error=CompareError) as f:
                 value = _json_value(f.read(), file)
             if not isinstance(value, dict):
                 raise CompareError("%s is %s, not a JSON object" % (file, _kind(value)))
@@ -187,19 +204,136 @@ def loss_gap(a: Run, b: Run, window: int) -> float:
 
 LIKE_DATA = (("S", "max_seq_length"), ("K", "max_sequences_per_pack"), ("dataset", "dir"))
 """What two compared runs must share: (name, key of config.json's ``data`` section)."""
+LAYOUTS = ("packed", "padded")
+
+
+@dataclass
+class DatasetSeen:
+    """What a run read, as far as it can be identified: its root (absolute), the layout it read, and the
+    content digest of each layout under that root that could be identified."""
+
+    root: str
+    layout: str
+    identities: Dict[str, str]
+    source: str  # "recorded" (summary.json or a checkpoint) or "manifest"
+
+
+def _manifest_identities(root: str) -> Dict[str, str]:
+    """{layout: dataset_identity} of the layouts under a prepared root whose manifest reads cleanly."""
+    from .data.format import MANIFEST, dataset_identity, read_manifest
+
+    out = {}
+    for layout in LAYOUTS:
+        directory = os.path.join(root, layout)
+        if os.path.isfile(os.path.join(directory, MANIFEST)):
+            try:
+                out[layout] = dataset_identity(read_manifest(directory))
+            except (UserError, OSError, ValueError):
+                continue  # a corrupt or foreign manifest identifies nothing
+    return out
+
+
+def _recorded_dataset(run: Run) -> Optional[Dict[str, Any]]:
+    """The run's own record of its dataset ({content_sha256, path}): summary.json's ``dataset``, else its newest
+    step checkpoint's (the checkpoint is read with torch.load(weights_only=True); a run without torch, or
+    whose checkpoint cannot be read, has no record here)."""
+    for record in (run.summary.get("dataset"),):
+        if isinstance(record, dict) and isinstance(record.get("content_sha256"), str):
+            return record
+    directory = os.path.join(run.path, "checkpoints")
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.startswith("step_") and n.endswith(".pt"))
+    except OSError:
+        return None
+    if not names:
+        return None
+    try:
+        import torch
+
+        with open_regular(os.path.join(directory, names[-1]), "rb", error=CompareError) as f:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+    except CompareError:
+        raise
+    except Exception:  # an unreadable or foreign checkpoint records nothing compare can use
+        return None
+    record = state.get("dataset") if isinstance(state, dict) else None
+    return record if isinstance(record, dict) and isinstance(record.get("content_sha256"), str) else None
+
+
+def run_dataset(run: Run) -> Optional[DatasetSeen]:
+    """What `run` read (see the module notes), or None where nothing identifies it."""
+    data = run.config.get("data") or {}
+    layout = data.get("layout") if data.get("layout") in LAYOUTS else "packed"
+    record = _recorded_dataset(run)
+    if record is not None:
+        path = record.get("path")
+        root = os.path.dirname(os.path.abspath(path)) if isinstance(path, str) else None
+        if isinstance(path, str) and os.path.basename(os.path.normpath(path)) in LAYOUTS:
+            layout = os.path.basename(os.path.normpath(path))
+        identities = {layout: record["content_sha256"]}
+        if root is not None:
+            found = _manifest_identities(root)
+            if found.get(layout) == record["content_sha256"]:  # the root still holds what the run read
+                identities.update(found)
+        return DatasetSeen(root or "", layout, identities, "recorded")
+    if not isinstance(data.get("dir"), str):
+        return None
+    root = os.path.abspath(data["dir"])
+    found = _manifest_identities(root)
+    if layout not in found:
+        return None  # gone: the text of data.dir is all there is
+    return DatasetSeen(root, layout, found, "manifest")
+
+
+def _same_data(a: Optional[DatasetSeen], b: Optional[DatasetSeen]) -> Optional[bool]:
+    """Whether two runs read one dataset, by content; None where that cannot be told."""
+    if a is None or b is None:
+        return None
+    common = sorted(set(a.identities) & set(b.identities))
+    if not common:
+        return None
+    return all(a.identities[layout] == b.identities[layout] for layout in common)
+
+
+def _dataset_line(a: Run, b: Run, seen: List[Optional[DatasetSeen]]) -> Optional[str]:
+    """The difference in dataset between two runs, by content where both are identified, else by data.dir."""
+    dirs = [(run.config.get("data") or {}).get("dir") for run in (a, b)]
+    same = _same_data(seen[0], seen[1])
+    if same is True:
+        return None
+    if same is False:
+        layout = min(set(seen[0].identities) & set(seen[1].identities))  # type: ignore[union-attr]
+        cells = ["%s (%s, %s content %s)" % (_shown(d if isinstance(d, str) else s.root), side, layout,
+                                            s.identities[layout][:12])  # type: ignore[union-attr]
+                 for d, s, side in zip(dirs, seen, "AB")]
+        return "the runs differ in dataset: data.dir %s against %s" % (cells[0], cells[1])
+    # not identified by content: the directories, made absolute (a recorded root where the run recorded one)
+    places = []
+    for d, s in zip(dirs, seen):
+        if s is not None and s.root:
+            places.append(os.path.normpath(s.root))
+        elif isinstance(d, str):
+            places.append(os.path.normpath(os.path.abspath(d)))
+        else:
+            places.append(None)
+    if None in places or places[0] == places[1]:
+        return None
+    return "the runs differ in dataset: data.dir %s (A) against %s (B)" % tuple(
+        _shown(d if isinstance(d, str) else p) for d, p in zip(dirs, places))
 
 
 def data_differences(a: Run, b: Run) -> List[str]:
-    """One line per LIKE_DATA value in which the runs' config.json differ (a value a run does not record,
-    an older run's or a hand-made one, is not compared)."""
+    """One line per LIKE_DATA value in which the runs differ: S and K as their config.json record them (a value
+    a run does not record, an older run's or a hand-made one, is not compared), the dataset by content where
+    it can be identified (`run_dataset`), else by its directory."""
     out = []
     for name, key in LIKE_DATA:
-        values = []
-        for run in (a, b):
-            value = (run.config.get("data") or {}).get(key)
-            if key == "dir" and isinstance(value, str):
-                value = os.path.normpath(value)
-            values.append(value)
+        if key == "dir":
+            line = _dataset_line(a, b, [run_dataset(a), run_dataset(b)])
+            if line:
+                out.append(line)
+            continue
+        values = [(run.config.get("data") or {}).get(key) for run in (a, b)]
         if None not in values and values[0] != values[1]:
             out.append("the runs differ in %s: data.%s %s (A) against %s (B)"
                        % (name, key, _shown(values[0]), _shown(values[1])))
@@ -244,13 +378,16 @@ class Comparison:
     warnings: List[str]
 
 
-def compare(a: Run, b: Run, window: Optional[int] = None, warmup: Optional[int] = None) -> Comparison:
+def compare(a: Run, b: Run, window: Optional[int] = None, warmup: Optional[int] = None,
+            differences: Optional[List[str]] = None) -> Comparison:
+    """The comparison of candidate `a` with baseline `b`; `differences`: data_differences(a, b) where the caller
+    has them already."""
     shorter = min(len(a.steps), len(b.steps))
     window = int(window) if window else max(1, shorter // 10)
     warmup = int(warmup) if warmup is not None else max(1, shorter // 10) if shorter > 1 else 0
     target = float(smooth(b.mlm_loss, window)[-1])
     t_a, t_b = time_to(a, target, window), time_to(b, target, window)
-    warnings = data_differences(a, b)
+    warnings = list(data_differences(a, b) if differences is None else differences)
     mean_a, mean_b = float(a.sequences.mean()), float(b.sequences.mean())
     if abs(mean_a - mean_b) > LIKE_FOR_LIKE * mean_b:
         warnings.append(
@@ -295,8 +432,7 @@ def format_comparison(c: Comparison) -> str:
 
 
 def draw(a: Run, b: Run, window: int, path: str) -> str:
-    import matplotlib
-
+    matplotlib = require_extra("matplotlib", "compare --plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -312,9 +448,10 @@ def draw(a: Run, b: Run, window: int, path: str) -> str:
         axis.set_ylabel("MLM loss (trailing mean, %d steps)" % window)
         axis.legend()
     figure.tight_layout()
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    figure.savefig(path, dpi=100)
+    # written to a temporary file beside it and renamed into place (the umask's mode; a symlink or a FIFO at
+    # the path is replaced, never written through), so a failure leaves the old plot whole
+    extension = os.path.splitext(path)[1][1:].lower()
+    atomic_write_with(path, lambda f: figure.savefig(f, format=extension, dpi=100))
     plt.close(figure)
     return path
 
@@ -322,8 +459,7 @@ def draw(a: Run, b: Run, window: int, path: str) -> str:
 def check_plot_path(path: str) -> None:
     """Refuse a --plot path before any work: an extension matplotlib cannot write (naming those it can), a
     directory, or a parent that is a file."""
-    import matplotlib
-
+    matplotlib = require_extra("matplotlib", "compare --plot")
     matplotlib.use("Agg")
     from matplotlib.backend_bases import FigureCanvasBase
 
@@ -367,7 +503,7 @@ def _main(argv: Optional[List[str]]) -> int:
         raise CompareError("%s: the ratios would not measure packing; compare runs of one S, K and dataset, or "
                            "pass --force" % "; ".join(d[len("the runs differ in "):] if i else d
                                                      for i, d in enumerate(differences)))
-    result = compare(a, b, window=args.window, warmup=args.warmup)
+    result = compare(a, b, window=args.window, warmup=args.warmup, differences=differences)
     if args.plot:
         draw(a, b, result.window, args.plot)
     if args.json:  # forced past a difference in S, K or dataset: said beside the object too

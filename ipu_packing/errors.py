@@ -14,7 +14,10 @@ through :func:`run_command`, which decides by exception *type*, never by message
   (128 + SIGPIPE), as ``git log | head`` and other Unix tools end.
 - An exception a dependency raises on bad bytes (``describe_dependency_fault``: gzip, zlib, zip, JSON,
   UTF-8, YAML, pickle, safetensors, a truncated file, input nested past the recursion limit) and memory
-  running out: one line naming the cause, exit status 2.
+  running out (Python's MemoryError, torch's CPU allocator, CUDA out of memory): one line naming the cause,
+  exit status 2.
+- An optional dependency that is not installed (``require_extra``): one line naming the extra that installs
+  it, e.g. ``pip install 'ipu-packing[plots]'``, exit status 2.
 - Anything else is a bug and keeps its traceback.
 
 Commands validate their input before writing anything, so an error leaves no partial output.
@@ -25,10 +28,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import importlib
 import os
 import re
 import sys
-from typing import Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from .signals import terminate_as_interrupt
 
@@ -68,6 +72,30 @@ class BackendUnavailable(UserError, RuntimeError):
 class TrainingError(UserError):
     """The run stopped while training (a loss or a weight that is not finite): one line naming the last
     checkpoint that is finite throughout."""
+
+
+class MissingExtra(UserError):
+    """An optional dependency is not installed: the message names the extra that installs it."""
+
+
+EXTRAS = {"matplotlib": "plots", "h5py": "data", "crc32c": "data", "tensorboard": "tensorboard"}
+"""Optional dependency (top-level module) -> the extra of pyproject.toml that installs it."""
+
+
+def require_extra(module: str, purpose: str) -> Any:
+    """``importlib.import_module(module)``, or MissingExtra, one line naming what needed it and the extra:
+    "compare --plot needs matplotlib, which is not installed: pip install 'ipu-packing[plots]'". The one way
+    every optional import (matplotlib, h5py, crc32c, tensorboard) is made."""
+    top = module.split(".")[0]
+    extra = EXTRAS.get(top) or EXTRAS.get(module.split(".")[-1])
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or top
+        how = "pip install 'ipu-packing[%s]'" % extra if extra else "pip install %s" % top
+        raise MissingExtra("%s needs %s, which is not installed%s: %s"
+                           % (purpose, missing, "" if missing == module or missing == top else
+                              " (importing %s)" % module, how)) from None
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -115,6 +143,10 @@ _DEPENDENCY_FAULTS = (
     ("builtins", "EOFError", "a file ended early"),
 )
 _STORAGE_CODE = re.compile(r"\bcode: (\d+)")
+_TORCH_OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator: can't allocate memory|CUDA out of memory|"
+                                  r"CUDA error: out of memory|MPS backend out of memory")
+"""What torch's allocators say when memory runs out: a plain RuntimeError (the CPU allocator) or
+torch.cuda.OutOfMemoryError, a RuntimeError too; the text is all that tells it from a bug's RuntimeError."""
 
 
 def describe_dependency_fault(error: BaseException) -> Optional[str]:
@@ -130,6 +162,11 @@ def describe_dependency_fault(error: BaseException) -> Optional[str]:
     detail = one_line(error)[:300]
     if isinstance(error, MemoryError):
         return "out of memory (a size read from a file may be absurd)%s" % _where(error)
+    if isinstance(error, RuntimeError) and _torch_out_of_memory(error):
+        said = _TORCH_OUT_OF_MEMORY.search(str(error))
+        return ("out of memory: %s%s; choose a smaller model (model.hidden_size, model.num_hidden_layers) or "
+                "batch (execution.micro_batch_size)" % (said.group(0) if said else "torch %s" % type(error).__name__,
+                                                         _allocation(error)))
     if isinstance(error, RecursionError):
         frame = _innermost(error)
         if frame is None or _ours(frame):
@@ -148,6 +185,24 @@ def describe_dependency_fault(error: BaseException) -> Optional[str]:
             return _OS_CAUSES[int(code.group(1))]
         return "not a readable safetensors file: %s" % (detail,)
     return None
+
+
+def _torch_out_of_memory(error: BaseException) -> bool:
+    """A RuntimeError of torch's allocators running out of memory (by its class where torch has one for it,
+    else by its words): never a RuntimeError of our own."""
+    kind = type(error)
+    if kind.__name__ == "OutOfMemoryError" and kind.__module__.split(".")[0] == "torch":
+        return True
+    return kind is RuntimeError and _TORCH_OUT_OF_MEMORY.search(str(error)) is not None
+
+
+def _allocation(error: BaseException) -> str:
+    """" (it asked for 12.0 GiB)" from torch's message, where it says."""
+    match = re.search(r"allocate (\d+) bytes", str(error))
+    if match:
+        return " (it asked for %.1f GiB)" % (int(match.group(1)) / 2.0 ** 30)
+    match = re.search(r"allocate ([0-9.]+ [KMGT]i?B)", str(error))
+    return " (it asked for %s)" % match.group(1) if match else ""
 
 
 def _innermost(error: BaseException) -> Optional[str]:
@@ -272,9 +327,11 @@ __all__ = [
     "TERMINATED_EXIT",
     "USER_ERROR_EXIT",
     "InputError",
+    "MissingExtra",
     "UserError",
     "describe_dependency_fault",
     "describe_os_error",
     "one_line",
+    "require_extra",
     "run_command",
 ]

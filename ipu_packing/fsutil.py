@@ -13,15 +13,23 @@ dataset or an export written through them could not be shared. Every file ``atom
 
 Paths named inside files (a Hugging Face index's shard names, a manifest's shard entries) are joined to
 their directory only through ``contained_path``, which refuses any that leaves it.
+
+Files a user names are read only through ``open_regular``: a FIFO would block the reader until someone
+writes into it, and a device (``/dev/zero``, ``/dev/urandom``) never ends; both are refused at once in one
+line, as is a directory. A lock file is opened only through ``open_lock_file``: never through a symlink
+(``O_NOFOLLOW``), and never unless it is a regular file of one link, so writing the holder's name into it
+cannot truncate another file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import stat
 import tempfile
-from typing import IO, Iterator, Optional
+from typing import IO, Any, Callable, Iterator, Optional, Type
 
 from .errors import InputError
 
@@ -165,10 +173,115 @@ def remove_stale_temporaries(directory: str) -> int:
     return removed
 
 
+def file_kind(mode: int) -> str:
+    """What a stat mode is, in words: "a regular file", "a FIFO (named pipe)", "a character device", ..."""
+    for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def _refuse(path: str, mode: int, error: Type[Exception], doing: str) -> Exception:
+    return error("%s: is %s, not a regular file (refusing to %s it: a FIFO or a device would block or never "
+                 "end)" % (path, file_kind(mode), doing))
+
+
+def _blocking(fd: int) -> None:
+    import fcntl
+
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOCTTY = getattr(os, "O_NOCTTY", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def open_regular(path: str, mode: str = "rb", encoding: Optional[str] = None,
+                 error: Type[Exception] = InputError) -> IO[Any]:
+    """``open(path, mode)`` of a file a user named, for reading: refused at once, as ``error`` (one line naming
+    the path and what it is), unless it is a regular file (symlinks to one are followed). The file is opened
+    without blocking (a FIFO's open would wait for a writer) and checked with fstat, so what is checked is
+    what is read. OSError (missing, permission denied) is raised as ``open`` raises it."""
+    if any(c in mode for c in "wax+"):
+        raise ValueError("open_regular reads; mode %r writes" % (mode,))
+    fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC | _NOCTTY)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse(path, info.st_mode, error, "read")
+        if _NONBLOCK:
+            _blocking(fd)
+        return os.fdopen(fd, mode, encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def check_regular(path: str, error: Type[Exception] = InputError) -> None:
+    """Refuse (as ``error``) a path that exists and is not a regular file, without opening it: for readers
+    that open the path themselves (h5py, memory maps)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return  # the reader reports a missing file in its own words
+    if not stat.S_ISREG(info.st_mode):
+        raise _refuse(path, info.st_mode, error, "read")
+
+
+def open_lock_file(path: str, error: Type[Exception] = InputError) -> int:
+    """A file descriptor of the lock file ``path``, read-write, created (``0o666 & ~umask``) if absent: never
+    through a symlink (``O_NOFOLLOW``), and refused as ``error`` unless it is a regular file with one link
+    (a FIFO, a device, a directory, or a hard link to another file), so writing the holder's name into it
+    changes nothing else. The caller takes the lock (flock) and closes the descriptor."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC | _NOCTTY, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):  # EMLINK: the BSDs
+            raise error("%s: the lock file is a symlink (to %s): refusing to follow it (remove the link)"
+                        % (path, os.readlink(path))) from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO):
+            raise _refuse(path, os.stat(path).st_mode, error, "lock") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse(path, info.st_mode, error, "lock")
+        if info.st_nlink != 1:
+            raise error("%s: the lock file has %d links (a hard link to another file?): refusing to write into it "
+                        "(remove it)" % (path, info.st_nlink))
+        if _NONBLOCK:
+            _blocking(fd)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def atomic_write_json(path: str, value: Any, indent: Optional[int] = 2) -> None:
+    """``value`` as JSON (sorted keys, a final newline) through ``atomic_open``: the old file or all of the
+    new, with the umask's mode (for exports' and benches' JSON files)."""
+    import json
+
+    atomic_write_text(path, json.dumps(value, indent=indent, sort_keys=True) + "\n")
+
+
+def atomic_write_with(path: str, write: Callable[[IO[bytes]], Any]) -> None:
+    """``write(f)`` into ``path`` through ``atomic_open`` (binary): for writers that take a file object, e.g.
+    ``atomic_write_with(png, lambda f: figure.savefig(f, format="png"))``. The old file stays whole until the
+    new one is complete; a symlink at ``path`` is replaced, never written through."""
+    with atomic_open(path, "wb") as f:
+        write(f)
+
+
 def sha256_file(path: str, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file's bytes, read `chunk` bytes at a time."""
+    """Hex sha256 of a file's bytes, read `chunk` bytes at a time (a FIFO or a device is refused:
+    ``open_regular``)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         while True:
             block = f.read(chunk)
             if not block:

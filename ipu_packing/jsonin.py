@@ -1,4 +1,5 @@
-"""The one JSON reader of files a user hands us (manifests, histograms, indexes, config.json, metrics lines).
+"""The one JSON reader of files a user hands us (manifests, histograms, indexes, config.json, metrics lines);
+``load_path`` also opens the file, refusing a FIFO or a device (fsutil.open_regular).
 
 ``json.loads`` recurses once per level of nesting, so a small hostile file (``[[[[...]]]]``) meets the
 interpreter's recursion limit inside json's C scanner, and what happens then depends on the Python: a
@@ -10,7 +11,9 @@ than MAX_DEPTH levels as a ValueError before json sees the text; none of our fil
 from __future__ import annotations
 
 import json
-from typing import Any, Union
+from typing import Any, Type, Union
+
+from .errors import InputError
 
 MAX_DEPTH = 64
 """Deepest nesting of arrays and objects read (a manifest is 3 deep, a metrics line 2)."""
@@ -59,3 +62,12 @@ def loads(data: Union[str, bytes], max_depth: int = MAX_DEPTH) -> Any:
 def load(handle: Any, max_depth: int = MAX_DEPTH) -> Any:
     """``loads`` of an open file's whole content."""
     return loads(handle.read(), max_depth)
+
+
+def load_path(path: str, max_depth: int = MAX_DEPTH, error: Type[Exception] = InputError) -> Any:
+    """``loads`` of the file a user named at ``path``, opened through ``fsutil.open_regular``: a FIFO or a
+    device is refused at once as ``error`` (one line) instead of blocking or reading without end."""
+    from .fsutil import open_regular
+
+    with open_regular(path, "rb", error=error) as f:
+        return loads(f.read(), max_depth)

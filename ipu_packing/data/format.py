@@ -36,20 +36,50 @@ them to int32 (`as_batch`, the Dataset), which is what the model and PopTorch ta
 A batch is the same fields stacked: (B, S), (B, M), (B, K), in the order of FIELDS, which is also the
 order of the model's forward arguments. A record is contiguous on disk, so reading one pack is one
 small sequential read. The padded baseline is the same format with K = 1.
+
+Structural invariants. Besides each value's range, every pack of k sequences (1 <= k <= K) holds these;
+the model reads attention, positions and both heads from them, so a pack that breaks one trains on
+something other than what it claims. data/shards.py `check_packs` checks them all, vectorised, wherever
+a dataset is opened (`validate_shards`: `open_dataset`, `inspect`, training) and on every pack the writer
+builds before it is written; the first pack that breaks one is one DataError line naming the pack and
+the invariant.
+
+    sequences       sequence_ids is 1 at slot 0 and runs 1, 2, ..., k in contiguous runs in that order,
+                    each step the same id or the next, then 0 (padding) to the end: no token of one
+                    sequence carries another's id, and no sequence follows padding
+    positions       position_ids is 0 at each sequence's first token, one more than the token before
+                    inside a sequence, and 0 on padding
+    token types     token_type_ids is 0 at each sequence's first token and never decreases inside a
+                    sequence (segment A, then B), and is 0 on padding
+    [CLS]           cls_positions[j] for j < k is the first token of sequence j + 1, and that token is
+                    the vocabulary's [CLS] (the manifest's special_token_ids); cls_positions[j] is 0 for j >= k
+    NSP slots       nsp_labels[j] is used (not IGNORE_INDEX) exactly when j < k: slot k - 1 holds sequence
+                    k's label, so no slot is read by two sequences and no label sits on an empty slot
+    MLM slots       the used slots (label not IGNORE_INDEX) come first; an unused slot's position is 0;
+                    a used position lies on a real token (sequence id not 0) that is not a sequence's
+                    [CLS]; the used positions strictly increase, so no position appears twice and each
+                    sequence's predictions fill the slots after the previous sequence's, inside its own
+                    tokens (a slot belongs to the sequence whose tokens its position falls in)
+
+What a pack cannot show is not checked: whether an MLM label is the token that was masked there, or a
+position inside the right sequence where two sequences' predictions could be exchanged without
+breaking the order.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
 from .. import jsonin
 from ..errors import InputError
-from ..fsutil import atomic_write_text, contained_path, sha256_file  # noqa: F401  (sha256_file: importers of format)
+from ..fsutil import atomic_write_text, contained_path, open_regular
+from ..fsutil import sha256_file  # noqa: F401  (importers of format use it)
 from ..errors import DataError
 from .limits import MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, MAX_VOCAB_SIZE
 
@@ -209,6 +239,14 @@ MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
 }
 
 
+OPTIONAL_MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
+    "strip_accents": (bool, "whether the tokenizer stripped accents; absent: exactly when it lower-cased (the "
+                            "BertNormalizer rule every vocabulary-built tokenizer follows; data/vocab.py)"),
+}
+"""Keys a manifest may hold (checked like MANIFEST_KEYS where present): written only where the value says
+something the others do not, so a dataset made before a key existed opens as it did."""
+
+
 def pack_statistics(lengths: Optional[np.ndarray], mlm_counts: np.ndarray, sequences_per_pack: Optional[np.ndarray],
                     max_seq_length: int, max_sequences_per_pack: int,
                     sequences_per_pack_histogram: Optional[np.ndarray] = None,
@@ -239,8 +277,29 @@ def pack_statistics(lengths: Optional[np.ndarray], mlm_counts: np.ndarray, seque
     }
 
 
+IDENTITY_KEYS = ("kind", "max_seq_length", "max_sequences_per_pack", "mlm_slots", "num_packs", "num_sequences",
+                 "num_tokens", "num_masked_tokens")
+"""Manifest keys a dataset's identity covers, besides its shards, vocabulary checksum and field dtypes."""
+
+
+def dataset_identity(manifest: Mapping[str, Any]) -> str:
+    """A dataset's content digest: sha256 of what its manifest says the data is, paths left out: every
+    shard's pack count and sha256 in order, the vocabulary's checksum, the field dtypes, and IDENTITY_KEYS.
+    A copy of a dataset elsewhere has the same identity, another dataset of the same S, K and vocabulary has
+    another. Checkpoints record it (dataset.content_sha256) and compare identifies runs' data by it; its
+    value never changes for a given manifest."""
+    facts = {
+        "shards": [[int(s["num_packs"]), str(s["sha256"])] for s in manifest["shards"]],
+        "vocab_checksum": manifest["vocab_checksum"],
+        "field_dtypes": manifest["field_dtypes"],
+    }
+    for key in IDENTITY_KEYS:
+        facts[key] = manifest[key]
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
 def write_manifest(directory: str, manifest: Dict[str, Any]) -> None:
-    unknown = sorted(set(manifest) - set(MANIFEST_KEYS))
+    unknown = sorted(set(manifest) - set(MANIFEST_KEYS) - set(OPTIONAL_MANIFEST_KEYS))
     missing = sorted(set(MANIFEST_KEYS) - set(manifest))
     assert not unknown and not missing, (unknown, missing)
     # fsync'd and renamed into place (ipu_packing/fsutil.py): a reader sees the old manifest or the new one
@@ -253,12 +312,12 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
         raise DataError("%s: not a dataset directory (no such directory)" % directory)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         if os.path.isfile(os.path.join(directory, "packed", MANIFEST)):
             raise DataError("%s: holds packed/ and padded/; name one of them" % directory)
         raise DataError("%s: missing (not a prepared dataset directory)" % path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb", error=DataError) as f:  # a FIFO or a device: one line, never a hang
             manifest = jsonin.loads(f.read())
     except (UnicodeDecodeError, ValueError) as error:
         raise DataError("%s: not valid JSON: %s" % (path, str(error).splitlines()[0]))
@@ -268,8 +327,10 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     if version != FORMAT_VERSION:
         raise DataError("%s: format_version %r, this code reads %d: prepare the dataset again with "
                         "`python -m ipu_packing.data prepare`" % (path, version, FORMAT_VERSION))
-    for key, (kind, _) in MANIFEST_KEYS.items():
+    for key, (kind, _) in list(MANIFEST_KEYS.items()) + list(OPTIONAL_MANIFEST_KEYS.items()):
         if key not in manifest:
+            if key in OPTIONAL_MANIFEST_KEYS:
+                continue
             raise DataError("%s: field %r is missing" % (path, key))
         value = manifest[key]
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float
@@ -278,7 +339,7 @@ def read_manifest(directory: str) -> Dict[str, Any]:
             ok = False
         if not ok:
             raise DataError("%s: field %r should be %s, got %r" % (path, key, kind.__name__, value))
-    unknown = sorted(set(manifest) - set(MANIFEST_KEYS))
+    unknown = sorted(set(manifest) - set(MANIFEST_KEYS) - set(OPTIONAL_MANIFEST_KEYS))
     if unknown:
         raise DataError("%s: unknown field %r" % (path, unknown[0]))
     _check_manifest_values(path, directory, manifest)

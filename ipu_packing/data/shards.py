@@ -8,26 +8,36 @@ and, with the checksums, every value it holds, vectorised, a block of packs at a
     position_ids     [0, S)                     cls_positions  [0, S)
     sequence_ids     [0, K]                     nsp_labels     {0, 1} or IGNORE_INDEX
 
+then that every pack holds the format's structural invariants (format.py: sequence ids in contiguous runs
+1..k, positions restarting at each [CLS], token types, [CLS], NSP and MLM slots where the sequences are),
 and that the packs add up to the manifest's counts: sequences (used NSP slots), real tokens (sequence id
 not 0), masked tokens (used MLM slots), the sequence-length histogram and the sequences-per-pack histogram.
-The first value out of range is one DataError line naming the shard, the field and the pack and slot:
+The first value out of range, or the first pack that breaks an invariant, is one DataError line naming the
+shard, the pack and the field and slot:
 
     shard DIR/shard-00000.npy: field 'position_ids' pack 3 slot 17 is 700, outside [0, 512)
+    shard DIR/shard-00000.npy: pack 3: field 'position_ids' slot 40 is 0, expected 12 (inside sequence 2, ...)
+
+The writer (data/write/packs.py `write_shard`) runs the same `check_packs` on every shard it builds, before
+writing it.
 
 A manifest and shards that agree in their checksums but not in their values (a hand-edited manifest, a
-shard written by another tool) are refused here, when the dataset is opened, not at step 1000.
+shard written by another tool) are refused here, when the dataset is opened, not at step 1000. So is a
+vocab.txt that is not the vocabulary the manifest describes (data/vocab.py `check_dataset_vocab`: its size,
+its special tokens at the recorded ids, no token twice), with or without the checksums.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..fsutil import contained_path, sha256_file
+from ..fsutil import check_regular, contained_path, sha256_file
 from ..errors import DataError
 from .format import FIELDS, IGNORE_INDEX, pack_dtype
+from .vocab import check_dataset_vocab
 
 BLOCK_TOKENS = 1 << 22
 """Token slots (packs x S) checked at a time: memory is a few times this, whatever the shard size."""
@@ -71,39 +81,185 @@ def _out_of_range(where: str, name: str, values: np.ndarray, low: int, high: int
                         % (where, name, first_pack + pack, slot, int(wide[pack, slot]), low, high, also))
 
 
-def check_packs(where: str, packs: np.ndarray, first_pack: int, manifest: Dict[str, Any], counts: PackCounts) -> None:
-    """Every value of `packs` ((P,) records, packs first_pack ...) in its field's range, and their counts added
-    to `counts`. DataError naming `where`, the field, the pack and the slot of the first bad value."""
+_COPIED = ("token_type_ids", "position_ids", "sequence_ids", "mlm_positions", "mlm_labels", "cls_positions")
+
+
+def pack_facts(max_seq_length: int, max_sequences_per_pack: int, vocab_size: int,
+               cls_id: Optional[int]) -> Dict[str, Any]:
+    """What `check_packs` reads of a manifest, for packs that have none yet (the writer's own check). cls_id
+    None leaves out the one check that needs the vocabulary: that each sequence's first token is [CLS]."""
+    ids = {} if cls_id is None else {"[CLS]": int(cls_id)}
+    return {"max_seq_length": max_seq_length, "max_sequences_per_pack": max_sequences_per_pack,
+            "vocab_size": vocab_size, "special_token_ids": ids}
+
+
+def check_packs(where: str, packs: np.ndarray, first_pack: int, manifest: Dict[str, Any],
+                counts: Optional[PackCounts] = None) -> None:
+    """Every value of `packs` ((P,) records, packs first_pack ...) in its field's range, every pack holding
+    the format's structural invariants (format.py), and, when `counts` is given, their counts added to it.
+    DataError naming `where`, the pack and the field (and slot) or invariant of the first bad value: the
+    ranges first, then the first pack that breaks an invariant. `manifest` needs max_seq_length,
+    max_sequences_per_pack, vocab_size and special_token_ids (`pack_facts` makes one)."""
     ranges = field_ranges(manifest)
-    arrays = {name: np.asarray(packs[name]) for name in FIELDS}  # (P, width) each, in the stored types
+    # (P, width) each, in the stored types; the fields the invariants pass over several times as contiguous
+    # copies (numpy's passes over a field of the records, strided, are several times slower)
+    arrays = {name: np.ascontiguousarray(packs[name]) if name in _COPIED else np.asarray(packs[name])
+              for name in FIELDS}
     for name in FIELDS:
         low, high, allowed = ranges[name]
         _out_of_range(where, name, arrays[name], low, high, allowed, first_pack)
+    cls_id = manifest["special_token_ids"].get("[CLS]")
+    bad = _broken_packs(arrays, cls_id)
+    if bad.any():
+        p = int(np.flatnonzero(bad)[0])
+        broken = _first_broken_invariant({n: a[p] for n, a in arrays.items()}, cls_id)
+        if broken is None:  # the two passes disagree: a bug, not the data's fault
+            raise AssertionError("pack %d of %s flagged as broken, but it breaks no invariant" % (p, where))
+        raise DataError("%s: pack %d: %s" % (where, first_pack + p, broken))
+    if counts is None:
+        return
     k = manifest["max_sequences_per_pack"]
     sequence_ids = arrays["sequence_ids"]
-    used = arrays["mlm_labels"] != IGNORE_INDEX  # (P, M)
     rows = np.arange(len(packs))[:, None]
-    on_padding = used & (sequence_ids[rows, arrays["mlm_positions"]] == 0)
-    if on_padding.any():
-        pack, slot = np.argwhere(on_padding)[0]
-        raise DataError("%s: field 'mlm_positions' pack %d slot %d is %d, a padding position (sequence id 0)"
-                        % (where, first_pack + pack, slot, arrays["mlm_positions"][pack, slot]))
     # tokens of each (pack, sequence id): K comparisons for a small K, else one bincount over the block
     if k <= 16:
         per_sequence = np.stack([(sequence_ids == j).sum(axis=1) for j in range(1, k + 1)], axis=1)  # (P, K)
     else:
         keys = (rows * (k + 1) + sequence_ids.astype(np.int64)).reshape(-1)
         per_sequence = np.bincount(keys, minlength=len(packs) * (k + 1)).reshape(len(packs), k + 1)[:, 1:]
-    sequences = (arrays["nsp_labels"] != IGNORE_INDEX).sum(axis=1)  # (P,)
-    present = (per_sequence > 0).sum(axis=1)
-    wrong = np.flatnonzero(present != sequences)
-    if len(wrong):
-        p = int(wrong[0])
-        raise DataError("%s: pack %d holds %d sequences by field 'sequence_ids' but %d by field 'nsp_labels'"
-                        % (where, first_pack + p, int(present[p]), int(sequences[p])))
+    sequences = (arrays["nsp_labels"] != IGNORE_INDEX).sum(axis=1)  # (P,): the invariants make them agree
     counts.lengths += np.bincount(per_sequence[per_sequence > 0], minlength=len(counts.lengths))[:len(counts.lengths)]
     counts.per_pack += np.bincount(sequences, minlength=k + 1)
-    counts.masked += int(used.sum())
+    counts.masked += int((arrays["mlm_labels"] != IGNORE_INDEX).sum())
+
+
+def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int]) -> np.ndarray:
+    """(P,) bool: the packs that break a structural invariant of format.py (only the first one flagged is
+    certain to be the first broken pack; `_first_broken_invariant` then says which invariant, and where).
+
+    The token fields are read once into flat contiguous arrays: the sequence ids, and v = position * 4 +
+    token type, so that one unsigned difference checks both. Inside a sequence v grows by 4 (same segment)
+    or 5 (A to B), and by nothing else: 4 * (position step) + (type step) is 4 or 5 only for a position step
+    of 1 and a type step of 0 or 1 (with v = position * 2 + type, a position step of 2 and a type step of -1
+    would pass as 3). A sequence's first token and padding have v = 0, a sequence's first token has the id
+    before it plus one (and a sequence before it), padding has id 0. Every test is a whole-block pass of
+    numpy; the heads' slots are gathered from the same flat arrays."""
+    sid = a["sequence_ids"]
+    n, s = sid.shape
+    sid = sid.reshape(-1)
+    v = a["position_ids"].astype(np.uint16 if s <= 1 << 14 else np.uint32).reshape(-1)  # position, 2 bits more
+    v <<= 2
+    np.bitwise_or(v, a["token_type_ids"].reshape(-1), out=v, casting="unsafe")  # types are 0 or 1 (ranges)
+    nxt, prev = sid[1:], sid[:-1]  # token t + 1 of the block against token t
+    grow = v[1:] - v[:-1]  # unsigned: a decrease is huge
+    grow -= 4
+    inside = v[1:] != 0
+    real = nxt != 0
+    # a real token's id is the one before it (inside a sequence) or one more (a sequence's first token), and
+    # a real token never follows padding; a token inside a sequence (v > 0) is real and grows v by 4 or 5
+    step = nxt - prev  # unsigned
+    wrong = real & ((step != ~inside) | (prev == 0))
+    wrong |= inside & ((grow > 1) | ~real)
+    wrong[s - 1::s] = False  # the last token of one pack against the first of the next: slot 0 is checked below
+    bad = (sid[::s] != 1) | (v[::s] != 0)
+    if wrong.any():
+        bad[(int(np.flatnonzero(wrong)[0]) + 1) // s] = True
+    # [CLS] and NSP slots: slot j is used exactly for sequence j + 1, at its first token (v = 0)
+    count = sid.reshape(n, s).max(axis=1)  # (P,) sequences, given the runs above
+    cls = a["cls_positions"]
+    k = cls.shape[1]
+    slots = np.arange(1, k + 1, dtype=np.int64)[None, :]
+    used = slots <= count[:, None]  # (P, K)
+    base = np.arange(0, n * s, s, dtype=np.int64)[:, None]
+    at = cls + base  # (P, K) flat index
+    ok_cls = (np.take(sid, at) == slots) & (np.take(v, at) == 0)
+    if cls_id is not None:
+        ok_cls &= a["input_ids"][np.arange(n)[:, None], cls] == cls_id
+    bad |= (used & ~ok_cls).any(axis=1) | (~used & (cls != 0)).any(axis=1)
+    bad |= ((a["nsp_labels"] != IGNORE_INDEX) != used).any(axis=1)
+    # MLM slots: used ones first, strictly increasing positions on real tokens that are no sequence's first
+    # (v != 0 on a real token); an unused slot at position 0
+    mlm_used = a["mlm_labels"] != IGNORE_INDEX
+    positions = a["mlm_positions"]
+    at = positions + base
+    bad |= (mlm_used & ((np.take(sid, at) == 0) | (np.take(v, at) == 0))).any(axis=1)
+    bad |= (~mlm_used & (positions != 0)).any(axis=1)
+    bad |= (mlm_used[:, 1:] & (~mlm_used[:, :-1] | (positions[:, 1:] <= positions[:, :-1]))).any(axis=1)
+    return bad
+
+
+def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int]) -> Optional[str]:
+    """The first invariant (format.py's order) one pack breaks, in words, naming the field and slot; None when
+    it breaks none. A plain loop over one pack's slots: the statement `_broken_packs` vectorises."""
+    sid = pack["sequence_ids"].astype(np.int64)
+    pos = pack["position_ids"].astype(np.int64)
+    types = pack["token_type_ids"].astype(np.int64)
+    ids = pack["input_ids"].astype(np.int64)
+    if sid[0] != 1:
+        return ("field 'sequence_ids' slot 0 is %d: a pack's first token belongs to sequence 1 (a pack holds no "
+                "sequence otherwise)" % sid[0])
+    for t in range(1, len(sid)):
+        if sid[t] != 0 and (sid[t - 1] == 0 or not 0 <= sid[t] - sid[t - 1] <= 1):
+            after = "padding (0)" if sid[t - 1] == 0 else "sequence %d" % sid[t - 1]
+            return ("field 'sequence_ids' slot %d is %d after %s: sequence ids must run 1, 2, ... in contiguous runs "
+                    "from slot 0, then padding" % (t, sid[t], after))
+    first = np.zeros(len(sid), dtype=bool)
+    first[0] = True
+    first[1:] = (sid[1:] != sid[:-1]) & (sid[1:] != 0)
+    for t in range(len(sid)):
+        if sid[t] == 0 or first[t]:
+            want = 0
+        else:
+            want = pos[t - 1] + 1
+        if pos[t] != want:
+            what = "padding" if sid[t] == 0 else "sequence %d's first token" % sid[t] if first[t] else \
+                "inside sequence %d, after position %d" % (sid[t], pos[t - 1])
+            return "field 'position_ids' slot %d is %d, expected %d (%s)" % (t, pos[t], want, what)
+    for t in range(len(sid)):
+        if (sid[t] == 0 or first[t]) and types[t] != 0:
+            what = "padding" if sid[t] == 0 else "sequence %d's first token ([CLS] A [SEP])" % sid[t]
+            return "field 'token_type_ids' slot %d is %d, expected 0 on %s" % (t, types[t], what)
+        if sid[t] != 0 and not first[t] and types[t] < types[t - 1]:
+            return ("field 'token_type_ids' slot %d is %d after %d inside sequence %d: segment A (0), then B (1)"
+                    % (t, types[t], types[t - 1], sid[t]))
+    count = int(sid.max())
+    starts = np.flatnonzero(first)
+    cls, nsp = pack["cls_positions"].astype(np.int64), pack["nsp_labels"].astype(np.int64)
+    for j in range(len(cls)):
+        if j < count and cls[j] != starts[j]:
+            return ("field 'cls_positions' slot %d is %d, but sequence %d starts at slot %d (at %d: %s)"
+                    % (j, cls[j], j + 1, starts[j], cls[j], "padding" if sid[cls[j]] == 0 else
+                       "a token of sequence %d" % sid[cls[j]]))
+        if j < count and cls_id is not None and ids[cls[j]] != cls_id:
+            return ("field 'cls_positions' slot %d points at sequence %d's first token, id %d, not [CLS] (id %d)"
+                    % (j, j + 1, ids[cls[j]], cls_id))
+        if j >= count and cls[j] != 0:
+            return ("field 'cls_positions' slot %d is %d, but sequences in the pack: %d (an unused slot is 0)"
+                    % (j, cls[j], count))
+    for j in range(len(nsp)):
+        if (nsp[j] != IGNORE_INDEX) != (j < count):
+            state = "unused (%d)" % IGNORE_INDEX if nsp[j] == IGNORE_INDEX else "used (label %d)" % nsp[j]
+            return ("field 'nsp_labels' slot %d is %s, but sequences in the pack: %d (slot k - 1 holds sequence k's "
+                    "label, and only it: slots 0 .. %d used, the rest %d)" % (j, state, count, count - 1, IGNORE_INDEX))
+    labels, mpos = pack["mlm_labels"].astype(np.int64), pack["mlm_positions"].astype(np.int64)
+    used = labels != IGNORE_INDEX
+    for j in range(len(labels)):
+        if used[j] and j and not used[j - 1]:
+            return "field 'mlm_labels' slot %d is used after the unused slot %d (the used MLM slots come first)" % (
+                j, j - 1)
+        if not used[j] and mpos[j] != 0:
+            return "field 'mlm_positions' slot %d is %d, but the slot is unused (its position must be 0)" % (j, mpos[j])
+        if used[j] and sid[mpos[j]] == 0:
+            return "field 'mlm_positions' slot %d is %d, a padding position (sequence id 0)" % (j, mpos[j])
+        if used[j] and first[mpos[j]]:
+            return ("field 'mlm_positions' slot %d is %d, sequence %d's [CLS] (never a prediction)"
+                    % (j, mpos[j], sid[mpos[j]]))
+        if used[j] and j and mpos[j] <= mpos[j - 1]:
+            return ("field 'mlm_positions' slot %d is %d, not after slot %d's %d: positions %s (each sequence's "
+                    "predictions in order, after the previous sequence's)"
+                    % (j, mpos[j], j - 1, mpos[j - 1], "appear twice" if mpos[j] == mpos[j - 1] else
+                       "out of order"))
+    return None
 
 
 def compare_counts(path: str, manifest: Dict[str, Any], counts: PackCounts) -> None:
@@ -133,17 +289,20 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
     expected = pack_dtype(manifest["max_seq_length"], manifest["mlm_slots"], manifest["max_sequences_per_pack"],
                           manifest["vocab_size"])
     vocab_path = contained_path(directory, manifest["vocab_file"])  # read_manifest has checked the name
-    if not os.path.isfile(vocab_path):
+    if not os.path.lexists(vocab_path):
         raise DataError("%s: missing (named by manifest field 'vocab_file')" % vocab_path)
+    check_regular(vocab_path, DataError)
     if checksums and sha256_file(vocab_path) != manifest["vocab_checksum"]:
         raise DataError("%s: sha256 does not match manifest field 'vocab_checksum'" % vocab_path)
+    check_dataset_vocab(directory, manifest)  # its size, special tokens and no token twice (cheap: always)
     counts = PackCounts(manifest["max_seq_length"], manifest["max_sequences_per_pack"])
     block = max(1, BLOCK_TOKENS // manifest["max_seq_length"])
     paths = []
     for shard in manifest["shards"]:
         path = contained_path(directory, shard["file"], "shard %r in %s" % (shard["file"], directory))
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise DataError("shard %s: file is missing" % path)
+        check_regular(path, DataError)  # a FIFO or a device: one line, never a hang (a memory map takes a path)
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except Exception as error:  # numpy raises ValueError/OSError/EOFError... for a broken header

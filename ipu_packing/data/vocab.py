@@ -13,6 +13,19 @@ trained vocabulary (auto: lower-cased); against a tokenizer.json that says other
 Whichever it is, the manifest records it (`do_lower_case`), and the training run's export writes it
 into tokenizer_config.json, so transformers tokenizes as `prepare` did.
 
+Accents follow the BertNormalizer rule for every tokenizer built from a vocabulary: stripped exactly when
+lower-casing. A tokenizer.json decides its own; what its normalizer does to "é" is what `prepare` did, and
+where that is not the rule (a cased model that strips accents, an uncased one that keeps them) the manifest
+records it (`strip_accents`; format.OPTIONAL_MANIFEST_KEYS). `tokenizer_options(manifest)` gives both, and
+`hf_tokenizer_files` writes both, so an export's tokenizer strips accents exactly where `prepare` did.
+
+A vocabulary's identity is its content: the tokens by id. `read_vocab` reads a vocab.txt (a BOM and CRLF line
+ends are not part of a token), `vocab_content_sha256` digests the tokens as `prepare` writes them (so it
+equals a dataset's vocab_checksum and the vocab_sha256 a checkpoint records), and `vocab_difference` says
+in one line how two vocabularies differ (their sizes, the first id whose tokens differ). A dataset's
+vocab.txt is checked against its own manifest whenever it is opened (`check_dataset_vocab`), and a tokenizer
+directory whose tokenizer.json and vocab.txt disagree is refused (`load_tokenizer`).
+
 The default vocabulary is trained with `tokenizers`' WordPiece trainer on the default corpus,
 lower-cased, 8192 tokens: small enough for a tiny demonstration model, big enough that most words are
 one or two pieces. Training is deterministic for a given corpus (checked by a test), so the same seed
@@ -21,17 +34,20 @@ gives the same bytes even though the vocabulary is rebuilt on every run.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import itertools
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from .. import jsonin
 from ..errors import DataError
-from ..fsutil import sha256_file
+from ..fsutil import open_regular, sha256_file
 from .format import SPECIAL_TOKENS, VOCAB
 from .instance_files import ranges
 
@@ -51,6 +67,9 @@ class TokenizerSpec:
     """Serialized Hugging Face tokenizer (tokenizer.json text) when one was given; else WordPiece over vocab."""
     source: str = "default"
     """Where the vocabulary came from (a path, or "default")."""
+    strip_accents: Optional[bool] = None
+    """Whether the tokenizer strips accents; None: exactly when lower-casing (BertNormalizer's rule, which
+    every tokenizer built from a vocabulary follows). A tokenizer.json's own normalizer decides it."""
 
     def __post_init__(self) -> None:
         index = {}
@@ -70,17 +89,26 @@ class TokenizerSpec:
         index = {t: i for i, t in enumerate(self.vocab)}
         return {t: index[t] for t in SPECIAL_TOKENS}
 
+    @property
+    def accents_stripped(self) -> bool:
+        """Whether this tokenizer strips accents (strip_accents, else as it lower-cases)."""
+        return bool(self.do_lower_case if self.strip_accents is None else self.strip_accents)
+
     def vocab_text(self) -> str:
-        return "".join(t + "\n" for t in self.vocab)
+        return vocab_text(self.vocab)
 
     def write_vocab(self, directory: str) -> Dict[str, object]:
         """Write ``directory``/vocab.txt; return the manifest's vocabulary fields (both `prepare` and `pack`
-        describe their datasets with these)."""
+        describe their datasets with these). `strip_accents` is among them only where the tokenizer does not
+        follow the rule (stripped exactly when lower-casing), so a manifest made from a vocabulary is as it was."""
         path = os.path.join(directory, VOCAB)
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             f.write(self.vocab_text())
-        return {"vocab_file": VOCAB, "vocab_size": len(self.vocab), "vocab_checksum": sha256_file(path),
-                "do_lower_case": bool(self.do_lower_case), "special_token_ids": self.special_token_ids}
+        fields = {"vocab_file": VOCAB, "vocab_size": len(self.vocab), "vocab_checksum": sha256_file(path),
+                  "do_lower_case": bool(self.do_lower_case), "special_token_ids": self.special_token_ids}
+        if self.accents_stripped != bool(self.do_lower_case):
+            fields["strip_accents"] = self.accents_stripped
+        return fields
 
     def continuation_mask(self) -> np.ndarray:
         """(V,) bool: token is a word continuation ("##..."), for whole-word masking."""
@@ -104,7 +132,7 @@ class TokenizerSpec:
         if self.tokenizer_json is not None:
             return Tokenizer.from_str(self.tokenizer_json)
         vocab = {t: i for i, t in enumerate(self.vocab)}
-        return BertWordPieceTokenizer(vocab, lowercase=self.do_lower_case)._tokenizer
+        return BertWordPieceTokenizer(vocab, lowercase=self.do_lower_case, strip_accents=self.strip_accents)._tokenizer
 
 
 class BatchEncoder:
@@ -200,13 +228,46 @@ def _flatten(ids: List[List[int]]):
     return tokens, lengths
 
 
+def vocab_text(tokens: Sequence[str]) -> str:
+    """A vocabulary as `prepare` writes vocab.txt: one token a line, each ended by "\\n"."""
+    return "".join(t + "\n" for t in tokens)
+
+
+def vocab_content_sha256(tokens: Sequence[str]) -> str:
+    """sha256 of a vocabulary's content: of `vocab_text(tokens)` in UTF-8, so equal to the sha256 of the vocab.txt
+    `prepare` writes (a dataset's vocab_checksum, a checkpoint's vocab_sha256) for the same tokens, whatever
+    line ends or BOM another copy of the file has."""
+    return hashlib.sha256(vocab_text(tokens).encode("utf-8")).hexdigest()
+
+
+def read_vocab(path: str) -> List[str]:
+    """The tokens of a vocab.txt by id (line number - 1): UTF-8, one non-empty token a line; a UTF-8 BOM and
+    CRLF line ends are not part of a token. A FIFO or a device is refused (fsutil.open_regular). DataError
+    naming the file (and line) otherwise."""
+    return _read_vocab_file(path)
+
+
 def _read_vocab_file(path: str) -> List[str]:
-    tokens = []
     try:
-        f = open(path, "rb")
+        f = open_regular(path, "rb", error=DataError)
     except OSError as error:
         raise DataError("%s: cannot read vocabulary (%s)" % (path, error.strerror))
     with f:
+        data = f.read()
+    try:  # the whole file at once (every dataset open reads it); line by line only to name a bad line
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and "\r" not in text:
+        tokens = text.split("\n")
+        if tokens and tokens[-1] == "" and text.endswith("\n"):
+            tokens.pop()
+        if tokens and tokens[0].startswith("\ufeff"):  # a UTF-8 BOM (Windows editors) is not token 0
+            tokens[0] = tokens[0][1:]
+        if tokens and all(t.strip() for t in tokens):
+            return tokens
+    tokens = []
+    with io.BytesIO(data) as f:
         for number, raw in enumerate(f, 1):
             try:
                 token = raw.decode("utf-8").rstrip("\r\n")
@@ -248,40 +309,46 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
     if lower_case not in LOWER_CASE_CHOICES:
         raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
     forced = None if lower_case == "auto" else lower_case == "yes"
-    if os.path.isfile(path):
+    if os.path.exists(path) and not os.path.isdir(path):  # a file (a FIFO or a device is refused in one line)
         vocab = _read_vocab_file(path)
         return TokenizerSpec(vocab, _guess_lower_case(vocab) if forced is None else forced, source=path)
     if not os.path.isdir(path):
         raise DataError("%s: no such vocabulary file or tokenizer directory" % path)
     config = {}
     config_path = os.path.join(path, "tokenizer_config.json")
-    if os.path.isfile(config_path):
+    if os.path.lexists(config_path):
         try:
-            with open(config_path, "rb") as f:
-                config = jsonin.loads(f.read())
+            config = jsonin.load_path(config_path, error=DataError)
         except (UnicodeDecodeError, ValueError) as error:
             raise DataError("%s: not valid JSON (%s)" % (config_path, str(error).splitlines()[0]))
     json_path = os.path.join(path, "tokenizer.json")
     vocab_path = os.path.join(path, "vocab.txt")
-    if os.path.isfile(json_path):
+    if os.path.lexists(json_path):
+        with open_regular(json_path, "rb", error=DataError) as f:
+            raw = f.read()
         try:
-            with open(json_path, "rb") as f:
-                text = f.read().decode("utf-8")
+            text = raw.decode("utf-8")
             data = jsonin.loads(text)
             from tokenizers import Tokenizer
 
             tokenizer = Tokenizer.from_str(text)
         except Exception as error:  # tokenizers raises its own exception types for a broken file
             raise DataError("%s: not a readable tokenizer (%s)" % (json_path, str(error).splitlines()[0]))
-        if os.path.isfile(vocab_path):
+        by_id = tokenizer.get_vocab(with_added_tokens=True)
+        own = [None] * len(by_id)  # type: List[Optional[str]]
+        for token, i in by_id.items():
+            if i >= len(own):
+                raise DataError("%s: token ids are not contiguous" % json_path)
+            own[i] = token
+        if None in own:
+            raise DataError("%s: token ids are not contiguous" % json_path)
+        vocab = own  # type: ignore[assignment]
+        if os.path.lexists(vocab_path):  # both: they must be one vocabulary, or the ids mean two things
             vocab = _read_vocab_file(vocab_path)
-        else:
-            by_id = tokenizer.get_vocab(with_added_tokens=True)
-            vocab = [None] * len(by_id)
-            for token, i in by_id.items():
-                if i >= len(vocab):
-                    raise DataError("%s: token ids are not contiguous" % json_path)
-                vocab[i] = token
+            difference = vocab_difference(vocab, own, "vocab.txt", "tokenizer.json")
+            if difference:
+                raise DataError("%s: tokenizer.json and vocab.txt disagree: %s (the ids prepare writes would mean "
+                                "other tokens to one of them)" % (path, difference))
         lower = _json_lowercase(data.get("normalizer"))
         if lower is None:
             lower = bool(config.get("do_lower_case", False))
@@ -289,8 +356,8 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
             raise DataError("--lower-case %s disagrees with %s, whose normalizer %s lower-case (leave out "
                             "--lower-case: a tokenizer.json decides its own casing)"
                             % (lower_case, json_path, "does" if lower else "does not"))
-        return TokenizerSpec(vocab, lower, tokenizer_json=text, source=path)
-    if os.path.isfile(vocab_path):
+        return TokenizerSpec(vocab, lower, tokenizer_json=text, source=path, strip_accents=_strips_accents(tokenizer))
+    if os.path.lexists(vocab_path):
         vocab = _read_vocab_file(vocab_path)
         lower = config.get("do_lower_case")
         if forced is not None:
@@ -343,14 +410,154 @@ HF_SPECIAL_TOKEN_NAMES = {"[PAD]": "pad_token", "[UNK]": "unk_token", "[CLS]": "
                           "[MASK]": "mask_token"}
 
 
-def hf_tokenizer_files(do_lower_case: bool, model_max_length: int) -> Dict[str, dict]:
+def hf_tokenizer_files(do_lower_case: bool, model_max_length: int,
+                       strip_accents: Optional[bool] = None) -> Dict[str, dict]:
     """tokenizer_config.json and special_tokens_map.json of a transformers BertTokenizer (or its fast twin)
     that tokenizes as `TokenizerSpec.build()` does for a vocabulary: BertNormalizer (clean text, split
-    CJK characters, strip accents only when lower-casing, lower-case when `do_lower_case`), then
-    BertPreTokenizer and "##" WordPiece. Without do_lower_case, transformers' default is True, which
-    would lower-case text a cased model was trained on."""
+    CJK characters, strip accents when `strip_accents` (None: only when lower-casing), lower-case when
+    `do_lower_case`), then BertPreTokenizer and "##" WordPiece. Without do_lower_case, transformers' default
+    is True, which would lower-case text a cased model was trained on. Give both from the dataset's manifest
+    (`tokenizer_options`): an uncased tokenizer.json that kept accents must not strip them in the export."""
     special = {HF_SPECIAL_TOKEN_NAMES[token]: token for token in SPECIAL_TOKENS}
     config = dict(special, tokenizer_class="BertTokenizer", do_lower_case=bool(do_lower_case),
-                  do_basic_tokenize=True, tokenize_chinese_chars=True, strip_accents=None,
+                  do_basic_tokenize=True, tokenize_chinese_chars=True,
+                  strip_accents=None if strip_accents is None else bool(strip_accents),
                   model_max_length=int(model_max_length), clean_up_tokenization_spaces=True)
     return {"tokenizer_config.json": config, "special_tokens_map.json": special}
+
+
+def write_export_tokenizer(directory: str, manifest: Mapping[str, Any], model_max_length: int) -> List[str]:
+    """Beside an export's vocab.txt (DIRECTORY/vocab.txt, copied from the dataset): tokenizer_config.json and
+    special_tokens_map.json of the tokenizer that made the dataset (`tokenizer_options(manifest)`: its casing
+    and accents), each written atomically with the umask's mode. The export's vocab.txt is checked first: it
+    must be the dataset's vocabulary by content (manifest field vocab_checksum, `check_dataset_vocab`).
+    Returns the files written."""
+    from ..fsutil import atomic_write_json
+
+    path = os.path.join(directory, VOCAB)
+    tokens = check_dataset_vocab(directory, dict(manifest, vocab_file=VOCAB))
+    difference = vocab_digest_difference(tokens, manifest["vocab_checksum"], path,
+                                         "the dataset's vocabulary (manifest field 'vocab_checksum')")
+    if difference:
+        raise DataError(difference)
+    written = []
+    for name, content in hf_tokenizer_files(model_max_length=model_max_length, **tokenizer_options(manifest)).items():
+        atomic_write_json(os.path.join(directory, name), content)
+        written.append(name)
+    return written
+
+
+def check_vocab_size(path: str, vocab_size: int, what: str = "the model") -> List[str]:
+    """The tokens of the vocab.txt at `path`, refused in one line unless there are `vocab_size` of them (the rows
+    of `what`'s embedding): an export or a phase-1 directory whose vocabulary is not the model's."""
+    tokens = read_vocab(path)
+    if len(tokens) != int(vocab_size):
+        raise DataError("%s holds %d tokens, but %s has vocab_size %d (its embedding rows): not its vocabulary"
+                        % (path, len(tokens), what, int(vocab_size)))
+    return tokens
+
+
+def tokenizer_options(manifest: Mapping[str, Any]) -> Dict[str, bool]:
+    """{do_lower_case, strip_accents} of the tokenizer that made a dataset, from its manifest (strip_accents
+    where recorded, else as it lower-cased): the keyword arguments of `hf_tokenizer_files` besides
+    model_max_length."""
+    lower = bool(manifest["do_lower_case"])
+    return {"do_lower_case": lower, "strip_accents": bool(manifest.get("strip_accents", lower))}
+
+
+def _strips_accents(tokenizer: Any) -> bool:
+    """Whether a tokenizers.Tokenizer's normalizer takes the accent off "é" and "À" (whatever its kind: a
+    BertNormalizer, a Sequence with StripAccents, ...)."""
+    normalizer = tokenizer.normalizer
+    if normalizer is None:
+        return False
+    for text, bare in (("\u00e9", "e"), ("\u00c0", "a")):
+        out = unicodedata.normalize("NFC", normalizer.normalize_str(text))
+        if out.lower() != bare:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------
+# a vocabulary's identity: its content
+
+
+def _shown(token: str) -> str:
+    text = repr(token)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def vocab_difference(a: Sequence[str], b: Sequence[str], a_name: str = "A", b_name: str = "B") -> Optional[str]:
+    """None when two vocabularies hold the same tokens in the same order; else one line saying how they differ:
+    their sizes where those differ, and the first id whose tokens differ, e.g.
+    "vocab.txt has 30522 tokens, tokenizer.json 30523; first difference at id 1996: 'the' (vocab.txt) against
+    'The' (tokenizer.json)". Compare a phase-1 directory's, a checkpoint's and a dataset's vocabulary with it
+    (`read_vocab`, `vocab_of_directory`); where only a digest was recorded, `vocab_digest_difference`."""
+    parts = []
+    if len(a) != len(b):
+        parts.append("%s has %d tokens, %s %d" % (a_name, len(a), b_name, len(b)))
+    n = min(len(a), len(b))
+    if n:
+        left, right = np.asarray(list(a[:n]), dtype=object), np.asarray(list(b[:n]), dtype=object)
+        differ = np.flatnonzero(left != right)
+        if len(differ):
+            i = int(differ[0])
+            parts.append("first difference at id %d: %s (%s) against %s (%s)"
+                         % (i, _shown(a[i]), a_name, _shown(b[i]), b_name))
+    if not parts:
+        return None
+    if len(parts) == 1 and len(a) != len(b):
+        parts.append("the first %d ids agree" % n)
+    return "; ".join(parts)
+
+
+def vocab_digest_difference(tokens: Sequence[str], recorded_sha256: str, name: str = "this vocabulary",
+                            recorded: str = "the recorded one") -> Optional[str]:
+    """None when `tokens` are the vocabulary whose content digest (`vocab_content_sha256`, a checkpoint's
+    vocab_sha256, a dataset's vocab_checksum) is `recorded_sha256`; else one line naming both digests."""
+    mine = vocab_content_sha256(tokens)
+    if mine == recorded_sha256:
+        return None
+    return ("%s (%d tokens, content sha256 %s) is not %s (sha256 %s)"
+            % (name, len(tokens), mine[:12], recorded, str(recorded_sha256)[:12]))
+
+
+def vocab_of_directory(directory: str) -> List[str]:
+    """The tokens of DIRECTORY/vocab.txt (a phase-1 model, an export, a dataset); DataError "<dir> has no
+    vocab.txt: its vocabulary cannot be checked" where there is none."""
+    path = os.path.join(directory, VOCAB)
+    if not os.path.lexists(path):
+        raise DataError("%s has no vocab.txt: its vocabulary cannot be checked" % directory)
+    return read_vocab(path)
+
+
+def vocab_path_difference(a: str, b: str) -> Optional[str]:
+    """`vocab_difference` of two vocabularies named by path: a vocab.txt, or a directory holding one (refused in
+    one line when it has none). Names each by its path."""
+    tokens = [vocab_of_directory(p) if os.path.isdir(p) else read_vocab(p) for p in (a, b)]
+    return vocab_difference(tokens[0], tokens[1], a, b)
+
+
+def check_dataset_vocab(directory: str, manifest: Mapping[str, Any]) -> List[str]:
+    """A dataset's vocab.txt against its own manifest, whenever the dataset is opened (data/shards.py): as many
+    tokens as vocab_size, no token twice, and each special token at the id special_token_ids gives it (so
+    [PAD], [UNK], [CLS], [SEP] and [MASK] are all there). Returns the tokens; DataError naming the file and
+    the line otherwise."""
+    path = os.path.join(directory, manifest["vocab_file"])
+    tokens = read_vocab(path)
+    if len(tokens) != manifest["vocab_size"]:
+        raise DataError("%s: holds %d tokens, but manifest field 'vocab_size' says %d"
+                        % (path, len(tokens), manifest["vocab_size"]))
+    index = {}  # type: Dict[str, int]
+    for i, token in enumerate(tokens):
+        if token in index:
+            raise DataError("%s:%d: token %s appears twice (lines %d and %d)"
+                            % (path, i + 1, _shown(token), index[token] + 1, i + 1))
+        index[token] = i
+    for name in SPECIAL_TOKENS:
+        i = manifest["special_token_ids"][name]
+        if tokens[i] != name:
+            where = "; %s is on line %d" % (name, index[name] + 1) if name in index else "; it has no %s" % name
+            raise DataError("%s:%d: line %d is %s, but manifest field 'special_token_ids' gives %s id %d%s"
+                            % (path, i + 1, i + 1, _shown(tokens[i]), name, i, where))
+    return tokens

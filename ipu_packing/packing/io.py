@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import jsonin
 from ..errors import InputError, one_line
+from ..fsutil import open_regular
 
 
 def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
@@ -27,17 +28,20 @@ def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
     try:
         if ext == ".npy":
             try:
-                data = np.load(path, allow_pickle=False)
+                with open_regular(path, "rb") as f:  # a FIFO or a device is refused, never read
+                    data = np.load(f, allow_pickle=False)
             except (ValueError, EOFError) as exc:  # pickled, truncated or not a .npy at all
+                if isinstance(exc, InputError):
+                    raise
                 raise InputError("%s is not a readable .npy array of counts: %s" % (path, one_line(exc)))
             max_length = None
         elif ext == ".txt":
-            with open(path) as f:
+            with open_regular(path, "r") as f:
                 lines = [line.strip() for line in f]
             data = [_number(line, path, i + 1) for i, line in enumerate(lines) if line and not line.startswith("#")]
             max_length = None
         else:
-            with open(path) as f:
+            with open_regular(path, "r") as f:
                 obj = jsonin.load(f)
             if isinstance(obj, dict):
                 if "histogram" not in obj:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import typing
 from typing import Any, Dict, List, Sequence, Tuple
@@ -34,11 +35,40 @@ from .sections import CheckpointConfig, DataConfig, LoggingConfig, OptimizerConf
 from .strict_yaml import shown, yaml_load
 
 def _config_dir() -> str:
-    """configs/ of the checkout this package runs from; for an installed package (`pip install .`), the copy
-    pyproject.toml installs under sys.prefix/share/ipu-packing/configs."""
-    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
-    installed = os.path.join(sys.prefix, "share", "ipu-packing", "configs")
-    return checkout if os.path.isdir(checkout) or not os.path.isdir(installed) else installed
+    """configs/ of the checkout this package runs from, recognised as one: its pyproject.toml, beside configs/
+    and the package, names the project ipu-packing. Else, for an installed package (`pip install .`), the copy
+    pyproject.toml installs as data: share/ipu-packing/configs under sys.prefix, or under the user base of
+    `pip install --user`. A site-packages/configs/ beside an installed package is another package's (any
+    package may install a top-level configs/), never ours."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    checkout = os.path.join(root, "configs")
+    if os.path.isdir(checkout) and _names_this_project(os.path.join(root, "pyproject.toml")):
+        return checkout
+    candidates = [os.path.join(sys.prefix, "share", "ipu-packing", "configs")]
+    try:
+        import site
+
+        candidates.append(os.path.join(site.getuserbase(), "share", "ipu-packing", "configs"))
+    except (ImportError, AttributeError):  # an embedded interpreter without site
+        pass
+    return next((c for c in candidates if os.path.isdir(c)), candidates[0])
+
+
+def _names_this_project(pyproject: str) -> bool:
+    """Whether `pyproject` is ipu-packing's own: its [project] section's name is "ipu-packing"."""
+    try:
+        with open(pyproject, "r", encoding="utf-8") as f:
+            text = f.read(1 << 16)
+    except (OSError, UnicodeDecodeError):
+        return False
+    section = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            section = stripped
+        elif section == "[project]" and re.match(r"""^name\s*=\s*["']ipu-packing["']\s*(#.*)?$""", stripped):
+            return True
+    return False
 
 
 CONFIG_DIR = _config_dir()

@@ -197,7 +197,7 @@ def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, 
             }
 
         settings = PackSettings(max_seq_length=s, vocab_size=len(spec.vocab), options=config.packing,
-                                mlm_slots=lambda k: max(1, max_pack_predictions(most, s, k)))
+                                mlm_slots=lambda k: max(1, max_pack_predictions(most, s, k)), cls_id=ids["[CLS]"])
         manifests = write_datasets(paths, shard_lengths, num_masked, settings, temp, workers, describe, lap)
     except BaseException:
         bar.close()

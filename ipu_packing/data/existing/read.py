@@ -13,9 +13,9 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 
 from ..text.corpus import resolve_inputs
-from ...errors import one_line
+from ...errors import one_line, require_extra
 from ...errors import DataError
-from ...fsutil import sha256_file
+from ...fsutil import open_regular, sha256_file
 from ..instance_files import Instances, save_instances
 from ..limits import MAX_SEQ_LENGTH, check_at_most
 
@@ -27,7 +27,6 @@ MLM_KEYS = ("masked_lm_positions", "masked_lm_ids")  # [N, P]
 TFRECORD_FEATURES = {"input_ids": "int64_list", "input_mask": "int64_list", "segment_ids": "int64_list",
                      "masked_lm_positions": "int64_list", "masked_lm_ids": "int64_list",
                      "masked_lm_weights": "float_list", "next_sentence_labels": "int64_list"}
-H5PY_PIN = "h5py==3.16.0"
 
 
 @dataclass
@@ -45,16 +44,12 @@ class InputFile:
 
 
 def _h5py():
-    try:
-        import h5py
-    except ImportError:
-        raise DataError("reading HDF5 needs h5py: pip install %s" % H5PY_PIN) from None
-    return h5py
+    return require_extra("h5py", "reading NVIDIA BERT HDF5 (pack)")
 
 
 def _head(path: str, size: int = 16) -> bytes:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb", error=DataError) as f:
             return f.read(size)
     except OSError as error:
         raise DataError("%s: cannot read (%s)" % (path, error.strerror)) from None
@@ -118,13 +113,17 @@ def _inspect_hdf5(path: str) -> InputFile:
             shapes[key] = shape
     n = shapes["input_ids"][0] if shapes["input_ids"] else 0
     expected = {key: "[N, S]" for key in TOKEN_KEYS}
-    expected.update({key: "[N, P]" for key in MLM_KEYS}, next_sentence_labels="[N]")
+    expected.update({key: "[N, P]" for key in MLM_KEYS}, next_sentence_labels="[N] or [N, 1]")
     for key in HDF5_KEYS:
         shape = shapes[key]
-        ndim_ok = len(shape) == 2 or (key == "next_sentence_labels" and (len(shape) == 1 or shape[1:] == (1,)))
-        if not ndim_ok or shape[0] != n:
-            raise DataError("%s: key %r has shape %s, expected %s with N = %d (the rows of 'input_ids')"
-                            % (path, key, list(shape), expected[key], n))
+        if key == "next_sentence_labels":  # one label a record: a second column would be other records' labels
+            shape_ok = len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)
+        else:
+            shape_ok = len(shape) == 2
+        if not shape_ok or shape[0] != n:
+            raise DataError("%s: key %r has shape %s, expected %s with N = %d (the rows of 'input_ids')%s"
+                            % (path, key, list(shape), expected[key], n,
+                               ": one label per record" if key == "next_sentence_labels" else ""))
     s = shapes["input_ids"][1]
     for key in TOKEN_KEYS[1:]:
         if shapes[key] != shapes["input_ids"]:
@@ -256,6 +255,10 @@ def dense_to_instances(ids: np.ndarray, mask: np.ndarray, segments: np.ndarray, 
             raise DataError("%s: masked_lm_positions holds %d, outside the sequence's %d tokens"
                             % (where(r), mlm_positions[_first(bad)], lengths[r]))
         same_row = np.repeat(rows, counts)
+        bad = mlm_positions == 0
+        if bad.any():
+            raise DataError("%s: masked_lm_positions holds 0, the sequence's [CLS] (never a prediction in the pack "
+                            "format)" % where(int(same_row[_first(bad)])))
         bad = (np.diff(mlm_positions) <= 0) & (same_row[1:] == same_row[:-1])
         if bad.any():
             raise DataError("%s: masked_lm_positions are not in ascending order (or repeat one)"
@@ -318,8 +321,12 @@ def convert_hdf5_rows(path: str, start: int, stop: int, out: str, checks: Checks
     if bad.any():
         raise DataError("%s: record %d: masked_lm_positions has a position after a 0 (the padding of unused "
                         "slots)" % (path, start + _first(bad)))
+    labels = arrays["next_sentence_labels"]
+    if labels.size != stop - start:  # the file changed since its shapes were checked
+        raise DataError("%s: key 'next_sentence_labels' holds %d values for records %d-%d: one label per record"
+                        % (path, labels.size, start, stop - 1))
     instances = dense_to_instances(arrays["input_ids"], arrays["input_mask"], arrays["segment_ids"], positions,
-                                   arrays["masked_lm_ids"], used, arrays["next_sentence_labels"].reshape(-1),
+                                   arrays["masked_lm_ids"], used, labels.reshape(-1),
                                    checks, _record_namer(path, start))
     save_instances(out, instances, checks.vocab_size)
     lengths, masked, most = _summarise(instances, checks)

@@ -28,9 +28,10 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _crc32c():
-    import crc32c  # the one dependency; imported where records are read or written
+    from ...errors import require_extra
 
-    return crc32c.crc32c
+    # the one dependency; imported where records are read or written
+    return require_extra("crc32c", "reading TFRecords (their CRC-32C checksums)").crc32c
 
 
 def masked_crc(data, crc32c=None) -> int:
@@ -61,7 +62,10 @@ def is_tfrecord(path: str) -> bool:
 
 
 def _open(path: str) -> BinaryIO:
-    f = open(path, "rb")
+    from ...errors import DataError
+    from ...fsutil import open_regular
+
+    f = open_regular(path, "rb", error=DataError)
     if f.read(2) == GZIP_MAGIC:
         f.close()
         return gzip.open(path, "rb")  # type: ignore[return-value]

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional
 
 from ...errors import DataError
+from ...fsutil import open_regular
 
 Document = List[str]
 
@@ -93,7 +94,7 @@ def resolve_inputs(spec: str) -> List[str]:
 def _lines(path: str) -> Iterator[str]:
     """Decoded lines of a file without their line ends; bad UTF-8 -> DataError naming file and line."""
     try:
-        f = open(path, "rb")
+        f = open_regular(path, "rb", error=DataError)
     except OSError as error:
         raise DataError("%s: cannot read (%s)" % (path, error.strerror))
     with f:

@@ -254,7 +254,7 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
         settings = PackSettings(
             max_seq_length=config.max_seq_length, vocab_size=len(spec.vocab),
             mlm_slots=lambda k: mlm_slots(config.max_seq_length, k, recipe.masked_lm_prob, recipe.max_predictions),
-            options=config.packing, group_tokens=config.group_tokens)
+            options=config.packing, group_tokens=config.group_tokens, cls_id=spec.special_token_ids["[CLS]"])
         manifests = write_datasets(paths, shard_lengths, num_masked, settings, temp, workers, describe, lap)
     except BaseException:
         workers.abort()

@@ -96,6 +96,8 @@ class PackSettings:
     """K, the seed, the algorithm, the shard size, whether to write padded/."""
     group_tokens: int = 1 << 21
     """Tokens of instances per scatter task (consecutive input shards; bounds a worker's memory)."""
+    cls_id: Optional[int] = None
+    """The vocabulary's [CLS]: every shard written is checked to start each sequence with it (None: not)."""
 
 
 def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], histogram: np.ndarray,
@@ -150,7 +152,7 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     jobs = []  # (kind, layout, DatasetSpec, sequences-per-pack histogram, algorithm)
     for kind, kind_k, num_packs, kind_map, order, algorithm, pack_sizes in datasets:
         os.makedirs(os.path.join(temp, kind))
-        layout = PackLayout(s, kind_k, settings.mlm_slots(kind_k), settings.vocab_size)
+        layout = PackLayout(s, kind_k, settings.mlm_slots(kind_k), settings.vocab_size, settings.cls_id)
         spec = dataset_spec(kind, layout, options.shard_bytes, num_packs, kind_map, order)
         jobs.append((kind, layout, spec, pack_sizes, algorithm))
     lap("plan")

@@ -5,7 +5,9 @@ nothing behind; the temporary directory of a killed run (its name holds the run'
 next run into the same output.
 
 Two commands into one output: the first takes an exclusive lock on `.<output>.lock` beside it (flock, so a
-killed holder releases it); the second fails at once, in one line naming the holder's pid."""
+killed holder releases it); the second fails at once, in one line naming the holder's pid. The lock file is
+opened through `fsutil.open_lock_file`: a symlink, a FIFO, a device or a hard link there is refused in one
+line, so writing the holder's name can never truncate another file."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import os
 import shutil
 from typing import Callable, Iterator, TypeVar
 
-from ...fsutil import fsync_tree, make_temp_dir, replace_durably
+from ...fsutil import fsync_tree, make_temp_dir, open_lock_file, replace_durably
 from ...errors import DataError
 
 
@@ -50,7 +52,7 @@ def claim_output(output: str, command: str) -> Iterator[None]:
         missing = os.path.dirname(missing)
     os.makedirs(parent, exist_ok=True)
     lock_path = os.path.join(parent, "." + os.path.basename(output) + ".lock")
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = open_lock_file(lock_path, DataError)  # never through a symlink, never another file's bytes
     ok = False
     try:
         try:

@@ -39,6 +39,7 @@ from ...packing.permutation import KeyedPermutation
 from ...packing.slots import SlotMap, length_ranks
 from ...errors import DataError
 from ..format import IGNORE_INDEX, pack_dtype
+from ..shards import check_packs, pack_facts
 from ..instance_files import (PER_INSTANCE, Instances, concat_instances, gather_instances, load_instances, ranges,
                               token_dtype)
 
@@ -48,6 +49,7 @@ class PackLayout:
     max_sequences_per_pack: int  # K
     mlm_slots: int  # M
     vocab_size: Optional[int] = None  # V (None: int32 token ids)
+    cls_id: Optional[int] = None  # the vocabulary's [CLS] (None: `write_shard` does not check the first tokens)
 
     @property
     def dtype(self) -> np.dtype:
@@ -336,13 +338,17 @@ def write_shard(instances: Instances, task: ShardTask, layout: PackLayout) -> di
     """Build one shard from its instances (in pack order) and write it; returns its manifest entry
     {file, num_packs, sha256}.
 
-    The packs are built in memory (one shard, bounded by the shard size) and written with plain
+    The packs are built in memory (one shard, bounded by the shard size), checked as a reader checks them
+    (data/shards.py `check_packs`: every value's range and the format's invariants), and written with plain
     writes, so a full disk raises OSError (ENOSPC) at the write instead of killing the process with
     SIGBUS, as filling a sparse memory-mapped file would. The bytes are hashed as they are written.
     """
     n_packs = len(task.offsets) - 1
     dtype = layout.dtype
     records = build_packs(instances, task.offsets, layout, first_pack=task.first_pack)
+    if layout.vocab_size is not None:  # the format's values and invariants, as every reader checks them
+        check_packs("pack of %s being written" % task.path, records, task.first_pack,
+                    pack_facts(layout.max_seq_length, layout.max_sequences_per_pack, layout.vocab_size, layout.cls_id))
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(dtype),
                                                   "fortran_order": False, "shape": (n_packs,)})
