@@ -93,7 +93,10 @@ def read_run(path: str) -> Run:
     """A run directory's series, every record checked before use: each metrics line is a JSON object with
     the numeric fields, and config.json and summary.json (when present) are JSON objects. Anything else is
     a CompareError naming the file and the line."""
-    metrics = os.path.join(path, "metrics.jsonl")
+    from .train.run_dir import RunDirectory
+
+    run_dir = RunDirectory(path)
+    metrics = run_dir.file(RunDirectory.METRICS)
     if not os.path.isdir(path):
         raise CompareError("%s is not a run directory" % (path,))
     if not os.path.lexists(metrics):
@@ -126,8 +129,7 @@ def read_run(path: str) -> Run:
         raise CompareError("%s holds no steps" % (metrics,))
     column = {k: np.array(v, dtype=np.float64) for k, v in columns.items()}
     extra = {}
-    for name in ("config", "summary"):
-        file = os.path.join(path, name + ".json")
+    for name, file in (("config", run_dir.file(RunDirectory.CONFIG)), ("summary", run_dir.file(RunDirectory.SUMMARY))):
         if os.path.lexists(file):
             with open_regular(file, "rb", error=CompareError) as f:
                 value = _json_value(f.read(), file)
@@ -137,7 +139,7 @@ def read_run(path: str) -> Run:
     for section in ("training", "data"):
         value = extra.get("config", {}).get(section)
         if value is not None and not isinstance(value, dict):
-            raise CompareError("%s: %s is %s, not a JSON object" % (os.path.join(path, "config.json"), section,
+            raise CompareError("%s: %s is %s, not a JSON object" % (run_dir.file(RunDirectory.CONFIG), section,
                                                                     _kind(value)))
     return Run(path, column["step"].astype(np.int64), column["sequences"], column["tokens"], column["seconds"],
                column["mlm_loss"], column["mlm_accuracy"], column["nsp_accuracy"], **extra)
@@ -240,17 +242,15 @@ def _recorded_dataset(run: Run) -> Optional[Dict[str, Any]]:
     for record in (run.summary.get("dataset"),):
         if isinstance(record, dict) and isinstance(record.get("content_sha256"), str):
             return record
-    directory = os.path.join(run.path, "checkpoints")
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.startswith("step_") and n.endswith(".pt"))
-    except OSError:
-        return None
-    if not names:
+    from .train.run_dir import RunDirectory
+
+    latest = RunDirectory(run.path).latest()
+    if latest is None:
         return None
     try:
         import torch
 
-        with open_regular(os.path.join(directory, names[-1]), "rb", error=CompareError) as f:
+        with open_regular(latest, "rb", error=CompareError) as f:
             state = torch.load(f, map_location="cpu", weights_only=True)
     except CompareError:
         raise

@@ -151,11 +151,18 @@ def test_compare_identifies_datasets_by_content(name, make, expected, roots, tmp
 
 
 def test_the_identity_is_the_one_checkpoints_record(roots):
-    """format.dataset_identity is the digest train/fingerprints.py records in every checkpoint: same value."""
-    from ipu_packing.train.fingerprints import dataset_identity as recorded
+    """format.dataset_identity is the digest train/fingerprint.py records in every checkpoint (its one owner)."""
+    from types import SimpleNamespace
 
+    from ipu_packing.train import fingerprint
+
+    assert not hasattr(fingerprint, "dataset_identity")  # one owner: data/format.py
     for root in roots.values():
         for layout in ("packed", "padded"):
             manifest = read_manifest(os.path.join(root, layout))
-            assert dataset_identity(manifest) == recorded(manifest)
+            data = SimpleNamespace(manifest=manifest, num_sequences=manifest["num_sequences"],
+                                   fingerprint=lambda: {})
+            accounting = SimpleNamespace(global_batch_packs=8, gradient_accumulation=2)
+            recorded = fingerprint.recorded_fingerprint(data, accounting)["content_sha256"]
+            assert dataset_identity(manifest) == recorded
     assert identity(roots["X"]) == identity(roots["Z"]) != identity(roots["Y"])

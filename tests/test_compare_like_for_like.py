@@ -27,7 +27,8 @@ def write_run(root, name, data, steps=4):
 DEMO_512 = {"dir": "output/data/demo_512", "layout": "packed", "max_seq_length": 512, "max_sequences_per_pack": 3}
 
 
-def test_packed_against_padded_of_one_dataset_is_like_for_like(tmp_path, capsys):
+def test_packed_against_padded_of_one_dataset_is_like_for_like(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     a = write_run(tmp_path, "packed", DEMO_512)
     b = write_run(tmp_path, "padded", dict(DEMO_512, layout="padded", dir="output/data/./demo_512/"))
     assert compare(read_run(a), read_run(b)).warnings == []
@@ -43,7 +44,8 @@ def test_packed_against_padded_of_one_dataset_is_like_for_like(tmp_path, capsys)
     ({"max_sequences_per_pack": 12}, ["the runs differ in K: data.max_sequences_per_pack 12 (A) against 3 (B)"]),
     ({"dir": "elsewhere"}, ["the runs differ in dataset: data.dir elsewhere (A) against output/data/demo_512 (B)"]),
 ])
-def test_other_s_k_or_dataset_is_refused_unless_forced(tmp_path, capsys, change, words):
+def test_other_s_k_or_dataset_is_refused_unless_forced(tmp_path, capsys, monkeypatch, change, words):
+    monkeypatch.chdir(tmp_path)  # the data.dir paths name no prepared dataset (compare would read its manifest)
     a = write_run(tmp_path, "a", dict(DEMO_512, **change))
     b = write_run(tmp_path, "b", DEMO_512)
     assert main([a, b]) == 2

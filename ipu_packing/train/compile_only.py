@@ -9,13 +9,13 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from .build import build
-from .run_config import PretrainingConfig
+from .run_config import RunConfig
 from .data import check_data_matches, open_shards, read_training_data
 from .phase1 import with_init_architecture
 
 
 def compile_only(
-    config: PretrainingConfig,
+    config: RunConfig,
     log: Callable[[str], None] = print,
     make_runner: Optional[Callable] = None,
     open_dataset: Optional[Callable] = None,
@@ -60,7 +60,7 @@ def compile_only(
     return {"config": config.name, "executable_cache": cache, "compile_seconds": seconds}
 
 
-def _generated_batch(config: PretrainingConfig, packs: int) -> Dict[str, torch.Tensor]:
+def _generated_batch(config: RunConfig, packs: int) -> Dict[str, torch.Tensor]:
     """A host call's batch of all-zero packs of the run's shapes: shapes and dtypes are all a compile sees."""
     import numpy as np
 

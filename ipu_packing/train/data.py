@@ -6,7 +6,6 @@ naming the dataset and the field.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ import torch
 
 from ..errors import DataError
 from ..data.format import MANIFEST, read_manifest
-from ..fsutil import atomic_write_text, sha256_file
+from ..data.vocab import read_vocab, vocab_content_sha256
 from ..errors import one_line
 from ..errors import UserError
 
@@ -40,6 +39,8 @@ class TrainingData:
     vocab_size: int
     vocab_path: Optional[str]
     vocab_sha256: Optional[str]
+    """The vocabulary's content digest (data/vocab.py vocab_content_sha256: its tokens, whatever line ends or BOM
+    the file has; for a vocab.txt prepare wrote, its file's sha256)."""
     pad_token_id: Optional[int] = None
     """The dataset's [PAD] id (its manifest's special_token_ids): padding, which model.pad_token_id must name."""
 
@@ -102,7 +103,7 @@ def read_training_data(path: str) -> TrainingData:
         path=path,
         manifest=manifest,
         vocab_path=vocab_path,
-        vocab_sha256=sha256_file(vocab_path) if vocab_path else None,
+        vocab_sha256=vocab_content_sha256(read_vocab(vocab_path)) if vocab_path else None,
         pad_token_id=manifest["special_token_ids"]["[PAD]"],
         **fields
     )
@@ -117,6 +118,10 @@ def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
     except UserError:
         raise
     except Exception as exc:  # DataError, and anything a corrupt file raises while loading
+        from ..errors import describe_dependency_fault
+
+        if (describe_dependency_fault(exc) or "").startswith("out of memory"):
+            raise  # the machine, not the data: the command wrapper says so in one line
         message = one_line(exc) or type(exc).__name__
         if data.path not in message:
             message = "%s: %s" % (data.path, message)
@@ -174,26 +179,20 @@ def check_data_matches(config, data: TrainingData) -> None:
 DATA_TOKEN_TYPES = 2
 
 
-def write_tokenizer_files(directory: str, data: TrainingData, positions: int) -> None:
+def write_tokenizer_files(directory: str, data: TrainingData, positions: int, vocab_size: int) -> None:
     """Beside an export's config.json: the dataset's vocab.txt, tokenizer_config.json and special_tokens_map.json
-    (data/vocab.py, hf_tokenizer_files), with the dataset's casing (its manifest's do_lower_case) and
-    model_max_length = ``positions`` (max_position_embeddings), so that transformers' AutoTokenizer gives the ids
-    `prepare` gave. The vocabulary must still be the one the run started with (its sha256 then), or the export
-    would map ids to other words: a vocabulary changed during the run is refused in one line."""
-    from ipu_packing.data.vocab import hf_tokenizer_files
+    (data/vocab.py write_export_tokenizer: the casing and accents the dataset was made with, model_max_length =
+    ``positions``), so that transformers' AutoTokenizer gives the ids `prepare` gave. The copied vocab.txt must
+    still be the dataset's by content (a vocabulary changed while the run trained would map the ids to other
+    words) and hold the model's ``vocab_size`` tokens: refused in one line otherwise."""
+    from ipu_packing.data.vocab import check_vocab_size, write_export_tokenizer
 
     if data.vocab_path is None:
         return
-    if sha256_file(data.vocab_path) != data.vocab_sha256:
-        raise UserError("dataset %s: %s changed while the run was training: the export would map the ids it was "
-                        "trained on to other words; restore it and run the same command again to export"
-                        % (data.path, data.vocab_path))
-    shutil.copyfile(data.vocab_path, os.path.join(directory, "vocab.txt"))
-    lower = data.manifest.get("do_lower_case")
-    if not isinstance(lower, bool):
-        return
-    for name, content in hf_tokenizer_files(lower, positions).items():
-        atomic_write_text(os.path.join(directory, name), json.dumps(content, indent=2, sort_keys=True) + "\n")
+    target = os.path.join(directory, "vocab.txt")
+    shutil.copyfile(data.vocab_path, target)
+    check_vocab_size(target, vocab_size, "the exported model")
+    write_export_tokenizer(directory, data.manifest, positions)
 
 
 def batch_rows(batch: Any) -> int:

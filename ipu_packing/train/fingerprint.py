@@ -25,8 +25,6 @@ batch are a new run's own: phase 2 trains on other data by design.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Dict, List, Tuple
 
 from ..errors import UserError
@@ -47,25 +45,13 @@ FIXED_DATASET_KEYS = ("max_seq_length", "max_sequences_per_pack", "vocab_size", 
 """What the model's shapes and the meaning of its ids depend on: never resumed across, even forced."""
 
 
-def dataset_identity(manifest: Dict[str, Any]) -> str:
-    """sha256 of what a manifest says its data is (see the module's docstring), paths left out."""
-    facts = {
-        "shards": [[int(s["num_packs"]), str(s["sha256"])] for s in manifest["shards"]],
-        "vocab_checksum": manifest["vocab_checksum"],
-        "field_dtypes": manifest["field_dtypes"],
-    }
-    for key in ("kind", "max_seq_length", "max_sequences_per_pack", "mlm_slots", "num_packs", "num_sequences",
-                "num_tokens", "num_masked_tokens"):
-        facts[key] = manifest[key]
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
-
-
 def recorded_fingerprint(data, accounting) -> Dict[str, Any]:
-    """The ``dataset`` field every checkpoint of this run holds."""
-    from ..data.format import read_manifest
+    """The ``dataset`` field every checkpoint of this run holds (``content_sha256``: data/format.py's
+    dataset_identity of its manifest)."""
+    from ..data.format import dataset_identity
 
     out = dict(data.fingerprint())
-    out["content_sha256"] = dataset_identity(read_manifest(data.path))
+    out["content_sha256"] = dataset_identity(data.manifest)
     out["num_sequences"] = int(data.num_sequences)
     out["batch"] = {"global_batch_packs": int(accounting.global_batch_packs),
                     "gradient_accumulation": int(accounting.gradient_accumulation)}
@@ -183,5 +169,5 @@ def check_init_matches(config, state, path: str, defaults: Dict[str, Any]) -> No
 
 
 __all__ = ["Difference", "RESUMABLE_MODEL_KEYS", "check_fixed", "check_init_matches", "config_differences",
-           "dataset_identity", "describe", "init_differences", "recorded_fingerprint", "refuse_or_force",
+           "describe", "init_differences", "recorded_fingerprint", "refuse_or_force",
            "resume_differences"]

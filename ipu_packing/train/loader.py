@@ -1,4 +1,4 @@
-"""The config loader: configs/NAME.yaml (+ `base:` + dotted overrides) -> PretrainingConfig.
+"""The config loader: configs/NAME.yaml (+ `base:` + dotted overrides) -> RunConfig.
 
 YAML is a thin, strict layer over the dataclasses. A file has these top-level sections:
 
@@ -15,7 +15,7 @@ values go through one strict YAML reader (`strict_yaml.yaml_load`): a duplicate 
 merge key, nesting beyond MAX_DEPTH, an integer beyond MAX_INT_DIGITS or a file beyond MAX_CONFIG_BYTES is
 refused naming the line.
 Nothing is rewritten while parsing: values that depend on the dataset's packing factor are derived later
-(`PretrainingConfig.batch_accounting`).
+(`RunConfig.batch_accounting`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import typing
 from typing import Any, Dict, List, Sequence, Tuple
 
 
-from .run_config import PretrainingConfig
+from .run_config import RunConfig
 from ..errors import ConfigError
 from .model_section import check_attention, finite, parse_model, resolve_attention
 from .sections import CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ScheduleConfig, TrainingConfig
-from .strict_yaml import shown, yaml_load
+from .strict_yaml import shown, yaml_load, yaml_load_file
 
 def _config_dir() -> str:
     """configs/ of the checkout this package runs from, recognised as one: its pyproject.toml, beside configs/
@@ -97,15 +97,15 @@ def resolve_config_path(name_or_path: str) -> str:
         path = name_or_path
     else:
         path = os.path.join(CONFIG_DIR, name_or_path + ".yaml")
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise ConfigError(
             "config %r not found (%s); shipped configs: %s" % (name_or_path, path, ", ".join(available_configs()))
         )
     return path
 
 
-def load_config(name_or_path: str = DEFAULT_CONFIG, overrides: Sequence[str] = ()) -> PretrainingConfig:
-    """Parse configs/NAME.yaml (or a path) plus dotted `key=value` overrides into a PretrainingConfig."""
+def load_config(name_or_path: str = DEFAULT_CONFIG, overrides: Sequence[str] = ()) -> RunConfig:
+    """Parse configs/NAME.yaml (or a path) plus dotted `key=value` overrides into a RunConfig."""
     path = resolve_config_path(name_or_path)
     raw = _read_with_bases(path, seen=())
     for item in overrides:
@@ -114,8 +114,8 @@ def load_config(name_or_path: str = DEFAULT_CONFIG, overrides: Sequence[str] = (
     return config_from_dict(raw, name=name)
 
 
-def config_from_dict(raw: Dict[str, Any], name: str = "custom") -> PretrainingConfig:
-    """Build a PretrainingConfig from an already merged dict (no `base`)."""
+def config_from_dict(raw: Dict[str, Any], name: str = "custom") -> RunConfig:
+    """Build a RunConfig from an already merged dict (no `base`)."""
     from ipu_packing.execution import ExecutionConfig
 
     raw = dict(raw)
@@ -131,7 +131,7 @@ def config_from_dict(raw: Dict[str, Any], name: str = "custom") -> PretrainingCo
     model["packed_attention"] = resolve_attention(model, execution, sections["data"].max_seq_length)
     check_attention(model, execution)
     try:
-        return PretrainingConfig(
+        return RunConfig(
             name=name,
             model=model,
             execution_spec=execution,
@@ -148,8 +148,7 @@ def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
     real = os.path.realpath(path)
     if real in seen:
         raise ConfigError("config %s extends itself (base cycle)" % (path,))
-    with open(path, "rb") as f:
-        raw = yaml_load(f, source="config %s" % (path,))
+    raw = yaml_load_file(path, source="config %s" % (path,))  # a FIFO or a device: one line, never a hang
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -169,7 +168,7 @@ def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
         base_path = os.path.join(os.path.dirname(path), base + ".yaml")
     else:
         base_path = os.path.join(os.path.dirname(path), base)
-    if not os.path.isfile(base_path):
+    if not os.path.lexists(base_path):
         raise ConfigError("base config %r of %s not found (%s)" % (base, path, base_path))
     merged = _read_with_bases(base_path, seen + (real,))
     for key, value in raw.items():

@@ -33,7 +33,7 @@ import torch
 
 from ..errors import TrainingError, UserError, one_line
 from .compile_only import compile_only
-from .run_config import PretrainingConfig
+from .run_config import RunConfig
 from .data import batch_rows, write_tokenizer_files
 from .guard import StepGuard
 from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
@@ -52,7 +52,7 @@ class Progress:
     """Optimizer steps of ``epoch`` done (the next batch's place in the epoch's order)."""
 
 
-def run(config: PretrainingConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
+def run(config: RunConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Validate (no writes), then train; or, with execution.compile_only, compile and stop."""
     if config.execution_spec.compile_only:
         return compile_only(config, log=log)
@@ -259,11 +259,11 @@ def finish(plan: RunPlan, runner, history: List[StepRecord], last_saved: Optiona
     if not runner.is_writer:
         return summary
     if plan.config.checkpoint.export:
-        positions = plan.config.model_value("max_position_embeddings")
+        positions, vocab = plan.config.model_value("max_position_embeddings"), plan.config.model_value("vocab_size")
 
         def save(directory: str) -> None:
             runner.model.save_pretrained(directory)
-            write_tokenizer_files(directory, plan.data, positions)
+            write_tokenizer_files(directory, plan.data, positions, vocab)
 
         summary["export"] = plan.run_dir.export(save)
         log("exported the final model (%s) to %s" % (plan.task.export, summary["export"]))

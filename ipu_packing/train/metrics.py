@@ -89,9 +89,10 @@ class MetricsLogger:
         self.writer = None
         if logging_config.tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from ..errors import require_extra
 
-                self.writer = SummaryWriter(tensorboard_dir, purge_step=start_step + 1)
+                writer = require_extra("torch.utils.tensorboard", "logging.tensorboard").SummaryWriter
+                self.writer = writer(tensorboard_dir, purge_step=start_step + 1)
             except Exception as exc:  # tensorboard is optional (e.g. a Poplar SDK venv without it)
                 log("note: TensorBoard logging off (%s)" % (type(exc).__name__,))
         self.bar = None
@@ -153,6 +154,7 @@ def run_summary(plan, history: List[Dict[str, Any]], steps_this_run: int, last_s
         "steps_this_run": steps_this_run,
         "checkpoint": last_saved,
         "packing_factor": plan.data.packing_factor,
+        "dataset": {"content_sha256": plan.fingerprint["content_sha256"], "path": plan.data.path},
         "batch_accounting": plan.accounting.method,
         "gradient_accumulation": plan.accounting.gradient_accumulation,
         "betas": list(plan.accounting.betas),
@@ -191,9 +193,11 @@ def repair_jsonl(path: str, last_step: int, log=print) -> int:
     from ..fsutil import atomic_write_text
     from ..errors import UserError
 
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return 0
-    with open(path, "rb") as f:
+    from ..fsutil import open_regular
+
+    with open_regular(path, "rb", error=UserError) as f:
         original = f.read()
     lines = original.split(b"\n")
     complete = lines[-1] == b""

@@ -24,7 +24,7 @@ import torch
 from ..model.pretrained import check_config_values
 from .. import jsonin
 from ..errors import one_line
-from ..fsutil import sha256_file
+from ..data.vocab import vocab_path_difference
 from ..errors import ConfigError, UserError
 from .fingerprint import check_init_matches
 from .model_section import MODEL_DEFAULTS
@@ -38,8 +38,7 @@ def _hf_config(directory: str) -> Dict[str, Any]:
     is absent (as transformers itself would build the model)."""
     path = os.path.join(directory, "config.json")
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            raw = jsonin.load(f)
+        raw = jsonin.load_path(path, error=ConfigError)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise ConfigError("checkpoint.init_from %s: cannot read config.json (%s)" % (directory, " ".join(
             str(exc).split())))
@@ -90,16 +89,17 @@ def check_init_from(config, data) -> None:
     source = config.checkpoint.init_from
     if not os.path.exists(source):
         raise UserError("checkpoint.init_from %s does not exist" % (source,))
-    vocab = os.path.join(source, "vocab.txt")
-    if not is_hf_dir(source) or data.vocab_sha256 is None:
+    if not is_hf_dir(source) or data.vocab_path is None or INIT_OVERRIDE_VOCAB in config.checkpoint.init_override:
         return
-    if not os.path.isfile(vocab):
-        if INIT_OVERRIDE_VOCAB in config.checkpoint.init_override:
-            return
+    if not os.path.lexists(os.path.join(source, "vocab.txt")):
         raise UserError("checkpoint.init_from %s has no vocab.txt: its vocabulary cannot be checked against the "
                         "dataset's (%s); copy the phase-1 vocab.txt beside its config.json, or start from it anyway "
                         "with checkpoint.init_override=[vocab]" % (source, data.vocab_path))
-    _check_vocab(config, data, sha256_file(vocab), vocab)
+    difference = vocab_path_difference(source, data.vocab_path)  # by content: the tokens, id by id
+    if difference:
+        raise UserError("dataset %s was built with another vocabulary than the model: %s; prepare the data with the "
+                        "phase-1 vocab.txt (prepare --vocab), or start from it anyway with "
+                        "checkpoint.init_override=[vocab]" % (data.path, difference))
 
 
 def _check_vocab(config, data, sha256: Optional[str], what: str) -> None:

@@ -1,4 +1,4 @@
-"""PretrainingConfig: the whole parsed config, and BatchAccounting: what packing changes about a step.
+"""RunConfig: the whole parsed config, and BatchAccounting: what packing changes about a step.
 
 The sections are the dataclasses in sections.py; loader.py reads configs/NAME.yaml into them
 (`load_config`). Values that depend on the dataset's measured packing factor (gradient accumulation as
@@ -28,7 +28,7 @@ from .sections import (
 
 
 @dataclass
-class PretrainingConfig:
+class RunConfig:
     name: str
     model: Dict[str, Any]
     """transformers.BertConfig keyword arguments, and the model's own options (model_section.MODEL_OPTION_FIELDS), set
@@ -160,7 +160,7 @@ class BatchAccounting:
         return self.global_batch_packs * self.packing_factor
 
     @staticmethod
-    def derive(config: PretrainingConfig, packing_factor: float) -> "BatchAccounting":
+    def derive(config: RunConfig, packing_factor: float) -> "BatchAccounting":
         if not packing_factor >= 1.0:
             raise ConfigError("packing factor must be >= 1.0, got %r" % (packing_factor,))
         training, ex = config.training, config.execution_spec

@@ -40,13 +40,11 @@ import shutil
 import socket
 from typing import Any, Callable, Dict, List, Optional
 
-import torch
-
 from .. import jsonin, jsonout
 from ..errors import UserError, one_line
-from ..fsutil import atomic_open, atomic_write_text, fsync_directory, make_temp_dir, remove_stale_temporaries
+from ..fsutil import (atomic_open, atomic_write_text, fsync_directory, make_temp_dir, open_lock_file, open_regular,
+                      remove_stale_temporaries)
 from .fingerprint import Difference, describe
-from .state import TrainingState, non_finite_tensors
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -97,9 +95,13 @@ class RunDirectory:
         found = self.checkpoints()
         return found[-1] if found else None
 
-    def save(self, state: TrainingState, keep: int) -> str:
-        """Write ``state`` as step_<step>.pt atomically, then delete all but the newest ``keep``. Raises
-        NonFiniteState, writing nothing, if a model or optimizer tensor is not finite."""
+    def save(self, state, keep: int) -> str:
+        """Write ``state`` (a TrainingState) as step_<step>.pt atomically, then delete all but the newest ``keep``.
+        Raises NonFiniteState, writing nothing, if a model or optimizer tensor is not finite."""
+        import torch  # here: reading a run directory (compare) needs no torch
+
+        from .state import non_finite_tensors
+
         bad = non_finite_tensors({"model": state.model, "optimizer": state.optimizer})
         if bad:
             raise NonFiniteState("step %d: %d tensors hold inf or NaN (first: %s)"
@@ -183,8 +185,7 @@ class RunDirectory:
     def _read_json(self, name: str) -> Any:
         path = self.file(name)
         try:
-            with open(path, "r", encoding="utf-8") as f:
-                return jsonin.load(f)
+            return jsonin.load_path(path, error=UserError)
         except (OSError, ValueError, RecursionError) as exc:
             raise UserError("run directory %s: %s is unreadable (%s): a finished run is not rewritten"
                             % (self.path, name, one_line(exc)[:120]))
@@ -196,14 +197,8 @@ class RunDirectory:
         live process holds it. A lock file left by a killed run is stale by construction and taken over."""
         os.makedirs(self.path, exist_ok=True)
         path = self.file(self.LOCK)
+        fd = open_lock_file(path, UserError)  # never through a symlink, never another file's link
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except OSError as exc:
-            raise UserError("run directory %s: cannot open its lock %s (%s): it must be a regular file, not a link"
-                            % (self.path, path, one_line(exc)))
-        try:
-            if not _regular(fd):
-                raise UserError("run directory %s: its lock %s is not a regular file" % (self.path, path))
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_holder(fd)
@@ -256,8 +251,8 @@ class RunDirectory:
         atomic_write_text(before, json.dumps(old_config, indent=2, sort_keys=True) + "\n")
         path = self.file(self.FORCED)
         previous = ""
-        if os.path.isfile(path):
-            with open(path, "r", encoding="utf-8") as f:
+        if os.path.lexists(path):
+            with open_regular(path, "r", encoding="utf-8", error=UserError) as f:
                 previous = f.read()
             if previous and not previous.endswith("\n"):
                 previous += "\n"
@@ -270,9 +265,9 @@ class RunDirectory:
     def read_metrics(self) -> List[Dict[str, Any]]:
         """The records of metrics.jsonl (none when it is absent)."""
         path = self.file(self.METRICS)
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             return []
-        with open(path, "r", encoding="utf-8") as f:
+        with open_regular(path, "r", encoding="utf-8", error=UserError) as f:
             return [jsonin.loads(line) for line in f if line.strip()]
 
     def export(self, save: Callable[[str], None]) -> str:
@@ -329,12 +324,6 @@ def _step_of(path: str) -> int:
 def _section(config: Dict[str, Any], name: str) -> Dict[str, Any]:
     value = config.get(name)
     return value if isinstance(value, dict) else {}
-
-
-def _regular(fd: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
 def _read_holder(fd: int) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import ConfigError, UserError, one_line
 from .build import Built, build
-from .run_config import BatchAccounting, PretrainingConfig
+from .run_config import BatchAccounting, RunConfig
 from .data import TrainingData, check_data_matches, open_shards, read_training_data
 from .fingerprint import Difference, check_fixed, recorded_fingerprint, refuse_or_force, resume_differences
 from .model_section import MODEL_DEFAULTS
@@ -29,7 +29,7 @@ from .state import TrainingState
 class RunPlan:
     """A checked run, ready to train (train/loop.py:execute)."""
 
-    config: PretrainingConfig
+    config: RunConfig
     """The config as run: with a phase-1 directory's architecture (phase1.with_init_architecture)."""
     data: TrainingData
     accounting: BatchAccounting
@@ -71,7 +71,7 @@ class RunPlan:
         return int(self.resume_state.step) if self.resume_state else 0
 
 
-def check_backend(config: PretrainingConfig) -> None:
+def check_backend(config: RunConfig) -> None:
     """Refuse, before any model is built, a backend this machine or this model cannot run (poptorch
     without the Poplar SDK, or with an attention PopTorch cannot trace; CUDA that is not there; a
     multi-process config started without torchrun): one-line UserError."""
@@ -90,7 +90,7 @@ def check_backend(config: PretrainingConfig) -> None:
     check_poptorch(attention, config.execution_spec)  # ConfigError, BackendUnavailable, LaunchError: one line
 
 
-def plan_run(config: PretrainingConfig, open_dataset: Optional[Callable] = None) -> RunPlan:
+def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunPlan:
     """Check every input, then build model, optimizer and schedule. Writes nothing."""
     check_backend(config)
     config = with_init_architecture(config)  # a phase-1 Hugging Face directory's architecture
@@ -134,7 +134,7 @@ def _steps_per_epoch(data: TrainingData, accounting: BatchAccounting) -> int:
     return steps
 
 
-def _build(config: PretrainingConfig, data: TrainingData, accounting: BatchAccounting,
+def _build(config: RunConfig, data: TrainingData, accounting: BatchAccounting,
            state: Optional[TrainingState], resume_path: Optional[str], forced: bool) -> Built:
     """The model, optimizer and schedule: fresh (seeded), from the phase-1 weights, or the checkpoint's."""
     built = build(config, accounting.betas)

@@ -43,7 +43,7 @@ class TrainingState:
     rng_per_rank: Optional[List[Dict[str, Any]]] = field(default=None, metadata=_is(list, what="a list"))
     """Every torch process's generator states, by rank: each pipeline stage draws its own dropout."""
     config: Optional[Dict[str, Any]] = field(default=None, metadata=_is(dict, what="a mapping"))
-    """The parsed config as a dict (PretrainingConfig.to_dict)."""
+    """The parsed config as a dict (RunConfig.to_dict)."""
     dataset: Optional[Dict[str, Any]] = field(default=None, metadata=_is(dict, what="a mapping"))
     """What the run records about its data and batch (train/fingerprint.py: the recorded fingerprint)."""
     metrics: Optional[Dict[str, Any]] = field(default=None, metadata=_is(dict, what="a mapping"))
