@@ -156,14 +156,16 @@ class BertPooler(nn.Module):
 
 
 class PackedBertModel(nn.Module):
-    """Embeddings, the packed attention mask and the encoder; the pooler is applied by the pretraining heads."""
+    """Embeddings, the packed attention mask and the encoder; the pooler is applied by the heads (at each
+    sequence's [CLS]). ``add_pooling_layer=False`` builds no pooler (``pooler`` is None), as transformers'
+    ``BertModel(config, add_pooling_layer=False)`` inside ``BertForQuestionAnswering``."""
 
-    def __init__(self, config: Any, implementation: str) -> None:
+    def __init__(self, config: Any, implementation: str, add_pooling_layer: bool = True) -> None:
         super().__init__()
         self.attention_implementation = implementation
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config, implementation)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
 
     def get_attention_mask(self, sequence_ids: torch.Tensor) -> Any:
         """Mask from (B, S) ``sequence_ids`` in the form this model's layers take (see ``attention.py``):
@@ -290,23 +292,52 @@ def _mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: t
     return loss_sum / denominator, correct.sum().to(dtype) / denominator, count
 
 
+
+def prepare_config(config: Any, attention: Optional[str] = None):
+    """(a copy of ``config`` recording the attention implementation, the implementation): the checks every
+    packed model runs on its config before building modules (shared by pretraining and the task heads)."""
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        raise ValueError("only position_embedding_type='absolute' is supported")
+    for flag in ("is_decoder", "add_cross_attention"):
+        # A decoder's causal mask and cross-attention are not part of this (encoder-only) model:
+        # accepting the flags would silently compute something else than transformers does.
+        if getattr(config, flag, False):
+            raise ValueError("%s=True is not supported: the packed model is BERT's bidirectional encoder" % flag)
+    _activation(config.hidden_act)  # refuse an unknown activation here, not inside the first layer
+    fused_qkv(config)  # and a fused_qkv that is not a bool
+    implementation = resolve_attention(config, attention)
+    config = copy.deepcopy(config)
+    setattr(config, CONFIG_ATTRIBUTE, implementation)
+    return config, implementation
+
+
+def init_bert_weights(module: nn.Module, std: float) -> None:
+    """transformers' BERT initialisation of one module: N(0, ``std``) weights (``config.initializer_range``),
+    zero biases and padding embedding, unit LayerNorm."""
+    if isinstance(module, nn.Linear):
+        module.weight.data.normal_(mean=0.0, std=std)
+        if module.bias is not None:
+            module.bias.data.zero_()
+    elif isinstance(module, nn.Embedding):
+        module.weight.data.normal_(mean=0.0, std=std)
+        if module.padding_idx is not None:
+            module.weight.data[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        module.weight.data.fill_(1.0)
+        module.bias.data.zero_()
+
+
 class PackedBertForPreTraining(nn.Module):
     """BERT for pretraining on packs; see the package docstring for the batch contract and composition."""
 
+    HF_ARCHITECTURE = "BertForPreTraining"
+    """transformers' class of the same modules, written to config.json's ``architectures``."""
+    TASK = "pretraining"
+    """Which parts stages.py declares for this model (stages.model_stages)."""
+
     def __init__(self, config: Any, attention: Optional[str] = None) -> None:
         super().__init__()
-        if getattr(config, "position_embedding_type", "absolute") != "absolute":
-            raise ValueError("only position_embedding_type='absolute' is supported")
-        for flag in ("is_decoder", "add_cross_attention"):
-            # A decoder's causal mask and cross-attention are not part of this (encoder-only) model:
-            # accepting the flags would silently compute something else than transformers does.
-            if getattr(config, flag, False):
-                raise ValueError("%s=True is not supported: the packed model is BERT's bidirectional encoder" % flag)
-        _activation(config.hidden_act)  # refuse an unknown activation here, not inside the first layer
-        fused_qkv(config)  # and a fused_qkv that is not a bool
-        implementation = resolve_attention(config, attention)
-        self.config = copy.deepcopy(config)
-        setattr(self.config, CONFIG_ATTRIBUTE, implementation)
+        self.config, implementation = prepare_config(config, attention)
         self.bert = PackedBertModel(self.config, implementation)
         self.cls = BertPreTrainingHeads(self.config)
         self.apply(self._init_weights)
@@ -327,20 +358,9 @@ class PackedBertForPreTraining(nn.Module):
         self.cls.predictions.decoder.bias = self.cls.predictions.bias
 
     def _init_weights(self, module: nn.Module) -> None:
-        """transformers' BERT initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            module.weight.data.normal_(mean=0.0, std=std)
-            if module.bias is not None:
-                module.bias.data.zero_()
-        elif isinstance(module, nn.Embedding):
-            module.weight.data.normal_(mean=0.0, std=std)
-            if module.padding_idx is not None:
-                module.weight.data[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            module.weight.data.fill_(1.0)
-            module.bias.data.zero_()
-        elif isinstance(module, BertLMPredictionHead):
+        """transformers' BERT initialisation (init_bert_weights), and a zero MLM bias."""
+        init_bert_weights(module, self.config.initializer_range)
+        if isinstance(module, BertLMPredictionHead):
             module.bias.data.zero_()
 
     def pretraining_heads(
@@ -369,7 +389,7 @@ class PackedBertForPreTraining(nn.Module):
         h = self.bert(input_ids, token_type_ids, position_ids, sequence_ids)  # (B, S, H)
         return self.pretraining_heads(h, mlm_positions, mlm_labels, cls_positions, nsp_labels)
 
-    # -- transformers-format checkpoints (see checkpoint.py) --------------------------------------------
+    # -- transformers-format checkpoints (see pretrained.py) --------------------------------------------
 
     @classmethod
     def from_pretrained(
