@@ -69,12 +69,18 @@ torch.compile(fullgraph=True, dynamic=False). Runs on Python 3.8 / torch 2.0.1 /
 """
 
 from .attention import ATTENTION_IMPLEMENTATIONS
+from .classification import PackedBertForSequenceClassification, PackedBertSequenceClassifierOutput
 from .modeling import IGNORE_INDEX, PackedBertForPreTraining, PackedBertModel, PackedBertOutput
+from .question_answering import PackedBertForQuestionAnswering, PackedBertQuestionAnsweringOutput
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS",
     "IGNORE_INDEX",
     "PackedBertForPreTraining",
+    "PackedBertForQuestionAnswering",
+    "PackedBertForSequenceClassification",
     "PackedBertModel",
     "PackedBertOutput",
+    "PackedBertQuestionAnsweringOutput",
+    "PackedBertSequenceClassifierOutput",
 ]
