@@ -74,6 +74,8 @@ def compare(problem, num_labels, attention, dtype, seed=0, **config):
                               attention, seed, num_labels=num_labels, problem_type=problem, **config)
     reference.to(dtype)
     packed.to(dtype)
+    fused = any(name.endswith("attention.self.qkv.weight") for name, _ in packed.named_parameters())
+    assert fused is bool(config.get("fused_qkv", False))  # the layout under test is the one asked for
     groups, batch = task_packs(seed)
     labels, per_sequence = make_labels(problem, num_labels, groups, batch, np.random.default_rng(seed + 1), dtype)
     backward = attention != "flex" or flex_backward_missing() is None
@@ -127,7 +129,7 @@ def test_fused_qkv_and_gelu_new_classifier_equals_transformers(attention):
     """The fused query/key/value projection (config.fused_qkv) and another activation, float64."""
     diffs, _, _, _, _ = compare("single_label_classification", 5, attention, torch.float64, seed=3,
                                 fused_qkv=True, hidden_act="gelu_new", num_attention_heads=4)
-    print("fused gelu_new %s: %s" % (attention, diffs))
+    print("fused gelu_new %s: %s" % (attention, ", ".join("%s %.1e" % kv for kv in diffs.items())))
     assert max(diffs.values()) <= TOLERANCE[torch.float64], diffs
 
 
@@ -238,3 +240,17 @@ def test_refusals_name_the_cause():
     _, batch = task_packs(0)
     with pytest.raises(ValueError, match=r"regression labels must be \(B, K, num_labels\)"):
         packed(**fields(batch), labels=torch.zeros(batch["cls_positions"].shape))
+
+
+@pytest.mark.parametrize("classifier_dropout, expected", [(None, 0.1), (0.3, 0.3)])
+def test_dropout_before_the_classifier_is_transformers_choice(classifier_dropout, expected):
+    """classifier_dropout when set, else hidden_dropout_prob (transformers' rule), and active in training."""
+    config = dict(hidden_dropout_prob=0.1, classifier_dropout=classifier_dropout, num_labels=2)
+    reference, packed = twins(transformers.BertForSequenceClassification, PackedBertForSequenceClassification,
+                              "dense", 0, **config)
+    assert packed.dropout.p == reference.dropout.p == expected
+    _, batch = task_packs(0)
+    packed.train()
+    torch.manual_seed(0)
+    first = packed(**fields(batch)).logits
+    assert not torch.equal(first, packed(**fields(batch)).logits)  # dropout draws anew each call

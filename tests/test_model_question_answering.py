@@ -115,6 +115,7 @@ def test_qa_equals_transformers_on_each_window_alone(attention, dtype):
 
 def test_fused_qkv_qa_equals_transformers():
     reference, packed = qa_twins("dense", torch.float64, seed=4, fused_qkv=True)
+    assert "bert.encoder.layer.0.attention.self.qkv.weight" in dict(packed.named_parameters())
     groups, batch = task_packs(4)
     start, end, relative = make_positions(groups, batch, np.random.default_rng(4))
     out = packed(**fields(batch), start_positions=start, end_positions=end)

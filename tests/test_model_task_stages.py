@@ -160,10 +160,10 @@ def test_the_training_step_traces_as_popart_would_accept_it(poptorch, task):
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
-def test_deriving_the_slots_in_the_heads_block_is_refused(poptorch, task):
+def test_deriving_the_slots_after_the_encoder_is_refused(poptorch, task):
     """Why the forward derives the per-sequence tensors next to the attention mask: the heads' own entry
-    point (what a torch pipeline runs) reads sequence_ids on the heads' IPU, and PopART streams an input onto
-    one IPU only while pipelining."""
+    point (what a torch pipeline runs) reads sequence_ids after the last layer, on the last IPU, and PopART
+    streams an input onto one IPU only while pipelining."""
     model = tiny(task, dropout=0.1)
     heads = model.classification_heads if task == "classification" else model.question_answering_heads
 
