@@ -32,7 +32,7 @@ Output: ``PackedBertOutput`` is a typing.NamedTuple of tensors (attribute access
 torch.compile, DDP, torch.distributed.pipelining and PopTorch).
 
 Fine-tuning and serving heads, on the same packed encoder (classification.py, question_answering.py; what
-they share, heads.py):
+they share: heads.py, and slots.py with the pretraining heads):
 
     from ipu_packing.model import PackedBertForSequenceClassification, PackedBertForQuestionAnswering
     model = PackedBertForSequenceClassification(config)  # config.num_labels (L), config.problem_type
@@ -50,7 +50,7 @@ they share, heads.py):
     out.loss, out.start_loss, out.end_loss               # () loss = (start_loss + end_loss) / 2
     out.start_accuracy, out.end_accuracy, out.start_count, out.end_count   # ()
 
-Their labels: a slot holds a sequence when k < max(sequence_ids) of its row (heads.slots_in_use), so the
+Their labels: a slot holds a sequence when k < max(sequence_ids) of its row (slots.slots_in_use), so the
 labels of empty slots are never read. Classification (config.problem_type as transformers defines it,
 None: chosen by transformers' rule): "single_label_classification", labels int, IGNORE_INDEX (-100) for a
 sequence without one, mean cross-entropy over the labelled sequences; "regression", float labels, mean
@@ -62,7 +62,7 @@ slot's row; torch.where passes no gradient there). Every mean is over the batch'
 NaN, when there are none); weight it by its count to combine micro batches. Composition:
 
     h, derived = model.encode(input_ids, token_type_ids, position_ids, sequence_ids, derive)
-    # derive: heads.slots_in_use (classification, (B, K)) or heads.slot_membership (QA, (B, K, S)),
+    # derive: slots.slots_in_use (classification, (B, K)) or slots.slot_membership (QA, (B, K, S)),
     # computed next to the mask (on the embeddings' device under PopTorch)
     out = model.heads(h, derived, ...)   # one call of a parameter-free module: a pipeline block on it holds
                                          # every op after the encoder (stages.py; heads on the last device)

@@ -15,7 +15,7 @@ for ``config.problem_type``, over the sequences of the batch:
 With ``problem_type`` None the type is chosen per call as transformers does: num_labels 1 -> regression,
 integer labels -> single label, else multi label.
 
-A slot is valid when it holds a sequence (``heads.slots_in_use``: k < the largest sequence id of its row,
+A slot is valid when it holds a sequence (``slots.slots_in_use``: k < the largest sequence id of its row,
 a field every pack has) and, for single-label, its label is not IGNORE_INDEX. So the labels of empty slots
 are never read, whatever they hold: float labels need no sentinel (a NaN one would have to be kept out of
 every product, the backward's included, since NaN * 0 is NaN), and a collate that pads labels with 0 is safe.
@@ -30,14 +30,16 @@ from typing import Any, Dict, NamedTuple, Optional
 import torch
 from torch import nn
 
-from .heads import (
-    PackedBertTaskModel,
+from .heads import PackedBertTaskModel
+from .modeling import IGNORE_INDEX
+from .slots import (
     binary_cross_entropy_with_logits,
+    gather_positions,
     loss_dtype,
+    mean_loss_and_accuracy,
     slots_in_use,
     squared_error,
 )
-from .modeling import IGNORE_INDEX, _gather, _mean_loss_and_accuracy
 
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 """``config.problem_type`` values (transformers'), besides None (chosen from num_labels and the labels)."""
@@ -90,9 +92,9 @@ class SequenceClassificationHeads(nn.Module):
         dropout: nn.Module,
         classifier: nn.Module,
     ) -> PackedBertSequenceClassifierOutput:
-        """h (B, S, H), in_use (B, K) bool (heads.slots_in_use), cls_positions (B, K), labels as the module
+        """h (B, S, H), in_use (B, K) bool (slots.slots_in_use), cls_positions (B, K), labels as the module
         docstring says (or None)."""
-        pooled = pooler(_gather(h, cls_positions, in_use))  # (B, K, H)
+        pooled = pooler(gather_positions(h, cls_positions, in_use))  # (B, K, H)
         logits = classifier(dropout(pooled))  # (B, K, L)
         dtype = loss_dtype(logits)
         if labels is None:
@@ -102,7 +104,7 @@ class SequenceClassificationHeads(nn.Module):
             labels = labels.long()
             valid = in_use & (labels != IGNORE_INDEX)  # (B, K)
             targets = torch.where(valid, labels, torch.full_like(labels, IGNORE_INDEX))
-            loss, accuracy, count = _mean_loss_and_accuracy(logits, targets, valid)
+            loss, accuracy, count = mean_loss_and_accuracy(logits, targets, valid)
             return PackedBertSequenceClassifierOutput(loss, logits, accuracy, count)
         if kind not in PROBLEM_TYPES:
             raise ValueError("problem_type must be one of %s or None, got %r" % (PROBLEM_TYPES, kind))

@@ -1,22 +1,15 @@
 """What the packed task models (classification.py, question_answering.py) share: the packed encoder run with
-the per-sequence tensors derived where PopTorch wants them, the slot bookkeeping, the losses built from
-PopTorch-supported ops, and transformers-format loading and saving (pretrained.py).
+the per-sequence tensors derived where PopTorch wants them, and transformers-format loading and saving
+(pretrained.py). The per-slot bookkeeping and losses are in slots.py, with the pretraining heads'.
 
-Per-sequence tensors from ``sequence_ids`` (B, S), for K sequence slots:
+Where the per-sequence tensors (slots.slots_in_use, slots.slot_membership) are computed: ``forward`` derives
+them right after the embeddings, where the attention mask is built, so under PopTorch ``sequence_ids`` is
+read on the embeddings' IPU only and the derived tensors travel to the heads' IPU as activations (PopART
+streams an input onto one IPU only while pipelining). The heads' own entry point (``classification_heads`` /
+``question_answering_heads``, what stages.py runs for a torch pipeline, where any stage may read any batch
+field) derives them from ``sequence_ids`` itself.
 
-    slots_in_use(sequence_ids, K)     # (B, K) bool: slot k holds a sequence, k < max(sequence_ids) of its row
-    slot_membership(sequence_ids, K)  # (B, K, S) bool: token s belongs to sequence k + 1
-
-Both are taken from a field every pack has, as the pack format numbers the sequences of a row 1..n with no
-gap (data/format.py). ``cls_positions`` cannot say it (its unused value, 0, is also sequence 1's [CLS]).
-
-Where they are computed: ``forward`` derives them right after the embeddings, where the attention mask is
-built, so under PopTorch ``sequence_ids`` is read on the embeddings' IPU only and the derived tensors travel
-to the heads' IPU as activations (PopART streams an input onto one IPU only while pipelining). The heads'
-own entry point (``classification_heads`` / ``question_answering_heads``, what stages.py runs for a torch
-pipeline, where any stage may read any batch field) derives them from ``sequence_ids`` itself.
-
-Shape legend: B packs, S tokens per pack, K sequence slots per pack, H hidden size, L labels.
+Shape legend: B packs, S tokens per pack, K sequence slots per pack, H hidden size.
 """
 
 from __future__ import annotations
@@ -24,41 +17,9 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .modeling import PackedBertModel, init_bert_weights, prepare_config
-
-
-def slots_in_use(sequence_ids: torch.Tensor, num_slots: int) -> torch.Tensor:
-    """(B, S) sequence ids -> (B, K) bool, True where slot k (0-based) holds a sequence of its pack."""
-    count = sequence_ids.amax(dim=-1, keepdim=True).long()  # (B, 1) sequences in the pack
-    slots = torch.arange(num_slots, device=sequence_ids.device)  # (K,)
-    return slots.unsqueeze(0) < count  # (B, K)
-
-
-def slot_membership(sequence_ids: torch.Tensor, num_slots: int) -> torch.Tensor:
-    """(B, S) sequence ids -> (B, K, S) bool, True where token s belongs to the sequence of slot k."""
-    ids = torch.arange(1, num_slots + 1, device=sequence_ids.device)  # (K,) the 1-based sequence ids
-    return sequence_ids.long().unsqueeze(1) == ids.view(1, -1, 1)  # (B, K, S)
-
-
-def loss_dtype(logits: torch.Tensor) -> torch.dtype:
-    """Losses, accuracies and counts: float32 for fp16/bf16 logits (a half-precision sum would round),
-    else the logits' dtype (float64 stays float64), as modeling._mean_loss_and_accuracy."""
-    return torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
-
-
-def squared_error(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Element-wise (x - y)^2, torch.nn.MSELoss's term."""
-    return (logits - labels) ** 2
-
-
-def binary_cross_entropy_with_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Element-wise BCE of sigmoid(x) against y, in the stable form torch's BCEWithLogitsLoss takes:
-    (1 - y) x + log(1 + exp(-x)) with log(1 + exp(-x)) = relu(-x) + log1p(exp(-|x|)). Written out in ops
-    PopTorch lists (relu, abs, exp, log1p), as one aten kernel would not pass its supported-ops check."""
-    return (1.0 - labels) * logits + F.relu(-logits) + torch.log1p(torch.exp(-logits.abs()))
 
 
 class PackedBertTaskModel(nn.Module):
@@ -127,11 +88,4 @@ class PackedBertTaskModel(nn.Module):
         return export_state_dict(self)
 
 
-__all__ = [
-    "PackedBertTaskModel",
-    "binary_cross_entropy_with_logits",
-    "loss_dtype",
-    "slot_membership",
-    "slots_in_use",
-    "squared_error",
-]
+__all__ = ["PackedBertTaskModel"]

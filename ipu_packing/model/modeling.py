@@ -17,6 +17,10 @@ from torch import nn
 from ..data.format import IGNORE_INDEX  # the pack format's label of an unused slot (numpy only)
 from .attention import CONFIG_ATTRIBUTE, build_mask, resolve_attention
 from .self_attention import fused_qkv, self_attention
+from .slots import gather_positions, mean_loss_and_accuracy
+
+_gather = gather_positions  # the names tests/test_execution_poptorch.py and tests/test_model_half.py call
+_mean_loss_and_accuracy = mean_loss_and_accuracy
 
 
 class PackedBertOutput(NamedTuple):
@@ -242,12 +246,12 @@ class BertPreTrainingHeads(nn.Module):
         mlm_valid = mlm_labels != IGNORE_INDEX  # (B, M)
         nsp_valid = nsp_labels != IGNORE_INDEX  # (B, K)
 
-        mlm_logits = self.predictions(_gather(h, mlm_positions, mlm_valid))  # (B, M, V)
-        pooled = pooler(_gather(h, cls_positions, nsp_valid))  # (B, K, H)
+        mlm_logits = self.predictions(gather_positions(h, mlm_positions, mlm_valid))  # (B, M, V)
+        pooled = pooler(gather_positions(h, cls_positions, nsp_valid))  # (B, K, H)
         nsp_logits = self.seq_relationship(pooled)  # (B, K, 2)
 
-        mlm_loss, mlm_accuracy, mlm_count = _mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid)
-        nsp_loss, nsp_accuracy, nsp_count = _mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid)
+        mlm_loss, mlm_accuracy, mlm_count = mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid)
+        nsp_loss, nsp_accuracy, nsp_count = mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid)
         return PackedBertOutput(
             loss=mlm_loss + nsp_loss,
             mlm_loss=mlm_loss,
@@ -259,38 +263,6 @@ class BertPreTrainingHeads(nn.Module):
             mlm_count=mlm_count,
             nsp_count=nsp_count,
         )
-
-
-def _gather(h: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """h (B, S, H) at positions (B, P) -> (B, P, H); invalid slots read position 0 (never out of range)."""
-    index = torch.where(valid, positions.long(), torch.zeros_like(positions, dtype=torch.long))
-    return torch.gather(h, 1, index.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
-
-
-def _mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
-    """Mean cross-entropy and accuracy over valid slots (0 when none) and their count: scalars in the logits'
-    dtype, float32 for fp16/bf16 logits (a half-precision sum of thousands of losses, or a count above 2048,
-    would round), so float64 stays float64.
-
-    fp16/bf16 logits: each slot's loss is taken in the logits' dtype and only those (B*M,) losses are cast to
-    float32 and summed, so no float32 copy of the (B*M, V) logits (nor a float32 log-softmax of them, kept
-    for the backward) is made; Graphcore's app also takes F.cross_entropy of its fp16 logits
-    (nlp/bert/pytorch/modeling.py:302-304). Each slot's loss rounds to its dtype (fp16: 2**-11 relative);
-    docs/model.md gives the measured difference. Under torch.autocast, cross_entropy runs in float32 anyway
-    (autocast's own cast). float32/float64 logits: one summed cross_entropy, as before."""
-    half = logits.dtype in (torch.float16, torch.bfloat16)
-    dtype = torch.float32 if half else logits.dtype
-    count = valid.sum().to(dtype)
-    denominator = count.clamp(min=1.0)
-    flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
-    if half:
-        per_slot = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="none")  # (B*M,), 0 if unused
-        loss_sum = per_slot.to(dtype).sum()
-    else:
-        loss_sum = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="sum")
-    correct = (logits.argmax(dim=-1) == labels) & valid
-    return loss_sum / denominator, correct.sum().to(dtype) / denominator, count
-
 
 
 def prepare_config(config: Any, attention: Optional[str] = None):

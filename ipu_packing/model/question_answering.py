@@ -36,8 +36,9 @@ from typing import Any, NamedTuple, Optional, Tuple
 import torch
 from torch import nn
 
-from .heads import PackedBertTaskModel, slot_membership
-from .modeling import IGNORE_INDEX, _mean_loss_and_accuracy
+from .heads import PackedBertTaskModel
+from .modeling import IGNORE_INDEX
+from .slots import mean_loss_and_accuracy, slot_membership
 
 
 def excluded_value(dtype: torch.dtype) -> float:
@@ -97,7 +98,7 @@ class QuestionAnsweringHeads(nn.Module):
         end_positions: Optional[torch.Tensor],
         qa_outputs: nn.Module,
     ) -> PackedBertQuestionAnsweringOutput:
-        """h (B, S, H), own (B, K, S) bool (heads.slot_membership), the label fields (B, K) or None."""
+        """h (B, S, H), own (B, K, S) bool (slots.slot_membership), the label fields (B, K) or None."""
         logits = qa_outputs(h)  # (B, S, 2)
         token_start, token_end = logits[..., 0], logits[..., 1]  # (B, S) each
         value = excluded_value(logits.dtype)
@@ -110,8 +111,8 @@ class QuestionAnsweringHeads(nn.Module):
                                                      None, None, None, None, None, None)
         start_targets, start_valid = _targets(start_positions, own)
         end_targets, end_valid = _targets(end_positions, own)
-        start_loss, start_accuracy, start_count = _mean_loss_and_accuracy(start, start_targets, start_valid)
-        end_loss, end_accuracy, end_count = _mean_loss_and_accuracy(end, end_targets, end_valid)
+        start_loss, start_accuracy, start_count = mean_loss_and_accuracy(start, start_targets, start_valid)
+        end_loss, end_accuracy, end_count = mean_loss_and_accuracy(end, end_targets, end_valid)
         return PackedBertQuestionAnsweringOutput(
             loss=(start_loss + end_loss) / 2,
             start_logits=start,

@@ -26,7 +26,7 @@ EncoderN parts, and their own last part:
 
 How the task heads' part reads ``sequence_ids``: a torch pipeline sends it to the last process with the
 other fields the part reads, and ``Stages.run`` calls the model's ``stages.heads`` method, which derives the
-per-sequence tensors from it (model/heads.py). Under PopTorch, whose pipelines stream an input onto one IPU
+per-sequence tensors from it (model/slots.py). Under PopTorch, whose pipelines stream an input onto one IPU
 only, the model's forward derives them next to the attention mask, in the Embedding block, and hands them to
 ``heads`` as activations; ``sequence_ids`` itself is read on device 0 only (tests/test_model_task_stages.py
 traces both heads under the PopTorch stand-in).
