@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from ipu_packing.model.stages import Part, Stages, pretraining_stages
+from ipu_packing.model.stages import model_stages as declared_stages
 
 from .config import ExecutionConfig
 
@@ -39,10 +40,13 @@ class Placement:
     """poptorch recomputation checkpoint on the part's output."""
 
 
-def model_stages(num_layers: int, config: ExecutionConfig) -> Stages:
-    """The model's parts for ``config.layers_per_ipu`` (one-line ConfigError when the split does not fit:
-    model/stages.py:layer_split)."""
-    return pretraining_stages(num_layers, config.layers_per_ipu)
+def model_stages(model, config: ExecutionConfig) -> Stages:
+    """The parts ``model`` declares (model/stages.py, by its task: pretraining, classification, question
+    answering) for ``config.layers_per_ipu`` (one-line ConfigError when the split does not fit: layer_split).
+    ``model`` may be a number of layers: the pretraining model's parts (the dry run, which builds no model)."""
+    if isinstance(model, int):
+        return pretraining_stages(model, config.layers_per_ipu)
+    return declared_stages(model, config.layers_per_ipu)
 
 
 def torch_stages(stages: Stages, num_stages: int) -> List[int]:
@@ -61,9 +65,9 @@ def ipu_blocks(stages: Stages, config: ExecutionConfig) -> List[Tuple[Part, bool
     return [(p, recompute and p.checkpoint_output) for p in stages.parts]
 
 
-def plan_placement(num_layers: int, config: ExecutionConfig) -> List[Placement]:
-    """One row per module of every part, in execution order."""
-    return placement_rows(model_stages(num_layers, config), config)
+def plan_placement(model, config: ExecutionConfig) -> List[Placement]:
+    """One row per module of every part, in execution order (``model``: as model_stages takes it)."""
+    return placement_rows(model_stages(model, config), config)
 
 
 def placement_rows(stages: Stages, config: ExecutionConfig) -> List[Placement]:

@@ -112,7 +112,7 @@ def apply_placement(model: torch.nn.Module, config: ExecutionConfig, poptorch, s
     ``stages``: the model's parts for ``config`` (placement.model_stages), computed here when not given.
     Returns [(part, recompute)] in execution order."""
     if stages is None:
-        stages = model_stages(int(model.config.num_hidden_layers), config)
+        stages = model_stages(model, config)
     blocks = ipu_blocks(stages, config)
     for part, recompute in blocks:
         module = model.get_submodule(part.entry)
@@ -173,7 +173,7 @@ class PoptorchRunner:
             check_attention(getattr(model, "attention_implementation", "dense"))
             poptorch = import_poptorch()
         # The placement, computed once: the pipeline depth check reads it, then the blocks are begun from it.
-        stages = model_stages(int(model.config.num_hidden_layers), config)
+        stages = model_stages(model, config)
         check_pipeline_depth(config, placement_rows(stages, config))  # PopART would refuse it at compile time
         self.poptorch = poptorch
         self.config = config

@@ -107,7 +107,7 @@ def make_runner(model, optimizer, config: ExecutionConfig, scheduler=None, metri
         from .poptorch_backend import make_poptorch_runner
 
         return make_poptorch_runner(model, optimizer, config, scheduler=scheduler, metrics=metrics)
-    model_stages(int(model.config.num_hidden_layers), config)  # one-line error when layers_per_ipu does not fit
+    model_stages(model, config)  # one-line error when layers_per_ipu does not fit
     if config.num_stages > 1:
         return PipelineRunner(model, optimizer, config, scheduler=scheduler, metrics=metrics)
     return TorchRunner(model, optimizer, config, scheduler=scheduler, metrics=metrics)

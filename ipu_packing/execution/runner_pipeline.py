@@ -106,10 +106,9 @@ class PipelineRunner(TorchProcessRunner):
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.metrics = model_metrics(model, metrics)
-        num_layers = int(model.config.num_hidden_layers)
-        stages = model_stages(num_layers, config)
+        stages = model_stages(model, config)
         part_stage = torch_stages(stages, self.world)
-        self.plan = plan_placement(num_layers, config)
+        self.plan = plan_placement(model, config)
         self.inputs = tuple(stages.inputs)  # the model's forward arguments, in its order
         self.stage_modules = [_Stage(model, stages, part_stage, s, self.world, config, self.device, self.metrics)
                               for s in range(self.world)]

@@ -1,8 +1,11 @@
-"""Packed BERT for pretraining (single device; placement is applied from outside).
+"""Packed BERT for pretraining, sequence classification and question answering (single device; placement is
+applied from outside).
 
 Mathematically equivalent to running each sequence of a pack on its own (checked against transformers'
-BertForPreTraining in tests/test_model_equivalence.py): no token attends across sequences, positions restart
-in each sequence, MLM only at the masked slots, NSP once per sequence from its own [CLS].
+BertForPreTraining in tests/test_model_equivalence.py, BertForSequenceClassification in
+tests/test_model_classification.py, BertForQuestionAnswering in tests/test_model_question_answering.py): no
+token attends across sequences, positions restart in each sequence, MLM only at the masked slots, NSP and
+classification once per sequence from its own [CLS], each QA softmax over its own sequence's positions.
 
 Use:
 
@@ -27,6 +30,47 @@ sequences (each 0, not NaN, when there are none). To combine micro batches exact
 
 Output: ``PackedBertOutput`` is a typing.NamedTuple of tensors (attribute access; a plain tuple to
 torch.compile, DDP, torch.distributed.pipelining and PopTorch).
+
+Fine-tuning and serving heads, on the same packed encoder (classification.py, question_answering.py; what
+they share: heads.py, and per_sequence.py with the pretraining heads):
+
+    from ipu_packing.model import PackedBertForSequenceClassification, PackedBertForQuestionAnswering
+    model = PackedBertForSequenceClassification(config)  # config.num_labels (L), config.problem_type
+    out = model(input_ids=..., token_type_ids=..., position_ids=..., sequence_ids=...,   # each (B, S)
+                cls_positions=...,                                                      # (B, K)
+                labels=...)            # (B, K) int, or float (B, K) (L = 1) / (B, K, L); None to serve
+    out.logits                         # (B, K, L) per sequence slot (empty slots: ignore)
+    out.loss, out.accuracy, out.count  # () each; loss and accuracy None without labels
+
+    model = PackedBertForQuestionAnswering(config)       # config.num_labels 2 (start, end)
+    out = model(input_ids=..., token_type_ids=..., position_ids=..., sequence_ids=...,   # each (B, S)
+                start_positions=..., end_positions=...)  # each (B, K); or num_slots=K to serve
+    out.start_logits, out.end_logits                     # (B, K, S) each slot over the row, own positions only
+    out.token_start_logits, out.token_end_logits         # (B, S) every token
+    out.loss, out.start_loss, out.end_loss               # () loss = (start_loss + end_loss) / 2
+    out.start_accuracy, out.end_accuracy, out.start_count, out.end_count   # ()
+
+Their labels: a slot holds a sequence when k < max(sequence_ids) of its row (slots.slots_in_use), so the
+labels of empty slots are never read. Classification (config.problem_type as transformers defines it,
+None: chosen by transformers' rule): "single_label_classification", labels int, IGNORE_INDEX (-100) for a
+sequence without one, mean cross-entropy over the labelled sequences; "regression", float labels, mean
+squared error per element; "multi_label_classification", float labels in [0, 1], mean BCE-with-logits per
+element. Question answering: start/end positions in the pack row (absolute), IGNORE_INDEX for an empty
+slot; a position outside its own sequence is ignored (as transformers ignores one past its window); each
+slot's positions of other sequences and padding hold torch.finfo(dtype).min, finite (no NaN on an empty
+slot's row; torch.where passes no gradient there). Every mean is over the batch's valid sequences (0, not
+NaN, when there are none); weight it by its count to combine micro batches. Composition:
+
+    h, derived = model.encode(input_ids, token_type_ids, position_ids, sequence_ids, derive)
+    # derive: slots.slots_in_use (classification, (B, K)) or slots.slot_membership (QA, (B, K, S)),
+    # computed next to the mask (on the embeddings' device under PopTorch)
+    out = model.heads(h, derived, ...)   # one call of a parameter-free module: a pipeline block on it holds
+                                         # every op after the encoder (stages.py; heads on the last device)
+
+``from_pretrained(dir)`` of a head takes a transformers directory of its own class, or the encoder of a
+BertForPreTraining / BertModel one (this project's export included) with a fresh head, naming the fresh and
+unused weights; ``save_pretrained(dir)`` writes what transformers' BertForSequenceClassification /
+BertForQuestionAnswering loads with no missing or unexpected weights.
 
 Composition (forward is exactly this; split it for pipelining):
 
@@ -69,12 +113,18 @@ torch.compile(fullgraph=True, dynamic=False). Runs on Python 3.8 / torch 2.0.1 /
 """
 
 from .attention import ATTENTION_IMPLEMENTATIONS
+from .classification import PackedBertForSequenceClassification, PackedBertSequenceClassifierOutput
 from .modeling import IGNORE_INDEX, PackedBertForPreTraining, PackedBertModel, PackedBertOutput
+from .question_answering import PackedBertForQuestionAnswering, PackedBertQuestionAnsweringOutput
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS",
     "IGNORE_INDEX",
     "PackedBertForPreTraining",
+    "PackedBertForQuestionAnswering",
+    "PackedBertForSequenceClassification",
     "PackedBertModel",
     "PackedBertOutput",
+    "PackedBertQuestionAnsweringOutput",
+    "PackedBertSequenceClassifierOutput",
 ]

@@ -17,6 +17,10 @@ from torch import nn
 from ..data.format import IGNORE_INDEX  # the pack format's label of an unused slot (numpy only)
 from .attention import CONFIG_ATTRIBUTE, build_mask, resolve_attention
 from .self_attention import fused_qkv, self_attention
+from .per_sequence import gather_positions, mean_loss_and_accuracy
+
+_gather = gather_positions  # the names tests/test_execution_poptorch.py and tests/test_model_half.py call
+_mean_loss_and_accuracy = mean_loss_and_accuracy
 
 
 class PackedBertOutput(NamedTuple):
@@ -156,14 +160,16 @@ class BertPooler(nn.Module):
 
 
 class PackedBertModel(nn.Module):
-    """Embeddings, the packed attention mask and the encoder; the pooler is applied by the pretraining heads."""
+    """Embeddings, the packed attention mask and the encoder; the pooler is applied by the heads (at each
+    sequence's [CLS]). ``add_pooling_layer=False`` builds no pooler (``pooler`` is None), as transformers'
+    ``BertModel(config, add_pooling_layer=False)`` inside ``BertForQuestionAnswering``."""
 
-    def __init__(self, config: Any, implementation: str) -> None:
+    def __init__(self, config: Any, implementation: str, add_pooling_layer: bool = True) -> None:
         super().__init__()
         self.attention_implementation = implementation
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config, implementation)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
 
     def get_attention_mask(self, sequence_ids: torch.Tensor) -> Any:
         """Mask from (B, S) ``sequence_ids`` in the form this model's layers take (see ``attention.py``):
@@ -240,12 +246,12 @@ class BertPreTrainingHeads(nn.Module):
         mlm_valid = mlm_labels != IGNORE_INDEX  # (B, M)
         nsp_valid = nsp_labels != IGNORE_INDEX  # (B, K)
 
-        mlm_logits = self.predictions(_gather(h, mlm_positions, mlm_valid))  # (B, M, V)
-        pooled = pooler(_gather(h, cls_positions, nsp_valid))  # (B, K, H)
+        mlm_logits = self.predictions(gather_positions(h, mlm_positions, mlm_valid))  # (B, M, V)
+        pooled = pooler(gather_positions(h, cls_positions, nsp_valid))  # (B, K, H)
         nsp_logits = self.seq_relationship(pooled)  # (B, K, 2)
 
-        mlm_loss, mlm_accuracy, mlm_count = _mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid)
-        nsp_loss, nsp_accuracy, nsp_count = _mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid)
+        mlm_loss, mlm_accuracy, mlm_count = mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid)
+        nsp_loss, nsp_accuracy, nsp_count = mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid)
         return PackedBertOutput(
             loss=mlm_loss + nsp_loss,
             mlm_loss=mlm_loss,
@@ -259,35 +265,38 @@ class BertPreTrainingHeads(nn.Module):
         )
 
 
-def _gather(h: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """h (B, S, H) at positions (B, P) -> (B, P, H); invalid slots read position 0 (never out of range)."""
-    index = torch.where(valid, positions.long(), torch.zeros_like(positions, dtype=torch.long))
-    return torch.gather(h, 1, index.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+def prepare_config(config: Any, attention: Optional[str] = None):
+    """(a copy of ``config`` recording the attention implementation, the implementation): the checks every
+    packed model runs on its config before building modules (shared by pretraining and the task heads)."""
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        raise ValueError("only position_embedding_type='absolute' is supported")
+    for flag in ("is_decoder", "add_cross_attention"):
+        # A decoder's causal mask and cross-attention are not part of this (encoder-only) model:
+        # accepting the flags would silently compute something else than transformers does.
+        if getattr(config, flag, False):
+            raise ValueError("%s=True is not supported: the packed model is BERT's bidirectional encoder" % flag)
+    _activation(config.hidden_act)  # refuse an unknown activation here, not inside the first layer
+    fused_qkv(config)  # and a fused_qkv that is not a bool
+    implementation = resolve_attention(config, attention)
+    config = copy.deepcopy(config)
+    setattr(config, CONFIG_ATTRIBUTE, implementation)
+    return config, implementation
 
 
-def _mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
-    """Mean cross-entropy and accuracy over valid slots (0 when none) and their count: scalars in the logits'
-    dtype, float32 for fp16/bf16 logits (a half-precision sum of thousands of losses, or a count above 2048,
-    would round), so float64 stays float64.
-
-    fp16/bf16 logits: each slot's loss is taken in the logits' dtype and only those (B*M,) losses are cast to
-    float32 and summed, so no float32 copy of the (B*M, V) logits (nor a float32 log-softmax of them, kept
-    for the backward) is made; Graphcore's app also takes F.cross_entropy of its fp16 logits
-    (nlp/bert/pytorch/modeling.py:302-304). Each slot's loss rounds to its dtype (fp16: 2**-11 relative);
-    docs/model.md gives the measured difference. Under torch.autocast, cross_entropy runs in float32 anyway
-    (autocast's own cast). float32/float64 logits: one summed cross_entropy, as before."""
-    half = logits.dtype in (torch.float16, torch.bfloat16)
-    dtype = torch.float32 if half else logits.dtype
-    count = valid.sum().to(dtype)
-    denominator = count.clamp(min=1.0)
-    flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
-    if half:
-        per_slot = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="none")  # (B*M,), 0 if unused
-        loss_sum = per_slot.to(dtype).sum()
-    else:
-        loss_sum = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="sum")
-    correct = (logits.argmax(dim=-1) == labels) & valid
-    return loss_sum / denominator, correct.sum().to(dtype) / denominator, count
+def init_bert_weights(module: nn.Module, std: float) -> None:
+    """transformers' BERT initialisation of one module: N(0, ``std``) weights (``config.initializer_range``),
+    zero biases and padding embedding, unit LayerNorm."""
+    if isinstance(module, nn.Linear):
+        module.weight.data.normal_(mean=0.0, std=std)
+        if module.bias is not None:
+            module.bias.data.zero_()
+    elif isinstance(module, nn.Embedding):
+        module.weight.data.normal_(mean=0.0, std=std)
+        if module.padding_idx is not None:
+            module.weight.data[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        module.weight.data.fill_(1.0)
+        module.bias.data.zero_()
 
 
 class PackedBertForPreTraining(nn.Module):
@@ -295,21 +304,14 @@ class PackedBertForPreTraining(nn.Module):
 
     METRICS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
     """The output's scalar fields a training step reports (averaged over micro batches and replicas)."""
+    HF_ARCHITECTURE = "BertForPreTraining"
+    """transformers' class of the same modules, written to config.json's ``architectures``."""
+    TASK = "pretraining"
+    """Which parts stages.py declares for this model (stages.model_stages)."""
 
     def __init__(self, config: Any, attention: Optional[str] = None) -> None:
         super().__init__()
-        if getattr(config, "position_embedding_type", "absolute") != "absolute":
-            raise ValueError("only position_embedding_type='absolute' is supported")
-        for flag in ("is_decoder", "add_cross_attention"):
-            # A decoder's causal mask and cross-attention are not part of this (encoder-only) model:
-            # accepting the flags would silently compute something else than transformers does.
-            if getattr(config, flag, False):
-                raise ValueError("%s=True is not supported: the packed model is BERT's bidirectional encoder" % flag)
-        _activation(config.hidden_act)  # refuse an unknown activation here, not inside the first layer
-        fused_qkv(config)  # and a fused_qkv that is not a bool
-        implementation = resolve_attention(config, attention)
-        self.config = copy.deepcopy(config)
-        setattr(self.config, CONFIG_ATTRIBUTE, implementation)
+        self.config, implementation = prepare_config(config, attention)
         self.bert = PackedBertModel(self.config, implementation)
         self.cls = BertPreTrainingHeads(self.config)
         self.apply(self._init_weights)
@@ -330,20 +332,9 @@ class PackedBertForPreTraining(nn.Module):
         self.cls.predictions.decoder.bias = self.cls.predictions.bias
 
     def _init_weights(self, module: nn.Module) -> None:
-        """transformers' BERT initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            module.weight.data.normal_(mean=0.0, std=std)
-            if module.bias is not None:
-                module.bias.data.zero_()
-        elif isinstance(module, nn.Embedding):
-            module.weight.data.normal_(mean=0.0, std=std)
-            if module.padding_idx is not None:
-                module.weight.data[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            module.weight.data.fill_(1.0)
-            module.bias.data.zero_()
-        elif isinstance(module, BertLMPredictionHead):
+        """transformers' BERT initialisation (init_bert_weights), and a zero MLM bias."""
+        init_bert_weights(module, self.config.initializer_range)
+        if isinstance(module, BertLMPredictionHead):
             module.bias.data.zero_()
 
     def pretraining_heads(
@@ -372,7 +363,7 @@ class PackedBertForPreTraining(nn.Module):
         h = self.bert(input_ids, token_type_ids, position_ids, sequence_ids)  # (B, S, H)
         return self.pretraining_heads(h, mlm_positions, mlm_labels, cls_positions, nsp_labels)
 
-    # -- transformers-format checkpoints (see checkpoint.py) --------------------------------------------
+    # -- transformers-format checkpoints (see pretrained.py) --------------------------------------------
 
     @classmethod
     def from_pretrained(

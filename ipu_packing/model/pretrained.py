@@ -1,4 +1,11 @@
-"""transformers-format checkpoints: read what BertForPreTraining saves, write what it loads.
+"""transformers-format checkpoints: read what transformers' BERT classes save, write what they load.
+
+One machinery for the three packed models, each the counterpart of one transformers class (its
+``HF_ARCHITECTURE``): ``PackedBertForPreTraining`` (BertForPreTraining), ``PackedBertForSequenceClassification``
+(BertForSequenceClassification) and ``PackedBertForQuestionAnswering`` (BertForQuestionAnswering). Their
+parameters carry transformers' names, so a state dict moves between them unchanged; what differs is which
+weights a directory may lack (``FRESH_HEAD``: a task head loaded from a pretraining or encoder-only
+directory starts from transformers' initialisation, reported) and what ``config.json`` names.
 
 A directory holds ``config.json`` (a ``transformers.BertConfig``) and the weights in one of
 ``model.safetensors``, ``model.safetensors.index.json`` (shards), ``pytorch_model.bin`` or
@@ -119,7 +126,10 @@ def normalize_keys(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
 
 
 def _aliases(model: Any) -> List[str]:
-    """State-dict keys that are another key's tensor under a second name."""
+    """State-dict keys that are another key's tensor under a second name: the MLM decoder's, in a model with
+    the pretraining heads (``cls``); none in the task models."""
+    if getattr(model, "cls", None) is None:
+        return []
     names = [_DECODER_BIAS]
     if model.tied:
         names.append(_DECODER_WEIGHT)
@@ -138,7 +148,9 @@ _CONFIG_VALUES = {
     "max_position_embeddings": (int, 1, 1 << 24), "type_vocab_size": (int, 1, 1 << 16),
     "hidden_dropout_prob": (float, 0.0, 1.0), "attention_probs_dropout_prob": (float, 0.0, 1.0),
     "layer_norm_eps": (float, 1e-300, 1.0), "initializer_range": (float, 0.0, 1e3),
+    "classifier_dropout": (float, 0.0, 1.0),  # or null: hidden_dropout_prob (transformers)
 }
+_NULLABLE = ("classifier_dropout",)
 
 
 def check_config_values(path: str, config: Any) -> Dict[str, Any]:
@@ -154,6 +166,8 @@ def check_config_values(path: str, config: Any) -> Dict[str, Any]:
         if key not in config:
             continue
         value = config[key]
+        if value is None and key in _NULLABLE:
+            continue
         number = isinstance(value, int) if kind is int else isinstance(value, (int, float))
         if isinstance(value, bool) or not number or not low <= value < high:  # also refuses nan
             raise InputError("%s: %s is %r, expected %s in [%s, %s)" % (path, key, value, kind.__name__, low, high))
@@ -175,7 +189,9 @@ def check_config_values(path: str, config: Any) -> Dict[str, Any]:
     return config
 
 
-def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: bool = True, fused_qkv: Any = None) -> Any:
+def read_config(directory: str, fused_qkv: Any = None) -> Any:
+    """The ``transformers.BertConfig`` of a directory, its values checked first (check_config_values);
+    ``fused_qkv`` (when not None) replaces config.json's."""
     from transformers import BertConfig
 
     config_path = os.path.join(directory, CONFIG_NAME)
@@ -186,19 +202,38 @@ def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: boo
     config = BertConfig.from_json_file(config_path)
     if fused_qkv is not None:
         setattr(config, FUSED_QKV_ATTRIBUTE, fused_qkv)
+    return config
+
+
+def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: bool = True, fused_qkv: Any = None,
+                    config_overrides: Any = None, output_loading_info: bool = False) -> Any:
+    """``cls`` built from a transformers-format directory and its weights copied in.
+
+    ``strict``: every weight of the model in the directory and nothing else (a ValueError naming both
+    lists otherwise). Not strict: the model's weights the directory lacks keep their fresh initialisation and
+    the directory's weights the model has no place for are not used, both named in one UserWarning; but only
+    weights under ``cls.FRESH_HEAD`` may be fresh (a pretraining model: any; a task model: its head, and the
+    pooler where it has one), so a directory without the encoder is refused. A tensor of another shape is a
+    ValueError naming it. ``config_overrides`` (name -> value) is applied to the config before the model is
+    built (a task head's num_labels, id2label, problem_type). ``output_loading_info``: return
+    ``(model, {"missing_keys": [...], "unexpected_keys": [...]})`` (transformers' names: the fresh and the
+    unused weights) instead of the model."""
+    config = read_config(directory, fused_qkv)
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
     model = cls(config, attention=attention)
     state = normalize_keys(read_state_dict(directory))
-    aliases = _aliases(model)
-    for name in aliases:
-        state.pop(name, None)
-    result = model.load_state_dict(state, strict=False)
-    missing = [key for key in result.missing_keys if key not in aliases]
-    unexpected = list(result.unexpected_keys)
+    _, missing, unexpected = _copy_weights(model, state, directory)
     if strict and (missing or unexpected):
         raise ValueError(
-            "checkpoint %s does not match PackedBertForPreTraining: missing %s, unexpected %s"
-            % (directory, missing or "none", unexpected or "none")
+            "checkpoint %s does not match %s: missing %s, unexpected %s"
+            % (directory, cls.__name__, missing or "none", unexpected or "none")
         )
+    allowed = tuple(getattr(cls, "FRESH_HEAD", ("",)))
+    absent = [key for key in missing if not key.startswith(allowed)]
+    if absent:
+        raise ValueError("checkpoint %s lacks weights %s needs besides its head (%s): %s"
+                         % (directory, cls.__name__, ", ".join(allowed), ", ".join(absent)))
     if missing or unexpected:  # strict=False: say what was freshly initialised or dropped
         warnings.warn(
             "%s: %d weights not in the checkpoint were initialised at random (%s); %d checkpoint weights "
@@ -207,24 +242,21 @@ def load_pretrained(cls: Any, directory: str, attention: Any = None, strict: boo
             UserWarning,
             stacklevel=3,
         )
-    model.tie_weights()
+    if output_loading_info:
+        return model, {"missing_keys": missing, "unexpected_keys": unexpected}
     return model
-
-
-def load_weights(model: Any, directory: str) -> Tuple[List[str], List[str], List[str]]:
-    """Copy the weights of a transformers-format directory into an existing ``model``, not strictly:
-    returns (loaded, missing, unexpected) tensor names, in transformers' layout and without tied aliases:
-    those copied, the model's tensors the directory lacks (left as they were: their fresh initialisation)
-    and the directory's tensors the model has no place for (not used). A tensor of another shape is a
-    ValueError naming it."""
-    return load_hf_state_dict(model, read_state_dict(directory), directory)
 
 
 def load_hf_state_dict(model: Any, state: Dict[str, torch.Tensor], source: str = "the state dict"
                        ) -> Tuple[List[str], List[str], List[str]]:
     """``load_weights`` from a state dict in memory, e.g. a live ``transformers.BertForPreTraining``'s
     ``state_dict()`` (the benches give both models the same weights this way); ``source`` names it in errors."""
-    state = normalize_keys(state)
+    return _copy_weights(model, normalize_keys(state), source)
+
+
+def _copy_weights(model: Any, state: Dict[str, torch.Tensor], source: str):
+    """Copy ``state`` (normalized keys) into ``model`` where names match: (loaded, missing, unexpected), in
+    transformers' layout and without tied aliases. A tensor of another shape is a ValueError naming it."""
     aliases = _aliases(model)
     for name in aliases:
         state.pop(name, None)
@@ -239,6 +271,15 @@ def load_hf_state_dict(model: Any, state: Dict[str, torch.Tensor], source: str =
             [key for key in state if key not in own])
 
 
+def load_weights(model: Any, directory: str) -> Tuple[List[str], List[str], List[str]]:
+    """Copy the weights of a transformers-format directory into an existing ``model``, not strictly:
+    returns (loaded, missing, unexpected) tensor names, in transformers' layout and without tied aliases:
+    those copied, the model's tensors the directory lacks (left as they were: their fresh initialisation)
+    and the directory's tensors the model has no place for (not used). A tensor of another shape is a
+    ValueError naming it."""
+    return _copy_weights(model, normalize_keys(read_state_dict(directory)), directory)
+
+
 def export_state_dict(model: Any) -> Dict[str, torch.Tensor]:
     """transformers' layout: no tied aliases, and a fused ``attention.self.qkv`` split into query, key and
     value (self_attention.hf_layout); loading concatenates them again (BertFusedSelfAttention)."""
@@ -251,11 +292,13 @@ def export_state_dict(model: Any) -> Dict[str, torch.Tensor]:
 
 
 def save_pretrained(model: Any, directory: str, safe_serialization: bool = True) -> None:
-    """config.json + model.safetensors (pytorch_model.bin when ``safe_serialization`` is False or
-    safetensors is missing); an existing directory is written into, files of the same names replaced."""
+    """config.json (``architectures``: the model's HF_ARCHITECTURE; a task head's num_labels, id2label,
+    label2id and problem_type are the config's own fields) + model.safetensors (pytorch_model.bin when
+    ``safe_serialization`` is False or safetensors is missing); an existing directory is written into, files
+    of the same names replaced."""
     os.makedirs(directory, exist_ok=True)
     config = copy.deepcopy(model.config)
-    config.architectures = ["BertForPreTraining"]
+    config.architectures = [getattr(model, "HF_ARCHITECTURE", "BertForPreTraining")]
     config.to_json_file(os.path.join(directory, CONFIG_NAME))
     state = export_state_dict(model)
     if safe_serialization:

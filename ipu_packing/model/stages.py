@@ -4,7 +4,7 @@ pass, on which device of a ``layers_per_ipu`` split, and which tensors each part
 Execution applies this description (execution/placement.py): PopTorch blocks on IPUs, processes of a
 ``torch.distributed.pipelining`` schedule. It never needs the model's module paths or batch fields itself.
 
-The parts, in the order the forward runs them:
+The parts of ``PackedBertForPreTraining`` (``pretraining_stages``), in the order the forward runs them:
 
     Embedding   bert.embeddings                 device 0; reads input_ids, token_type_ids, position_ids
     EncoderN    bert.encoder.layer.N            the device layers_per_ipu gives layer N; reads sequence_ids
@@ -13,11 +13,30 @@ The parts, in the order the forward runs them:
                 inside cls.forward)             so the heads sit with the embeddings and that weight is used
                                                 on one device only; reads the four label fields
 
+The task models (``classification_stages``, ``question_answering_stages``) have the same Embedding and
+EncoderN parts, and their own last part:
+
+    Heads       heads (+ bert.pooler, dropout,  the LAST device of the split: the heads share no weight with
+                classifier / qa_outputs,        the embeddings, so they follow the last layer, as Graphcore's
+                called inside heads.forward)    optimum-graphcore places the classifier and qa_outputs on the
+                                                last IPU. The hidden states then never travel back to device 0
+                                                (one (B, S, H) copy per micro batch saved) and the pipeline has
+                                                one group of blocks fewer (a smaller minimum accumulation).
+                                                Reads sequence_ids and the head's label fields.
+
+How the task heads' part reads ``sequence_ids``: a torch pipeline sends it to the last process with the
+other fields the part reads, and ``Stages.run`` calls the model's ``stages.heads`` method, which derives the
+per-sequence tensors from it (model/per_sequence.py). Under PopTorch, whose pipelines stream an input onto one IPU
+only, the model's forward derives them next to the attention mask, in the Embedding block, and hands them to
+``heads`` as activations; ``sequence_ids`` itself is read on device 0 only (tests/test_model_task_stages.py
+traces both heads under the PopTorch stand-in).
+
 Each part has an ``entry`` module whose forward runs every op of the part, so a PopTorch ``BeginBlock`` on
 it (a forward pre-hook that opens a block and never closes it) covers exactly that part: the embeddings'
 forward, then the attention mask; each layer's forward; ``cls.forward``, which gathers, runs the pooler,
-both heads and the losses (``pretraining_heads`` is one call of ``cls``). Every parameter belongs to the
-``modules`` of exactly one part.
+both heads and the losses (``pretraining_heads`` is one call of ``cls``); a task model's ``heads.forward``
+(a module without parameters that is handed the pooler, dropout and classifier, or qa_outputs), which
+gathers, runs them and the losses. Every parameter belongs to the ``modules`` of exactly one part.
 
 Imports no poptorch and nothing from execution.
 """
@@ -47,7 +66,13 @@ INPUTS = (
     "cls_positions",
     "nsp_labels",
 )
-"""The forward's batch fields, in its argument order (shapes: see the package docstring)."""
+"""The pretraining forward's batch fields, in its argument order (shapes: see the package docstring)."""
+
+CLASSIFICATION_INPUTS = INPUTS[:4] + ("cls_positions", "labels")
+"""PackedBertForSequenceClassification's batch fields, in its forward's argument order."""
+
+QUESTION_ANSWERING_INPUTS = INPUTS[:4] + ("start_positions", "end_positions")
+"""PackedBertForQuestionAnswering's batch fields, in its forward's argument order."""
 
 _EMBEDDING_FIELDS = INPUTS[:3]
 _MASK_FIELD = INPUTS[3]
@@ -82,6 +107,8 @@ class Stages:
     parts: Tuple[Part, ...]
     inputs: Tuple[str, ...] = INPUTS
     output: str = OUTPUT
+    heads: str = "pretraining_heads"
+    """The model's method that the last part runs: (hidden states, the part's other reads) -> the output."""
 
     @property
     def num_devices(self) -> int:
@@ -92,7 +119,7 @@ class Stages:
         in order on the batch fields is exactly ``model(**fields)``."""
         module = model.get_submodule(part.entry)
         if part.writes == (OUTPUT,):
-            state[OUTPUT] = model.pretraining_heads(*(state[k] for k in part.reads))
+            state[OUTPUT] = getattr(model, self.heads)(*(state[k] for k in part.reads))
         elif HIDDEN in part.reads:
             if _MASK not in state:
                 state[_MASK] = model.bert.get_attention_mask(state[_MASK_FIELD])
@@ -116,9 +143,8 @@ def layer_split(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> List[int
     return counts
 
 
-def pretraining_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
-    """The parts of ``PackedBertForPreTraining`` with ``num_layers`` encoder layers, split as
-    ``layers_per_ipu`` (encoder layers per device, in order; empty: all on device 0)."""
+def _embedding_and_layers(num_layers: int, layers_per_ipu: Sequence[int]) -> Tuple[List[Part], int]:
+    """The Embedding part and one part per encoder layer; and the number of devices of the split."""
     counts = layer_split(num_layers, layers_per_ipu)
     parts = [Part("Embedding", "bert.embeddings", ("bert.embeddings",), 0, _EMBEDDING_FIELDS, (HIDDEN,))]
     layer = 0
@@ -130,8 +156,50 @@ def pretraining_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> S
                      checkpoint_output=True)
             )
             layer += 1
+    return parts, len(counts)
+
+
+def pretraining_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
+    """The parts of ``PackedBertForPreTraining`` with ``num_layers`` encoder layers, split as
+    ``layers_per_ipu`` (encoder layers per device, in order; empty: all on device 0)."""
+    parts, _ = _embedding_and_layers(num_layers, layers_per_ipu)
     parts.append(Part("Heads", "cls", ("bert.pooler", "cls"), 0, (HIDDEN,) + _LABEL_FIELDS, (OUTPUT,)))
     return Stages(tuple(parts))
+
+
+def classification_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
+    """The parts of ``PackedBertForSequenceClassification``: the heads (pooler, dropout, classifier, loss)
+    on the last device."""
+    parts, devices = _embedding_and_layers(num_layers, layers_per_ipu)
+    reads = (HIDDEN,) + CLASSIFICATION_INPUTS[3:]  # sequence_ids, cls_positions, labels
+    parts.append(Part("Heads", "heads", ("bert.pooler", "classifier"), devices - 1, reads, (OUTPUT,)))
+    return Stages(tuple(parts), inputs=CLASSIFICATION_INPUTS, heads="classification_heads")
+
+
+def question_answering_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
+    """The parts of ``PackedBertForQuestionAnswering``: the heads (qa_outputs, per-sequence logits, loss) on
+    the last device."""
+    parts, devices = _embedding_and_layers(num_layers, layers_per_ipu)
+    reads = (HIDDEN,) + QUESTION_ANSWERING_INPUTS[3:]  # sequence_ids, start_positions, end_positions
+    parts.append(Part("Heads", "heads", ("qa_outputs",), devices - 1, reads, (OUTPUT,)))
+    return Stages(tuple(parts), inputs=QUESTION_ANSWERING_INPUTS, heads="question_answering_heads")
+
+
+_BY_TASK = {
+    "pretraining": pretraining_stages,
+    "sequence_classification": classification_stages,
+    "question_answering": question_answering_stages,
+}
+
+
+def model_stages(model: torch.nn.Module, layers_per_ipu: Sequence[int] = ()) -> Stages:
+    """The parts of any packed model (its ``TASK``: pretraining, sequence_classification,
+    question_answering) for ``layers_per_ipu``."""
+    task = getattr(model, "TASK", None)
+    if task not in _BY_TASK:
+        raise ValueError("%s declares no pipeline parts (TASK %r, expected one of %s)"
+                         % (type(model).__name__, task, sorted(_BY_TASK)))
+    return _BY_TASK[task](int(model.config.num_hidden_layers), layers_per_ipu)
 
 
 def parameter_owners(model: torch.nn.Module, stages: Stages) -> Dict[str, Part]:
@@ -145,5 +213,19 @@ def parameter_owners(model: torch.nn.Module, stages: Stages) -> Dict[str, Part]:
     return owners
 
 
-__all__ = ["HIDDEN", "INPUTS", "OUTPUT", "Part", "Stages", "layer_split", "parameter_owners", "pretraining_stages"]
+__all__ = [
+    "CLASSIFICATION_INPUTS",
+    "HIDDEN",
+    "INPUTS",
+    "OUTPUT",
+    "QUESTION_ANSWERING_INPUTS",
+    "Part",
+    "Stages",
+    "classification_stages",
+    "layer_split",
+    "model_stages",
+    "parameter_owners",
+    "pretraining_stages",
+    "question_answering_stages",
+]
 
