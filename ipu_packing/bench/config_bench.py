@@ -153,12 +153,13 @@ class Timed:
 
         from ipu_packing.execution import make_runner
         from ipu_packing.train.build import build
+        from ipu_packing.train.task import PRETRAINING
 
         self.name, self.config, self.accounting = name, config, accounting
-        built = build(config, accounting.betas)  # both layouts start from the same (seeded) weights
+        built = build(config, accounting.betas, PRETRAINING)  # both layouts start from the same (seeded) weights
         self.attention = str(getattr(built.model, "attention_implementation", ""))
         self.runner = make_runner(built.model, built.optimizer, accounting.execution, scheduler=built.scheduler,
-                                  metrics=config.task.metrics)
+                                  metrics=PRETRAINING.metrics)
         rng = torch.get_rng_state()
         # A copy of each batch: an asynchronous poptorch.DataLoader (the IPU configs' mode) hands out the memory
         # of its ring buffer, which its worker refills once the next batch is asked for.

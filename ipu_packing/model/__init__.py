@@ -50,7 +50,7 @@ they share: heads.py, and per_sequence.py with the pretraining heads):
     out.loss, out.start_loss, out.end_loss               # () loss = (start_loss + end_loss) / 2
     out.start_accuracy, out.end_accuracy, out.start_count, out.end_count   # ()
 
-Their labels: a slot holds a sequence when k < max(sequence_ids) of its row (slots.slots_in_use), so the
+Their labels: a slot holds a sequence when k < max(sequence_ids) of its row (per_sequence.slots_in_use), so the
 labels of empty slots are never read. Classification (config.problem_type as transformers defines it,
 None: chosen by transformers' rule): "single_label_classification", labels int, IGNORE_INDEX (-100) for a
 sequence without one, mean cross-entropy over the labelled sequences; "regression", float labels, mean

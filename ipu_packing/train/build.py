@@ -30,14 +30,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build(config, betas: Tuple[float, float]) -> Built:
-    """``config``'s model (its task's class, from ``config.bert_config()``, seeded by training.seed), an optimizer
-    with ``betas`` (the batch accounting's) and the learning-rate schedule over training.steps."""
+def build(config, betas: Tuple[float, float], task) -> Built:
+    """``config``'s model (``task``'s class, from ``config.bert_config()`` with the task's settings, seeded by
+    training.seed), an optimizer with ``betas`` (the batch accounting's) and the schedule over training.steps."""
     if config.training.num_threads:
         torch.set_num_threads(config.training.num_threads)
     seed_everything(config.training.seed)
     try:
-        model = config.task.model_class()(config.bert_config())
+        model = task.model_class()(config.bert_config(**task.model_settings))
     except ValueError as exc:  # the model refusing a model: value (hidden_act, position_embedding_type, ...)
         raise ConfigError("model: %s" % (one_line(exc),))
     optimizer = build_optimizer(model, config.optimizer, betas)

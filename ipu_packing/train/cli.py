@@ -1,6 +1,10 @@
-"""Command line of run_pretraining.py: parse, then call into ipu_packing.train.
+"""Command line of run_pretraining.py and run_finetuning.py: parse, then call into ipu_packing.train.
 
     python run_pretraining.py [--config NAME|PATH] [--dry-run] [section.key=value ...]
+    python run_finetuning.py [--config NAME|PATH] [--dry-run] [section.key=value ...]
+
+The two are one command over one run machinery: a config's ``task.name`` says what it trains, and each script
+refuses the other's configs (pretraining, or a fine-tuning task), so a typo trains nothing it was not asked to.
 
 Exit status (ipu_packing.errors.run_command): 0 done; 2 bad input (config, dataset, checkpoint,
 launch), reported on one line before anything is written, or a run that diverged, naming the last
@@ -13,16 +17,20 @@ from __future__ import annotations
 import argparse
 from typing import List, Optional
 
-from ..errors import ArgumentParser, run_command
+from ..errors import ArgumentParser, ConfigError, run_command
 from .loader import DEFAULT_CONFIG, available_configs, load_config
 
 
-def build_parser() -> argparse.ArgumentParser:
+FINETUNE_DEFAULT_CONFIG = "finetune_demo"
+
+
+def build_parser(fine_tuning: bool = False) -> argparse.ArgumentParser:
     parser = ArgumentParser(
-        prog="run_pretraining.py",
-        description="BERT phase-2 pretraining on packed sequences (configs/*.yaml; overrides as section.key=value).",
+        prog="run_finetuning.py" if fine_tuning else "run_pretraining.py",
+        description=("BERT fine-tuning on packed sequences" if fine_tuning else "BERT phase-2 pretraining on packed "
+                     "sequences") + " (configs/*.yaml; overrides as section.key=value).",
     )
-    parser.add_argument("--config", default=DEFAULT_CONFIG,
+    parser.add_argument("--config", default=FINETUNE_DEFAULT_CONFIG if fine_tuning else DEFAULT_CONFIG,
                         help="config name in configs/ or a YAML path (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print placement, memory and batch sizes; train nothing")
     parser.add_argument("--list-configs", action="store_true", help="print the shipped config names")
@@ -70,13 +78,17 @@ def dry_run(config) -> str:
     return "\n".join(lines) + "\n" + report.rstrip("\n")
 
 
-def command(argv: Optional[List[str]]) -> int:
+def command(argv: Optional[List[str]], fine_tuning: bool = False) -> int:
     """The command itself: raises UserError; `main` prints it as one line."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(fine_tuning).parse_args(argv)
     if args.list_configs:
         print("\n".join(available_configs()))
         return 0
     config = load_config(args.config, args.overrides)
+    if config.task.fine_tuning != fine_tuning:
+        raise ConfigError("config %s trains %s (task.name=%s): run it with %s" % (
+            config.name, config.task.name, config.task.name,
+            "run_finetuning.py" if config.task.fine_tuning else "run_pretraining.py"))
     if args.dry_run:
         print(dry_run(config))
         return 0
@@ -87,7 +99,13 @@ def command(argv: Optional[List[str]]) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """run_pretraining.py (the console script ipu-packing-train)."""
     return run_command(command, argv)
+
+
+def finetune_main(argv: Optional[List[str]] = None) -> int:
+    """run_finetuning.py (the console script ipu-packing-finetune)."""
+    return run_command(lambda args: command(args, fine_tuning=True), argv)
 
 
 def dry_run_command(argv: Optional[List[str]]) -> int:

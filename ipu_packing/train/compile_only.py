@@ -12,6 +12,7 @@ from .build import build
 from .run_config import RunConfig
 from .data import check_data_matches, open_shards, read_training_data
 from .phase1 import with_init_architecture
+from .task import task_for
 
 
 def compile_only(
@@ -37,11 +38,12 @@ def compile_only(
         check_data_matches(config, data)
     accounting = config.batch_accounting(data.packing_factor if data is not None
                                          else config.data.packing_factor_estimate)
-    built = build(config, accounting.betas)
+    task = task_for(config, data.manifest if data is not None else None)
+    built = build(config, accounting.betas, task)
     if make_runner is None:
         from ipu_packing.execution import make_runner
     runner = make_runner(built.model, built.optimizer, accounting.execution, scheduler=built.scheduler,
-                         metrics=config.task.metrics)
+                         metrics=task.metrics)
     if data is not None:
         batch = next(iter(runner.dataloader(data.dataset, num_workers=0)))
         source = "the first batch of %s" % (data.path,)

@@ -31,7 +31,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 from .run_config import RunConfig
 from ..errors import ConfigError
 from .model_section import check_attention, finite, parse_model, resolve_attention
-from .sections import CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ScheduleConfig, TrainingConfig
+from .sections import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ScheduleConfig, TaskConfig,
+                       TrainingConfig)
 from .strict_yaml import shown, yaml_load, yaml_load_file
 
 def _config_dir() -> str:
@@ -81,6 +82,7 @@ _SECTIONS = {
     "training": TrainingConfig,
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
+    "task": TaskConfig,
 }
 _TOP_KEYS = ("base", "model", "execution") + tuple(_SECTIONS)
 

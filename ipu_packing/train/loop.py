@@ -12,6 +12,8 @@ every file the run writes. The body of the loop is the step:
             save_state(...)
         if stopping:
             raise guard.stopped(...)
+        if evaluation_due(...):                   # fine-tuning: the held-out split, per example
+            evaluate_now(...)
         guard.check_data(...)                     # the shards unchanged, before the next batch is read
 
 A run is deterministic given the config: weights are seeded, each epoch's pack order depends only on
@@ -136,6 +138,8 @@ def train(plan: RunPlan, runner, log: Callable[[str], None]) -> Dict[str, Any]:
                         last_saved = save_state(plan, runner, progress, record, last_saved)
                 if stopping:
                     raise guard.stopped(progress.step, last_saved)
+                if evaluation_due(plan, progress.step, calls):
+                    evaluate_now(plan, runner, progress.step, log)
                 if progress.step >= total:
                     break
                 guard.check_data(progress.step, last_saved)
@@ -239,6 +243,31 @@ def save_state(plan: RunPlan, runner, progress: Progress, record: StepRecord,
                             % (exc, _last_finite(last_saved)))
 
 
+def evaluation_due(plan: RunPlan, step: int, calls: int) -> bool:
+    """Whether a fine-tuning run evaluates after the host call that ended at ``step``: every
+    task.eval_every_steps (crossed by the call) and at the last step."""
+    if plan.eval_data is None:
+        return False
+    return checkpoint_due(step, calls, plan.config.task.eval_every_steps, plan.config.training.steps)
+
+
+def evaluate_now(plan: RunPlan, runner, step: int, log: Callable[[str], None]) -> Optional[Dict[str, Any]]:
+    """Evaluate the model as it is after ``step`` on the held-out split (train/evaluate.py), on the writer; the
+    result goes to eval.jsonl and one log line. Every process syncs the model first (a collective on a pipeline)."""
+    from .evaluate import evaluate
+
+    runner.sync_model()
+    if not runner.is_writer:
+        return None
+    result = evaluate(runner.model, plan.eval_data, plan.task, plan.config.task.eval_batch_packs,
+                      plan.config.task.eval_split)
+    record = dict(result, step=step)
+    plan.run_dir.append_evaluation(record)
+    log("evaluation at step %d on %s (%d examples): %s" % (step, result["split"], result["examples"], ", ".join(
+        "%s %s" % (k, "%.4f" % v if isinstance(v, float) else v) for k, v in sorted(result["metrics"].items()))))
+    return record
+
+
 def check_finite_loss(loss: float, step: int, last_saved: Optional[str]) -> None:
     """Stop the run (TrainingError) at a step whose loss is inf or NaN, naming the last finite checkpoint."""
     if not math.isfinite(loss):
@@ -256,6 +285,11 @@ def finish(plan: RunPlan, runner, history: List[StepRecord], last_saved: Optiona
     run resumed at its last step (stopped during its export) trains nothing and completes both."""
     records = [r.to_dict() for r in history] or plan.run_dir.read_metrics()
     summary = run_summary(plan, records, len(history), last_saved)
+    if plan.eval_data is not None:
+        done = [r for r in plan.run_dir.read_metrics(RunDirectory.EVAL) if r.get("step") == plan.config.training.steps]
+        final = done[-1] if done else evaluate_now(plan, runner, plan.config.training.steps, log)
+        if final is not None:
+            summary["evaluation"] = {k: final[k] for k in ("split", "step", "examples", "loss", "metrics")}
     if not runner.is_writer:
         return summary
     if plan.config.checkpoint.export:

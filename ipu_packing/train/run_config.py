@@ -23,6 +23,7 @@ from .sections import (
     LoggingConfig,
     OptimizerConfig,
     ScheduleConfig,
+    TaskConfig,
     TrainingConfig,
 )
 
@@ -43,6 +44,7 @@ class RunConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     explicit_execution_keys: Tuple[str, ...] = ()
     """Keys the `execution:` section set explicitly (for checks only)."""
     architecture_taken: bool = False
@@ -86,12 +88,6 @@ class RunConfig:
 
         return self.model[key] if key in self.model else MODEL_DEFAULTS[key]
 
-    @property
-    def task(self):
-        """What this config trains (train/task.py)."""
-        from .task import PRETRAINING
-
-        return PRETRAINING
 
     @property
     def run_dir(self) -> str:
@@ -114,10 +110,11 @@ class RunConfig:
         ex = self.execution_spec
         return self.training.unpacked_accumulation(ex.micro_batch_size, ex.replication_factor)
 
-    def bert_config(self):
+    def bert_config(self, **settings: Any):
+        """transformers.BertConfig of model:, with a task's own settings (num_labels, problem_type, label maps)."""
         import transformers
 
-        return transformers.BertConfig(**self.model)
+        return transformers.BertConfig(**dict(self.model, **settings))
 
     def batch_accounting(self, packing_factor: float) -> "BatchAccounting":
         """Accumulation and betas as run, for a dataset with this measured packing factor."""
@@ -129,6 +126,8 @@ class RunConfig:
         out = {"name": self.name, "model": dict(self.model), "execution": execution}
         for section in ("data", "optimizer", "schedule", "training", "checkpoint", "logging"):
             out[section] = dataclasses.asdict(getattr(self, section))
+        if self.task.fine_tuning:  # pretraining runs record what they always recorded
+            out["task"] = dataclasses.asdict(self.task)
         return out
 
 

@@ -2,6 +2,7 @@
 
     RUN/config.json                       the config as run (written before the first step)
     RUN/metrics.jsonl                     one StepRecord a line (train/metrics.py)
+    RUN/eval.jsonl                        a fine-tuning run's evaluations, one a line (train/evaluate.py)
     RUN/tensorboard/                      TensorBoard event files
     RUN/checkpoints/step_NNNNNNN.pt       TrainingState (train/state.py), the newest ``checkpoint.keep`` kept
     RUN/final/                            the Hugging Face export (``checkpoint.export``)
@@ -62,6 +63,7 @@ class RunDirectory:
 
     CONFIG = "config.json"
     METRICS = "metrics.jsonl"
+    EVAL = "eval.jsonl"
     TENSORBOARD = "tensorboard"
     CHECKPOINTS = "checkpoints"
     FINAL = "final"
@@ -236,12 +238,13 @@ class RunDirectory:
         remove_stale_temporaries(self.path)
         remove_stale_temporaries(self.file(self.CHECKPOINTS))
         atomic_write_text(self.file(self.CONFIG), json.dumps(config, indent=2, sort_keys=True) + "\n")
-        if resumed_step is not None:
-            from .metrics import repair_jsonl
+        for name in (self.METRICS, self.EVAL):
+            if resumed_step is not None:
+                from .metrics import repair_jsonl
 
-            repair_jsonl(self.file(self.METRICS), resumed_step, log)
-        elif os.path.exists(self.file(self.METRICS)):
-            os.unlink(self.file(self.METRICS))
+                repair_jsonl(self.file(name), resumed_step, log)
+            elif os.path.exists(self.file(name)):
+                os.unlink(self.file(name))
 
     def record_forced(self, step: int, checkpoint: Optional[str], old_config: Dict[str, Any],
                       differences: List[Difference]) -> str:
@@ -262,9 +265,14 @@ class RunDirectory:
         return ("checkpoint.resume=force: continuing from step %d with %s (recorded in %s; the old config is in %s)"
                 % (step, describe(differences), path, before))
 
-    def read_metrics(self) -> List[Dict[str, Any]]:
-        """The records of metrics.jsonl (none when it is absent)."""
-        path = self.file(self.METRICS)
+    def append_evaluation(self, record: Dict[str, Any]) -> None:
+        """One evaluation's line at the end of eval.jsonl (flushed: a kill leaves the lines before it whole)."""
+        with open(self.file(self.EVAL), "a", encoding="utf-8") as f:
+            f.write(jsonout.dumps(record, sort_keys=True) + "\n")
+
+    def read_metrics(self, name: str = METRICS) -> List[Dict[str, Any]]:
+        """The records of metrics.jsonl, or of eval.jsonl (none when it is absent)."""
+        path = self.file(name)
         if not os.path.lexists(path):
             return []
         with open_regular(path, "r", encoding="utf-8", error=UserError) as f:

@@ -23,6 +23,7 @@ from .model_section import MODEL_DEFAULTS
 from .phase1 import check_init_from, load_init_from, with_init_architecture
 from .run_dir import RunDirectory
 from .state import TrainingState
+from .task import Task, task_for
 
 
 @dataclass
@@ -39,6 +40,10 @@ class RunPlan:
     """Optimizer steps in an epoch: whole host calls of whole global batches."""
     fingerprint: Dict[str, Any]
     """What every checkpoint of this run records about its data and batch (fingerprint.recorded_fingerprint)."""
+    task: Task
+    """What the run trains (train/task.py: from the config and the dataset's manifest)."""
+    eval_data: Optional[TrainingData] = None
+    """The split a fine-tuning run is evaluated on (task.eval_split), opened and checked; None for none."""
     built: Optional[Built] = None
     """The model, optimizer and schedule (None for a finished run: nothing is trained)."""
     resume_state: Optional[TrainingState] = None
@@ -49,10 +54,6 @@ class RunPlan:
     finished: Optional[Dict[str, Any]] = None
     """The summary of the finished run the run directory holds, asked for again as it was: nothing is trained
     or written."""
-
-    @property
-    def task(self):
-        return self.config.task
 
     @property
     def model(self):
@@ -96,6 +97,14 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
     config = with_init_architecture(config)  # a phase-1 Hugging Face directory's architecture
     data = read_training_data(config.data.path)
     check_data_matches(config, data)
+    task = task_for(config, data.manifest)
+    eval_data = None
+    if task.evaluated and config.task.eval_split:
+        eval_data = read_training_data(config.data.split_path(config.task.eval_split))
+        check_data_matches(config, eval_data)
+        if eval_data.manifest.get("task", {}).get("labels") != data.manifest["task"].get("labels"):
+            raise UserError("dataset %s has other labels than %s: prepare both splits in one `prepare --task` run"
+                            % (eval_data.path, data.path))
     accounting = config.batch_accounting(data.packing_factor)
     steps_per_epoch = _steps_per_epoch(data, accounting)
 
@@ -115,10 +124,12 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
     if config.checkpoint.init_from and state is None:
         check_init_from(config, data)  # exists, and was trained on the dataset's vocabulary
     open_shards(data, open_dataset)
-    plan = RunPlan(config, data, accounting, run_dir, steps_per_epoch, fingerprint, None, state, resume_path, forced,
-                   finished)
+    if eval_data is not None:
+        open_shards(eval_data, open_dataset)
+    plan = RunPlan(config, data, accounting, run_dir, steps_per_epoch, fingerprint, task, eval_data, None, state,
+                   resume_path, forced, finished)
     if finished is None:
-        plan.built = _build(config, data, accounting, state, resume_path, bool(forced))
+        plan.built = _build(config, data, task, accounting, state, resume_path, bool(forced))
     return plan
 
 
@@ -134,10 +145,10 @@ def _steps_per_epoch(data: TrainingData, accounting: BatchAccounting) -> int:
     return steps
 
 
-def _build(config: RunConfig, data: TrainingData, accounting: BatchAccounting,
+def _build(config: RunConfig, data: TrainingData, task: Task, accounting: BatchAccounting,
            state: Optional[TrainingState], resume_path: Optional[str], forced: bool) -> Built:
     """The model, optimizer and schedule: fresh (seeded), from the phase-1 weights, or the checkpoint's."""
-    built = build(config, accounting.betas)
+    built = build(config, accounting.betas, task)
     if state is None:
         if config.checkpoint.init_from:
             load_init_from(config, data, built.model, type(built.model))  # one line: what, from where, what is fresh

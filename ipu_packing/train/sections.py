@@ -43,9 +43,14 @@ class DataConfig:
     the dataset's measured factor."""
     num_workers: int = 0
     """DataLoader worker processes."""
+    split: str = ""
+    """A fine-tuning dataset's split the run trains on ("train": DIR/train/packed); empty for pretraining data,
+    which has none (DIR/packed)."""
 
     def __post_init__(self) -> None:
         _choice("data.layout", self.layout, LAYOUTS)
+        if self.split and (self.split in (".", "..") or "/" in self.split or os.sep in self.split):
+            raise ConfigError("data.split must be a split's name (train, validation, ...), got %r" % (self.split,))
         _positive("data.max_seq_length", self.max_seq_length)
         _positive("data.max_sequences_per_pack", self.max_sequences_per_pack)
         if self.packing_factor_estimate < 1.0:
@@ -55,8 +60,12 @@ class DataConfig:
 
     @property
     def path(self) -> str:
-        """The dataset directory the run reads."""
-        return os.path.join(self.dir, self.layout)
+        """The dataset directory the run reads: DIR/layout, or DIR/split/layout for a fine-tuning split."""
+        return self.split_path(self.split)
+
+    def split_path(self, split: str) -> str:
+        """The dataset directory of ``split`` (of this layout) under data.dir."""
+        return os.path.join(self.dir, split, self.layout) if split else os.path.join(self.dir, self.layout)
 
     @property
     def expected_sequences_per_pack(self) -> int:
@@ -202,6 +211,35 @@ class CheckpointConfig:
         for item in self.init_override:
             if item not in allowed:
                 raise ConfigError("checkpoint.init_override: %r is not one of %s" % (item, ", ".join(allowed)))
+
+
+TASKS = ("pretraining", "classification")
+
+
+@dataclass
+class TaskConfig:
+    name: str = "pretraining"
+    """What the run trains: "pretraining" (MLM and NSP on prepared text) or "classification" (a head per sequence
+    on a task dataset, `prepare --task classification`: single label, regression or multi-label, as its manifest
+    says)."""
+    eval_split: str = "validation"
+    """The split (under data.dir) a fine-tuning run is evaluated on, per example; "" for none."""
+    eval_every_steps: int = 0
+    """Evaluate every N optimizer steps; 0: only at the end (a fine-tuning run always evaluates at its end)."""
+    eval_batch_packs: int = 64
+    """Packs per forward pass of the evaluation."""
+
+    def __post_init__(self) -> None:
+        _choice("task.name", self.name, TASKS)
+        if self.eval_every_steps < 0:
+            raise ConfigError("task.eval_every_steps must be >= 0, got %r" % (self.eval_every_steps,))
+        _positive("task.eval_batch_packs", self.eval_batch_packs)
+        if self.eval_split and (self.eval_split in (".", "..") or "/" in self.eval_split):
+            raise ConfigError("task.eval_split must be a split's name, got %r" % (self.eval_split,))
+
+    @property
+    def fine_tuning(self) -> bool:
+        return self.name != "pretraining"
 
 
 @dataclass
