@@ -108,6 +108,7 @@ def tasks(tmp_path_factory):
     splits = {}
     for split, n in (("train", 150), ("validation", 40), ("test", 30)):
         rows = [(_text(rng, 1, 50), _text(rng, 1, 40), names[int(rng.integers(3))]) for _ in range(n)]
+        rows[:3] = [row[:2] + (name,) for row, name in zip(rows, names)]  # first seen: not the sorted order
         splits[split] = rows if split != "test" else [row[:2] for row in rows]
     expected = {split: [sorted(names).index(row[2]) for row in rows] if split != "test" else [IGNORE_INDEX] * len(rows)
                 for split, rows in splits.items()}
