@@ -15,7 +15,7 @@ import pytest
 
 from ipu_packing.data.cli import main as data_main
 from ipu_packing.data.format import IGNORE_INDEX, SPECIAL_TOKENS
-from ipu_packing.data.task.inputs import read_split
+from ipu_packing.data.task.rows import read_split
 from ipu_packing.data.task.labels import encode_labels, infer_labels, text_columns
 from ipu_packing.errors import DataError
 

@@ -52,8 +52,8 @@ share packs into shards and manifests.
   worker's shard task), pipeline (the command: PrepareConfig, prepare).
 - existing/ (`pack`): read (HDF5 and TFRecord inputs -> instances), tfrecord and tfexample (TFRecord
   framing and tf.train.Example without TensorFlow), pack (the command: PackConfig, pack).
-- task/ (`prepare --task`): inputs (split files -> rows), labels (columns and labels as run_glue.py decides them),
-  encode (the worker's tokenization), demo (the embedded demo task), pipeline (the command's task half).
+- task/ (`prepare --task`): rows (split files -> rows), labels (columns and labels as run_glue.py decides them),
+  encode (the worker's tokenization), demo (the embedded demo task), preparation (the command's task half).
 - write/ (both): datasets (PackingOptions, one plan, scatter and gather, manifests), packs (the vectorised
   pack writer and its two streaming passes), workers (the worker processes), output (the output
   directory, written atomically).

@@ -143,7 +143,7 @@ def _prepare(args: argparse.Namespace) -> None:
     result = prepare(config)
     packed, padded, seconds = result.packed, result.padded, result.seconds
     if result.splits:
-        from .task.pipeline import split_summary
+        from .task.preparation import split_summary
 
         task = packed["task"]
         print("prepared %s in %.1f s: task %s, %s, %d labels%s; S = %d, K = %d" % (

@@ -41,7 +41,7 @@ from ... import jsonin
 from ...errors import DataError
 from ..format import IGNORE_INDEX, PROBLEM_TYPES
 from ..limits import MAX_NUM_LABELS
-from .inputs import ABSENT, SplitTable
+from .rows import ABSENT, SplitTable
 
 SINGLE, MULTI, REGRESSION = PROBLEM_TYPES
 

@@ -50,7 +50,7 @@ from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the
 
 TASKS = ("pretraining", "classification")
 """`prepare --task`: pretraining (a corpus -> NSP/MLM instances, this module) or a fine-tuning task (split files
--> labelled examples, data/task/pipeline.py); both end in the same packing phase and pack format."""
+-> labelled examples, data/task/preparation.py); both end in the same packing phase and pack format."""
 
 
 @dataclass
@@ -93,7 +93,7 @@ class PrepareConfig:
     """One of TASKS. A task reads train/validation/test (below) and tokenizes with `vocab`, the model's own
     tokenizer; the recipe's options (dupe_factor ... whole_word_masking, shard_chars) do not apply to it."""
     train: Optional[str] = None
-    """A task's train split: a .csv, .tsv, .jsonl, .parquet file or a datasets directory (data/task/inputs.py)."""
+    """A task's train split: a .csv, .tsv, .jsonl, .parquet file or a datasets directory (data/task/rows.py)."""
     validation: Optional[str] = None
     """A task's validation split (required with train)."""
     test: Optional[str] = None
@@ -139,7 +139,7 @@ class PrepareConfig:
         self.recipe  # validates the recipe fields
 
     def _check_task(self) -> None:
-        """A task's options on their own (the inputs are read, and refused, by data/task/pipeline.py)."""
+        """A task's options on their own (the inputs are read, and refused, by data/task/preparation.py)."""
         from ..format import MIN_SEQ_LENGTH, PROBLEM_TYPES
 
         if self.train_vocab is not None:
@@ -231,11 +231,13 @@ class PrepareResult:
 
 
 def prepare(config: PrepareConfig) -> PrepareResult:
-    """Run the whole preparation (see the module notes; a task: data/task/pipeline.py)."""
+    """Run the whole preparation (see the module notes; a task: data/task/preparation.py)."""
     if config.task != "pretraining":
-        from ..task.pipeline import prepare_task
+        from ..task.preparation import prepare_task
 
-        return prepare_task(config)
+        done = prepare_task(config)
+        train = done.splits["train"]
+        return PrepareResult(train["packed"], train.get("padded"), done.seconds, done.splits)
     output = os.path.abspath(config.output)
     with claim_output(output, "prepare"):  # the output is checked and held before any input is read
         corpus_spec = CorpusSpec(config.input, config.format)

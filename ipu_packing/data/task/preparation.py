@@ -7,7 +7,7 @@ Order of work (the same claiming, temporary directory, worker processes and writ
    writes it) and check that every split's input exists, before anything is created.
 2. Load the model's tokenizer (`--tokenizer DIR`: data/vocab.py `load_tokenizer`; the demo task, `--input default`,
    without one gets the default corpus' vocabulary, the demo BERT's).
-3. Read every split whole (data/task/inputs.py), choose the text columns and the labels on the train split and
+3. Read every split whole (data/task/rows.py), choose the text columns and the labels on the train split and
    check every row of every split against them (data/task/labels.py): any refusal happens here, before a
    token is made, and leaves nothing behind.
 4. Per split: tokenize chunks of rows in the worker processes (data/task/encode.py) into instance files with
@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -35,15 +36,27 @@ from ..write.datasets import PackSettings, write_datasets
 from ..write.output import claim_output, write_atomically
 from ..write.workers import Workers, progress
 from .encode import CHUNK_ROWS, encode_chunk, start_encoder
-from .inputs import SplitTable, check_split_path, read_split
+from .rows import SplitTable, check_split_path, read_split
 from .labels import LabelMap, SplitLabels, check_columns, encode_labels, infer_labels, text_columns, texts
 
 DEMO_INPUT = "default"
 """`--input default` with a task: the embedded demo task (data/task/demo.py)."""
 
 
-def prepare_task(config) -> "PrepareResult":  # noqa: F821  (text/pipeline.py's, imported below)
-    """Run a task's whole preparation (the module notes). `config` is a PrepareConfig with task set."""
+@dataclass
+class TaskResult:
+    """What a task's preparation wrote (text/pipeline.py's `prepare` returns it as its PrepareResult)."""
+
+    splits: Dict[str, Dict[str, dict]]
+    """{split: {"packed": manifest, "padded": manifest (absent with --no-padded)}} in the order of format.SPLITS."""
+    seconds: Dict[str, float]
+    """Wall-clock seconds per phase (vocab, read, tokenize, plan, scatter, write: each summed over the splits) and
+    total."""
+
+
+def prepare_task(config) -> TaskResult:
+    """Run a task's whole preparation (the module notes). `config` is text/pipeline.py's PrepareConfig with task
+    set."""
     output = os.path.abspath(config.output)
     with claim_output(output, "prepare"):  # the output is checked and held before any input is read
         for path in _split_paths(config).values():
@@ -72,9 +85,7 @@ def task_tokenizer(config) -> TokenizerSpec:
     return train_default_vocab([sentence for document in default_documents() for sentence in document])
 
 
-def _prepare_into(config, temp: str):
-    from ..text.pipeline import PrepareResult
-
+def _prepare_into(config, temp: str) -> TaskResult:
     seconds: Dict[str, float] = {}
     clock = [time.perf_counter()]
     start = clock[0]
@@ -127,7 +138,7 @@ def _prepare_into(config, temp: str):
     workers.close()
     shutil.rmtree(work)
     seconds["total"] = time.perf_counter() - start
-    return PrepareResult(splits["train"]["packed"], splits["train"].get("padded"), seconds, splits)
+    return TaskResult(splits, seconds)
 
 
 def _write_split(config, spec: TokenizerSpec, name: str, table: SplitTable, shown: str, columns: List[str],
