@@ -551,3 +551,6 @@ def test_a_pretraining_manifest_is_as_it_was(tasks):
     assert "task" in manifest_keys(manifest) and "mlm_slots" not in manifest_keys(manifest)
     other = dict(manifest, task=dict(manifest["task"], split="validation"))
     assert dataset_identity(manifest) != dataset_identity(other)
+    moved = dict(manifest, task=dict(manifest["task"], tokenizer="/elsewhere/tokenizer",
+                                      source=dict(manifest["task"]["source"], file="/elsewhere/train.tsv")))
+    assert dataset_identity(manifest) == dataset_identity(moved)  # paths left out, as for pretraining

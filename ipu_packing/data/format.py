@@ -496,9 +496,10 @@ dataset: those it has, and its `task`)."""
 def dataset_identity(manifest: Mapping[str, Any]) -> str:
     """A dataset's content digest: sha256 of what its manifest says the data is, paths left out: every
     shard's pack count and sha256 in order, the vocabulary's checksum, the field dtypes, and IDENTITY_KEYS
-    (and a task dataset's `task`). A copy of a dataset elsewhere has the same identity, another dataset of the
-    same S, K and vocabulary has another. Checkpoints record it (dataset.content_sha256) and compare identifies
-    runs' data by it; its value never changes for a given manifest."""
+    (and a task dataset's `task`, but for its tokenizer's and source file's paths). A copy of a dataset elsewhere
+    has the same identity, another dataset of the same S, K and vocabulary has another. Checkpoints record it
+    (dataset.content_sha256) and compare identifies runs' data by it; its value never changes for a given
+    manifest."""
     facts = {
         "shards": [[int(s["num_packs"]), str(s["sha256"])] for s in manifest["shards"]],
         "vocab_checksum": manifest["vocab_checksum"],
@@ -508,8 +509,9 @@ def dataset_identity(manifest: Mapping[str, Any]) -> str:
     for key in IDENTITY_KEYS:
         if task is None or key in manifest:
             facts[key] = manifest[key]
-    if task is not None:
-        facts["task"] = task
+    if task is not None:  # paths left out: where the tokenizer and the source file were
+        facts["task"] = {key: value for key, value in task.items() if key != "tokenizer"}
+        facts["task"]["source"] = {key: value for key, value in task["source"].items() if key != "file"}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
