@@ -31,6 +31,8 @@ from ipu_packing.data.format import IGNORE_INDEX, SPECIAL_TOKENS
 from ipu_packing.errors import DataError
 from ipu_packing.fsutil import sha256_file
 
+pytestmark = pytest.mark.slow  # prepares real task data, about 15 s in all on the 2-core machine
+
 PIECES = ["the", "event", "loop", "runs", "Tasks", "naïve", "Café", "東京", "emoji😀", "don't", "U.S.A.", "x" * 120,
           "MIME", "headers", "socket", "3.14", "(parens)", "«quotes»", "e\u0301te", "\ufb01le", "Straße", "İstanbul",
           "server", "Request", "HTTP/1.1", "tab-free", "semi;colon", "über", "ÅNGSTRÖM", "a", "of", "to", "and"]
