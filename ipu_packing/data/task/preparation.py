@@ -73,13 +73,14 @@ def _split_paths(config) -> Dict[str, str]:
 
 
 def task_tokenizer(config) -> TokenizerSpec:
-    """The model's tokenizer: --tokenizer (--vocab); the demo task without one gets the default vocabulary."""
+    """The model's tokenizer: --tokenizer (--vocab); "default", or the demo task without one: the default
+    vocabulary (the demo BERT's)."""
     if config.vocab is not None and config.vocab != DEMO_INPUT:
         return load_tokenizer(config.vocab, config.lower_case)
-    if config.input != DEMO_INPUT:
+    if config.vocab is None and config.input != DEMO_INPUT:
         raise DataError("--task %s needs the model's own tokenizer: --tokenizer DIR (a Hugging Face tokenizer "
                         "directory with tokenizer.json and/or vocab.txt, e.g. a training run's export "
-                        "output/runs/demo/final)" % config.task)
+                        "output/runs/demo/final; or default, the default corpus' vocabulary)" % config.task)
     from ..text.corpus import default_documents
 
     return train_default_vocab([sentence for document in default_documents() for sentence in document])
