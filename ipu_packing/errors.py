@@ -78,14 +78,15 @@ class MissingExtra(UserError):
     """An optional dependency is not installed: the message names the extra that installs it."""
 
 
-EXTRAS = {"matplotlib": "plots", "h5py": "data", "crc32c": "data", "tensorboard": "tensorboard"}
+EXTRAS = {"matplotlib": "plots", "h5py": "data", "crc32c": "data", "tensorboard": "tensorboard", "datasets": "datasets",
+          "pyarrow": "datasets"}
 """Optional dependency (top-level module) -> the extra of pyproject.toml that installs it."""
 
 
 def require_extra(module: str, purpose: str) -> Any:
     """``importlib.import_module(module)``, or MissingExtra, one line naming what needed it and the extra:
     "compare --plot needs matplotlib, which is not installed: pip install 'ipu-packing[plots]'". The one way
-    every optional import (matplotlib, h5py, crc32c, tensorboard) is made."""
+    every optional import (matplotlib, h5py, crc32c, tensorboard, datasets, pyarrow) is made."""
     top = module.split(".")[0]
     extra = EXTRAS.get(top) or EXTRAS.get(module.split(".")[-1])
     try:

@@ -7,6 +7,8 @@ Command line::
     python -m ipu_packing.data pack --input PATH|DIR|GLOB --vocab VOCAB --output DIR \\
         --max-sequences-per-pack K [--format auto|hdf5|tfrecord] [--workers N] [--no-padded] [--seed N]
     python -m ipu_packing.data inspect DIR/packed
+    python -m ipu_packing.data prepare --task classification --train FILE --validation FILE [--test FILE] \
+        --tokenizer DIR --output DIR --max-seq-length S --max-sequences-per-pack K     (or --input default: the demo)
 
 `prepare` writes DIR/packed/ (K sequences per pack) and DIR/padded/ (the same instances, one per
 row: K = 1, the padded baseline), each a dataset directory: manifest.json, shard-*.npy and a copy of
@@ -21,7 +23,7 @@ Python::
 
     from ipu_packing.data import open_dataset, DataError
     ds = open_dataset("DIR/packed")
-    len(ds); ds[i]            # pack i: dict with exactly the eight fields, int32 torch tensors
+    len(ds); ds[i]            # pack i: dict with exactly the eight fields (a task's: its own), int32 torch tensors
     ds.manifest               # manifest.json as a dict (also attribute access; keys: format.MANIFEST_KEYS)
     ds.packing_factor         # num_sequences / num_packs (1.0 for padded/)
     ds.vocab_path             # DIR/packed/vocab.txt
@@ -36,6 +38,13 @@ is one line; the command line prints it and exits with status 2.
 `pack` writes the same two datasets from data that is already masked and paired (NVIDIA BERT HDF5,
 google-research/bert TFRecords), keeping every instance exactly (existing/pack.py).
 
+`prepare --task classification` writes DIR/train, DIR/validation and DIR/test, each with packed/ and padded/, from
+run_glue.py-style CSV, TSV, JSON Lines (Parquet, datasets directories with the datasets extra) tokenized with the
+model's own tokenizer (task/): the same format with the classification field set (format.FIELD_SETS), so
+`open_dataset(DIR/train/packed)[i]` is a dict of input_ids, token_type_ids, position_ids, sequence_ids,
+cls_positions, labels, example_ids; `ds.task` says the problem type and the number of labels, `ds.manifest["task"]`
+the rest (format.TASK_MANIFEST_KEYS).
+
 Rooms: `prepare` and `pack` each turn their source into instance files, which the write phase they
 share packs into shards and manifests.
 
@@ -43,6 +52,8 @@ share packs into shards and manifests.
   worker's shard task), pipeline (the command: PrepareConfig, prepare).
 - existing/ (`pack`): read (HDF5 and TFRecord inputs -> instances), tfrecord and tfexample (TFRecord
   framing and tf.train.Example without TensorFlow), pack (the command: PackConfig, pack).
+- task/ (`prepare --task`): rows (split files -> rows), labels (columns and labels as run_glue.py decides them),
+  encode (the worker's tokenization), demo (the embedded demo task), preparation (the command's task half).
 - write/ (both): datasets (PackingOptions, one plan, scatter and gather, manifests), packs (the vectorised
   pack writer and its two streaming passes), workers (the worker processes), output (the output
   directory, written atomically).

@@ -44,21 +44,38 @@ def _packing_options(args: argparse.Namespace):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .text.pipeline import PrepareConfig
+    from .format import PROBLEM_TYPES
+    from .text.pipeline import TASKS, PrepareConfig
     from .vocab import DEFAULT_VOCAB_SIZE
 
     defaults = PrepareConfig(input="default", output="-")
     parser = ArgumentParser(prog="python -m ipu_packing.data", description=__doc__)
     commands = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
     commands.required = True
-    p = commands.add_parser("prepare", help="corpus -> packed/ and padded/ datasets")
-    p.add_argument("--input", required=True, help='file, directory, glob, or "default" (embedded corpus)')
+    p = commands.add_parser("prepare", help="corpus -> packed/ and padded/ datasets; --task classification: "
+                            "train/validation/test files -> OUT/<split>/packed and padded")
+    p.add_argument("--input", default=None,
+                   help='file, directory, glob, or "default" (embedded corpus; with --task classification: the '
+                   "embedded demo task)")
     p.add_argument("--output", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
-    p.add_argument("--vocab", default=None, metavar="PATH",
+    p.add_argument("--vocab", "--tokenizer", dest="vocab", default=None, metavar="PATH",
                    help='vocab.txt or Hugging Face tokenizer directory (never downloaded), or "default": the default '
                    "corpus' vocabulary. Your own --input needs --vocab or --train-vocab; --input default without "
-                   "either gets the default vocabulary")
+                   "either gets the default vocabulary. A task needs the model's own tokenizer (--tokenizer DIR)")
+    t = p.add_argument_group("fine-tuning task (--task classification; data/task/)")
+    t.add_argument("--task", choices=TASKS, default="pretraining",
+                   help="pretraining (--input: a corpus) or classification (--train, --validation, --test: "
+                   "run_glue.py's CSV, TSV, JSON Lines; Parquet or a datasets directory with the datasets extra)")
+    t.add_argument("--train", default=None, metavar="FILE", help="the train split (it decides columns and labels)")
+    t.add_argument("--validation", default=None, metavar="FILE", help="the validation split")
+    t.add_argument("--test", default=None, metavar="FILE", help="the test split (optional; may have no labels)")
+    t.add_argument("--sentence1-key", default=None,
+                   help="first text column [sentence1, else the first non-label column]")
+    t.add_argument("--sentence2-key", default=None, help="second text column [sentence2 where there is one]")
+    t.add_argument("--label-key", default="label", help="label column [label]")
+    t.add_argument("--problem-type", choices=PROBLEM_TYPES, default=None,
+                   help="force the labels' kind (default: inferred as run_glue.py does)")
     p.add_argument("--train-vocab", "--vocab-size", dest="train_vocab", type=int, default=None, metavar="N",
                    help="train a WordPiece vocabulary of (at most) N tokens on --input, deterministically (the same "
                    "input gives the same vocab.txt); the default corpus' vocabulary is N=%d" % DEFAULT_VOCAB_SIZE)
@@ -116,13 +133,27 @@ def _prepare(args: argparse.Namespace) -> None:
     packing = _packing_options(args)
     _keep_freed_memory()
     config = PrepareConfig(
-        input=args.input, output=args.output, max_seq_length=args.max_seq_length, vocab=args.vocab,
+        input=args.input or "", output=args.output, max_seq_length=args.max_seq_length, vocab=args.vocab,
         train_vocab=args.train_vocab, lower_case=args.lower_case, format=args.format,
         dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, masked_lm_prob=args.masked_lm_prob,
         max_predictions_per_seq=args.max_predictions_per_seq, whole_word_masking=args.whole_word_masking,
-        shard_chars=args.shard_chars, packing=packing)
+        shard_chars=args.shard_chars, packing=packing, task=args.task, train=args.train,
+        validation=args.validation, test=args.test, sentence1_key=args.sentence1_key,
+        sentence2_key=args.sentence2_key, label_key=args.label_key, problem_type=args.problem_type)
     result = prepare(config)
     packed, padded, seconds = result.packed, result.padded, result.seconds
+    if result.splits:
+        from .task.preparation import split_summary
+
+        task = packed["task"]
+        print("prepared %s in %.1f s: task %s, %s, %d labels%s; S = %d, K = %d" % (
+            args.output, seconds["total"], task["name"], task["problem_type"], task["num_labels"],
+            " (%s)" % ", ".join(task["labels"]) if task["labels"] and len(task["labels"]) <= 8 else "",
+            packed["max_seq_length"], packed["max_sequences_per_pack"]))
+        for name, manifests in result.splits.items():
+            print("  " + split_summary(name, args.output, manifests["packed"], manifests.get("padded")))
+        print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
+        return
     print("prepared %s in %.1f s: %d sequences (%.0f/s) -> %d packs (packing factor %.3f, efficiency %.1f%%)%s"
           % (args.output, seconds["total"], packed["num_sequences"], packed["num_sequences"] / seconds["total"],
              packed["num_packs"], packed["packing_factor"], 100 * packed["packing_efficiency"],
@@ -186,8 +217,36 @@ def _inspect(args: argparse.Namespace) -> None:
     padded_efficiency = manifest["num_tokens"] / float(max(1, n) * s)
     print("  padded efficiency        %.2f%% (one sequence per row)" % (100 * padded_efficiency))
     print("  speed-up over padded     %.4fx (rows: %d padded / %d packs)" % (n / float(max(1, p)), n, p))
+    if "task" in manifest:
+        _inspect_task(manifest)
+        return
     print("  masked tokens            %d (%.2f per sequence, %d slots per pack)"
           % (manifest["num_masked_tokens"], manifest["num_masked_tokens"] / float(max(1, n)), manifest["mlm_slots"]))
+
+
+def _inspect_task(manifest: dict) -> None:
+    """A task dataset's task: its problem, labels and their balance, source and truncation."""
+    task, n = manifest["task"], manifest["num_sequences"]
+    print("task:")
+    print("  %-24s %s, %s split, %d examples from %s (%s, sha256 %s)"
+          % ("task", task["name"], task["split"], n, task["source"]["file"], task["source"]["format"],
+             task["source"]["sha256"][:12]))
+    print("  %-24s %s, num_labels %d%s" % ("problem type", task["problem_type"], task["num_labels"],
+                                           "" if task["has_labels"] else "; this split has no labels"))
+    print("  %-24s %s" % ("text columns", ", ".join(task["text_columns"])))
+    print("  %-24s %d (%.2f%%) cut to %d tokens" % ("truncated", task["truncated"],
+                                                    100.0 * task["truncated"] / max(1, n), manifest["max_seq_length"]))
+    counts = task["label_counts"]
+    if counts is not None:
+        names = task["labels"] or [str(i) for i in range(task["num_labels"])]
+        print("label balance (%s):" % ("examples of each class" if task["problem_type"] ==
+                                       "single_label_classification" else "examples with each label"))
+        top = max(1, max(counts))
+        for name, count in list(zip(names, counts))[:32]:
+            print("  %-24s %7d %5.1f%% %s" % (name[:24], count, 100.0 * count / max(1, n),
+                                               "#" * int(round(30 * count / top))))
+        if len(counts) > 32:
+            print("  ... %d labels more" % (len(counts) - 32))
 
 
 def _main(argv: Optional[List[str]]) -> int:

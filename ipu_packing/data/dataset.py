@@ -7,8 +7,11 @@ its own indices, and each worker process opens its own memory maps on first use.
 Item i is pack i in the order the shards store it; the order of an epoch (and which replica reads
 which packs) is the training loop's decision, TrainingData.epoch_order in train/data.py.
 
-Items are dicts with exactly the pack fields of format.py (int32 tensors, or numpy arrays with
-as_tensors=False, whatever smaller type the shard stores them in), so `model(**batch)` works after default collation.
+Items are dicts with exactly the pack fields of the dataset's task (format.FIELD_SETS: pretraining's eight, a
+classification task's input_ids, token_type_ids, position_ids, sequence_ids, cls_positions, labels, example_ids),
+in that order, widened as the model takes them: integer fields int32 and float labels float32 (tensors, or numpy
+arrays with as_tensors=False), whatever smaller type the shard stores them in, so `model(**batch)` works after
+default collation (a task model takes example_ids out first: they say which input row each slot holds).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from .format import FIELDS, read_manifest
+from .format import TaskLayout, read_manifest, served_dtype, task_layout
 from .shards import validate_shards
 
 
@@ -43,6 +46,8 @@ class PackedDataset(torch.utils.data.Dataset):
         sizes = [shard["num_packs"] for shard in self.manifest["shards"]]
         self._shard_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.as_tensors = as_tensors
+        self.task: TaskLayout = task_layout(self.manifest)
+        """The packs' task (format.TaskLayout): its fields, problem type and number of labels."""
         self._maps: Optional[List[np.ndarray]] = None
         self._pid = -1
 
@@ -66,7 +71,13 @@ class PackedDataset(torch.utils.data.Dataset):
 
     @property
     def mlm_slots(self) -> int:
-        return int(self.manifest["mlm_slots"])
+        """M of a pretraining dataset; 0 for a task dataset (no MLM fields)."""
+        return int(self.manifest.get("mlm_slots", 0))
+
+    @property
+    def fields(self) -> tuple:
+        """The names of an item's fields, in order (format.FIELD_SETS of the dataset's task)."""
+        return self.task.names
 
     @property
     def vocab_size(self) -> int:
@@ -92,10 +103,12 @@ class PackedDataset(torch.utils.data.Dataset):
         g = int(i) % len(self)
         shard = int(np.searchsorted(self._shard_starts, g, side="right") - 1)
         record = self._open()[shard][g - self._shard_starts[shard]]
-        # stored in the smallest types (format.field_dtypes); served as int32, as the model takes them
+        # stored in the smallest types (format.field_dtypes); served as int32 (float labels float32), as the
+        # model takes them
+        item = {name: np.array(record[name], dtype=served_dtype(record.dtype[name].base)) for name in self.task.names}
         if self.as_tensors:
-            return {name: torch.from_numpy(np.array(record[name], dtype=np.int32)) for name in FIELDS}
-        return {name: np.array(record[name], dtype=np.int32) for name in FIELDS}
+            return {name: torch.from_numpy(array) for name, array in item.items()}
+        return item
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)

@@ -64,6 +64,52 @@ the invariant.
 What a pack cannot show is not checked: whether an MLM label is the token that was masked there, or a
 position inside the right sequence where two sequences' predictions could be exchanged without
 breaking the order.
+
+Tasks: one format, a field set per task. The fields above are the pretraining task's. A dataset for another
+task (fine-tuning data, `prepare --task classification`, data/task/) is the same format, directory, shards,
+dtypes rule and checks, with its own field set (`FIELD_SETS`; each field's shape and kind of values in
+`FIELD_TABLE`), told apart by the manifest's `task` key (absent: pretraining, so a pretraining dataset is
+byte for byte what it was). Legend as above, plus L = num_labels.
+
+    classification  input_ids, token_type_ids, position_ids, sequence_ids   (S,) as above
+                    cls_positions   (K,)  as above
+                    labels          (K,)  int: single-label class in [0, L); IGNORE_INDEX in an empty slot and
+                                          everywhere in a split without labels (an unlabelled test split)
+                                    (K,)  float32: regression with L = 1; 0 in an empty slot
+                                    (K, L) float32: regression with L > 1 (0 in an empty slot), or multi-label:
+                                          multi-hot 0/1 over the label names (0 in an empty slot)
+                    example_ids     (K,)  int32: the example's row in its split (0-based, data rows in file
+                                          order); -1 in an empty slot
+
+    The order is the model's forward order (input_ids, token_type_ids, position_ids, sequence_ids,
+    cls_positions, labels), then example_ids (to match predictions back to the input rows). A later task
+    adds its set the same way: question answering would be the four token fields, cls_positions,
+    start_positions and end_positions (K,), token offsets (S, 2) and example_ids, by new rows of FIELD_TABLE
+    (its values kind says its type and range) and one entry of FIELD_SETS; the shards, the writer's packing,
+    the checks and the Dataset follow the table.
+
+    Invariants of a classification pack, besides sequences, positions, token types and [CLS] above:
+
+    example slots   example_ids[j] is used (not -1) exactly when j < k, and no example id appears twice in
+                    the dataset (over all its packs: every example of the split exactly once)
+    label slots     single-label: labels[j] is used (not IGNORE_INDEX) exactly when j < k in a split with
+                    labels, and IGNORE_INDEX everywhere in a split without; float labels: an empty slot's
+                    are 0 (a used one may be 0 too: example_ids says which slots hold a sequence)
+
+    The manifest of a task dataset has no mlm_slots, num_masked_tokens, recipe or corpus (they describe
+    pretraining instances; PRETRAINING_MANIFEST_KEYS) and has `task` (TASK_MANIFEST_KEYS), e.g.
+
+        {"name": "classification", "problem_type": "single_label_classification", "num_labels": 3,
+         "labels": ["contradiction", "entailment", "neutral"], "label_counts": [61, 70, 69],
+         "split": "validation", "has_labels": true, "text_columns": ["sentence1", "sentence2"],
+         "label_column": "label", "truncated": 2, "tokenizer": "output/runs/demo/final",
+         "source": {"file": "dev.tsv", "format": "tsv", "rows": 200, "sha256": "..."}}
+
+    problem_type is one of PROBLEM_TYPES (transformers' names); labels: the class names by id (single-label,
+    sorted as run_glue.py sorts its label_list), the label names of the multi-hot columns (multi-label), or
+    null (integer classes kept as they are, regression); label_counts: examples of each class (single-label)
+    or with each label (multi-label), null for regression or without labels; truncated: examples cut to S;
+    source: the split's input file (its name, format, data rows and sha256).
 """
 
 from __future__ import annotations
@@ -72,7 +118,8 @@ import hashlib
 import json
 import math
 import os
-from typing import Any, Dict, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -81,7 +128,7 @@ from ..errors import InputError
 from ..fsutil import atomic_write_text, contained_path, open_regular
 from ..fsutil import sha256_file  # noqa: F401  (importers of format use it)
 from ..errors import DataError
-from .limits import MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, MAX_VOCAB_SIZE
+from .limits import MAX_NUM_LABELS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, MAX_VOCAB_SIZE
 
 FORMAT_VERSION = 2
 """2: each field in its smallest type (field_dtypes). 1 (every field int32) is refused: re-prepare."""
@@ -95,6 +142,7 @@ TOKEN_FIELDS = ("input_ids", "token_type_ids", "position_ids", "sequence_ids")  
 MLM_FIELDS = ("mlm_positions", "mlm_labels")  # (M,)
 SEQUENCE_FIELDS = ("cls_positions", "nsp_labels")  # (K,)
 FIELDS = TOKEN_FIELDS + MLM_FIELDS + SEQUENCE_FIELDS
+"""The pretraining task's fields, in the model's forward order (FIELD_SETS["pretraining"])."""
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """Tokens every vocabulary must have. A dataset records their ids in its manifest (special_token_ids);
@@ -106,36 +154,165 @@ FIRST_WORD_ID = len(SPECIAL_TOKENS)
 MIN_SEQ_LENGTH = 5  # the shortest instance: [CLS] a [SEP] b [SEP]
 
 
+# ---------------------------------------------------------------------------------------------------
+# the field table: one format, a field set per task
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a pack: its shape per pack, in the legend's symbols, and the kind of values it holds, which
+    decides its stored type (`field_dtypes`), its valid values (data/shards.py `check_packs`) and the value of an
+    unused slot or of padding (`empty`)."""
+
+    name: str
+    shape: Tuple[Union[str, int], ...]
+    """Per pack: ("S",), ("M",), ("K",), ("K", "L"); a number stands for itself (e.g. ("S", 2))."""
+    values: str
+    """A key of VALUE_KINDS."""
+    empty: float = 0
+    """The value of an unused slot and of padding."""
+
+
+VALUE_KINDS = {
+    "token": "a token id in [0, V)",
+    "token_type": "0 (segment A) or 1 (segment B)",
+    "position": "a position in the pack, [0, S)",
+    "sequence": "a sequence id in [0, K]",
+    "token_label": "a token id in [0, V), or IGNORE_INDEX",
+    "binary_label": "0 or 1, or IGNORE_INDEX",
+    "class": "a class in [0, L), or IGNORE_INDEX",
+    "real": "a finite float32",
+    "multi_hot": "0.0 or 1.0 (float32)",
+    "example": "a row of the split in [0, num_sequences), or -1",
+}
+"""What a field's values are (Field.values)."""
+
+FIELD_TABLE: Dict[str, Field] = {f.name: f for f in (
+    Field("input_ids", ("S",), "token"),
+    Field("token_type_ids", ("S",), "token_type"),
+    Field("position_ids", ("S",), "position"),
+    Field("sequence_ids", ("S",), "sequence"),
+    Field("mlm_positions", ("M",), "position"),
+    Field("mlm_labels", ("M",), "token_label", IGNORE_INDEX),
+    Field("cls_positions", ("K",), "position"),
+    Field("nsp_labels", ("K",), "binary_label", IGNORE_INDEX),
+    Field("example_ids", ("K",), "example", -1),
+)}
+"""Every field but a classification task's `labels`, whose shape and kind follow its problem type
+(`TaskLayout.fields`)."""
+
+CLASS_LABELS = Field("labels", ("K",), "class", IGNORE_INDEX)  # single-label classification
+REAL_LABELS = Field("labels", ("K",), "real", 0)  # regression, L = 1
+REAL_LABEL_ROWS = Field("labels", ("K", "L"), "real", 0)  # regression, L > 1
+MULTI_HOT_LABELS = Field("labels", ("K", "L"), "multi_hot", 0)  # multi-label classification
+
+FIELD_SETS: Dict[str, Tuple[str, ...]] = {
+    "pretraining": FIELDS,
+    "classification": TOKEN_FIELDS + ("cls_positions", "labels", "example_ids"),
+}
+"""Each task's fields, in the model's forward order (and, for a task, example_ids last)."""
+
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
+"""A classification task's problem types (transformers' `problem_type` names)."""
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """Which field set a dataset's packs hold, and what decides its fields' shapes and values beyond S, M, K and
+    V: the task, and for classification its problem type, L and whether the split has labels. Read from a
+    manifest with `task_layout` (no `task` key: PRETRAINING)."""
+
+    name: str = "pretraining"
+    """A key of FIELD_SETS."""
+    problem_type: Optional[str] = None
+    """Classification: one of PROBLEM_TYPES."""
+    num_labels: int = 0
+    """Classification: L (1 for a single regression target)."""
+    has_labels: bool = True
+    """Classification: False for a split without labels (every single-label slot IGNORE_INDEX, floats 0)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in FIELD_SETS:
+            raise DataError("task %r: not one of %s" % (self.name, "/".join(FIELD_SETS)))
+        if self.name == "classification" and self.problem_type not in PROBLEM_TYPES:
+            raise DataError("problem type %r: not one of %s" % (self.problem_type, "/".join(PROBLEM_TYPES)))
+
+    @property
+    def is_pretraining(self) -> bool:
+        return self.name == "pretraining"
+
+    @property
+    def fields(self) -> Tuple[Field, ...]:
+        """The fields of a pack, in order."""
+        return tuple(self._labels() if name == "labels" else FIELD_TABLE[name] for name in FIELD_SETS[self.name])
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return FIELD_SETS[self.name]
+
+    @property
+    def presence(self) -> str:
+        """The (K,) field whose unused slots (its `empty` value) say which slots hold no sequence."""
+        return "nsp_labels" if self.is_pretraining else "example_ids"
+
+    def _labels(self) -> Field:
+        if self.problem_type == "single_label_classification":
+            return CLASS_LABELS
+        if self.problem_type == "multi_label_classification":
+            return MULTI_HOT_LABELS
+        return REAL_LABELS if self.num_labels == 1 else REAL_LABEL_ROWS
+
+    def shapes(self, max_seq_length: int, mlm_slots: int, max_sequences_per_pack: int) -> Dict[str, Tuple[int, ...]]:
+        """{field: shape per pack} with the legend's symbols replaced by S, M, K and L."""
+        sizes = {"S": max_seq_length, "M": mlm_slots, "K": max_sequences_per_pack, "L": self.num_labels}
+        return {f.name: tuple(sizes[d] if isinstance(d, str) else d for d in f.shape) for f in self.fields}
+
+
+PRETRAINING = TaskLayout()
+
+
+def task_layout(manifest: Mapping[str, Any]) -> TaskLayout:
+    """The TaskLayout of a (checked) manifest: its `task` key's, or PRETRAINING where it has none."""
+    task = manifest.get("task")
+    if task is None:
+        return PRETRAINING
+    return TaskLayout(task["name"], task.get("problem_type"), int(task.get("num_labels", 0)),
+                      bool(task.get("has_labels", True)))
+
+
 def field_dtypes(max_seq_length: int, max_sequences_per_pack: int,
-                 vocab_size: Optional[int] = None) -> Dict[str, np.dtype]:
-    """{field: stored dtype}: the smallest little-endian integer type holding every value of the field.
+                 vocab_size: Optional[int] = None, task: TaskLayout = PRETRAINING) -> Dict[str, np.dtype]:
+    """{field: stored dtype} of `task`'s fields: for integers the smallest little-endian type holding every value
+    of the field, float32 for float labels.
 
     Token ids lie in [0, V) and labels in [0, V) or IGNORE_INDEX (signed); positions in [0, S);
-    sequence ids in [0, K]; token types in {0, 1}; NSP labels in {0, 1, IGNORE_INDEX}. Shards always
-    give the vocabulary size. Without one (vocab_size=None: packs built in memory as a batch, e.g.
-    synthetic packs) every field is int32, as the model takes them.
+    sequence ids in [0, K]; token types in {0, 1}; NSP labels in {0, 1, IGNORE_INDEX}; classes in [0, L) or
+    IGNORE_INDEX; example ids are int32. Shards always give the vocabulary size. Without one (vocab_size=None:
+    packs built in memory as a batch, e.g. synthetic packs) every integer field is int32, as the model takes them.
     """
     if vocab_size is None:
-        return {name: np.dtype("<i4") for name in FIELDS}
+        return {f.name: np.dtype("<f4" if f.values in ("real", "multi_hot") else "<i4") for f in task.fields}
 
     def unsigned(top: int) -> str:  # holds [0, top]
         return "<u1" if top < 1 << 8 else "<u2" if top < 1 << 16 else "<i4"
 
-    ids = unsigned(vocab_size - 1)
-    labels = "<i2" if vocab_size <= 1 << 15 else "<i4"
-    position = unsigned(max_seq_length - 1)
-    kinds = {"input_ids": ids, "token_type_ids": "<u1", "position_ids": position,
-             "sequence_ids": unsigned(max_sequences_per_pack), "mlm_positions": position, "mlm_labels": labels,
-             "cls_positions": position, "nsp_labels": "<i1"}
-    return {name: np.dtype(kinds[name]) for name in FIELDS}
+    def signed(top: int) -> str:  # holds [IGNORE_INDEX, top]
+        return "<i1" if top < 1 << 7 else "<i2" if top < 1 << 15 else "<i4"
+
+    kinds = {"token": unsigned(vocab_size - 1), "token_type": "<u1", "position": unsigned(max_seq_length - 1),
+             "sequence": unsigned(max_sequences_per_pack), "token_label": "<i2" if vocab_size <= 1 << 15 else "<i4",
+             "binary_label": "<i1", "class": signed(max(1, task.num_labels) - 1), "real": "<f4", "multi_hot": "<f4",
+             "example": "<i4"}
+    return {f.name: np.dtype(kinds[f.values]) for f in task.fields}
 
 
 def pack_dtype(max_seq_length: int, mlm_slots: int, max_sequences_per_pack: int,
-               vocab_size: Optional[int] = None) -> np.dtype:
-    """The numpy record type of one pack: the fields back to back, each of field_dtypes' type."""
-    widths = [max_seq_length] * 4 + [mlm_slots] * 2 + [max_sequences_per_pack] * 2
-    kinds = field_dtypes(max_seq_length, max_sequences_per_pack, vocab_size)
-    return np.dtype([(name, kinds[name], (width,)) for name, width in zip(FIELDS, widths)])
+               vocab_size: Optional[int] = None, task: TaskLayout = PRETRAINING) -> np.dtype:
+    """The numpy record type of one pack: `task`'s fields back to back, each of field_dtypes' type (a task without
+    MLM fields ignores mlm_slots)."""
+    kinds = field_dtypes(max_seq_length, max_sequences_per_pack, vocab_size, task)
+    shapes = task.shapes(max_seq_length, mlm_slots, max_sequences_per_pack)
+    return np.dtype([(name, kinds[name], shapes[name]) for name in task.names])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -201,9 +378,18 @@ def max_pack_predictions(gains: np.ndarray, max_seq_length: int, max_sequences_p
 
 
 def as_batch(packs: np.ndarray, dtype: Any = np.int32) -> Dict[str, np.ndarray]:
-    """(P,) records -> {field: (P, width) contiguous array} of `dtype` (int32, as the model takes;
-    None keeps the stored types)."""
-    return {name: np.ascontiguousarray(packs[name], dtype=dtype) for name in FIELDS}
+    """(P,) records -> {field: (P, width...) contiguous array}, in the records' field order: integer fields of
+    `dtype` (int32, as the model takes), float fields float32; dtype None keeps the stored types."""
+    return {name: np.ascontiguousarray(packs[name], dtype=served_dtype(packs.dtype[name].base, dtype))
+            for name in packs.dtype.names}
+
+
+def served_dtype(stored: np.dtype, integers: Any = np.int32) -> Any:
+    """The type a reader serves a field of `stored` type in: `integers` (int32, what the model takes) for an
+    integer field, float32 for a float one; integers None keeps the stored type."""
+    if integers is None:
+        return None
+    return np.float32 if np.dtype(stored).kind == "f" else integers
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -238,6 +424,30 @@ MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
     "field_dtypes": (dict, "{field: numpy dtype string} as stored (field_dtypes)"),
 }
 
+
+PRETRAINING_MANIFEST_KEYS = ("mlm_slots", "num_masked_tokens", "recipe", "corpus")
+"""Keys of MANIFEST_KEYS that only a pretraining dataset has: a task dataset (one with a `task` key) has none of
+them, and `task` instead."""
+
+TASK_KEY: Tuple[Any, str] = (dict, "the task and its labels (TASK_MANIFEST_KEYS); absent: pretraining")
+
+TASK_MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
+    "name": (str, 'the task: a key of FIELD_SETS other than "pretraining"'),
+    "problem_type": (str, "one of PROBLEM_TYPES"),
+    "num_labels": (int, "L: classes (single-label), label names (multi-label) or regression targets"),
+    "labels": ((list, type(None)), "class names by id, or multi-hot label names; null: integer classes, regression"),
+    "label_counts": ((list, type(None)), "examples of each class, or with each label; null: regression, no labels"),
+    "split": (str, '"train", "validation" or "test"'),
+    "has_labels": (bool, "false: a split without labels (labels IGNORE_INDEX, or 0 for float labels)"),
+    "text_columns": (list, "the input's text column(s): sentence 1, and sentence 2 for pairs"),
+    "label_column": ((str, type(None)), "the input's label column; null: the split has none"),
+    "truncated": (int, "examples cut to max_seq_length"),
+    "tokenizer": (str, "where the tokenizer came from"),
+    "source": (dict, "the split's input: {file, format, rows, sha256}"),
+}
+"""The keys of a task manifest's `task` entry (all required), each with its type(s) and meaning."""
+
+SPLITS = ("train", "validation", "test")
 
 OPTIONAL_MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
     "strip_accents": (bool, "whether the tokenizer stripped accents; absent: exactly when it lower-cased (the "
@@ -279,28 +489,46 @@ def pack_statistics(lengths: Optional[np.ndarray], mlm_counts: np.ndarray, seque
 
 IDENTITY_KEYS = ("kind", "max_seq_length", "max_sequences_per_pack", "mlm_slots", "num_packs", "num_sequences",
                  "num_tokens", "num_masked_tokens")
-"""Manifest keys a dataset's identity covers, besides its shards, vocabulary checksum and field dtypes."""
+"""Manifest keys a dataset's identity covers, besides its shards, vocabulary checksum and field dtypes (a task
+dataset: those it has, and its `task`)."""
 
 
 def dataset_identity(manifest: Mapping[str, Any]) -> str:
     """A dataset's content digest: sha256 of what its manifest says the data is, paths left out: every
-    shard's pack count and sha256 in order, the vocabulary's checksum, the field dtypes, and IDENTITY_KEYS.
-    A copy of a dataset elsewhere has the same identity, another dataset of the same S, K and vocabulary has
-    another. Checkpoints record it (dataset.content_sha256) and compare identifies runs' data by it; its
-    value never changes for a given manifest."""
+    shard's pack count and sha256 in order, the vocabulary's checksum, the field dtypes, and IDENTITY_KEYS
+    (and a task dataset's `task`, but for its tokenizer's and source file's paths). A copy of a dataset elsewhere
+    has the same identity, another dataset of the same S, K and vocabulary has another. Checkpoints record it
+    (dataset.content_sha256) and compare identifies runs' data by it; its value never changes for a given
+    manifest."""
     facts = {
         "shards": [[int(s["num_packs"]), str(s["sha256"])] for s in manifest["shards"]],
         "vocab_checksum": manifest["vocab_checksum"],
         "field_dtypes": manifest["field_dtypes"],
     }
+    task = manifest.get("task")
     for key in IDENTITY_KEYS:
-        facts[key] = manifest[key]
+        if task is None or key in manifest:
+            facts[key] = manifest[key]
+    if task is not None:  # paths left out: where the tokenizer and the source file were
+        facts["task"] = {key: value for key, value in task.items() if key != "tokenizer"}
+        facts["task"]["source"] = {key: value for key, value in task["source"].items() if key != "file"}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
+def manifest_keys(manifest: Mapping[str, Any]) -> Dict[str, Tuple[Any, str]]:
+    """The keys a manifest must have: MANIFEST_KEYS for pretraining; for a task dataset (one with a `task` key)
+    the same less PRETRAINING_MANIFEST_KEYS, plus `task`."""
+    if "task" not in manifest:
+        return MANIFEST_KEYS
+    keys = {key: value for key, value in MANIFEST_KEYS.items() if key not in PRETRAINING_MANIFEST_KEYS}
+    keys["task"] = TASK_KEY
+    return keys
+
+
 def write_manifest(directory: str, manifest: Dict[str, Any]) -> None:
-    unknown = sorted(set(manifest) - set(MANIFEST_KEYS) - set(OPTIONAL_MANIFEST_KEYS))
-    missing = sorted(set(MANIFEST_KEYS) - set(manifest))
+    required = manifest_keys(manifest)
+    unknown = sorted(set(manifest) - set(required) - set(OPTIONAL_MANIFEST_KEYS))
+    missing = sorted(set(required) - set(manifest))
     assert not unknown and not missing, (unknown, missing)
     # fsync'd and renamed into place (ipu_packing/fsutil.py): a reader sees the old manifest or the new one
     atomic_write_text(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -315,6 +543,11 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     if not os.path.lexists(path):
         if os.path.isfile(os.path.join(directory, "packed", MANIFEST)):
             raise DataError("%s: holds packed/ and padded/; name one of them" % directory)
+        splits = [name for name in SPLITS if os.path.isdir(os.path.join(directory, name))]
+        if splits:
+            raise DataError("%s: holds the task splits %s, each with packed/ and padded/; name one of them, e.g. %s"
+                            % (directory, ", ".join(name + "/" for name in splits),
+                               os.path.join(directory, splits[0], "packed")))
         raise DataError("%s: missing (not a prepared dataset directory)" % path)
     try:
         with open_regular(path, "rb", error=DataError) as f:  # a FIFO or a device: one line, never a hang
@@ -327,23 +560,34 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     if version != FORMAT_VERSION:
         raise DataError("%s: format_version %r, this code reads %d: prepare the dataset again with "
                         "`python -m ipu_packing.data prepare`" % (path, version, FORMAT_VERSION))
-    for key, (kind, _) in list(MANIFEST_KEYS.items()) + list(OPTIONAL_MANIFEST_KEYS.items()):
-        if key not in manifest:
-            if key in OPTIONAL_MANIFEST_KEYS:
+    required = manifest_keys(manifest)
+    _check_types(path, "field", manifest, required, OPTIONAL_MANIFEST_KEYS)
+    if "task" in manifest:
+        _check_types(path, "field 'task' entry", manifest["task"], TASK_MANIFEST_KEYS, {})
+    _check_manifest_values(path, directory, manifest)
+    return manifest
+
+
+def _check_types(path: str, what: str, values: Mapping[str, Any], required: Mapping[str, Tuple[Any, str]],
+                 optional: Mapping[str, Tuple[Any, str]]) -> None:
+    """Every key of `required` present in `values`, each key of either with its type, no other key."""
+    for key, (kind, _) in list(required.items()) + list(optional.items()):
+        if key not in values:
+            if key in optional:
                 continue
-            raise DataError("%s: field %r is missing" % (path, key))
-        value = manifest[key]
+            raise DataError("%s: %s %r is missing" % (path, what, key))
+        value = values[key]
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float
               else isinstance(value, kind))
         if kind is int and isinstance(value, bool):
             ok = False
         if not ok:
-            raise DataError("%s: field %r should be %s, got %r" % (path, key, kind.__name__, value))
-    unknown = sorted(set(manifest) - set(MANIFEST_KEYS) - set(OPTIONAL_MANIFEST_KEYS))
+            names = "/".join("null" if k is type(None) else k.__name__ for k in (kind if isinstance(kind, tuple)
+                                                                                 else (kind,)))
+            raise DataError("%s: %s %r should be %s, got %r" % (path, what, key, names, value))
+    unknown = sorted(set(values) - set(required) - set(optional))
     if unknown:
-        raise DataError("%s: unknown field %r" % (path, unknown[0]))
-    _check_manifest_values(path, directory, manifest)
-    return manifest
+        raise DataError("%s: unknown %s %r" % (path, what, unknown[0]))
 
 
 def _integers(path: str, key: str, values: Any, length: int) -> np.ndarray:
@@ -361,14 +605,16 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
     names inside the directory, counts that agree with each other, finite ratios. The shards are checked
     against the counts when they are opened (data/shards.py)."""
     s, k, v = m["max_seq_length"], m["max_sequences_per_pack"], m["vocab_size"]
+    pretraining = "task" not in m
     for key, low, high in (("max_seq_length", 1, MAX_SEQ_LENGTH), ("max_sequences_per_pack", 1, MAX_SEQUENCES_PER_PACK),
                            ("mlm_slots", 1, s), ("vocab_size", len(SPECIAL_TOKENS), MAX_VOCAB_SIZE)):
-        if not low <= m[key] <= high:
+        if key in m and not low <= m[key] <= high:
             raise DataError("%s: field %r is %d, outside [%d, %d]" % (path, key, m[key], low, high))
     if m["kind"] not in ("packed", "padded") or (m["kind"] == "padded" and k != 1):
         raise DataError("%s: field 'kind' is %r with max_sequences_per_pack %d (packed, or padded with 1)"
                         % (path, m["kind"], k))
-    expected = {name: dtype.str for name, dtype in field_dtypes(s, k, v).items()}
+    task = PRETRAINING if pretraining else _check_task(path, m["task"])
+    expected = {name: dtype.str for name, dtype in field_dtypes(s, k, v, task).items()}
     if m["field_dtypes"] != expected:
         raise DataError("%s: field 'field_dtypes' is %r, the format stores %r" % (path, m["field_dtypes"], expected))
     ids = m["special_token_ids"]
@@ -382,7 +628,7 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
     if len(set(ids.values())) != len(ids):
         raise DataError("%s: field 'special_token_ids' gives two tokens one id (%r)" % (path, ids))
     for key in ("num_sequences", "num_packs", "num_tokens", "num_masked_tokens", "seed"):
-        if m[key] < 0:
+        if key in m and m[key] < 0:
             raise DataError("%s: field %r is %d, must be >= 0" % (path, key, m[key]))
     names = [m["vocab_file"]]
     total = 0
@@ -412,7 +658,7 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
     for key, implied, source in counts:
         if m[key] != implied:
             raise DataError("%s: field %r is %d but %s gives %d" % (path, key, m[key], source, implied))
-    if m["num_masked_tokens"] > min(m["num_tokens"], m["mlm_slots"] * m["num_packs"]):
+    if pretraining and m["num_masked_tokens"] > min(m["num_tokens"], m["mlm_slots"] * m["num_packs"]):
         raise DataError("%s: field 'num_masked_tokens' is %d, more than the tokens (%d) or the slots (%d)"
                         % (path, m["num_masked_tokens"], m["num_tokens"], m["mlm_slots"] * m["num_packs"]))
     ratios = (("packing_factor", m["num_sequences"] / float(max(1, m["num_packs"]))),
@@ -420,3 +666,51 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
     for key, implied in ratios:
         if not math.isfinite(m[key]) or abs(m[key] - implied) > 1e-9 * max(1.0, implied):
             raise DataError("%s: field %r is %r but the counts give %r" % (path, key, m[key], implied))
+    if not pretraining:
+        _check_task_counts(path, m)
+
+
+def _check_task(path: str, task: Dict[str, Any]) -> TaskLayout:
+    """A type-checked `task` entry's values on their own -> its TaskLayout; DataError naming the entry."""
+    where = "%s: field 'task' entry" % path
+    if task["name"] not in FIELD_SETS or task["name"] == "pretraining":
+        raise DataError("%s 'name' is %r: not a task this code reads (%s)"
+                        % (where, task["name"], "/".join(n for n in FIELD_SETS if n != "pretraining")))
+    if task["problem_type"] not in PROBLEM_TYPES:
+        raise DataError("%s 'problem_type' is %r, not one of %s"
+                        % (where, task["problem_type"], "/".join(PROBLEM_TYPES)))
+    n = task["num_labels"]
+    low = 2 if task["problem_type"] == "single_label_classification" else 1
+    if not low <= n <= MAX_NUM_LABELS:
+        raise DataError("%s 'num_labels' is %d, outside [%d, %d]" % (where, n, low, MAX_NUM_LABELS))
+    names = task["labels"]
+    if names is not None:
+        if task["problem_type"] == "regression":
+            raise DataError("%s 'labels' names classes, but the problem type is regression" % where)
+        if len(names) != n or not all(isinstance(x, str) for x in names) or len(set(names)) != n:
+            raise DataError("%s 'labels' should be %d distinct names (num_labels), got %r" % (where, n, names))
+    counts = task["label_counts"]
+    if counts is not None:
+        _integers(path, "task label_counts", counts, n)
+    if task["split"] not in SPLITS:
+        raise DataError("%s 'split' is %r, not one of %s" % (where, task["split"], "/".join(SPLITS)))
+    if not task["has_labels"] and (counts is not None or task["label_column"] is not None):
+        raise DataError("%s 'has_labels' is false, but it names a label column or counts" % where)
+    if not 1 <= len(task["text_columns"]) <= 2 or not all(isinstance(c, str) for c in task["text_columns"]):
+        raise DataError("%s 'text_columns' should be one or two column names, got %r" % (where, task["text_columns"]))
+    if task["truncated"] < 0:
+        raise DataError("%s 'truncated' is %d, must be >= 0" % (where, task["truncated"]))
+    return TaskLayout(task["name"], task["problem_type"], n, task["has_labels"])
+
+
+def _check_task_counts(path: str, m: Dict[str, Any]) -> None:
+    """A task manifest's counts against each other: truncated and label counts within the examples."""
+    task = m["task"]
+    if task["truncated"] > m["num_sequences"]:
+        raise DataError("%s: field 'task' entry 'truncated' is %d, more than the %d sequences"
+                        % (path, task["truncated"], m["num_sequences"]))
+    counts = task["label_counts"]
+    single = task["problem_type"] == "single_label_classification"
+    if counts is not None and single and sum(counts) != m["num_sequences"]:
+        raise DataError("%s: field 'task' entry 'label_counts' adds up to %d, but num_sequences is %d"
+                        % (path, sum(counts), m["num_sequences"]))

@@ -8,8 +8,8 @@ index helper all of them use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -36,6 +36,10 @@ class Instances:
     mlm_counts: np.ndarray  # (N,) int32
     mlm_positions: np.ndarray  # (Q,) int32, within the instance, ascending per instance
     mlm_labels: np.ndarray  # (Q,) int32, original token ids
+    extra: Dict[str, np.ndarray] = field(default_factory=dict)
+    """A task's own per-instance columns, {name: (N,) or (N, L)} in their own type (e.g. a classification task's
+    labels and example_ids; the pack field of the same name); pretraining has none. Task instances have no
+    predictions (mlm_counts 0) and nsp_labels 0."""
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -61,13 +65,19 @@ def save_instances(path: str, instances: Instances, vocab_size: Optional[int] = 
         kind = np.dtype(kinds[name])
         fits = array.size == 0 or (array.min() >= np.iinfo(kind).min and array.max() <= np.iinfo(kind).max)
         arrays[name] = array.astype(kind if fits else np.int32)
+    for name in sorted(instances.extra):
+        arrays[_EXTRA + name] = instances.extra[name]
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 
 
+_EXTRA = "extra:"  # the file's name of an extra column
+
+
 def load_instances(path: str) -> Instances:
     with np.load(path) as z:
-        return Instances(**{name: z[name].astype(np.int32) for name in INSTANCE_FIELDS})
+        extra = {name[len(_EXTRA):]: z[name] for name in z.files if name.startswith(_EXTRA)}
+        return Instances(**{name: z[name].astype(np.int32) for name in INSTANCE_FIELDS}, extra=extra)
 
 
 def gather_instances(instances: Instances, members: np.ndarray) -> Instances:
@@ -81,13 +91,15 @@ def gather_instances(instances: Instances, members: np.ndarray) -> Instances:
     mlm = ranges(mlm_start[members], counts[members])
     return Instances(instances.tokens[tokens], instances.lengths[members], instances.a_lengths[members],
                      instances.nsp_labels[members], instances.mlm_counts[members], instances.mlm_positions[mlm],
-                     instances.mlm_labels[mlm])
+                     instances.mlm_labels[mlm], {name: column[members] for name, column in instances.extra.items()})
 
 
 def concat_instances(parts: Sequence[Instances]) -> Instances:
+    """The instances of `parts` one after the other (each with the same extra columns)."""
     if not parts:
         empty = np.zeros(0, dtype=np.int32)
         return Instances(empty, empty, empty, empty, empty, empty, empty)
+    extra = {name: np.concatenate([p.extra[name] for p in parts]) for name in parts[0].extra}
     return Instances(*[np.concatenate([getattr(p, name) for p in parts]).astype(np.int32)
                        for name in ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions",
-                                    "mlm_labels")])
+                                    "mlm_labels")], extra=extra)

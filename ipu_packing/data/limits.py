@@ -10,6 +10,8 @@ at once, naming the limit, instead of running for hours or asking for terabytes.
     MAX_VOCAB_SIZE          V < 2**31: token ids are int32 in the model's batches
     MAX_WORKERS             --workers <= 1024 processes
     MAX_DUPE_FACTOR         --dupe-factor <= 1000 passes over the corpus
+    MAX_NUM_LABELS          L <= 16,384 labels of a classification task: a multi-label or multi-target pack holds
+                            K * L float32 labels
 
 Only this module and numpy-free arithmetic: the format, the manifest reader and both commands import it.
 """
@@ -24,6 +26,7 @@ MAX_PLAN_WORK = 1 << 34
 MAX_VOCAB_SIZE = (1 << 31) - 1
 MAX_WORKERS = 1024
 MAX_DUPE_FACTOR = 1000
+MAX_NUM_LABELS = 1 << 14
 
 
 def check_at_most(what: str, value: int, limit: int, why: str) -> None:

@@ -36,28 +36,35 @@ import numpy as np
 
 from ..fsutil import check_regular, contained_path, sha256_file
 from ..errors import DataError
-from .format import FIELDS, IGNORE_INDEX, pack_dtype
+from .format import IGNORE_INDEX, PRETRAINING, TaskLayout, pack_dtype, task_layout
 from .vocab import check_dataset_vocab
 
 BLOCK_TOKENS = 1 << 22
 """Token slots (packs x S) checked at a time: memory is a few times this, whatever the shard size."""
 
 
-def field_ranges(manifest: Dict[str, Any]) -> Dict[str, Tuple[int, int, Tuple[int, ...]]]:
-    """{field: (low, high, also allowed)}: a value is valid when low <= value < high or in the tuple."""
+def field_ranges(manifest: Dict[str, Any]) -> Dict[str, Tuple[Any, Any, Tuple[int, ...]]]:
+    """{field: (low, high, also allowed)} of the manifest's task's fields (format.FIELD_TABLE's value kinds): an
+    integer value is valid when low <= value < high or in the tuple. A float field has (None, None, ()) for
+    "finite" (real) or (0, 2, ()) with only 0 and 1 valid (multi-hot); `_out_of_range` checks those."""
     s, k, v = manifest["max_seq_length"], manifest["max_sequences_per_pack"], manifest["vocab_size"]
-    return {"input_ids": (0, v, ()), "token_type_ids": (0, 2, ()), "position_ids": (0, s, ()),
-            "sequence_ids": (0, k + 1, ()), "mlm_positions": (0, s, ()), "mlm_labels": (0, v, (IGNORE_INDEX,)),
-            "cls_positions": (0, s, ()), "nsp_labels": (0, 2, (IGNORE_INDEX,))}
+    task = task_layout(manifest)
+    kinds = {"token": (0, v, ()), "token_type": (0, 2, ()), "position": (0, s, ()), "sequence": (0, k + 1, ()),
+             "token_label": (0, v, (IGNORE_INDEX,)), "binary_label": (0, 2, (IGNORE_INDEX,)),
+             "class": (0, task.num_labels, (IGNORE_INDEX,)), "real": (None, None, ()), "multi_hot": (0, 2, ()),
+             "example": (0, manifest.get("num_sequences", 1 << 31), (-1,))}
+    return {f.name: kinds[f.values] for f in task.fields}
 
 
 class PackCounts:
     """What the packs of a dataset hold, summed over its blocks (compared with the manifest at the end)."""
 
-    def __init__(self, max_seq_length: int, max_sequences_per_pack: int) -> None:
+    def __init__(self, max_seq_length: int, max_sequences_per_pack: int, num_examples: int = 0) -> None:
         self.lengths = np.zeros(max_seq_length + 1, dtype=np.int64)  # [l]: sequences of l tokens
         self.per_pack = np.zeros(max_sequences_per_pack + 1, dtype=np.int64)  # [k]: packs of k sequences
         self.masked = 0
+        # a task dataset: where each example id was first seen (pack * K + slot), -1 not yet
+        self.example_seen = np.full(num_examples, -1, dtype=np.int64)
 
 
 def _out_of_range(where: str, name: str, values: np.ndarray, low: int, high: int, allowed: Tuple[int, ...],
@@ -65,6 +72,16 @@ def _out_of_range(where: str, name: str, values: np.ndarray, low: int, high: int
     """DataError at the first value of `values` (P, width) outside [low, high) and not in `allowed`. The values
     stay in their stored type: the min and max decide, and only a block that fails is searched."""
     if values.size == 0:
+        return
+    if values.dtype.kind == "f":  # float labels: finite (real), or 0 and 1 only (multi-hot)
+        bad = ~np.isfinite(values) if low is None else (values != 0) & (values != 1)
+        if bad.any():
+            flat = int(np.flatnonzero(bad.reshape(-1))[0])
+            pack, slot = _where_flat(values, flat)
+            value = float(values.reshape(-1)[flat])
+            raise DataError("%s: field %r pack %d slot %s is %r, %s" % (where, name, first_pack + pack, slot, value,
+                                                                         "not a finite number" if low is None
+                                                                         else "not 0 or 1 (multi-hot)"))
         return
     lowest, highest = int(values.min()), int(values.max())
     if lowest >= low and highest < high:
@@ -75,22 +92,40 @@ def _out_of_range(where: str, name: str, values: np.ndarray, low: int, high: int
         bad &= wide != extra
     if bad.any():
         flat = int(np.flatnonzero(bad.reshape(-1))[0])
-        pack, slot = divmod(flat, values.shape[1])
+        pack, slot = _where_flat(values, flat)
         also = " or %s" % ", ".join(str(a) for a in allowed) if allowed else ""
-        raise DataError("%s: field %r pack %d slot %d is %d, outside [%d, %d)%s"
-                        % (where, name, first_pack + pack, slot, int(wide[pack, slot]), low, high, also))
+        raise DataError("%s: field %r pack %d slot %s is %d, outside [%d, %d)%s"
+                        % (where, name, first_pack + pack, slot, int(wide.reshape(-1)[flat]), low, high, also))
+
+
+def _where_flat(values: np.ndarray, flat: int) -> Tuple[int, str]:
+    """(pack, slot) of flat index `flat` into (P, width) or (P, K, L) values; the slot of a (K, L) field reads
+    "j label l"."""
+    per_pack = int(np.prod(values.shape[1:]))
+    pack, rest = divmod(flat, per_pack)
+    if values.ndim == 3:
+        return pack, "%d label %d" % divmod(rest, values.shape[2])
+    return pack, str(rest)
 
 
 _COPIED = ("token_type_ids", "position_ids", "sequence_ids", "mlm_positions", "mlm_labels", "cls_positions")
 
 
 def pack_facts(max_seq_length: int, max_sequences_per_pack: int, vocab_size: int,
-               cls_id: Optional[int]) -> Dict[str, Any]:
+               cls_id: Optional[int], task: TaskLayout = PRETRAINING,
+               num_sequences: Optional[int] = None) -> Dict[str, Any]:
     """What `check_packs` reads of a manifest, for packs that have none yet (the writer's own check). cls_id
-    None leaves out the one check that needs the vocabulary: that each sequence's first token is [CLS]."""
+    None leaves out the one check that needs the vocabulary: that each sequence's first token is [CLS]. A task
+    dataset's packs also need the task and, for the range of its example ids, the split's num_sequences."""
     ids = {} if cls_id is None else {"[CLS]": int(cls_id)}
-    return {"max_seq_length": max_seq_length, "max_sequences_per_pack": max_sequences_per_pack,
-            "vocab_size": vocab_size, "special_token_ids": ids}
+    facts = {"max_seq_length": max_seq_length, "max_sequences_per_pack": max_sequences_per_pack,
+             "vocab_size": vocab_size, "special_token_ids": ids}
+    if not task.is_pretraining:
+        facts["task"] = {"name": task.name, "problem_type": task.problem_type, "num_labels": task.num_labels,
+                         "has_labels": task.has_labels}
+        if num_sequences is not None:
+            facts["num_sequences"] = int(num_sequences)
+    return facts
 
 
 def check_packs(where: str, packs: np.ndarray, first_pack: int, manifest: Dict[str, Any],
@@ -101,21 +136,25 @@ def check_packs(where: str, packs: np.ndarray, first_pack: int, manifest: Dict[s
     ranges first, then the first pack that breaks an invariant. `manifest` needs max_seq_length,
     max_sequences_per_pack, vocab_size and special_token_ids (`pack_facts` makes one)."""
     ranges = field_ranges(manifest)
+    task = task_layout(manifest)
     # (P, width) each, in the stored types; the fields the invariants pass over several times as contiguous
     # copies (numpy's passes over a field of the records, strided, are several times slower)
     arrays = {name: np.ascontiguousarray(packs[name]) if name in _COPIED else np.asarray(packs[name])
-              for name in FIELDS}
-    for name in FIELDS:
+              for name in task.names}
+    for name in task.names:
         low, high, allowed = ranges[name]
         _out_of_range(where, name, arrays[name], low, high, allowed, first_pack)
     cls_id = manifest["special_token_ids"].get("[CLS]")
-    bad = _broken_packs(arrays, cls_id)
+    bad = _broken_packs(arrays, cls_id, task)
     if bad.any():
         p = int(np.flatnonzero(bad)[0])
-        broken = _first_broken_invariant({n: a[p] for n, a in arrays.items()}, cls_id)
+        broken = _first_broken_invariant({n: a[p] for n, a in arrays.items()}, cls_id, task)
         if broken is None:  # the two passes disagree: a bug, not the data's fault
             raise AssertionError("pack %d of %s flagged as broken, but it breaks no invariant" % (p, where))
         raise DataError("%s: pack %d: %s" % (where, first_pack + p, broken))
+    if "example_ids" in arrays:
+        _repeated_example(where, arrays["example_ids"], first_pack,
+                          counts.example_seen if counts is not None else None)
     if counts is None:
         return
     k = manifest["max_sequences_per_pack"]
@@ -127,13 +166,43 @@ def check_packs(where: str, packs: np.ndarray, first_pack: int, manifest: Dict[s
     else:
         keys = (rows * (k + 1) + sequence_ids.astype(np.int64)).reshape(-1)
         per_sequence = np.bincount(keys, minlength=len(packs) * (k + 1)).reshape(len(packs), k + 1)[:, 1:]
-    sequences = (arrays["nsp_labels"] != IGNORE_INDEX).sum(axis=1)  # (P,): the invariants make them agree
+    presence = arrays[task.presence]
+    sequences = (presence != (IGNORE_INDEX if task.is_pretraining else -1)).sum(axis=1)  # (P,): the invariants
     counts.lengths += np.bincount(per_sequence[per_sequence > 0], minlength=len(counts.lengths))[:len(counts.lengths)]
     counts.per_pack += np.bincount(sequences, minlength=k + 1)
-    counts.masked += int((arrays["mlm_labels"] != IGNORE_INDEX).sum())
+    if "mlm_labels" in arrays:
+        counts.masked += int((arrays["mlm_labels"] != IGNORE_INDEX).sum())
 
 
-def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int]) -> np.ndarray:
+def _repeated_example(where: str, example_ids: np.ndarray, first_pack: int, seen: Optional[np.ndarray]) -> None:
+    """DataError at the first example id (in pack and slot order) of this block that an earlier slot of the block
+    or, with `seen` ((N,) flat place of each id's first use in the dataset, -1 none; updated), of the dataset
+    already holds. The ids are in range (checked before)."""
+    k = example_ids.shape[1]
+    flat = example_ids.reshape(-1).astype(np.int64)
+    places = np.flatnonzero(flat != -1)  # (n,) flat index in the block of each used slot, ascending
+    ids = flat[places]
+    order = np.argsort(ids, kind="stable")  # equal ids stay in place order: the first of each is its first use
+    ordered = ids[order]
+    again = np.zeros(len(ids), dtype=bool)
+    again[order[1:][ordered[1:] == ordered[:-1]]] = True  # a later use of an id within the block
+    before = np.full(len(ids), -1, dtype=np.int64)  # the earlier use's place in the dataset
+    if seen is not None and len(ids):
+        before = seen[ids]
+        again |= before != -1
+    if again.any():
+        i = int(np.flatnonzero(again)[0])
+        if before[i] == -1:  # first used earlier in this block
+            before[i] = first_pack * k + int(places[order[np.searchsorted(ordered, ids[i])]])
+        pack, slot = divmod(first_pack * k + int(places[i]), k)
+        raise DataError("%s: pack %d: field 'example_ids' slot %d is %d, already used by pack %d slot %d (each "
+                        "example of a split appears exactly once)" % (where, pack, slot, int(ids[i]),
+                                                                      *divmod(int(before[i]), k)))
+    if seen is not None:
+        seen[ids] = first_pack * k + places
+
+
+def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int], task: TaskLayout = PRETRAINING) -> np.ndarray:
     """(P,) bool: the packs that break a structural invariant of format.py (only the first one flagged is
     certain to be the first broken pack; `_first_broken_invariant` then says which invariant, and where).
 
@@ -176,6 +245,8 @@ def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int]) -> np.ndarray
     if cls_id is not None:
         ok_cls &= a["input_ids"][np.arange(n)[:, None], cls] == cls_id
     bad |= (used & ~ok_cls).any(axis=1) | (~used & (cls != 0)).any(axis=1)
+    if not task.is_pretraining:
+        return bad | _broken_task_slots(a, used, task)
     bad |= ((a["nsp_labels"] != IGNORE_INDEX) != used).any(axis=1)
     # MLM slots: used ones first, strictly increasing positions on real tokens that are no sequence's first
     # (v != 0 on a real token); an unused slot at position 0
@@ -188,7 +259,20 @@ def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int]) -> np.ndarray
     return bad
 
 
-def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int]) -> Optional[str]:
+def _broken_task_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: TaskLayout) -> np.ndarray:
+    """(P,) bool: the packs of a task dataset whose example or label slots break format.py's invariants, given
+    `used` (P, K): the slots that hold a sequence."""
+    bad = ((a["example_ids"] != -1) != used).any(axis=1)
+    labels = a["labels"]
+    if labels.dtype.kind == "f":  # an empty slot's float labels are 0
+        empty = labels != 0 if labels.ndim == 2 else (labels != 0).any(axis=2)
+        return bad | (empty & ~used).any(axis=1)
+    labelled = labels != IGNORE_INDEX
+    return bad | (labelled != (used if task.has_labels else False)).any(axis=1)
+
+
+def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int],
+                            task: TaskLayout = PRETRAINING) -> Optional[str]:
     """The first invariant (format.py's order) one pack breaks, in words, naming the field and slot; None when
     it breaks none. A plain loop over one pack's slots: the statement `_broken_packs` vectorises."""
     sid = pack["sequence_ids"].astype(np.int64)
@@ -224,7 +308,7 @@ def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int]) 
                     % (t, types[t], types[t - 1], sid[t]))
     count = int(sid.max())
     starts = np.flatnonzero(first)
-    cls, nsp = pack["cls_positions"].astype(np.int64), pack["nsp_labels"].astype(np.int64)
+    cls = pack["cls_positions"].astype(np.int64)
     for j in range(len(cls)):
         if j < count and cls[j] != starts[j]:
             return ("field 'cls_positions' slot %d is %d, but sequence %d starts at slot %d (at %d: %s)"
@@ -236,6 +320,9 @@ def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int]) 
         if j >= count and cls[j] != 0:
             return ("field 'cls_positions' slot %d is %d, but sequences in the pack: %d (an unused slot is 0)"
                     % (j, cls[j], count))
+    if not task.is_pretraining:
+        return _first_broken_task_slot(pack, count, task)
+    nsp = pack["nsp_labels"].astype(np.int64)
     for j in range(len(nsp)):
         if (nsp[j] != IGNORE_INDEX) != (j < count):
             state = "unused (%d)" % IGNORE_INDEX if nsp[j] == IGNORE_INDEX else "used (label %d)" % nsp[j]
@@ -262,15 +349,41 @@ def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int]) 
     return None
 
 
+def _first_broken_task_slot(pack: Dict[str, np.ndarray], count: int, task: TaskLayout) -> Optional[str]:
+    """The first example or label slot of a task pack of `count` sequences that breaks an invariant, in words."""
+    ids = pack["example_ids"].astype(np.int64)
+    for j in range(len(ids)):
+        if (ids[j] != -1) != (j < count):
+            state = "unused (-1)" if ids[j] == -1 else "used (example %d)" % ids[j]
+            return ("field 'example_ids' slot %d is %s, but sequences in the pack: %d (slot k - 1 holds sequence k's "
+                    "example, and only it: slots 0 .. %d used, the rest -1)" % (j, state, count, count - 1))
+    labels = pack["labels"]
+    for j in range(len(labels)):
+        if labels.dtype.kind == "f":
+            if j >= count and np.any(labels[j] != 0):
+                return ("field 'labels' slot %d is %s, but the slot is empty (sequences in the pack: %d; an empty "
+                        "slot's labels are 0)" % (j, labels[j].tolist(), count))
+            continue
+        value = int(labels[j])
+        if task.has_labels and (value != IGNORE_INDEX) != (j < count):
+            return ("field 'labels' slot %d is %d, but sequences in the pack: %d (slots 0 .. %d hold their sequences' "
+                    "labels, the rest %d)" % (j, value, count, count - 1, IGNORE_INDEX))
+        if not task.has_labels and value != IGNORE_INDEX:
+            return ("field 'labels' slot %d is %d in a split without labels (every slot %d)"
+                    % (j, value, IGNORE_INDEX))
+    return None
+
+
 def compare_counts(path: str, manifest: Dict[str, Any], counts: PackCounts) -> None:
     """The manifest's counts against what its packs hold (`check_packs` over all of them)."""
     lengths = np.asarray(manifest["sequence_length_histogram"], dtype=np.int64)
     per_pack = np.asarray(manifest["sequences_per_pack_histogram"], dtype=np.int64)
     if counts.per_pack[0]:
         raise DataError("%s: %d packs hold no sequence (the format has none)" % (path, int(counts.per_pack[0])))
-    facts = (("num_sequences", manifest["num_sequences"], int(counts.lengths.sum())),
-             ("num_tokens", manifest["num_tokens"], int(np.dot(counts.lengths, np.arange(len(counts.lengths))))),
-             ("num_masked_tokens", manifest["num_masked_tokens"], counts.masked))
+    facts = [("num_sequences", manifest["num_sequences"], int(counts.lengths.sum())),
+             ("num_tokens", manifest["num_tokens"], int(np.dot(counts.lengths, np.arange(len(counts.lengths)))))]
+    if "num_masked_tokens" in manifest:
+        facts.append(("num_masked_tokens", manifest["num_masked_tokens"], counts.masked))
     for key, stated, held in facts:
         if stated != held:
             raise DataError("%s: field %r is %d but the shards hold %d" % (path, key, stated, held))
@@ -286,8 +399,9 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
     """Check every shard's header against the manifest, and unless checksums=False its sha256 and every value
     it holds (`check_packs`, then `compare_counts`). Returns the shard paths. Raises DataError naming the shard
     and the field on any mismatch."""
-    expected = pack_dtype(manifest["max_seq_length"], manifest["mlm_slots"], manifest["max_sequences_per_pack"],
-                          manifest["vocab_size"])
+    task = task_layout(manifest)
+    expected = pack_dtype(manifest["max_seq_length"], manifest.get("mlm_slots", 0), manifest["max_sequences_per_pack"],
+                          manifest["vocab_size"], task)
     vocab_path = contained_path(directory, manifest["vocab_file"])  # read_manifest has checked the name
     if not os.path.lexists(vocab_path):
         raise DataError("%s: missing (named by manifest field 'vocab_file')" % vocab_path)
@@ -295,7 +409,8 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
     if checksums and sha256_file(vocab_path) != manifest["vocab_checksum"]:
         raise DataError("%s: sha256 does not match manifest field 'vocab_checksum'" % vocab_path)
     check_dataset_vocab(directory, manifest)  # its size, special tokens and no token twice (cheap: always)
-    counts = PackCounts(manifest["max_seq_length"], manifest["max_sequences_per_pack"])
+    counts = PackCounts(manifest["max_seq_length"], manifest["max_sequences_per_pack"],
+                        0 if task.is_pretraining else manifest["num_sequences"])
     block = max(1, BLOCK_TOKENS // manifest["max_seq_length"])
     paths = []
     for shard in manifest["shards"]:
@@ -310,7 +425,7 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
             raise DataError("shard %s: not a readable .npy file (%s)" % (path, reason[:80]))
         if array.dtype != expected:
             names = array.dtype.names or ()
-            for name in FIELDS:
+            for name in task.names:
                 if name not in names:
                     raise DataError("shard %s: field %r is missing" % (path, name))
                 if array.dtype[name] != expected[name]:

@@ -6,7 +6,8 @@ at once, plus the vocabulary as a list of tokens (id = index) that is copied int
 dataset as vocab.txt, so the application can rebuild the tokenizer from the data directory alone.
 
 Lower-casing follows the tokenizer: a Hugging Face directory says so in tokenizer.json (its
-normalizer) or tokenizer_config.json (`do_lower_case`); a bare vocab.txt is treated as uncased when
+normalizer) or tokenizer_config.json (`do_lower_case`, and `strip_accents` beside a vocab.txt, as transformers'
+BertTokenizer reads them); a bare vocab.txt is treated as uncased when
 none of its ordinary tokens holds an upper-case letter (bert-base-uncased) and as cased otherwise
 (bert-base-cased). `--lower-case yes|no` overrides the guess for a bare vocab.txt and chooses for a
 trained vocabulary (auto: lower-cased); against a tokenizer.json that says otherwise it is refused.
@@ -364,7 +365,8 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
             lower = forced
         if lower is None:
             lower = _guess_lower_case(vocab)
-        return TokenizerSpec(vocab, bool(lower), source=path)
+        strip = config.get("strip_accents")  # transformers' BertTokenizer reads it (null: as it lower-cases)
+        return TokenizerSpec(vocab, bool(lower), source=path, strip_accents=strip if isinstance(strip, bool) else None)
     raise DataError("%s: directory holds neither tokenizer.json nor vocab.txt" % path)
 
 

@@ -41,7 +41,7 @@ import os
 import re
 import sysconfig
 from dataclasses import dataclass
-from typing import Iterable, Iterator, List, Optional
+from typing import Iterable, Iterator, List, Optional, Tuple
 
 from ...errors import DataError
 from ...fsutil import open_regular
@@ -253,6 +253,18 @@ def _module_docstrings(path: str) -> List[str]:
     return docs
 
 
+def stdlib_documents() -> Iterator[Tuple[str, Document]]:
+    """(module, document) of each standard-library file with prose, in the default corpus' order: the module is
+    the file's top-level name ("email" for email/mime/text.py, "smtplib" for smtplib.py). The demo task
+    (data/task/demo.py) labels sentences by it."""
+    root = sysconfig.get_paths()["stdlib"]
+    for path in stdlib_files():
+        document = _document(_module_docstrings(path))
+        if document:
+            top = os.path.relpath(path, root).split(os.sep)[0]
+            yield (top[:-3] if top.endswith(".py") else top), document
+
+
 def default_documents() -> Iterator[Document]:
     """The embedded corpus: pydoc topics, then standard-library docstrings (about 2 MB of prose)."""
     from pydoc_data.topics import topics
@@ -261,10 +273,8 @@ def default_documents() -> Iterator[Document]:
         document = _document([topics[name]])
         if document:
             yield document
-    for path in stdlib_files():
-        document = _document(_module_docstrings(path))
-        if document:
-            yield document
+    for _, document in stdlib_documents():
+        yield document
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -48,14 +48,22 @@ from .tasks import build_shard, start_tokenizer
 from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the packing phase, shared with `pack`
 
 
+TASKS = ("pretraining", "classification")
+"""`prepare --task`: pretraining (a corpus -> NSP/MLM instances, this module) or a fine-tuning task (split files
+-> labelled examples, data/task/preparation.py); both end in the same packing phase and pack format."""
+
+
 @dataclass
 class PrepareConfig:
     """Everything `python -m ipu_packing.data prepare` takes."""
 
     input: str
-    """Corpus: a file, a directory, a glob, or "default" (embedded corpus from the CPython install)."""
+    """Corpus: a file, a directory, a glob, or "default" (embedded corpus from the CPython install). With task
+    "classification": "default" for the embedded demo task (data/task/demo.py), else "" (the splits are train,
+    validation and test)."""
     output: str
-    """Output directory (must not exist or be empty); gets packed/ and padded/."""
+    """Output directory (must not exist or be empty); gets packed/ and padded/ (a task: train/, validation/ and
+    test/, each with packed/ and padded/)."""
     max_seq_length: int = 128
     """S."""
     vocab: Optional[str] = None
@@ -81,8 +89,36 @@ class PrepareConfig:
     """Tokens of instances per scatter task (bounds a worker's memory; does not change the output)."""
     packing: PackingOptions = field(default_factory=PackingOptions)
     """K, the seed (of everything random here), workers, the algorithm, shard size, padded/ (shared with `pack`)."""
+    task: str = "pretraining"
+    """One of TASKS. A task reads train/validation/test (below) and tokenizes with `vocab`, the model's own
+    tokenizer; the recipe's options (dupe_factor ... whole_word_masking, shard_chars) do not apply to it."""
+    train: Optional[str] = None
+    """A task's train split: a .csv, .tsv, .jsonl, .parquet file or a datasets directory (data/task/rows.py)."""
+    validation: Optional[str] = None
+    """A task's validation split (required with train)."""
+    test: Optional[str] = None
+    """A task's test split (optional; may have no labels)."""
+    sentence1_key: Optional[str] = None
+    """The first text column (None: "sentence1", else run_glue's first non-label column; data/task/labels.py)."""
+    sentence2_key: Optional[str] = None
+    """The second text column (None: "sentence2" where the input has it)."""
+    label_key: str = "label"
+    """The label column."""
+    problem_type: Optional[str] = None
+    """Force single_label_classification, multi_label_classification or regression (None: inferred)."""
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise DataError("--task must be one of %s, got %r" % ("/".join(TASKS), self.task))
+        if self.task != "pretraining":
+            self._check_task()
+            return
+        for name in ("train", "validation", "test", "sentence1_key", "sentence2_key", "problem_type"):
+            if getattr(self, name) is not None:
+                raise DataError("--%s is an option of a fine-tuning task (--task classification)"
+                                % name.replace("_", "-"))
+        if not self.input:
+            raise DataError("--input is required: a corpus (file, directory or glob) or default")
         if self.train_vocab is not None and self.vocab is not None:
             raise DataError("--vocab %s and --train-vocab %d exclude each other: give one"
                             % (self.vocab, self.train_vocab))
@@ -101,6 +137,34 @@ class PrepareConfig:
         if self.train_vocab is not None:
             check_at_most("--train-vocab", self.train_vocab, MAX_VOCAB_SIZE, "token ids are int32")
         self.recipe  # validates the recipe fields
+
+    def _check_task(self) -> None:
+        """A task's options on their own (the inputs are read, and refused, by data/task/preparation.py)."""
+        from ..format import MIN_SEQ_LENGTH, PROBLEM_TYPES
+
+        if self.train_vocab is not None:
+            raise DataError("--train-vocab: a task is tokenized with the model's own tokenizer: --tokenizer DIR")
+        if self.input and self.train:
+            raise DataError("--input %s and --train %s exclude each other: --input default is the demo task, "
+                            "--train/--validation/--test your own" % (self.input, self.train))
+        if not self.train:
+            if self.input != "default":
+                raise DataError("--task %s needs --train FILE --validation FILE [--test FILE], or --input default "
+                                "(the demo task)" % self.task if not self.input else
+                                "--input %s: a task's input is --train/--validation/--test (or --input default, the "
+                                "demo task)" % self.input)
+            if self.validation or self.test:
+                raise DataError("--validation and --test go with --train, not with --input default")
+        elif not self.validation:
+            raise DataError("--train needs --validation FILE (and optionally --test FILE)")
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            raise DataError("--problem-type must be one of %s, got %r" % ("/".join(PROBLEM_TYPES), self.problem_type))
+        if self.max_seq_length < MIN_SEQ_LENGTH:
+            raise DataError("--max-seq-length must be >= %d ([CLS] A [SEP] B [SEP]), got %d"
+                            % (MIN_SEQ_LENGTH, self.max_seq_length))
+        if self.lower_case not in LOWER_CASE_CHOICES:
+            raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
+        check_pack_sizes(self.max_seq_length, self.packing.max_sequences_per_pack)
 
     @property
     def recipe(self) -> RecipeConfig:
@@ -156,15 +220,24 @@ def _preload_planner() -> None:
 @dataclass
 class PrepareResult:
     packed: dict
-    """Manifest of packed/."""
+    """Manifest of packed/ (a task: of train/packed)."""
     padded: Optional[dict]
-    """Manifest of padded/ (None with padded=False)."""
+    """Manifest of padded/ (None with padded=False; a task: of train/padded)."""
     seconds: Dict[str, float]
-    """Wall-clock seconds per phase: vocab, instances, plan, scatter, write, total."""
+    """Wall-clock seconds per phase: vocab, instances, plan, scatter, write, total (a task: vocab, read,
+    tokenize, plan, scatter, write, total; each summed over the splits)."""
+    splits: Dict[str, Dict[str, dict]] = field(default_factory=dict)
+    """A task: {split: {"packed": manifest, "padded": manifest}} in the order train, validation, test."""
 
 
 def prepare(config: PrepareConfig) -> PrepareResult:
-    """Run the whole preparation (see the module notes)."""
+    """Run the whole preparation (see the module notes; a task: data/task/preparation.py)."""
+    if config.task != "pretraining":
+        from ..task.preparation import prepare_task
+
+        done = prepare_task(config)
+        train = done.splits["train"]
+        return PrepareResult(train["packed"], train.get("padded"), done.seconds, done.splits)
     output = os.path.abspath(config.output)
     with claim_output(output, "prepare"):  # the output is checked and held before any input is read
         corpus_spec = CorpusSpec(config.input, config.format)

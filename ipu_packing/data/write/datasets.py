@@ -19,7 +19,7 @@ import numpy as np
 
 from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from ...errors import DataError
-from ..format import FORMAT_VERSION, field_dtypes, pack_statistics, write_manifest
+from ..format import FORMAT_VERSION, PRETRAINING, TaskLayout, field_dtypes, pack_statistics, write_manifest
 from ..limits import MAX_SEQUENCES_PER_PACK, MAX_WORKERS, check_at_most
 from .packs import PackLayout, dataset_spec, gather_shard, scatter
 from .workers import Workers, progress
@@ -98,6 +98,9 @@ class PackSettings:
     """Tokens of instances per scatter task (consecutive input shards; bounds a worker's memory)."""
     cls_id: Optional[int] = None
     """The vocabulary's [CLS]: every shard written is checked to start each sequence with it (None: not)."""
+    task: TaskLayout = PRETRAINING
+    """The packs' field set (format.FIELD_SETS): a task's instances carry its per-sequence fields as extra columns,
+    and its manifest has no MLM keys (`describe` gives its `task` key)."""
 
 
 def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[dict], histogram: np.ndarray,
@@ -107,15 +110,19 @@ def _finish_dataset(directory: str, kind: str, layout: PackLayout, shards: List[
     also writes vocab.txt) with the layout's and the packs' counts."""
     k = layout.max_sequences_per_pack
     manifest = {"format_version": FORMAT_VERSION, "kind": kind, "max_seq_length": layout.max_seq_length,
-                "max_sequences_per_pack": k, "mlm_slots": layout.mlm_slots}
+                "max_sequences_per_pack": k}
+    if layout.task.is_pretraining:
+        manifest["mlm_slots"] = layout.mlm_slots
     manifest.update(describe(directory, kind))
     manifest["packing_algorithm"] = algorithm
     manifest["shards"] = shards
     manifest["field_dtypes"] = {name: dtype.str for name, dtype in field_dtypes(layout.max_seq_length, k,
-                                                                                layout.vocab_size).items()}
+                                                                                layout.vocab_size, layout.task).items()}
     # pack_statistics only sums the MLM counts, so their total stands in for them
     manifest.update(pack_statistics(None, np.array([num_masked], dtype=np.int64), None, layout.max_seq_length, k,
                                     sequences_per_pack_histogram=pack_sizes, sequence_length_histogram=histogram))
+    if not layout.task.is_pretraining:
+        del manifest["num_masked_tokens"]
     write_manifest(directory, manifest)
     return manifest
 
@@ -128,8 +135,9 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     -> temp/packed (and temp/padded) with shards and manifests. Returns the manifests by kind.
 
     `describe(directory, kind)` gives the manifest's source fields (vocab_file, vocab_size,
-    vocab_checksum, do_lower_case, special_token_ids, seed, recipe, corpus) and writes the vocabulary
-    file into `directory`. `lap(phase)` is called after the plan, scatter and write phases.
+    vocab_checksum, do_lower_case, special_token_ids, seed, and recipe and corpus for pretraining or task for a
+    task) and writes the vocabulary file into `directory`. `lap(phase)` is called after the plan, scatter and
+    write phases.
     """
     from ...packing import plan_packing
     from ...packing.permutation import KeyedPermutation
@@ -152,7 +160,8 @@ def write_datasets(paths: List[str], shard_lengths: List[np.ndarray], num_masked
     jobs = []  # (kind, layout, DatasetSpec, sequences-per-pack histogram, algorithm)
     for kind, kind_k, num_packs, kind_map, order, algorithm, pack_sizes in datasets:
         os.makedirs(os.path.join(temp, kind))
-        layout = PackLayout(s, kind_k, settings.mlm_slots(kind_k), settings.vocab_size, settings.cls_id)
+        layout = PackLayout(s, kind_k, settings.mlm_slots(kind_k), settings.vocab_size, settings.cls_id,
+                            settings.task, num_sequences)
         spec = dataset_spec(kind, layout, options.shard_bytes, num_packs, kind_map, order)
         jobs.append((kind, layout, spec, pack_sizes, algorithm))
     lap("plan")

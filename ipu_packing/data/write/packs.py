@@ -38,26 +38,44 @@ import numpy as np
 from ...packing.permutation import KeyedPermutation
 from ...packing.slots import SlotMap, length_ranks
 from ...errors import DataError
-from ..format import IGNORE_INDEX, pack_dtype
+from ..format import PRETRAINING, TaskLayout, pack_dtype
 from ..shards import check_packs, pack_facts
 from ..instance_files import (PER_INSTANCE, Instances, concat_instances, gather_instances, load_instances, ranges,
                               token_dtype)
 
+Column = Tuple[str, str, Tuple[int, ...]]
+"""A task's per-sequence column in the instance and spill files: (name, numpy type string, shape per sequence)."""
+
+
 @dataclass
 class PackLayout:
+    """What a dataset's packs are: S, K, M, V, the task's field set, and what the writer's check needs."""
+
     max_seq_length: int  # S
     max_sequences_per_pack: int  # K
-    mlm_slots: int  # M
+    mlm_slots: int  # M (0 for a task without MLM fields)
     vocab_size: Optional[int] = None  # V (None: int32 token ids)
     cls_id: Optional[int] = None  # the vocabulary's [CLS] (None: `write_shard` does not check the first tokens)
+    task: TaskLayout = PRETRAINING  # the field set (format.FIELD_SETS) and its labels
+    num_sequences: Optional[int] = None  # a task dataset's examples: the range of its example ids (writer's check)
 
     @property
     def dtype(self) -> np.dtype:
-        return pack_dtype(self.max_seq_length, self.mlm_slots, self.max_sequences_per_pack, self.vocab_size)
+        return pack_dtype(self.max_seq_length, self.mlm_slots, self.max_sequences_per_pack, self.vocab_size, self.task)
 
     @property
     def record_bytes(self) -> int:
         return self.dtype.itemsize
+
+    @property
+    def columns(self) -> Tuple[Column, ...]:
+        """The task's per-sequence fields the instances carry as extra columns (every (K,) or (K, L) field but
+        cls_positions, which the writer computes); none for pretraining, whose nsp_labels are an instance field."""
+        if self.task.is_pretraining:
+            return ()
+        shapes = self.task.shapes(self.max_seq_length, self.mlm_slots, self.max_sequences_per_pack)
+        return tuple((f.name, "<f4" if f.values in ("real", "multi_hot") else "<i4", shapes[f.name][1:])
+                     for f in self.task.fields if f.shape[0] == "K" and f.name != "cls_positions")
 
 
 def build_packs(instances: Instances, member_offsets: np.ndarray, layout: PackLayout, first_pack: int = 0,
@@ -76,8 +94,9 @@ def build_packs(instances: Instances, member_offsets: np.ndarray, layout: PackLa
     member_offsets = np.asarray(member_offsets, dtype=np.int64)
     n_packs = len(member_offsets) - 1
     records = np.zeros(n_packs, dtype=layout.dtype) if out is None else out
-    records["mlm_labels"] = IGNORE_INDEX
-    records["nsp_labels"] = IGNORE_INDEX
+    for f in layout.task.fields:  # an unused slot's value (format.FIELD_TABLE): IGNORE_INDEX, -1
+        if f.empty != 0:
+            records[f.name] = f.empty
     counts = np.diff(member_offsets)  # (P,) sequences per pack
     n = int(member_offsets[-1] - member_offsets[0])
     if n != len(instances):
@@ -114,14 +133,18 @@ def build_packs(instances: Instances, member_offsets: np.ndarray, layout: PackLa
         records[name][masks[key]] = stream  # (P, size) view of the field
 
     fill("cls_positions", k_max, counts, offset)
-    fill("nsp_labels", k_max, counts, instances.nsp_labels)
+    if layout.task.is_pretraining:
+        fill("nsp_labels", k_max, counts, instances.nsp_labels)
+    for name, kind, shape in layout.columns:  # a task's per-sequence fields, (K,) or (K, L): slot k - 1 for sequence k
+        fill(name, k_max, counts, instances.extra[name] if n else np.zeros((0,) + tuple(shape), kind))
     within = ranges(np.zeros(n, dtype=np.int64), lengths)  # (t,) position in its sequence
     fill("position_ids", s, tokens_used, within)
     fill("token_type_ids", s, tokens_used, within >= np.repeat(instances.a_lengths, lengths))
     fill("sequence_ids", s, tokens_used, np.repeat(slot + 1, lengths))
     fill("input_ids", s, tokens_used, instances.tokens)
-    fill("mlm_positions", m_max, mlm_used, instances.mlm_positions + np.repeat(offset, n_mlm))
-    fill("mlm_labels", m_max, mlm_used, instances.mlm_labels)
+    if layout.task.is_pretraining:
+        fill("mlm_positions", m_max, mlm_used, instances.mlm_positions + np.repeat(offset, n_mlm))
+        fill("mlm_labels", m_max, mlm_used, instances.mlm_labels)
     return records
 
 
@@ -191,6 +214,7 @@ class DatasetSpec:
     num_packs: int  # P
     slot_map: Optional[SlotMap]  # packed: packing/slots.py's map of the plan
     order: Optional[KeyedPermutation]  # padded (K = 1): sequence i is pack order(i)
+    columns: Tuple[Column, ...] = ()  # a task's per-sequence columns, carried through the spill files
 
     def __post_init__(self) -> None:
         if self.per_shard * self.max_sequences_per_pack >= 1 << 31:
@@ -220,13 +244,13 @@ class DatasetSpec:
 def dataset_spec(kind: str, layout: PackLayout, shard_bytes: int, num_packs: int, slot_map: Optional[SlotMap],
                  order: Optional[KeyedPermutation]) -> DatasetSpec:
     return DatasetSpec(kind, layout.max_sequences_per_pack, max(1, shard_bytes // layout.record_bytes), num_packs,
-                       slot_map, order)
+                       slot_map, order, layout.columns)
 
 
 def gather_shard(spills: Sequence[str], shard: int, spec: DatasetSpec, layout: PackLayout, path: str) -> dict:
     """Output shard `shard` of a dataset from its blocks of the spill files: check that they hold
     exactly the plan's packs, then write it (`write_shard`); returns its manifest entry."""
-    keys, instances = read_spill_blocks(spills, shard, spec.num_shards, layout.vocab_size)
+    keys, instances = read_spill_blocks(spills, shard, spec.num_shards, layout.vocab_size, spec.columns)
     first, sizes = spec.shard_packs(shard)
     counts = np.bincount(keys // spec.max_sequences_per_pack, minlength=len(sizes))
     if len(counts) != len(sizes) or not np.array_equal(counts, sizes):
@@ -244,19 +268,21 @@ def gather_shard(spills: Sequence[str], shard: int, spec: DatasetSpec, layout: P
 #   (J + 1, 3) int64   cumulative (sequences, tokens, predictions) before output shard j's block
 #   key, lengths, a_lengths, nsp_labels, mlm_counts   int32 (n each)
 #   tokens (t), mlm_positions uint16 (q), mlm_labels (q)
+#   a task's columns, each in its type (n times its shape per sequence; none for pretraining)
 
 _HEAD = np.dtype("<i8")
 _PER_SEQUENCE = ("key",) + PER_INSTANCE
 
 
-def _spill_arrays(n: int, t: int, q: int, tokens: np.dtype):
+def _spill_arrays(n: int, t: int, q: int, tokens: np.dtype, columns: Sequence[Column] = ()):
     """(name, dtype, count) of the arrays after the index, in file order."""
     return ([(name, np.dtype("<i4"), n) for name in _PER_SEQUENCE]
-            + [("tokens", tokens, t), ("mlm_positions", np.dtype("<u2"), q), ("mlm_labels", tokens, q)])
+            + [("tokens", tokens, t), ("mlm_positions", np.dtype("<u2"), q), ("mlm_labels", tokens, q)]
+            + [(name, np.dtype(kind), n * int(np.prod(shape, dtype=np.int64))) for name, kind, shape in columns])
 
 
 def write_spill(path: str, instances: Instances, shard_of: np.ndarray, key: np.ndarray, num_shards: int,
-                vocab_size: Optional[int]) -> None:
+                vocab_size: Optional[int], columns: Sequence[Column] = ()) -> None:
     """Write `instances` (one group) grouped by output shard, in the order of their key."""
     tokens = token_dtype(vocab_size)
     order = np.lexsort((key, shard_of))
@@ -268,14 +294,15 @@ def write_spill(path: str, instances: Instances, shard_of: np.ndarray, key: np.n
     values = {"key": key[order], "tokens": ordered.tokens, "mlm_positions": ordered.mlm_positions,
               "mlm_labels": ordered.mlm_labels}
     values.update({name: getattr(ordered, name) for name in PER_INSTANCE})
+    values.update(ordered.extra)
     with open(path, "wb") as f:
         f.write(index.tobytes())
-        for name, dtype, _ in _spill_arrays(0, 0, 0, tokens):
+        for name, dtype, _ in _spill_arrays(0, 0, 0, tokens, columns):
             f.write(np.ascontiguousarray(values[name], dtype=dtype).tobytes())
 
 
-def read_spill_block(path: str, shard: int, num_shards: int,
-                     vocab_size: Optional[int]) -> Tuple[np.ndarray, Instances]:
+def read_spill_block(path: str, shard: int, num_shards: int, vocab_size: Optional[int],
+                     columns: Sequence[Column] = ()) -> Tuple[np.ndarray, Instances]:
     """(key, instances) of output shard `shard` in one spill file (opened, read and closed)."""
     tokens = token_dtype(vocab_size)
     row = 3 * _HEAD.itemsize
@@ -288,8 +315,17 @@ def read_spill_block(path: str, shard: int, num_shards: int,
         counts = {"n": int(n1 - n0), "t": int(t1 - t0), "q": int(q1 - q0)}
         kind = {name: "n" for name in _PER_SEQUENCE}
         kind.update(tokens="t", mlm_positions="q", mlm_labels="q")
-        out = {}
-        for name, dtype, total in _spill_arrays(n, t, q, tokens):
+        shapes = {name: shape for name, _, shape in columns}
+        out, extra = {}, {}
+        for name, dtype, total in _spill_arrays(n, t, q, tokens, columns):
+            if name in shapes:  # a task's column: its own type and shape, n rows of it
+                width = int(np.prod(shapes[name], dtype=np.int64))
+                size = counts["n"] * width * dtype.itemsize
+                data = os.pread(fd, size, at + starts["n"] * width * dtype.itemsize) if size else b""
+                extra[name] = np.frombuffer(data, dtype=dtype, count=counts["n"] * width).reshape(
+                    (counts["n"],) + tuple(shapes[name])).copy()
+                at += total * dtype.itemsize
+                continue
             k = kind[name]
             size = counts[k] * dtype.itemsize
             data = os.pread(fd, size, at + starts[k] * dtype.itemsize) if size else b""
@@ -298,16 +334,16 @@ def read_spill_block(path: str, shard: int, num_shards: int,
     finally:
         os.close(fd)
     key = out.pop("key")
-    return key, Instances(**out)
+    return key, Instances(**out, extra=extra)
 
 
-def read_spill_blocks(paths: Sequence[str], shard: int, num_shards: int,
-                      vocab_size: Optional[int]) -> Tuple[np.ndarray, Instances]:
+def read_spill_blocks(paths: Sequence[str], shard: int, num_shards: int, vocab_size: Optional[int],
+                      columns: Sequence[Column] = ()) -> Tuple[np.ndarray, Instances]:
     """(keys, instances) of output shard `shard` from every spill file, one file open at a time, in
     key order (each key exactly once, else RuntimeError)."""
     keys, parts = [], []
     for path in paths:
-        key, part = read_spill_block(path, shard, num_shards, vocab_size)
+        key, part = read_spill_block(path, shard, num_shards, vocab_size, columns)
         if len(key):
             keys.append(key)
             parts.append(part)
@@ -329,7 +365,7 @@ def scatter(paths: List[str], first: int, before: np.ndarray, spills: List[tuple
     instances = concat_instances([load_instances(path) for path in paths])
     for spill, spec in spills:
         shard, key = spec.locate(instances.lengths, first, before)
-        write_spill(spill, instances, shard, key, spec.num_shards, vocab_size)
+        write_spill(spill, instances, shard, key, spec.num_shards, vocab_size, spec.columns)
     for path in paths:
         os.remove(path)
 
@@ -348,7 +384,8 @@ def write_shard(instances: Instances, task: ShardTask, layout: PackLayout) -> di
     records = build_packs(instances, task.offsets, layout, first_pack=task.first_pack)
     if layout.vocab_size is not None:  # the format's values and invariants, as every reader checks them
         check_packs("pack of %s being written" % task.path, records, task.first_pack,
-                    pack_facts(layout.max_seq_length, layout.max_sequences_per_pack, layout.vocab_size, layout.cls_id))
+                    pack_facts(layout.max_seq_length, layout.max_sequences_per_pack, layout.vocab_size, layout.cls_id,
+                               layout.task, layout.num_sequences))
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(dtype),
                                                   "fortran_order": False, "shape": (n_packs,)})

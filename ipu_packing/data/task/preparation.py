@@ -1,0 +1,195 @@
+"""`prepare --task classification`: split files -> labelled, tokenized examples -> the packing phase `prepare` and
+`pack` share -> OUT/train, OUT/validation, OUT/test, each with packed/ and padded/.
+
+Order of work (the same claiming, temporary directory, worker processes and write phase as `prepare`):
+
+1. Claim the output (data/write/output.py `claim_output`: refused when it is not empty or another command
+   writes it) and check that every split's input exists, before anything is created.
+2. Load the model's tokenizer (`--tokenizer DIR`: data/vocab.py `load_tokenizer`; the demo task, `--input default`,
+   without one gets the default corpus' vocabulary, the demo BERT's).
+3. Read every split whole (data/task/rows.py), choose the text columns and the labels on the train split and
+   check every row of every split against them (data/task/labels.py): any refusal happens here, before a
+   token is made, and leaves nothing behind.
+4. Per split: tokenize chunks of rows in the worker processes (data/task/encode.py) into instance files with
+   the task's columns (labels, example_ids), then one plan over their lengths and the packed and padded
+   datasets (data/write/datasets.py `write_datasets`, the one packing phase), each with its manifest (its
+   `task` key: format.TASK_MANIFEST_KEYS) and the tokenizer's vocab.txt.
+
+Same inputs, options and seed give the same bytes (the rows are read in file order, the tokenizer is
+deterministic, and the plan and assignment are `prepare`'s), whatever --workers is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ...errors import DataError
+from ..format import SPLITS, TaskLayout
+from ..vocab import TokenizerSpec, load_tokenizer, train_default_vocab
+from ..write.datasets import PackSettings, write_datasets
+from ..write.output import claim_output, write_atomically
+from ..write.workers import Workers, progress
+from .encode import CHUNK_ROWS, encode_chunk, start_encoder
+from .rows import SplitTable, check_split_path, read_split
+from .labels import LabelMap, SplitLabels, check_columns, encode_labels, infer_labels, text_columns, texts
+
+DEMO_INPUT = "default"
+"""`--input default` with a task: the embedded demo task (data/task/demo.py)."""
+
+
+@dataclass
+class TaskResult:
+    """What a task's preparation wrote (text/pipeline.py's `prepare` returns it as its PrepareResult)."""
+
+    splits: Dict[str, Dict[str, dict]]
+    """{split: {"packed": manifest, "padded": manifest (absent with --no-padded)}} in the order of format.SPLITS."""
+    seconds: Dict[str, float]
+    """Wall-clock seconds per phase (vocab, read, tokenize, plan, scatter, write: each summed over the splits) and
+    total."""
+
+
+def prepare_task(config) -> TaskResult:
+    """Run a task's whole preparation (the module notes). `config` is text/pipeline.py's PrepareConfig with task
+    set."""
+    output = os.path.abspath(config.output)
+    with claim_output(output, "prepare"):  # the output is checked and held before any input is read
+        for path in _split_paths(config).values():
+            check_split_path(path)
+        return write_atomically(output, lambda temp: _prepare_into(config, temp), "preparing")
+
+
+def _split_paths(config) -> Dict[str, str]:
+    """{split: input path} of a config with --train (the demo's are written later, into the work directory)."""
+    if config.input == DEMO_INPUT:
+        return {}
+    given = {"train": config.train, "validation": config.validation, "test": config.test}
+    return {name: given[name] for name in SPLITS if given[name]}
+
+
+def task_tokenizer(config) -> TokenizerSpec:
+    """The model's tokenizer: --tokenizer (--vocab); "default", or the demo task without one: the default
+    vocabulary (the demo BERT's)."""
+    if config.vocab is not None and config.vocab != DEMO_INPUT:
+        return load_tokenizer(config.vocab, config.lower_case)
+    if config.vocab is None and config.input != DEMO_INPUT:
+        raise DataError("--task %s needs the model's own tokenizer: --tokenizer DIR (a Hugging Face tokenizer "
+                        "directory with tokenizer.json and/or vocab.txt, e.g. a training run's export "
+                        "output/runs/demo/final; or default, the default corpus' vocabulary)" % config.task)
+    from ..text.corpus import default_documents
+
+    return train_default_vocab([sentence for document in default_documents() for sentence in document])
+
+
+def _prepare_into(config, temp: str) -> TaskResult:
+    seconds: Dict[str, float] = {}
+    clock = [time.perf_counter()]
+    start = clock[0]
+
+    def lap(name: str) -> None:  # phases of several splits add up
+        now = time.perf_counter()
+        seconds[name] = seconds.get(name, 0.0) + now - clock[0]
+        clock[0] = now
+
+    spec = task_tokenizer(config)
+    lap("vocab")
+    work = os.path.join(temp, "work")
+    os.makedirs(work)
+    paths = _split_paths(config)
+    shown = dict(paths)
+    if config.input == DEMO_INPUT:
+        from .demo import write_demo_task
+
+        paths = write_demo_task(os.path.join(work, "demo"))
+        shown = {name: "default (%s)" % os.path.basename(path) for name, path in paths.items()}
+    tables = {name: read_split(paths[name]) for name in SPLITS if name in paths}
+    for name, table in tables.items():
+        if table.rows == 0:
+            raise DataError("%s: the %s split holds no rows" % (table.path, name))
+    train = tables["train"]
+    columns = text_columns(train, config.sentence1_key, config.sentence2_key, config.label_key)
+    if config.label_key in columns:
+        raise DataError("%s: --label-key %s is also a text column" % (train.header_where(), config.label_key))
+    if config.label_key not in train.columns:
+        raise DataError("%s: no column %r (columns: %s): the train split needs labels (--label-key)"
+                        % (train.header_where(), config.label_key, ", ".join(train.columns)))
+    label_map = infer_labels(train, config.label_key, config.problem_type)
+    examples = {}
+    for name, table in tables.items():
+        check_columns(table, columns)
+        split_texts = [texts(table, column) for column in columns]
+        examples[name] = (split_texts, encode_labels(table, config.label_key, label_map, name))
+    lap("read")
+
+    workers = Workers(config.packing.num_workers, start_encoder, (spec, config.max_seq_length))
+    splits: Dict[str, Dict[str, dict]] = {}
+    try:
+        for name, table in tables.items():
+            split_texts, labels = examples.pop(name)
+            splits[name] = _write_split(config, spec, name, table, shown[name], columns, split_texts, labels,
+                                        label_map, workers, temp, work, lap)
+    except BaseException:
+        workers.abort()
+        raise
+    workers.close()
+    shutil.rmtree(work)
+    seconds["total"] = time.perf_counter() - start
+    return TaskResult(splits, seconds)
+
+
+def _write_split(config, spec: TokenizerSpec, name: str, table: SplitTable, shown: str, columns: List[str],
+                 split_texts: List[List[str]], labels: SplitLabels, label_map: LabelMap, workers: Workers, temp: str,
+                 work: str, lap) -> Dict[str, dict]:
+    """One split: tokenized in chunks by the workers, then packed and written into temp/<split>; its manifests."""
+    n = table.rows
+    paths: List[str] = []
+
+    def chunks():
+        for index, first in enumerate(range(0, n, CHUNK_ROWS)):
+            paths.append(os.path.join(work, "%s-instances-%05d.npz" % (name, index)))
+            end = min(n, first + CHUNK_ROWS)
+            yield (index, first, split_texts[0][first:end], split_texts[1][first:end] if len(split_texts) > 1
+                   else None, labels.labels[first:end], paths[-1])
+
+    bar = progress("tokenizing %s" % name, config.packing.progress, " chunks")
+    results: List[Tuple[np.ndarray, int]] = workers.map_bounded(encode_chunk, chunks(),
+                                                                 on_result=lambda _: bar.update(1))
+    bar.close()
+    lengths = [lengths for lengths, _ in results]
+    truncated = sum(count for _, count in results)
+    lap("tokenize")
+    task = TaskLayout("classification", label_map.problem_type, label_map.num_labels, labels.has_labels)
+    entry = {
+        "name": task.name, "problem_type": task.problem_type, "num_labels": task.num_labels,
+        "labels": label_map.names, "label_counts": labels.counts, "split": name, "has_labels": labels.has_labels,
+        "text_columns": list(columns), "label_column": config.label_key if labels.has_labels else None,
+        "truncated": int(truncated), "tokenizer": spec.source,
+        "source": {"file": shown, "format": table.format, "rows": n, "sha256": table.sha256},
+    }
+
+    def describe(directory: str, kind: str) -> dict:
+        return {**spec.write_vocab(directory), "seed": config.packing.seed, "task": entry}
+
+    settings = PackSettings(max_seq_length=config.max_seq_length, vocab_size=len(spec.vocab),
+                            mlm_slots=lambda k: 0, options=config.packing, group_tokens=config.group_tokens,
+                            cls_id=spec.special_token_ids["[CLS]"], task=task)
+    directory = os.path.join(temp, name)
+    manifests = write_datasets(paths, lengths, 0, settings, directory, workers, describe, lap)
+    shutil.rmtree(os.path.join(directory, "work"))
+    return manifests
+
+
+def split_summary(name: str, output: str, packed: dict, padded: Optional[dict]) -> str:
+    """The command's line for one split: sequences, packs, packing factor, efficiency (and the padded baseline's)."""
+    task = packed["task"]
+    return ("%s: %d sequences (%d truncated to %d) -> %d packs (packing factor %.3f, efficiency %.1f%%)%s"
+            % (os.path.join(output, name), packed["num_sequences"], task["truncated"], packed["max_seq_length"],
+               packed["num_packs"], packed["packing_factor"], 100 * packed["packing_efficiency"],
+               "; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"],
+                                                                   100 * padded["packing_efficiency"])
+               if padded else ""))
