@@ -178,3 +178,8 @@ def holding(run_dir):
             directory.unlock()
 
     return held()
+
+
+def losses_of(run_dir, *names):
+    """(step, *names) of every record of the run."""
+    return [tuple([r["step"]] + [r[n] for n in names]) for r in metrics(run_dir)]
