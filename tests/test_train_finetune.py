@@ -19,7 +19,6 @@ import torch
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
 from ipu_packing.data.cli import main as data_main
-from ipu_packing.errors import UserError
 from ipu_packing.train import load_config
 from ipu_packing.train.cli import finetune_main, main as pretrain_main
 from ipu_packing.train.loop import execute, plan_run

@@ -1,0 +1,247 @@
+"""Packed inference for sequence classification: texts (or pairs) in, each one's labels and scores out, in order.
+
+    python -m ipu_packing.predict --model DIR --input FILE --output FILE.jsonl [--max-seq-length 128]
+        [--max-sequences-per-pack 32] [--sentence1-key X] [--sentence2-key Y] [--device cpu|cuda]
+
+    from ipu_packing.predict import Predictor
+    predictor = Predictor.from_pretrained("output/runs/finetune_demo/final")
+    predictor.predict(["a text", ("a first text", "its pair"), ...])
+    # [{"index": 0, "label": "mail", "score": 0.93, "scores": {"concurrency": 0.01, ...}}, ...]
+
+``DIR`` is any transformers BERT classifier directory (BertForSequenceClassification: this project's fine-tuning
+export, or one transformers saved) with its tokenizer (tokenizer.json and/or vocab.txt). The inputs are read as
+``prepare --task`` reads a split (CSV, TSV, JSON Lines; Parquet and datasets directories with the datasets
+extra; run_glue.py's columns, a label column ignored), tokenized with the model's own tokenizer as transformers'
+``BertTokenizerFast(a, b, truncation=True, max_length=S)`` does, packed by the same planner into the one pack
+format (K sequences per pack, up to 32 at short S), run through the packed model in eval mode, and unpacked back to
+input order by each sequence's example id. The scores are what transformers' ``text-classification`` pipeline
+returns for each input alone (its ``top_k=None`` scores): a softmax over the labels for single-label
+classification, a sigmoid for multi-label (and for a single output without a problem type), the raw output for
+regression. One JSON object per input in the output file, in input order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .errors import ArgumentParser, UserError, run_command
+
+Text = Union[str, Tuple[str, str]]
+"""One input: a text, or a (text, pair) tuple."""
+
+
+@dataclass
+class Predictor:
+    """A packed classifier and its tokenizer (``from_pretrained``), ready to score texts."""
+
+    model: Any
+    """PackedBertForSequenceClassification, in eval mode on its device."""
+    tokenizer: Any
+    """data/vocab.py TokenizerSpec of the model's directory."""
+    max_seq_length: int = 128
+    """S: tokens per pack (a longer input is truncated, as transformers truncates to max_length)."""
+    max_sequences_per_pack: int = 32
+    """K: sequences per pack (the planner packs fewer where lengths do not allow more)."""
+    batch_packs: int = 64
+    """Packs per forward pass."""
+
+    @classmethod
+    def from_pretrained(cls, directory: str, max_seq_length: int = 128, max_sequences_per_pack: int = 32,
+                        batch_packs: int = 64, device: str = "cpu", attention: Optional[str] = None) -> "Predictor":
+        """The classifier of ``directory`` (its weights and its tokenizer) on ``device``; attention: the fastest
+        exact one for S on this device (train/model_section.py resolve_attention), unless given."""
+        import warnings
+
+        import torch
+
+        from .data.vocab import load_tokenizer
+        from .model import PackedBertForSequenceClassification
+
+        if not os.path.isdir(directory):
+            raise UserError("--model %s is not a directory (a Hugging Face BERT classifier: config.json, weights, "
+                            "tokenizer)" % (directory,))
+        if not 1 <= max_sequences_per_pack <= 255:
+            raise UserError("--max-sequences-per-pack must be in [1, 255], got %d" % (max_sequences_per_pack,))
+        tokenizer = load_tokenizer(directory)
+        if attention is None:
+            attention = _fastest_attention(device, max_seq_length)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a classifier directory holds every weight it needs
+            try:
+                model = PackedBertForSequenceClassification.from_pretrained(directory, attention=attention,
+                                                                             strict=True)
+            except (OSError, ValueError, KeyError) as exc:
+                raise UserError("--model %s is not a BERT classifier directory (%s)" % (directory, exc))
+        if max_seq_length > int(model.config.max_position_embeddings):
+            raise UserError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
+                            % (max_seq_length, model.config.max_position_embeddings))
+        if device == "cuda" and not torch.cuda.is_available():
+            raise UserError("--device cuda: torch sees no CUDA device")
+        model.to(torch.device(device)).eval()
+        return cls(model, tokenizer, max_seq_length, max_sequences_per_pack, batch_packs)
+
+    @property
+    def labels(self) -> List[str]:
+        config = self.model.config
+        return [str(config.id2label[i]) for i in range(int(config.num_labels))]
+
+    def packs(self, texts: Sequence[Text]) -> Any:
+        """The inputs as packs of the one format (a Dataset of the classification fields, example ids = input
+        indices), by the planner and the writer's pack builder."""
+        from .data.format import IGNORE_INDEX, TaskLayout, as_batch
+        from .data.instance_files import Instances, gather_instances
+        from .data.task.encode import build_encoder, encode
+        from .data.write.packs import PackLayout, build_packs
+        from .packing import assign_sequences, histogram_from_lengths, plan_packing
+
+        if not texts:
+            raise UserError("no input to score")
+        pairs = [t if isinstance(t, tuple) else (t, None) for t in texts]
+        if len({b is None for _, b in pairs}) > 1:
+            raise UserError("inputs mix single texts and pairs: give all of one kind")
+        first = [a for a, _ in pairs]
+        second = None if pairs[0][1] is None else [b for _, b in pairs]
+        S, K = self.max_seq_length, self.max_sequences_per_pack
+        ids = self.tokenizer.special_token_ids
+        tokens, lengths, a_lengths, _ = encode(build_encoder(self.tokenizer, S), ids["[CLS]"], first, second)
+        n = len(lengths)
+        problem_type = self.problem_type
+        float_labels = problem_type != "single_label_classification"
+        shape = (n,) if (not float_labels or (problem_type == "regression" and self.model.config.num_labels == 1)) \
+            else (n, int(self.model.config.num_labels))
+        labels = np.zeros(shape, np.float32) if float_labels else np.full(n, IGNORE_INDEX, np.int32)
+        zeros = np.zeros(n, np.int32)
+        instances = Instances(tokens, lengths.astype(np.int32), a_lengths.astype(np.int32), zeros, zeros,
+                              np.zeros(0, np.int32), np.zeros(0, np.int32),
+                              extra={"labels": labels, "example_ids": np.arange(n, dtype=np.int32)})
+        plan = plan_packing(histogram_from_lengths(lengths, S), S, K, "optimal")
+        assignment = assign_sequences(plan, lengths, 0)
+        layout = PackLayout(S, K, 0, None, ids["[CLS]"],
+                            TaskLayout("classification", problem_type, int(self.model.config.num_labels), False),
+                            num_sequences=n)
+        order = np.asarray(assignment.indices, dtype=np.int64)
+        records = build_packs(gather_instances(instances, order), np.asarray(assignment.offsets, np.int64), layout)
+        return Packs(as_batch(records, None))
+
+    @property
+    def problem_type(self) -> str:
+        config = self.model.config
+        if config.problem_type:
+            return config.problem_type
+        return "regression" if int(config.num_labels) == 1 else "single_label_classification"
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        """The pipeline's scores of logits (N, L): softmax, sigmoid or the raw output (see the module docstring)."""
+        config = self.model.config
+        if config.problem_type == "regression":
+            return logits
+        if config.problem_type == "multi_label_classification" or int(config.num_labels) == 1:
+            return 1.0 / (1.0 + np.exp(-logits))
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        e = np.exp(shifted)
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def logits(self, texts: Sequence[Text]) -> np.ndarray:
+        """(N, L) logits of each input, in input order (float64 of the model's float32)."""
+        from .train.evaluate import collect
+
+        got = collect(self.model, self.packs(texts), self.batch_packs)
+        if got["example_ids"].tolist() != list(range(len(texts))):  # every input exactly once: the format's rule
+            raise AssertionError("the packs did not hold every input once")
+        return got["logits"].astype(np.float64)
+
+    def predict(self, texts: Sequence[Text]) -> List[Dict[str, Any]]:
+        """One record per input, in input order: the top label and its score and every label's score
+        (classification), or the output (regression)."""
+        scores = self.scores(self.logits(texts))
+        out = []
+        if self.problem_type == "regression":
+            for i, row in enumerate(scores):
+                out.append({"index": i, "score": float(row[0]) if len(row) == 1 else [float(v) for v in row]})
+            return out
+        names = self.labels
+        for i, row in enumerate(scores):
+            best = int(np.argmax(row))
+            out.append({"index": i, "label": names[best], "score": float(row[best]),
+                        "scores": {name: float(v) for name, v in zip(names, row)}})
+        return out
+
+
+class Packs:
+    """Packs built in memory as a Dataset: item i is {field: tensor} of pack i (the fields in the format's order)."""
+
+    def __init__(self, arrays: Dict[str, np.ndarray]) -> None:
+        self.arrays = arrays  # {field: (P, ...)}
+
+    def __len__(self) -> int:
+        return int(self.arrays["input_ids"].shape[0])
+
+    def __getitem__(self, i: int) -> Dict[str, Any]:
+        import torch
+
+        return {name: torch.from_numpy(np.ascontiguousarray(array[i])) for name, array in self.arrays.items()}
+
+
+def _fastest_attention(device: str, max_seq_length: int) -> str:
+    from .execution import ExecutionConfig
+    from .train.model_section import resolve_attention
+
+    return resolve_attention({}, ExecutionConfig(device=device), max_seq_length)
+
+
+def read_inputs(path: str, sentence1_key: Optional[str], sentence2_key: Optional[str],
+                label_key: str = "label") -> List[Text]:
+    """The texts (or pairs) of an input file, as ``prepare --task`` reads a split (run_glue.py's columns)."""
+    from .data.task.labels import text_columns, texts
+    from .data.task.rows import read_split
+
+    table = read_split(path)
+    columns = text_columns(table, sentence1_key, sentence2_key, label_key)
+    values = [texts(table, column) for column in columns]
+    return list(values[0]) if len(values) == 1 else list(zip(values[0], values[1]))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m ipu_packing.predict", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="a Hugging Face BERT classifier directory (with its tokenizer)")
+    p.add_argument("--input", required=True, help="CSV, TSV or JSON Lines (run_glue.py's columns), or Parquet")
+    p.add_argument("--output", required=True, help="JSON Lines: one object per input, in input order")
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-sequences-per-pack", type=int, default=32)
+    p.add_argument("--batch-packs", type=int, default=64, help="packs per forward pass (default: %(default)s)")
+    p.add_argument("--sentence1-key", default=None)
+    p.add_argument("--sentence2-key", default=None)
+    p.add_argument("--label-key", default="label", help="a column to leave out of the texts (default: label)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    return p
+
+
+def command(argv: Optional[List[str]]) -> int:
+    from .fsutil import atomic_write_text
+
+    args = build_parser().parse_args(argv)
+    if os.path.isdir(args.output):
+        raise UserError("--output %s is a directory" % (args.output,))
+    predictor = Predictor.from_pretrained(args.model, args.max_seq_length, args.max_sequences_per_pack,
+                                          args.batch_packs, args.device)
+    inputs = read_inputs(args.input, args.sentence1_key, args.sentence2_key, args.label_key)
+    records = predictor.predict(inputs)
+    atomic_write_text(args.output, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    print("predicted %d inputs of %s with %s -> %s" % (len(records), args.input, args.model, args.output),
+          file=sys.stderr)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_command(command, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Packed inference (ipu_packing.predict): inputs packed K to a row, scored in one pass, unpacked back to input
+order, each input's scores what transformers' text-classification pipeline gives it alone (1e-5), for this
+project's fine-tuning export and for classifiers transformers saved (single label, multi-label, regression; single
+texts and pairs)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from ipu_packing.predict import Predictor, main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WORDS = ("the loop runs a task socket server mail header test case event thread lock queue request http message "
+         "assert mock fixture async await selector protocol transport").split()
+
+
+def sentence(rng, low=3, high=30):
+    return " ".join(rng.choice(WORDS, size=int(rng.integers(low, high))))
+
+
+def hf_classifier(directory, num_labels, problem_type, seed=0):
+    """A transformers BertForSequenceClassification (random weights) and a BertTokenizerFast, saved."""
+    import transformers
+
+    words = sorted(set(WORDS))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + [c for c in "abcdefghijklmnopqrstuvwxyz"
+                                                                       if c not in words]
+    os.makedirs(directory)
+    with open(os.path.join(directory, "vocab.txt"), "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    tokenizer = transformers.BertTokenizerFast(os.path.join(directory, "vocab.txt"), do_lower_case=True)
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+                                     num_labels=num_labels, problem_type=problem_type,
+                                     id2label={i: "label_%d" % i for i in range(num_labels)},
+                                     label2id={"label_%d" % i: i for i in range(num_labels)})
+    transformers.BertForSequenceClassification(config).save_pretrained(directory)
+    return directory
+
+
+def pipeline_scores(directory, inputs):
+    """transformers' text-classification pipeline on each input alone: {label: score} (top_k=None)."""
+    import transformers
+
+    pipe = transformers.pipeline("text-classification", model=directory, tokenizer=directory, top_k=None,
+                                 device="cpu")
+    out = []
+    for x in inputs:
+        got = pipe({"text": x[0], "text_pair": x[1]} if isinstance(x, tuple) else x)
+        got = got[0] if isinstance(got[0], list) else got
+        out.append({d["label"]: d["score"] for d in got})
+    return out
+
+
+CASES = [
+    ("single label", 3, "single_label_classification", False),
+    ("single label, pairs", 2, "single_label_classification", True),
+    ("multi-label", 4, "multi_label_classification", False),
+]
+
+
+@pytest.mark.parametrize("name, num_labels, problem_type, pairs", CASES, ids=[c[0] for c in CASES])
+def test_shuffled_inputs_come_back_in_order_with_the_pipelines_scores(name, num_labels, problem_type, pairs,
+                                                                      tmp_path):
+    directory = hf_classifier(str(tmp_path / "model"), num_labels, problem_type)
+    rng = np.random.default_rng(1)
+    inputs = [(sentence(rng), sentence(rng)) if pairs else sentence(rng) for _ in range(57)]
+    predictor = Predictor.from_pretrained(directory, max_seq_length=64, max_sequences_per_pack=8, batch_packs=4)
+    packs = predictor.packs(inputs)
+    assert len(packs) < len(inputs) * (0.75 if pairs else 0.5)  # packed: several inputs a row
+    records = predictor.predict(inputs)
+    assert [r["index"] for r in records] == list(range(len(inputs)))
+    expected = pipeline_scores(directory, inputs)
+    worst = max(abs(r["scores"][k] - v) for r, e in zip(records, expected) for k, v in e.items())
+    assert worst < 1e-5, worst
+    assert all(r["label"] == max(e, key=e.get) for r, e in zip(records, expected))
+    # shuffled: each input keeps its own scores
+    order = rng.permutation(len(inputs))
+    again = predictor.predict([inputs[i] for i in order])
+    for j, i in enumerate(order):
+        assert again[j]["scores"] == pytest.approx(records[i]["scores"], abs=1e-6)
+
+
+def test_regression_scores_are_the_raw_outputs(tmp_path):
+    directory = hf_classifier(str(tmp_path / "model"), 1, "regression")
+    rng = np.random.default_rng(2)
+    inputs = [sentence(rng) for _ in range(20)]
+    records = Predictor.from_pretrained(directory, max_seq_length=64, max_sequences_per_pack=8).predict(inputs)
+    import transformers
+
+    model = transformers.BertForSequenceClassification.from_pretrained(directory).eval()
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(directory)
+    with torch.no_grad():
+        want = [float(model(**tokenizer(x, return_tensors="pt")).logits[0, 0]) for x in inputs]
+    assert [r["score"] for r in records] == pytest.approx(want, abs=1e-5)
+
+
+def test_the_command_writes_one_line_per_input_in_order(tmp_path, capsys):
+    directory = hf_classifier(str(tmp_path / "model"), 3, "single_label_classification")
+    rng = np.random.default_rng(3)
+    inputs = [sentence(rng) for _ in range(25)]
+    source = tmp_path / "inputs.tsv"
+    source.write_text("sentence1\tlabel\n" + "".join("%s\tx\n" % x for x in inputs))
+    out = str(tmp_path / "out.jsonl")
+    assert main(["--model", directory, "--input", str(source), "--output", out, "--max-seq-length", "64"]) == 0
+    lines = [json.loads(line) for line in open(out)]
+    assert [r["index"] for r in lines] == list(range(25))
+    expected = Predictor.from_pretrained(directory, max_seq_length=64).predict(inputs)
+    assert [r["label"] for r in lines] == [r["label"] for r in expected]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "missing-dir"], "is not a directory"),
+    (["--max-sequences-per-pack", "0"], "--max-sequences-per-pack must be in [1, 255]"),
+    (["--max-seq-length", "1000"], "exceeds the model's max_position_embeddings"),
+    (["--input", "nowhere.tsv"], "nowhere.tsv"),
+], ids=["no model", "K", "S", "no input"])
+def test_bad_input_is_one_line(args, words, tmp_path, capsys):
+    directory = hf_classifier(str(tmp_path / "model"), 2, "single_label_classification")
+    source = tmp_path / "inputs.tsv"
+    source.write_text("sentence1\nthe loop runs\n")
+    base = {"--model": directory, "--input": str(source), "--output": str(tmp_path / "out.jsonl")}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    argv = [x for pair in base.items() for x in pair]
+    assert main(argv) == 2
+    err = capsys.readouterr()[1]
+    assert err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+    assert not os.path.exists(str(tmp_path / "out.jsonl"))
