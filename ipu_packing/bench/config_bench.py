@@ -3,6 +3,7 @@
     python -m ipu_packing.bench --config demo_512 [section.key=value ...] [--steps N] [--json] [--plot PNG]
     python -m ipu_packing.bench --config demo_512 --histogram ../shared/data/wikipedia_512_histogram.json
     python -m ipu_packing.bench --config demo --attention dense,sdpa,varlen [--steps N]
+    python -m ipu_packing.bench --config finetune_demo [--steps N]       (a fine-tuning config: config_finetune.py)
     torchrun --nproc-per-node 2 -m ipu_packing.bench --config NAME ...     (DDP or pipelined configs)
 
 What it does:
@@ -13,7 +14,10 @@ What it does:
 2. Takes the sequences from the config's prepared dataset: the packs of DIR/packed in the order of the
    run's first epoch, as many as N optimizer steps of both layouts need (with ``--histogram``, packs of a
    histogram plan with random tokens instead). It lays exactly these sequences out twice with the data
-   package's builder (format.pack_sequences): as the dataset packs them, and one per row (K = 1).
+   package's builder (format.pack_sequences): as the dataset packs them, and one per row (K = 1). A
+   fine-tuning config (task.name=classification) takes both layouts' prepared records of its task's split
+   instead: the packs of DIR/<split>/packed in first-epoch order and the same examples' rows of
+   DIR/<split>/padded, matched by example_ids (config_finetune.py); ``--histogram`` is refused.
 3. Builds each layout's model, optimizer and schedule as training does, and its runner with the same
    ``make_runner`` the training loop uses: torch on CPU or CUDA, DDP or pipeline stages under
    ``torchrun``, poptorch on IPUs. ``runner.compile`` is timed apart (``compile_seconds``: the poptorch
@@ -57,10 +61,11 @@ def load_layouts(name: str, overrides: Sequence[str]):
 class Rows:
     """A layout's rows as a torch Dataset of pack dicts (int32, as ipu_packing.data's Dataset serves them)."""
 
-    def __init__(self, packs: np.ndarray) -> None:
+    def __init__(self, packs) -> None:
         from ipu_packing.data.format import as_batch
 
-        self.arrays = as_batch(packs, np.int32)  # {field: (P, width)}
+        # {field: (P, width)}: a structured array of records, or a fine-tuning layout's fields already stacked
+        self.arrays = dict(packs) if isinstance(packs, dict) else as_batch(packs, np.int32)
 
     def __len__(self) -> int:
         return int(self.arrays["input_ids"].shape[0])
@@ -69,6 +74,11 @@ class Rows:
         import torch
 
         return {name: torch.from_numpy(array[i]) for name, array in self.arrays.items()}
+
+
+def row_count(packs) -> int:
+    """Rows of a layout: records, or a fine-tuning layout's stacked fields."""
+    return int(packs["input_ids"].shape[0]) if isinstance(packs, dict) else int(len(packs))
 
 
 def rows_per_call(execution) -> int:
@@ -148,18 +158,19 @@ def lay_out(groups: List[List[Any]], S: int, K: int, M_packed: Optional[int], re
 class Timed:
     """One layout: its config, accounting, runner and the batches of its calls."""
 
-    def __init__(self, name: str, config, accounting, packs: np.ndarray) -> None:
+    def __init__(self, name: str, config, accounting, packs, task=None) -> None:
         import torch
 
         from ipu_packing.execution import make_runner
         from ipu_packing.train.build import build
         from ipu_packing.train.task import PRETRAINING
 
+        task = task or PRETRAINING
         self.name, self.config, self.accounting = name, config, accounting
-        built = build(config, accounting.betas, PRETRAINING)  # both layouts start from the same (seeded) weights
+        built = build(config, accounting.betas, task)  # both layouts start from the same (seeded) weights
         self.attention = str(getattr(built.model, "attention_implementation", ""))
         self.runner = make_runner(built.model, built.optimizer, accounting.execution, scheduler=built.scheduler,
-                                  metrics=PRETRAINING.metrics)
+                                  metrics=task.metrics)
         rng = torch.get_rng_state()
         # A copy of each batch: an asynchronous poptorch.DataLoader (the IPU configs' mode) hands out the memory
         # of its ring buffer, which its worker refills once the next batch is asked for.
@@ -204,28 +215,51 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
 
     variants = [list(overrides) + (["model.packed_attention=%s" % a] if a else []) for a in attentions]
     configs = [load_layouts(name, v) for v in variants]
+    fine_tuning = configs[0][0].task.fine_tuning
+    if fine_tuning:  # the model training builds: a phase-1 directory's architecture (config_finetune.py)
+        from ipu_packing.train.phase1 import with_init_architecture
+
+        if histogram is not None:
+            raise BenchError("--histogram applies to pretraining configs: %s fine-tunes (task.name=%s) and is timed "
+                             "on its task's split, %s" % (name, configs[0][0].task.name, configs[0][0].data.path))
+        configs = [(with_init_architecture(a), with_init_architecture(b)) for a, b in configs]
     packed_config, padded_config = configs[0]
     for packed_variant, _ in configs:
         check_backend(packed_variant)
     S, K = packed_config.data.max_seq_length, packed_config.data.max_sequences_per_pack
     # Rows each layout needs (all processes): one warm-up call and ceil(N / steps per call) timed calls.
     calls = int(math.ceil(steps / float(packed_config.execution.optimizer_steps_per_call)))
-    source_data, factor = open_source(packed_config, histogram, histogram_path)
+    task = None
+    if fine_tuning:
+        from .config_finetune import open_task_data
+
+        source_data, padded_data, task = open_task_data(packed_config, padded_config)
+        factor = source_data.packing_factor
+    else:
+        source_data, factor = open_source(packed_config, histogram, histogram_path)
     padded_accounting = padded_config.batch_accounting(1.0)
     packed_accounting = packed_config.batch_accounting(factor)  # the measured factor, as training uses
     need_padded = (calls + 1) * rows_per_call(padded_accounting.execution)
     need_packed = (calls + 1) * rows_per_call(packed_accounting.execution)
-    if histogram is None:
-        groups, source = dataset_groups(packed_config, source_data, need_packed, need_padded)
+    if fine_tuning:
+        from .config_finetune import task_layouts
+
+        packed_packs, padded_packs, source = task_layouts(packed_config, source_data, padded_data, need_packed,
+                                                          need_padded)
+        num_sequences = source["examples"]
     else:
-        groups, source = histogram_groups(packed_config, source_data, histogram_path, need_packed, need_padded)
-    packed_packs, padded_packs = lay_out(groups, S, K, source["packed_mlm_slots"], source["recipe"])
+        if histogram is None:
+            groups, source = dataset_groups(packed_config, source_data, need_packed, need_padded)
+        else:
+            groups, source = histogram_groups(packed_config, source_data, histogram_path, need_packed, need_padded)
+        packed_packs, padded_packs = lay_out(groups, S, K, source["packed_mlm_slots"], source["recipe"])
+        num_sequences = sum(len(g) for g in groups)
     if packed_config.training.num_threads:
         torch.set_num_threads(packed_config.training.num_threads)
     layouts = []  # type: List[Timed]
     for packed_variant, padded_variant in configs:  # the same sequences and accounting; another attention
-        layouts += [Timed("padded", padded_variant, padded_accounting, padded_packs),
-                    Timed("packed", packed_variant, packed_accounting, packed_packs)]
+        layouts += [Timed("padded", padded_variant, padded_accounting, padded_packs, task),
+                    Timed("packed", packed_variant, packed_accounting, packed_packs, task)]
     main = int(getattr(layouts[0].runner, "rank", 0)) == 0
     for layout in layouts:
         start = time.perf_counter()
@@ -260,8 +294,8 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
         "precision": ex.precision, "attention": getattr(model, "attention_implementation", None),
         "torch_threads": torch.get_num_threads(), "source": source["source"],
         "max_seq_length": S, "max_sequences_per_pack": K, "steps": steps,
-        "num_sequences": sum(len(g) for g in groups), "padded_rows": int(len(padded_packs)),
-        "num_packs": int(len(packed_packs)), "packing_factor": float(factor),
+        "num_sequences": num_sequences, "padded_rows": row_count(padded_packs),
+        "num_packs": row_count(packed_packs), "packing_factor": float(factor),
         "batch_accounting": packed_config.training.batch_accounting,
         "padded_sequences_per_second": padded["sequences_per_second"],
         "packed_sequences_per_second": packed["sequences_per_second"],
@@ -275,6 +309,8 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
                         "speedup": summaries[2 * j + 1]["sequences_per_second"]
                         / summaries[2 * j]["sequences_per_second"]} for j in range(len(configs))],
     }
+    if fine_tuning:  # pretraining's result keeps exactly its keys
+        result.update(task=task.name, padded_source=source["padded_source"], example_ids=source["example_ids"])
     return result
 
 
@@ -286,6 +322,11 @@ def format_config_result(r: Dict[str, Any]) -> str:
         "sequences from %s: %d sequences = %d padded rows = %d packs (packing factor %.4f, accounting %s)"
         % (r["source"], r["num_sequences"], r["padded_rows"], r["num_packs"], r["packing_factor"],
            r["batch_accounting"]),
+    ]
+    if r.get("task"):
+        lines.append("task %s: the packs' examples one per row from %s (matched by example_ids)"
+                     % (r["task"], r["padded_source"]))
+    lines += [
         "%-7s %8s %11s %12s %13s %12s %12s"
         % ("layout", "steps", "seq/step", "s/step", "sequences/s", "tokens/s", "compile s"),
     ]

@@ -1,0 +1,105 @@
+"""``bench --config`` on a fine-tuning config (task.name=classification): both layouts' rows from the task's
+prepared train split, the same examples in each.
+
+- packed: the packs of DIR/<split>/packed in the order of the run's first epoch (TrainingData.epoch_order, as
+  the training loop orders them), as many as the warm-up call and the timed calls of the packed layout need,
+  and more until their examples also fill the padded layout's calls;
+- padded: the examples of exactly these packs, in pack and slot order, each as its own row of
+  DIR/<split>/padded (the row whose ``example_ids`` names it; prepare wrote both layouts of the split in one
+  run). Each row's tokens are checked against its sequence in the pack.
+
+Both are the prepared records themselves (nothing is laid out again), so each layout is timed on what its own
+training run would read. Each layout's timed calls take rows from the front of this one stream of examples:
+the padded steps' examples are the first ones of the packed steps' (or the packed steps' the first of the
+padded ones', whichever layout's steps hold fewer sequences). The model is the config's, built as training
+builds it (train/build.py, the task's class and label settings), with the architecture of a Hugging Face
+``checkpoint.init_from`` directory as training takes it (phase1.with_init_architecture); its weights are not
+loaded: they change no timing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+from .inputs import BenchError
+
+
+def open_task_data(packed_config, padded_config) -> Tuple[Any, Any, Any]:
+    """(packed TrainingData, padded TrainingData, Task): the split of both layouts, read, checked against the
+    configs and opened as training opens them (shards validated), and the run's task from the manifest."""
+    from ipu_packing.data import open_dataset
+    from ipu_packing.train.data import check_data_matches, open_shards, read_training_data
+    from ipu_packing.train.task import task_for
+
+    packed = read_training_data(packed_config.data.path)
+    check_data_matches(packed_config, packed)
+    task = task_for(packed_config, packed.manifest)
+    padded = read_training_data(padded_config.data.path)
+    check_data_matches(padded_config, padded)
+    task_for(padded_config, padded.manifest)
+    if padded.manifest["task"].get("labels") != packed.manifest["task"].get("labels") or (
+            padded.num_sequences != packed.num_sequences):
+        raise BenchError("datasets %s and %s are not the same split (other labels or examples): prepare both "
+                         "layouts in one `prepare --task` run" % (packed.path, padded.path))
+    for data in (packed, padded):
+        open_shards(data, lambda directory: open_dataset(directory, as_tensors=False))
+    return packed, padded, task
+
+
+def stack(records: List[Dict[str, np.ndarray]], names) -> Dict[str, np.ndarray]:
+    """{field: (P, ...)} of the records, in the format's field order."""
+    return {name: np.stack([r[name] for r in records]) for name in names}
+
+
+def sequence_tokens(record: Dict[str, np.ndarray], slot: int) -> np.ndarray:
+    """The input ids of the sequence in ``slot`` of a record (its tokens are contiguous from its [CLS])."""
+    start = int(record["cls_positions"][slot])
+    length = int((np.asarray(record["sequence_ids"]) == slot + 1).sum())
+    return np.asarray(record["input_ids"][start:start + length])
+
+
+def task_layouts(config, packed, padded, packed_rows: int, padded_rows: int
+                 ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], Dict[str, Any]]:
+    """(packed rows, padded rows, source): the module docstring's two layouts of the same examples, at least
+    ``packed_rows`` packs and ``padded_rows`` examples; every example of the chosen packs has its padded row."""
+    records, examples = [], []  # examples: (pack, slot, example id) in pack and slot order
+    for index in packed.epoch_order(config.training.seed, 0):
+        if len(records) >= packed_rows and len(examples) >= padded_rows:
+            break
+        record = packed.dataset[int(index)]
+        ids = np.asarray(record["example_ids"])
+        examples.extend((len(records), k, int(e)) for k, e in enumerate(ids) if e >= 0)
+        records.append(record)
+    if len(records) < packed_rows or len(examples) < padded_rows:
+        raise BenchError(
+            "dataset %s has %d packs (%d examples): fewer than the %d packs and %d examples of a warm-up call and "
+            "--steps of both layouts; lower --steps" % (packed.path, packed.num_packs, packed.num_sequences,
+                                                        packed_rows, padded_rows))
+    wanted = {e for _, _, e in examples}
+    row_of = {}  # example id -> its padded row
+    for i in range(len(padded.dataset)):
+        e = int(padded.dataset[i]["example_ids"][0])
+        if e in wanted:
+            row_of[e] = i
+            if len(row_of) == len(wanted):
+                break
+    rows = []
+    for p, k, e in examples:
+        if e not in row_of:
+            raise BenchError("example %d of %s has no row in %s: prepare both layouts in one `prepare --task` run"
+                             % (e, packed.path, padded.path))
+        row = padded.dataset[row_of[e]]
+        if not (np.array_equal(sequence_tokens(row, 0), sequence_tokens(records[p], k))
+                and np.array_equal(row["labels"][0], records[p]["labels"][k])):
+            raise BenchError("example %d has other tokens or labels in %s than in %s: prepare both layouts in one "
+                             "`prepare --task` run" % (e, padded.path, packed.path))
+        rows.append(row)
+    names = packed.dataset.fields
+    return stack(records, names), stack(rows, names), {
+        "source": packed.path, "padded_source": padded.path, "examples": len(examples),
+        "example_ids": [e for _, _, e in examples]}
+
+
+__all__ = ["open_task_data", "sequence_tokens", "task_layouts"]
