@@ -64,6 +64,28 @@ compare: $(STAMP) $(DEMO_512)/packed/manifest.json
 	$(PY) -m ipu_packing.compare $(OUT)/runs/$(COMPARE_NAME) $(OUT)/runs/demo_512_padded --plot $(OUT)/compare/$(COMPARE_NAME).png
 	$(PY) -m ipu_packing.bench --config demo_512 $(BENCH_ATTENTION) --steps 10 --plot $(OUT)/compare/bench_$(COMPARE_NAME).png
 
+# `make finetune`: the pretraining demo's export (output/runs/demo/final, trained first when absent), fine-tuned on
+# the embedded demo classification task (docs/data.md: standard-library sentences labelled by their family of
+# modules), packed, evaluated per example on its validation split; then `predict` on the held-out test inputs,
+# and the packed and padded fine-tuning speeds of the same examples through the same runner, interleaved.
+FT_DATA    := $(OUT)/data/finetune_demo
+FT_TEXT    := $(OUT)/data/finetune_demo_text
+DEMO_FINAL := $(OUT)/runs/demo/final
+
+$(DEMO_FINAL)/config.json: | $(STAMP) $(DEMO_DATA)/packed/manifest.json
+	$(PY) run_pretraining.py --config demo logging.progress_bar=false
+
+$(FT_DATA)/train/packed/manifest.json: | $(DEMO_FINAL)/config.json
+	$(PY) -m ipu_packing.data prepare --task classification --input default --tokenizer $(DEMO_FINAL) --output $(FT_DATA) --max-seq-length 128 --max-sequences-per-pack 8
+
+$(FT_TEXT)/test.tsv: | $(STAMP)
+	$(PY) -c "from ipu_packing.data.task.demo import write_demo_task; write_demo_task('$(FT_TEXT)')"
+
+finetune: $(STAMP) $(FT_DATA)/train/packed/manifest.json $(FT_TEXT)/test.tsv
+	$(PY) run_finetuning.py --config finetune_demo logging.progress_bar=false
+	$(PY) -m ipu_packing.predict --model $(OUT)/runs/finetune_demo/final --input $(FT_TEXT)/test.tsv --output $(OUT)/predictions/finetune_demo_test.jsonl
+	$(PY) -m ipu_packing.bench --config finetune_demo --steps 20
+
 bench: $(STAMP)
 	$(PY) -m ipu_packing.bench $(BENCH_ARGS)
 
