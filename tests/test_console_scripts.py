@@ -23,7 +23,7 @@ def scripts():
 
 def test_the_user_facing_commands_have_console_scripts():
     assert sorted(scripts()) == sorted("ipu-packing-" + name for name in (
-        "prepare", "pack", "inspect", "plan", "train", "dry-run", "compare", "bench"))
+        "prepare", "pack", "inspect", "plan", "train", "finetune", "dry-run", "compare", "bench", "predict"))
 
 
 @pytest.mark.parametrize("name", sorted(scripts()))

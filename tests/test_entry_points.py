@@ -48,6 +48,8 @@ ENTRY_POINTS = {
     "ipu_packing/bench/__main__.py": ["-m", "ipu_packing.bench"],
     "ipu_packing/bench/gpu_check.py": ["-m", "ipu_packing.bench.gpu_check"],
     "ipu_packing/compare.py": ["-m", "ipu_packing.compare"],
+    "ipu_packing/predict.py": ["-m", "ipu_packing.predict"],
+    "run_finetuning.py": ["run_finetuning.py"],
     "ipu_packing/bench/model_overhead.py": ["-m", "ipu_packing.bench.model_overhead"],
     "ipu_packing/bench/planner.py": ["-m", "ipu_packing.bench.planner"],
     "ipu_packing/bench/prepare_scale.py": ["-m", "ipu_packing.bench.prepare_scale"],
@@ -106,7 +108,7 @@ argparse.ArgumentParser.parse_known_args = parse_known_args
 def _entry_point_files():
     """run_pretraining.py and every file of ipu_packing/ that is run as a command: a __main__.py, a module
     with an ``if __name__ == "__main__":`` block, or one that calls sys.exit at module level."""
-    found = {"run_pretraining.py"}
+    found = {"run_pretraining.py", "run_finetuning.py"}
     for directory, _, names in os.walk(os.path.join(REPO, "ipu_packing")):
         for name in names:
             if not name.endswith(".py"):
@@ -192,7 +194,7 @@ def _in_pairs(jobs):
 def test_each_entry_point_s_forkserver_child_does_not_run_its_command(tmp_path):
     results = _in_pairs({path: (lambda path=path, argv=argv: _probe(tmp_path, path, argv, REPO))
                          for path, argv in ENTRY_POINTS.items() if not path.endswith("__main__.py")})
-    assert len(results) == 7  # scripts and -m modules; a package __main__.py (bench, data, ...) is never re-imported
+    assert len(results) == 9  # scripts and -m modules; a package __main__.py (bench, data, ...) is never re-imported
     for path, (proc, lines) in results.items():
         assert proc.returncode == 0, (path, proc.stderr[-2000:])
         assert [line for line in lines if line["role"] == "parent"] == [
