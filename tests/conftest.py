@@ -21,6 +21,61 @@ def default_data_512(tmp_path_factory):
     return prepare_default(str(tmp_path_factory.mktemp("default") / "s512"), 512)
 
 
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """The tiny prepared dataset, app_fixtures.write_prepared's defaults (S=32, K=3, V=64, 96 sequences, seed 0): its
+    root, holding packed/ and padded/. Shared by every test of the session (of the xdist worker): never written
+    to; a test that changes it copies it to its tmp_path first (checked when the session ends)."""
+    import app_fixtures as fx
+
+    root = fx.write_prepared(str(tmp_path_factory.mktemp("tiny_data")))
+    before = fx.snapshot(root)
+    yield root
+    assert fx.snapshot(root) == before, "a test wrote into the session's tiny_data: copy it first"
+
+
+@pytest.fixture(scope="session")
+def data_dir(tiny_data):
+    """tiny_data, by the name the training tests give the dataset they train on (data.dir=...)."""
+    return tiny_data
+
+
+@pytest.fixture(scope="session")
+def poprun_data(tmp_path_factory):
+    """A larger tiny dataset for the PopRun tests (240 sequences, else write_prepared's defaults): an epoch of
+    several steps of every instance's share. Never written to."""
+    import app_fixtures as fx
+
+    root = fx.write_prepared(str(tmp_path_factory.mktemp("poprun_data")), num_sequences=240)
+    before = fx.snapshot(root)
+    yield root
+    assert fx.snapshot(root) == before, "a test wrote into the session's poprun_data: copy it first"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_data, tmp_path_factory):
+    """One finished tiny training run on tiny_data, trained once per session: the demo config with
+    app_fixtures.TINY, training.steps=4 and checkpoint.every_steps=2 (app_fixtures.TINY_RUN), on one torch thread.
+    It holds checkpoints/step_0000002.pt and step_0000004.pt, metrics.jsonl, config.json, summary.json and the
+    export final/. Never written to: a test that changes it (resumes it, removes a file) copies it to its
+    tmp_path first (checked when the session ends)."""
+    import torch
+
+    import app_fixtures as fx
+    from ipu_packing.train.cli import main
+
+    run = str(tmp_path_factory.mktemp("tiny_run") / "run")
+    threads = torch.get_num_threads()
+    try:
+        code, out, err = fx.captured(main, fx.tiny_run_args(tiny_data, run))
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, err
+    before = fx.snapshot(run)
+    yield run
+    assert fx.snapshot(run) == before, "a test wrote into the session's tiny_run: copy it first"
+
+
 @pytest.fixture
 def one_thread():
     """torch on one thread for the test (the killed subprocesses of the loop tests run with OMP_NUM_THREADS=1:

@@ -14,11 +14,13 @@ import pytest
 import app_fixtures as fx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
+TWO_STEPS_OF_8 = [
     "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
     "model.num_attention_heads=2", "data.max_seq_length=32", "execution.micro_batch_size=4",
     "training.global_batch_sequences=8", "training.steps=2", "logging.progress_bar=false", "logging.tensorboard=false",
 ]
+"""The finished run these tests must leave alone: the tiny model (app_fixtures.TINY's sizes, without dropout) for two
+steps of 8 sequences on this module's 48-sequence dataset."""
 
 
 def snapshot(root):
@@ -68,7 +70,8 @@ def workspace(tmp_path_factory):
     good = fx.write_prepared(str(root / "good"), S=32, K=3, V=64, num_sequences=48, seed=1)
     other_vocab = fx.write_prepared(str(root / "other_vocab"), S=32, K=3, V=64, num_sequences=48, seed=1, vocab_tag="x")
     run = str(root / "run")
-    proc = run_app("--config", "demo", "data.dir=%s" % good, "checkpoint.output_dir=%s" % run, *TINY)  # in process
+    proc = run_app("--config", "demo", "data.dir=%s" % good, "checkpoint.output_dir=%s" % run,
+                   *TWO_STEPS_OF_8)  # in process
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"root": str(root), "good": good, "other_vocab": other_vocab, "run": run}
 
@@ -88,7 +91,7 @@ def expect_user_error(workspace, args, *fragments, in_process=True):
 
 def base(workspace, data=None):
     return ["--config", "demo", "data.dir=%s" % (data or workspace["good"]),
-            "checkpoint.output_dir=%s" % workspace["run"]] + TINY
+            "checkpoint.output_dir=%s" % workspace["run"]] + TWO_STEPS_OF_8
 
 
 def test_missing_dataset(workspace):

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-import app_fixtures as fx
 import poptorch_stand_in as si
 from ipu_packing.bench import cli as bench_cli
 from ipu_packing.bench import throughput as bench
@@ -30,11 +29,6 @@ TINY = [
     "model.num_attention_heads=2", "data.max_seq_length=32", "execution.micro_batch_size=2",
     "training.global_batch_sequences=8",
 ]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
 def run_main(args):

@@ -6,19 +6,8 @@ import os
 import numpy as np
 import pytest
 
+from app_fixtures import write_run
 from ipu_packing.compare import compare, main, read_run, smooth
-
-
-def write_run(root, name, sequences, seconds, mlm_loss, batch=40):
-    path = os.path.join(str(root), name)
-    os.makedirs(path)
-    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
-        for i, (s, t, loss) in enumerate(zip(sequences, seconds, mlm_loss)):
-            f.write(json.dumps({"step": i + 1, "sequences": s, "tokens": 10 * s, "seconds": t, "mlm_loss": loss,
-                                "mlm_accuracy": 0.1 * (i + 1), "nsp_accuracy": 0.5, "loss": loss + 0.7}) + "\n")
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({"training": {"global_batch_sequences": batch, "batch_accounting": "accumulation"}}, f)
-    return path
 
 
 @pytest.fixture

@@ -96,11 +96,9 @@ def test_strict_false_names_the_weights_it_initialised(tmp_path):
         PackedBertForPreTraining.from_pretrained(str(tmp_path), strict=False)
 
 
-def test_type_vocab_size_is_checked_against_the_data(tmp_path):
-    import app_fixtures as fx
+def test_type_vocab_size_is_checked_against_the_data(data_dir):
     from ipu_packing.train.data import check_data_matches, read_training_data
 
-    data_dir = fx.write_prepared(str(tmp_path), S=32, K=3, V=64, num_sequences=32, seed=0)
     overrides = ["model.vocab_size=64", "data.max_seq_length=32", "data.dir=%s" % data_dir]
     config = load_config("demo", overrides + ["model.type_vocab_size=1"])
     with pytest.raises(UserError, match="type_vocab_size is 1"):

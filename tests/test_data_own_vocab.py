@@ -3,32 +3,13 @@
 
 import json
 import os
-import random
 import subprocess
 import sys
 
 from ipu_packing.data.cli import main
+from synthetic_corpus import prepare_args, write_cased_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NAMES = ["Python", "Bug", "Fixed", "Zorbleflax", "Guido", "Release", "Parser", "Compiler", "London", "Paris"]
-WORDS = "the a of to and in is was for on that with as by it at from new two has had not but".split()
-
-
-def write_cased_corpus(path, documents=80, seed=0):
-    """BERT format, with capitalised names and one made-up word (Zorbleflax) that no other vocabulary holds."""
-    rng = random.Random(seed)
-    with open(path, "w", encoding="utf-8") as f:
-        for _ in range(documents):
-            for _ in range(rng.randint(2, 9)):
-                words = [rng.choice(NAMES if rng.random() < 0.4 else WORDS) for _ in range(rng.randint(4, 14))]
-                f.write(" ".join(words) + ".\n")
-            f.write("Fixed a Bug in Python.\n\n")
-    return path
-
-
-def prepare_args(corpus, output, *extra):
-    return ["prepare", "--input", corpus, "--output", output, "--max-seq-length", "32", "--max-sequences-per-pack",
-            "3", "--dupe-factor", "2", "--workers", "1", "--quiet"] + list(extra)
 
 
 def _manifest(output):

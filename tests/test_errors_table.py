@@ -14,7 +14,6 @@ import time
 import numpy as np
 import pytest
 
-import app_fixtures as fx
 from ipu_packing.bench.cli import main as bench_main
 from ipu_packing.data.cli import main as data_main
 from synthetic_corpus import make_inputs
@@ -32,11 +31,10 @@ COMMANDS = {"train": train_main, "data": data_main, "packing": packing_main, "pa
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    """A workspace: a prepared fixture dataset, a text corpus + vocab, histograms, a file in the way."""
+def ws(tiny_data, tmp_path_factory):
+    """A workspace: the session's prepared dataset, a text corpus + vocab, histograms, a file in the way."""
     root = tmp_path_factory.mktemp("ws")
-    w = {"root": str(root),
-         "data": fx.write_prepared(str(root / "prepared"), S=32, K=3, V=64, num_sequences=96, seed=0)}
+    w = {"root": str(root), "data": tiny_data}
     w["corpus"], w["vocab"] = make_inputs(str(root))
     (root / "zero.json").write_text('{"histogram": [0, 0, 0], "max_sequence_length": 8}')
     (root / "inf.json").write_text('{"histogram": [1, Infinity], "max_sequence_length": 8}')

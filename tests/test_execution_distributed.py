@@ -20,7 +20,6 @@ runs (measured with AdamW lr 1e-3: 3e-4 on layer.0.qkv.bias, every other weight 
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -31,7 +30,7 @@ from ipu_packing.errors import UserError
 from ipu_packing.execution import ExecutionConfig, make_runner
 from synthetic_packs import PackDataset
 
-from test_execution_fixtures import build_model, make_packs
+from execution_fixtures import build_model, free_port, make_packs
 from torch_features import PIPELINING_MISSING
 from spawned import leave_after
 
@@ -68,14 +67,8 @@ def _worker(rank, world, port, jobs, outdir):
     leave_after(work)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(jobs, tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), jobs, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), jobs, str(tmp_path)), nprocs=2, join=True)
     return {
         (name, rank): torch.load(os.path.join(str(tmp_path), "%s.rank%d.pt" % (name, rank)))
         for name, _ in jobs

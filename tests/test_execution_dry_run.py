@@ -12,7 +12,7 @@ import transformers
 from ipu_packing.execution import ExecutionConfig
 from ipu_packing.execution.dry_run import dry_run_report, memory_per_device, module_parameters
 
-from test_execution_poptorch import CASES
+from shipped_configs import CASES
 
 LARGE = transformers.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
 

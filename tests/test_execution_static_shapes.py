@@ -13,7 +13,7 @@ from ipu_packing.execution import ExecutionConfig
 from ipu_packing.execution.static_shapes import count_compiled_graphs
 from synthetic_packs import collate, trim_to_longest
 
-from test_execution_fixtures import build_model, make_packs
+from execution_fixtures import build_model, make_packs
 from torch_features import requires_torch_compile
 
 pytestmark = requires_torch_compile

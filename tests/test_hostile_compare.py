@@ -12,7 +12,7 @@ import pytest
 
 from ipu_packing.compare import main
 
-from test_compare import write_run
+from app_fixtures import write_run
 
 
 def _run(tmp, name="a"):

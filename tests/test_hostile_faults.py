@@ -27,7 +27,7 @@ from ipu_packing.errors import run_command
 from ipu_packing.packing.cli import main as packing_main
 from ipu_packing.train.cli import main as train_main
 
-from test_app_cli import TINY
+from app_fixtures import TINY
 
 PACKAGE = os.path.dirname(os.path.abspath(errors.__file__))
 DEEP = "[" * 100000 + "]" * 100000

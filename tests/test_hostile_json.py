@@ -18,7 +18,7 @@ from ipu_packing.bench.planner import main as packing_bench_main
 from ipu_packing.packing.cli import main as packing_main
 from ipu_packing.packing.plan import PackingPlan
 
-from test_compare import write_run
+from app_fixtures import write_run
 
 NAN, INF = float("nan"), float("inf")
 

@@ -27,7 +27,7 @@ import pytest
 
 from ipu_packing.data.cli import main as data_main
 
-from test_data_existing import make_instances, masked, tf_records, write_hdf5, write_tfrecord, write_vocab
+from existing_datasets import make_instances, masked, tf_records, write_hdf5, write_tfrecord, write_vocab
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_SECONDS = 20  # a refusal comes before any work: the interpreter's start and imports

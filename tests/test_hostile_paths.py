@@ -23,7 +23,7 @@ from ipu_packing.fsutil import contained_path
 from ipu_packing.model import PackedBertForPreTraining
 from ipu_packing.train.cli import main as train_main
 
-from test_app_cli import TINY
+from app_fixtures import TINY
 
 INDEX = "model.safetensors.index.json"
 

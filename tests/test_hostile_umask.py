@@ -16,7 +16,7 @@ import pytest
 import app_fixtures as fx
 from ipu_packing import fsutil
 
-from test_app_cli import TINY
+from app_fixtures import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UMASKS = [0o022, 0o002, 0o077, 0o027, 0o000, 0o007]

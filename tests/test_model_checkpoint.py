@@ -10,7 +10,7 @@ import transformers
 
 from ipu_packing.model import PackedBertForPreTraining
 from ipu_packing.model.pretrained import normalize_keys
-from test_model import tiny_batch, tiny_config
+from model_fixtures import tiny_batch, tiny_config
 
 
 def hf_model(seed: int = 0) -> transformers.BertForPreTraining:

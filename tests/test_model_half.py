@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ipu_packing.model.attention import MASK_VALUE, attend, dense_mask
 from ipu_packing.model.modeling import IGNORE_INDEX, _mean_loss_and_accuracy
-from test_model import model_for, tiny_batch
+from model_fixtures import model_for, tiny_batch
 
 HALF_KERNELS = "torch %s has no CPU kernel for this half-precision op" % torch.__version__
 

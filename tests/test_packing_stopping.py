@@ -12,7 +12,7 @@ from ipu_packing.packing import optimal as optimal_module
 from ipu_packing.packing import plan_packing
 from ipu_packing.packing.cli import main as packing_main
 
-from test_packing_plan import check_plan
+from packing_fixtures import check_plan
 
 S, K = 512, 3
 

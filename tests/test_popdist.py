@@ -22,6 +22,7 @@ from torch.optim import AdamW
 
 import app_fixtures as fx
 import popdist_stand_in as pds
+from popdist_stand_in import POPRUN_TINY, REPLICAS
 import poptorch_stand_in as si
 from ipu_packing.data import open_dataset
 from ipu_packing.errors import UserError
@@ -31,20 +32,12 @@ from ipu_packing.train.loop import execute, plan_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INSTANCES = [2, 4]
-REPLICAS = 4  # divisible by every instance count tested
-# A tiny packed BERT on the shipped pipeline shape (embeddings and heads on IPU 0, a layer on each IPU).
-TINY = [
-    "model.vocab_size=64", "model.hidden_size=16", "model.intermediate_size=32", "model.num_hidden_layers=2",
-    "model.num_attention_heads=2", "data.max_seq_length=32", "execution.backend=poptorch",
-    "execution.layers_per_ipu=[1,1]", "execution.use_ipu_model=true", "execution.micro_batch_size=1",
-    "execution.replication_factor=%d" % REPLICAS, "training.global_batch_sequences=40", "logging.progress_bar=false",
-    "logging.tensorboard=false", "checkpoint.export=false", "data.num_workers=0",
-]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=240, seed=0)
+@pytest.fixture
+def data_dir(poprun_data):
+    """This module's dataset: conftest.py's poprun_data (240 sequences), not the tiny one."""
+    return poprun_data
 
 
 def _execution(num_instances, replicas=REPLICAS, **kw):
@@ -172,7 +165,7 @@ class Recorder(torch.utils.data.Dataset):
 def _config(data_dir, run_dir, n, *extra):
     # The Recorder sees the reads made in this process: a Sync loader's. An asynchronous one (the shipped
     # mode) reads in its worker process, from a pickled copy of the dataset.
-    return load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir,
+    return load_config("demo", POPRUN_TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir,
                                        "execution.num_instances=%d" % n, "execution.dataloader_mode=sync"]
                        + list(extra))
 
@@ -203,7 +196,8 @@ def _poprun_train(popdist, data_dir, run_dirs, n, *extra):
 
 @pytest.mark.parametrize("n", INSTANCES)
 def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(popdist, horovod, data_dir, tmp_path, n):
-    config = load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % (tmp_path / "x")])
+    config = load_config("demo", POPRUN_TINY + ["data.dir=%s" % data_dir,
+                                                "checkpoint.output_dir=%s" % (tmp_path / "x")])
     steps = plan_run(config, open_dataset=open_dataset).steps_per_epoch
     assert steps >= 3, steps  # a real epoch of several steps
     (single,) = _poprun_train(popdist, data_dir, str(tmp_path / "one_host"), 1, "training.steps=%d" % steps)
@@ -291,7 +285,7 @@ def _run_cli(tmp_path, pythonpath, env_extra, *overrides):
         if name.startswith("POPDIST_") or name.startswith("OMPI_COMM_WORLD"):
             del env[name]
     env.update(env_extra)
-    argv = [sys.executable, os.path.join(REPO, "run_pretraining.py"), "--config", "demo"] + TINY + [
+    argv = [sys.executable, os.path.join(REPO, "run_pretraining.py"), "--config", "demo"] + POPRUN_TINY + [
         "data.dir=%s" % (tmp_path / "no_data"), "checkpoint.output_dir=%s" % (tmp_path / "run")] + list(overrides)
     proc = subprocess.run(argv, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     assert not (tmp_path / "run").exists()
@@ -337,7 +331,7 @@ def test_without_popdist_one_instance_runs_on_plain_poptorch(poptorch, monkeypat
 def _dry_run(config, monkeypatch):
     """The report of both dry-run commands (run_pretraining.py --dry-run, python -m ipu_packing.execution
     dry-run), in this process, without poptorch or popdist."""
-    from test_dry_run_cli import both
+    from app_fixtures import both_dry_runs as both
 
     monkeypatch.setitem(sys.modules, "poptorch", None)
     monkeypatch.setitem(sys.modules, "popdist", None)
@@ -381,7 +375,7 @@ def test_pod128_keeps_the_global_batch_for_any_instance_count():
 
 @pytest.mark.parametrize("instance", [0, 1])
 def test_pod128_compiles_on_each_instance_as_popart_would(popdist, instance):
-    from test_execution_poptorch import MULTI_HOST
+    from shipped_configs import MULTI_HOST
 
     config = MULTI_HOST["bert_large_512_pod128.yaml"]
     model = si.tiny_model(24)

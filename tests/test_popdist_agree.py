@@ -33,19 +33,19 @@ from ipu_packing.execution import make_runner as real_make_runner
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
 from ipu_packing.train.state import TrainingState
-from test_popdist import REPLICAS, TINY  # poptorch, popdist and horovod: fixtures of conftest.py
+from popdist_stand_in import POPRUN_TINY, REPLICAS  # poptorch, popdist and horovod: fixtures of conftest.py
 
 START_LINE = ("error: PopRun instances disagree on where to start: %s "
               "(is checkpoint.output_dir on storage every host shares?)\n")
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """tests/test_popdist.py's dataset, prepared again for this module."""
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=240, seed=0)
+@pytest.fixture
+def data_dir(poprun_data):
+    """This module's dataset: conftest.py's poprun_data (240 sequences), not the tiny one."""
+    return poprun_data
 
 
-def _overrides(data_dir, run_dir, n, *extra, base=TINY):
+def _overrides(data_dir, run_dir, n, *extra, base=POPRUN_TINY):
     return base + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir, "execution.num_instances=%d" % n,
                    "training.steps=4", "checkpoint.every_steps=2"] + list(extra)
 

@@ -18,20 +18,20 @@ BASE = ["training.steps=4", "checkpoint.every_steps=2", "checkpoint.export=false
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    """A dataset, a second one with the same S, K and vocabulary but other data, a copy of the first in another
-    directory, another vocabulary of the same size, and a run stopped after step 2 of 4."""
+def ws(tiny_data, tiny_run, tmp_path_factory):
+    """A dataset (the session's), a second one with the same S, K and vocabulary but other data, a copy of the first
+    in another directory, another vocabulary of the same size, and a run stopped after step 2 of 4."""
     root = tmp_path_factory.mktemp("fp")
-    data = fx.write_prepared(str(root / "data"), S=32, K=3, V=64, num_sequences=96, seed=0)
+    data = tiny_data
     other = fx.write_prepared(str(root / "other"), S=32, K=3, V=64, num_sequences=96, seed=5)
-    copy = str(root / "copy")
-    shutil.copytree(os.path.dirname(data), copy)
-    copy = os.path.join(copy, os.path.basename(data))
+    copy = os.path.join(str(root), "copy", "data")
+    shutil.copytree(data, copy)
     other_vocab = fx.write_prepared(str(root / "vocab"), S=32, K=3, V=64, num_sequences=96, seed=0, vocab_tag="x")
     run = str(root / "run")
-    assert main(args(data, run)) == 0
-    os.unlink(fx.latest(run))  # as a run killed after step 2 leaves it
+    shutil.copytree(tiny_run, run)  # the session's run (BASE, but for its export), as a kill after step 2 leaves it:
+    os.unlink(fx.latest(run))  # no step 4, no summary, no export
     os.unlink(os.path.join(run, "summary.json"))
+    shutil.rmtree(os.path.join(run, "final"))
     return {"root": str(root), "data": data, "other": other, "copy": copy, "other_vocab": other_vocab, "run": run}
 
 

@@ -18,15 +18,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BASE = ["training.steps=4", "checkpoint.every_steps=2"]
 
 
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("finished")
-    data = fx.write_prepared(str(root / "data"), S=32, K=3, V=64, num_sequences=96, seed=0)
-    run = str(root / "run")
-    assert main(args(data, run)) == 0
-    other = str(root / "other")
-    assert main(args(data, other)) == 0  # the same run again, elsewhere
-    return {"data": data, "run": run, "other": other}
+@pytest.fixture
+def ws(tiny_data, tiny_run, tmp_path):
+    """The session's dataset and its finished run (BASE: steps 4, a checkpoint every 2, the export), and the same
+    run again elsewhere (a copy). Tests copy the run before they write into it."""
+    other = str(tmp_path / "other")
+    shutil.copytree(tiny_run, other)
+    return {"data": tiny_data, "run": tiny_run, "other": other}
 
 
 def args(data, run, *extra):

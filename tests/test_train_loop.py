@@ -22,11 +22,6 @@ TINY, tiny, train, losses = fx.TINY, fx.tiny, fx.train, fx.losses
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
-
-
 def test_metrics_checkpoints_and_export(data_dir, tmp_path):
     run = str(tmp_path / "run")
     summary = train(tiny(data_dir, run, "training.steps=4", "checkpoint.every_steps=2", "logging.tensorboard=true"))

@@ -20,13 +20,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BASE = ["training.steps=4", "checkpoint.every_steps=2", "checkpoint.export=false"]
 
 
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("midrun")
-    data = fx.write_prepared(str(root / "data"), S=32, K=3, V=64, num_sequences=96, seed=0)
-    run = str(root / "run")
-    assert main(args(data, run)) == 0
-    return {"root": str(root), "data": data, "run": run}
+@pytest.fixture
+def ws(tiny_data, tiny_run):
+    """The session's dataset and its finished run (steps 4, a checkpoint every 2): tests copy them before they write."""
+    return {"data": tiny_data, "run": tiny_run}
 
 
 def args(data, run, *extra):
@@ -40,6 +37,7 @@ def killed_at_step_3(ws, tmp_path, tail):
     shutil.copytree(ws["run"], run)
     os.unlink(os.path.join(run, "checkpoints", "step_0000004.pt"))
     os.unlink(os.path.join(run, "summary.json"))
+    shutil.rmtree(os.path.join(run, "final"))  # exported after step 4: not yet
     path = os.path.join(run, "metrics.jsonl")
     lines = open(path, "rb").read().split(b"\n")
     with open(path, "wb") as f:

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 
 import app_fixtures as fx
@@ -31,11 +30,6 @@ TINY = [
 # BERT-Large's POD16 config with a tiny hidden size: its 24 layers, [3, 7, 7, 7] split, batch and precision.
 LARGE_TINY = ["model.hidden_size=16", "model.num_attention_heads=2", "model.intermediate_size=32",
               "model.vocab_size=128"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
 def _config(data_dir, run_dir, *extra):

@@ -21,12 +21,6 @@ from app_fixtures import TINY
 pytestmark = pytest.mark.usefixtures("one_thread")  # as the loop tests (conftest.py)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """The loop tests' dataset (tests/test_train_loop.py), prepared again for this module."""
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
-
-
 def args(data_dir, run, *extra):
     return ["--config", "demo"] + TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run] + list(extra)
 
@@ -116,10 +110,10 @@ def test_a_second_run_in_the_same_directory_is_refused_and_writes_nothing(data_d
         assert sorted(os.listdir(run)) == ["run.lock"]
 
 
-def test_resume_with_changed_hyperparameters_is_refused_unless_forced(data_dir, tmp_path, capsys):
+def test_resume_with_changed_hyperparameters_is_refused_unless_forced(data_dir, tiny_run, tmp_path, capsys):
     run = str(tmp_path / "run")
     common = ["training.steps=4", "checkpoint.every_steps=2"]
-    assert run_main(args(data_dir, run, *common), capsys)[0] == 0
+    shutil.copytree(tiny_run, run)  # the session's run, trained with TINY + common
     os.unlink(fx.latest(run))  # as if killed after step 2: no step 4, no export, no summary
     os.unlink(os.path.join(run, "summary.json"))
     shutil.rmtree(os.path.join(run, "final"))

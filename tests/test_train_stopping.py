@@ -50,11 +50,6 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
-
-
 def overrides(data_dir, run_dir, *extra):
     return TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir] + STEPS + list(extra)
 

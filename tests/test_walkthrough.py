@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from test_console_scripts import scripts
+from app_fixtures import console_scripts as scripts
 
 pytestmark = pytest.mark.slow
 
