@@ -272,3 +272,14 @@ def write_run(root, name, sequences, seconds, mlm_loss, batch=40):
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({"training": {"global_batch_sequences": batch, "batch_accounting": "accumulation"}}, f)
     return path
+
+
+# ---- machine-readable output, read as a standard JSON reader reads it --------------------------------------------
+
+def strict_json(text):
+    """json.loads that refuses NaN, Infinity and -Infinity (as a standard JSON reader does: jq, JavaScript)."""
+    import json
+
+    def refuse(name):
+        raise AssertionError("non-standard JSON constant %s in %s" % (name, text[:200]))
+    return json.loads(text, parse_constant=refuse)

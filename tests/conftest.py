@@ -77,6 +77,17 @@ def tiny_run(tiny_data, tmp_path_factory):
 
 
 @pytest.fixture
+def pack_inputs(tmp_path):
+    """`pack`'s inputs in tmp_path (tests/existing_datasets.py): {"vocab": vocab.txt, "hdf5": an NVIDIA HDF5 file of
+    40 instances, "root": tmp_path}."""
+    from existing_datasets import make_instances, write_hdf5, write_vocab
+
+    vocab = write_vocab(str(tmp_path / "vocab.txt"))
+    hdf5 = write_hdf5(str(tmp_path / "data.hdf5"), make_instances(40, seed=3))
+    return {"vocab": vocab, "hdf5": hdf5, "root": tmp_path}
+
+
+@pytest.fixture
 def one_thread():
     """torch on one thread for the test (the killed subprocesses of the loop tests run with OMP_NUM_THREADS=1:
     the same reductions). Not autouse here: the modules that want it name it in ``pytestmark``."""

@@ -171,3 +171,9 @@ def write_tfrecord(path, records):
             length = struct.pack("<Q", len(data))
             f.write(length + struct.pack("<I", masked(length)) + data + struct.pack("<I", masked(data)))
     return path
+
+
+def pack_args(inputs, output, *extra):
+    """`python -m ipu_packing.data pack`'s arguments for conftest.py's pack_inputs, into ``output``."""
+    return ["pack", "--input", inputs["hdf5"], "--vocab", inputs["vocab"], "--output", str(output),
+            "--max-sequences-per-pack", "3", "--workers", "1", "--quiet"] + list(extra)

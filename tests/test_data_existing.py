@@ -7,9 +7,11 @@ come back out of the packs exactly once and bit for bit: ids, segments, masked p
 NSP label."""
 
 import collections
+import gzip
 import json
 import os
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -384,3 +386,65 @@ def test_wrong_vocab_is_caught(tmp_path, capsys):
     assert code == 2
     _error(capsys, "a.hdf5", "record 0", "[CLS]", "--vocab")
     _nothing_written(tmp_path, out)
+
+
+# -- a TFRecord record length larger than the file is one line, at once ----------------------------------------
+# data/existing/tfrecord.py `read_batches` checks each record length against the bytes the file has left.
+
+FAST_SECONDS = 20  # a refusal comes before any work
+
+
+def _framed(length_field, body):
+    """A TFRecord frame whose length field says ``length_field`` (CRCs right), holding ``body``."""
+    length = struct.pack("<Q", length_field)
+    return length + struct.pack("<I", masked(length)) + body + struct.pack("<I", masked(body))
+
+
+def _good_records():
+    return list(tf_records(make_instances(3, seed=5)))
+
+
+def _huge_first(size):
+    def make(path):
+        with open(path, "wb") as f:
+            f.write(_framed(size, b"x" * 40))
+    return make
+
+
+def _huge_after_good(path):
+    write_tfrecord(path, _good_records())
+    with open(path, "ab") as f:
+        f.write(_framed(1 << 40, b"x" * 40))
+
+
+def _gzip_huge(path):
+    with gzip.open(path, "wb") as f:
+        f.write(_framed(1 << 40, b"x" * 40))
+
+
+def _one_past_the_end(path):
+    records = _good_records()
+    with open(path, "wb") as f:
+        f.write(_framed(len(records[0]) + 5, records[0]))  # says 5 bytes more than the file has
+
+
+TFRECORD_ROWS = [
+    ("length-2**40", _huge_first(1 << 40), "bytes left in the file"),
+    ("length-2**63", _huge_first(1 << 63), "bytes left in the file"),
+    ("length-2**64-1", _huge_first((1 << 64) - 1), "bytes left in the file"),
+    ("huge-after-good-records", _huge_after_good, "record 3"),
+    ("gzip-length-2**40", _gzip_huge, "truncated"),
+    ("five-bytes-past-the-end", _one_past_the_end, "bytes left in the file"),
+]
+
+
+@pytest.mark.parametrize("name, make, words", TFRECORD_ROWS, ids=[r[0] for r in TFRECORD_ROWS])
+def test_a_tfrecord_length_larger_than_the_file_is_one_line(name, make, words, pack_inputs, tmp_path, capsys):
+    path = str(tmp_path / "data.tfrecord")
+    make(path)
+    start = time.time()
+    code = main(["pack", "--input", path, "--vocab", pack_inputs["vocab"], "--output", str(tmp_path / "out"),
+                      "--workers", "1", "--quiet", "--format", "tfrecord"])
+    assert code == 2
+    _error(capsys, "data.tfrecord", words)
+    assert time.time() - start < FAST_SECONDS and not (tmp_path / "out").exists()

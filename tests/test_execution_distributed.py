@@ -1,4 +1,4 @@
-"""Must show 1: distributed equivalence on CPU.
+"""Distributed equivalence on CPU.
 
 Two processes (torch.multiprocessing, with the environment torchrun would set; gloo) train N optimizer steps as
 (a) DDP with 2 replicas and (b) a 2-stage torch.distributed.pipelining pipeline (GPipe and 1F1B); each must

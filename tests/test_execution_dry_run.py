@@ -1,4 +1,4 @@
-"""Must show 3: the dry run for any config, without poptorch: placement of every layer on its IPU/stage,
+"""The dry run for any config, without poptorch: placement of every layer on its IPU/stage,
 memory per IPU against 900 MB (the memory model itself: tests/test_execution_memory.py), batch sizes in
 packs and sequences."""
 

@@ -1,4 +1,4 @@
-"""Must show 2: torch.compile(fullgraph=True, dynamic=False) compiles the packed training step once and
+"""torch.compile(fullgraph=True, dynamic=False) compiles the packed training step once and
 never again over an epoch of packs; the padded, variable-length alternative recompiles per new length.
 
 Counts come from torch._dynamo's statistics with the "eager" backend: graph capture (which decides

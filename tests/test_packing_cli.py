@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from ipu_packing.packing import plan_packing
+from app_fixtures import strict_json as strict
+from ipu_packing.bench.planner import main as packing_bench_main
 from ipu_packing.packing.cli import main
+from ipu_packing.packing.plan import PackingPlan
 
 REPO = Path(__file__).resolve().parents[1]
 HIST = np.array([0, 5, 0, 7, 3, 0, 2, 9, 1, 0, 4, 6], dtype=np.int64)  # bins 1..12
@@ -189,3 +192,30 @@ def test_bench_assign_reports_seconds_memory_and_the_ratio_to_a_stable_argsort(f
     bad = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--assign", "--assign-repeats", 0,
               module="ipu_packing.bench.planner")
     assert bad.returncode == 2 and "--assign-repeats" in bad.stderr
+
+
+# -- --json is strict JSON: a non-finite field is null, named in `warnings` (ipu_packing/jsonout.py) ---------------
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture()
+def histogram(tmp_path):
+    path = tmp_path / "h.json"
+    path.write_text('{"histogram": [1, 2, 3, 4], "max_sequence_length": 8}')
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["packing", "packing.bench"])
+def test_packing_json_is_strict(command, histogram, monkeypatch, capsys):
+    to_dict = PackingPlan.to_dict
+    monkeypatch.setattr(PackingPlan, "to_dict", lambda self, *a: dict(to_dict(self, *a), seconds=NAN, gap=INF))
+    command_main = main if command == "packing" else packing_bench_main
+    extra = [] if command == "packing" else ["--algorithms", "optimal,nnlshp"]
+    assert command_main(["--histogram", histogram, "--json"] + extra) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == (1 if command == "packing" else 2)
+    for line in lines:
+        row = strict(line)
+        assert row["seconds"] is None and row["gap"] is None and row["num_sequences"] == 10
+        assert sorted(w.split(" is ")[0] for w in row["warnings"]) == ["gap", "seconds"]

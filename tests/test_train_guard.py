@@ -1,8 +1,10 @@
-"""A training run stopped by SIGTERM or SIGINT (train/guard.py): the step in flight completes, its
-checkpoint is written, the run exits 143 or 130 with one line naming the step and the checkpoint, and the
-resume loses no step: its losses and final weights are bitwise an uninterrupted run's."""
+"""The step guard (train/guard.py StepGuard). A training run stopped by SIGTERM or SIGINT: the step in flight
+completes, its checkpoint is written, the run exits 143 or 130 with one line naming the step and the checkpoint, and
+the resume loses no step: its losses and final weights are bitwise an uninterrupted run's. A shard shrunk or
+rewritten under a running job stops it with one line naming the shard and the last checkpoint, not SIGBUS."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -231,3 +233,47 @@ def test_poprun_instances_that_exchange_metrics_agree_on_one_instances_signal():
     assert Group.names == ["ipu_packing.stop.1"]  # the instances' first exchange after this start
     runner.group = None  # one instance
     assert StepGuard([]).stop_requested(runner, 4) is False
+
+
+# ---- a shard changed under a running job: one line naming the shard and the last checkpoint, not SIGBUS ----------
+
+# The real command; after step 2 the child changes a shard as argv[1] says.
+SHARD_CHILD = r"""
+import os, sys
+from ipu_packing.train import metrics
+from ipu_packing.train.cli import main
+how, shard = sys.argv[1], sys.argv[2]
+log = metrics.MetricsLogger.log
+def changing_log(self, record):
+    log(self, record)
+    if record.step == 2:
+        if how == "shrink":
+            os.truncate(shard, 128)  # in place, under the memory map
+        else:
+            with open(shard, "r+b") as f:  # same size, other bytes
+                f.seek(-16, 2)
+                f.write(b"\x00" * 16)
+metrics.MetricsLogger.log = changing_log
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("how, what", [("shrink", "changed size"), ("rewrite", "was rewritten")])
+def test_a_shard_changed_under_a_running_job_is_one_line_not_sigbus(tiny_data, tmp_path, how, what):
+    data = str(tmp_path / "data")
+    shutil.copytree(tiny_data, data)
+    packed = os.path.join(data, "packed")  # data.layout=packed reads DIR/packed
+    shard = os.path.join(packed, sorted(n for n in os.listdir(packed) if n.startswith("shard-"))[-1])
+    run = str(tmp_path / "run")
+    argv = ["--config", "demo"] + TINY + ["data.dir=%s" % data, "checkpoint.output_dir=%s" % run, "training.steps=4",
+                                          "checkpoint.every_steps=2", "checkpoint.export=false", "training.steps=12"]
+    proc = subprocess.run([sys.executable, "-c", SHARD_CHILD, how, shard] + argv,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO), cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: shard %s %s" % (shard, what)), lines[0]
+    assert "it stopped after step 2, before reading it; the last checkpoint is %s" % os.path.join(
+        run, "checkpoints", "step_0000002.pt") in lines[0]
+    assert [r["step"] for r in fx.metrics(run)] == [1, 2]

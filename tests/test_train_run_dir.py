@@ -1,19 +1,37 @@
-"""A finished run is immutable, and a run can always be finished. Re-running a finished run changes no file
+"""The run directory (train/run_dir.py RunDirectory).
+
+A finished run is immutable, and a run can always be finished. Re-running a finished run changes no file
 (bytes and mtimes of every file, the run lock included); a finished run with anything missing is refused in one
 line naming what is missing, and nothing is re-created; a forced change or a resume from elsewhere into it is
 refused. A run stopped during its export (its last checkpoint written, no summary.json) is completed by the same
-command: the export and the summary, nothing trained."""
+command: the export and the summary, nothing trained.
 
+One run per directory (RunDirectory.lock): a second run is refused naming the holder; a killed run's lock is taken
+over; the lock never follows a symlink planted in its place. A step checkpoint is never written with an inf or NaN
+in it. A torn last line in metrics.jsonl (a kill mid-write) is dropped on resume, in one line; a bad line before it
+is refused naming the file and line. What the run writes honours the umask."""
+
+import json
 import os
 import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
 
 import pytest
+import torch
 
 import app_fixtures as fx
+from ipu_packing.errors import UserError
 from ipu_packing.train.cli import main
+from ipu_packing.train.run_dir import NonFiniteState, RunDirectory
+from ipu_packing.train.state import TrainingState
 
 from app_fixtures import TINY
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
 BASE = ["training.steps=4", "checkpoint.every_steps=2"]
 
@@ -177,3 +195,171 @@ def test_the_way_out_starts_from_a_finished_run_in_another_directory(ws, tmp_pat
     assert "phase-1 weights: " in out and "from step 4 of %s" % fx.latest(ws["run"]) in out
     assert [r["step"] for r in fx.metrics(run)] == [1, 2]
     assert files(ws["run"]) == before
+
+
+# ---- one run per directory (RunDirectory.lock) ------------------------------------------------------------------
+
+def holder(path):
+    with open(os.path.join(path, RunDirectory.LOCK)) as f:
+        text = f.read()
+    return json.loads(text)["pid"] if text else None
+
+
+def test_second_holder_is_refused_naming_the_first(tmp_path):
+    run = str(tmp_path / "run")
+    first = RunDirectory(run)
+    first.lock()
+    try:
+        assert first.locked and holder(run) == os.getpid()
+        with pytest.raises(UserError, match="in use by pid %d" % os.getpid()):
+            RunDirectory(run).lock()
+    finally:
+        first.unlock()
+    assert holder(run) is None  # released: the file reads as nobody
+    again = RunDirectory(run)
+    again.lock()
+    assert again.locked
+    again.unlock()
+
+
+def test_lock_of_a_killed_run_is_taken_over(tmp_path):
+    run = str(tmp_path / "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import sys, time
+            from ipu_packing.train.run_dir import RunDirectory
+            RunDirectory(sys.argv[1]).lock()
+            print("held", flush=True)
+            time.sleep(600)
+        """), run],
+        cwd=ROOT, stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout.readline().strip() == b"held"
+        with pytest.raises(UserError, match="in use by pid %d" % proc.pid):
+            RunDirectory(run).lock()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert holder(run) == proc.pid  # the killed run left its lock file, naming it
+    taken = RunDirectory(run)
+    taken.lock()
+    try:
+        assert holder(run) == os.getpid()
+    finally:
+        taken.unlock()
+
+
+@pytest.mark.parametrize("target", ["a file", "a missing file", "a directory"])
+def test_the_lock_never_follows_a_symlink_planted_in_its_place(tmp_path, target):
+    run = tmp_path / "run"
+    run.mkdir()
+    victim = tmp_path / "victim"
+    if target == "a file":
+        victim.write_text("precious\n")
+    elif target == "a directory":
+        victim.mkdir()
+    os.symlink(str(victim), str(run / RunDirectory.LOCK))
+    with pytest.raises(UserError) as info:
+        RunDirectory(str(run)).lock()
+    assert str(info.value).count("\n") == 0 and "lock" in str(info.value)
+    if target == "a file":
+        assert victim.read_text() == "precious\n"  # neither truncated nor written
+    elif target == "a missing file":
+        assert not victim.exists()  # not created through the link
+
+
+def test_a_second_run_in_the_same_directory_is_refused_and_writes_nothing(tiny_data, tmp_path, capsys):
+    run = str(tmp_path / "run")
+    with fx.holding(run):
+        code = main(["--config", "demo"] + TINY + ["data.dir=%s" % tiny_data, "checkpoint.output_dir=%s" % run,
+                                                    "training.steps=2"])
+        out, err = capsys.readouterr()
+        assert code == 2 and "in use by pid %d" % os.getpid() in err and err.count("\n") == 1
+        assert sorted(os.listdir(run)) == ["run.lock"]
+
+
+# ---- step checkpoints: never one with an inf or NaN in it ------------------------------------------------------------
+
+def test_a_state_with_non_finite_weights_is_never_saved(tmp_path):
+    state = TrainingState(step=3, model={"w": torch.tensor([1.0, float("inf")])}, optimizer={"state": {}})
+    with pytest.raises(NonFiniteState, match="model.w"):
+        fx.save(str(tmp_path), state, keep=2)
+    state = TrainingState(step=3, model={"w": torch.ones(2)},
+                          optimizer={"state": {0: {"exp_avg": torch.tensor([float("nan")])}}})
+    with pytest.raises(NonFiniteState, match="optimizer.state.0.exp_avg"):
+        fx.save(str(tmp_path), state, keep=2)
+    assert fx.checkpoints(str(tmp_path)) == []
+
+
+# ---- metrics.jsonl after a kill mid-write ---------------------------------------------------------------------------
+
+def killed_at_step_3(ws, tmp_path, tail):
+    """The finished run as a kill while step 4's metrics line was being written leaves it: checkpoint 2, lines
+    1..3, then ``tail``."""
+    run = str(tmp_path / "run")
+    shutil.copytree(ws["run"], run)
+    os.unlink(os.path.join(run, "checkpoints", "step_0000004.pt"))
+    os.unlink(os.path.join(run, "summary.json"))
+    shutil.rmtree(os.path.join(run, "final"))  # exported after step 4: not yet
+    path = os.path.join(run, "metrics.jsonl")
+    lines = open(path, "rb").read().split(b"\n")
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines[:3]) + b"\n" + tail)
+    return run, path
+
+
+@pytest.mark.parametrize("tail", [
+    b'{"step": 4, "loss": 3.1',  # cut mid-record
+    b'{"step": 4, "loss": 3.1}',  # whole but without its newline
+    b'[1, 2]\n',  # JSON, not a record
+    b'{"step": 4, "loss": \xff\xfe',  # cut inside bytes that are not UTF-8
+], ids=["cut", "no newline", "a list", "not utf-8"])
+def test_a_torn_last_metrics_line_is_dropped_on_resume_in_one_line(ws, tmp_path, capsys, tail):
+    run, path = killed_at_step_3(ws, tmp_path, tail)
+    code = main(args(ws["data"], run, "checkpoint.export=false"))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if "torn last line" in line]
+    assert notes == ["note: %s: dropped a torn last line (%d bytes, left by a kill while it was written)"
+                     % (path, len(tail.rstrip(b"\n")))], out
+    assert [r["step"] for r in fx.read_jsonl(path)] == [1, 2, 3, 4]
+
+
+def test_a_bad_metrics_line_before_the_last_is_refused_naming_it(ws, tmp_path, capsys):
+    run, path = killed_at_step_3(ws, tmp_path, b"")
+    lines = open(path, "rb").read().split(b"\n")
+    lines[1] = b'{"step": 2, "lo'
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines))
+    before = open(path, "rb").read()
+    code = main(args(ws["data"], run, "checkpoint.export=false"))
+    err = capsys.readouterr()[1]
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: %s line 2 is not a metrics record" % path), err
+    assert open(path, "rb").read() == before
+
+
+# ---- what a run writes honours the umask ------------------------------------------------------------------------
+
+def _mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o002, 0o022], ids=["umask002", "umask022"])
+def test_a_training_run_is_shareable(mask, tiny_data, tmp_path):
+    """A real training run in a process started under the umask: its config, summary and checkpoints are
+    group-readable (and, under 002, group-writable), as `open` would have made them."""
+    data = tiny_data
+    run = str(tmp_path / "run")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    command = [sys.executable, os.path.join(ROOT, "run_pretraining.py")] + TINY + [
+        "data.dir=%s" % data, "checkpoint.output_dir=%s" % run, "training.steps=2", "checkpoint.export=false"]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: os.umask(mask))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = [os.path.join(run, "config.json"), os.path.join(run, "summary.json")]
+    written += [os.path.join(run, "checkpoints", n) for n in os.listdir(os.path.join(run, "checkpoints"))]
+    assert len(written) >= 3
+    modes = {os.path.relpath(p, run): oct(_mode(p)) for p in written}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
