@@ -243,7 +243,7 @@ def test_ctrl_c_while_training_is_one_line_and_exit_130(ws):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    # the step in flight completes and is checkpointed first (train/stopping.py; tests/test_train_stopping.py)
+    # the step in flight completes and is checkpointed first (train/guard.py; tests/test_train_guard.py)
     line = err.decode()
     assert line.startswith("error: stopped by SIGINT at step ") and line.endswith("resume with the same command\n")
     assert line.count("\n") == 1, line

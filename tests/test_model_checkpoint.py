@@ -268,3 +268,33 @@ def test_init_from_a_hostile_index_is_one_line(name, make, words, sharded, tiny_
     assert err.startswith("error: ") and err.count("\n") == 1, err
     for word in words:
         assert word in err, err
+
+
+# -- one line means one line: a refused file is reported without a third-party warning above the error ------------
+# torch.load(weights_only=True) refuses a crafted pickle, but first warns about its pickle protocol ("UserWarning:
+# Detected pickle protocol ..."): two more lines on stderr above the `error:` line, as the training command printed
+# them for a crafted `checkpoint.init_from` before model/checkpoint.load_tensors. Every warning is recorded here
+# ("always", whatever an earlier test already triggered): none may come.
+
+class _PrintingPayload:
+    def __reduce__(self):
+        return (print, ("the pickle ran code",))
+
+
+def test_a_crafted_checkpoint_as_init_from_is_one_stderr_line(default_data_128, one_thread, tmp_path, capsys):
+    import pickle
+    import warnings
+
+    evil = tmp_path / "evil.pt"
+    with open(str(evil), "wb") as f:
+        pickle.dump({"step": 1, "model": {}, "payload": _PrintingPayload()}, f, protocol=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = train_main(["--config", "demo", "data.dir=%s" % os.path.dirname(default_data_128),
+                           "checkpoint.init_from=%s" % evil, "checkpoint.output_dir=%s" % (tmp_path / "run"),
+                           "training.steps=1", "logging.progress_bar=false"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "the pickle ran code" not in out + err
+    assert [str(w.message) for w in caught] == []  # no warning to print above the line
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: checkpoint %s is unreadable" % evil), err

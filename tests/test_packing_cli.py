@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ipu_packing.packing import plan_packing
-from app_fixtures import strict_json as strict
+from app_fixtures import captured, strict_json as strict
 from ipu_packing.bench.planner import main as packing_bench_main
 from ipu_packing.packing.cli import main
 from ipu_packing.packing.plan import PackingPlan
@@ -22,6 +22,14 @@ KEYS = {
 
 
 def run(*args, module="ipu_packing.packing"):
+    """``python -m MODULE ARGS``'s main() in this process: its exit status, stdout and stderr."""
+    command = {"ipu_packing.packing": main, "ipu_packing.bench.planner": packing_bench_main}[module]
+    code, out, err = captured(command, [str(a) for a in args])
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def run_process(*args, module="ipu_packing.packing"):
+    """``python -m MODULE ARGS`` in a process of its own, as a shell runs it."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(
         [sys.executable, "-m", module] + [str(a) for a in args],
@@ -136,16 +144,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args):
 
 
 @pytest.mark.parametrize(
-    "args",
+    "args, process",
     [
-        ["--histogram", "{d}/neg.txt", "--max-seq-length", "16"],
-        ["--histogram", "{d}/ok.npy", "--max-seq-length", "16", "--max-sequences-per-pack", "0"],
-        ["--histogram", "{d}/missing.npy", "--max-seq-length", "16"],
+        (["--histogram", "{d}/neg.txt", "--max-seq-length", "16"], True),
+        (["--histogram", "{d}/ok.npy", "--max-seq-length", "16", "--max-sequences-per-pack", "0"], False),
+        (["--histogram", "{d}/missing.npy", "--max-seq-length", "16"], False),
     ],
 )
-def test_bad_input_exit_code_of_the_process(tmp_path, args):
+def test_bad_input_exit_code_of_the_process(tmp_path, args, process):
+    """The exit status, stdout and stderr of the command: the first row in a process of its own (what a shell
+    sees), the others through main() in this process."""
     d = bad_files(tmp_path)
-    proc = run(*[a.format(d=d) for a in args], "--json")
+    proc = (run_process if process else run)(*[a.format(d=d) for a in args], "--json")
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from collections import Counter
 
@@ -276,43 +275,44 @@ def test_the_instance_s_dataloader_workers_read_disjoint_parts(popdist, n):
     assert seen == Counter(items[: 3 * G])
 
 
-# ---- launch errors, end to end -----------------------------------------------------------------------
+# ---- launch errors, through the command's main() ---------------------------------------------------------
 
 
-def _run_cli(tmp_path, pythonpath, env_extra, *overrides):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO] + pythonpath), OMP_NUM_THREADS="1")
-    for name in list(env):
+def _run_cli(tmp_path, capsys, monkeypatch, env_extra, *overrides):
+    """run_pretraining.py's main() in this process, on the stand-ins the test installed, in no PopRun environment
+    but ``env_extra``: (exit status, stdout, stderr). It must write no run."""
+    from ipu_packing.train.cli import main
+
+    for name in list(os.environ):
         if name.startswith("POPDIST_") or name.startswith("OMPI_COMM_WORLD"):
-            del env[name]
-    env.update(env_extra)
-    argv = [sys.executable, os.path.join(REPO, "run_pretraining.py"), "--config", "demo"] + POPRUN_TINY + [
-        "data.dir=%s" % (tmp_path / "no_data"), "checkpoint.output_dir=%s" % (tmp_path / "run")] + list(overrides)
-    proc = subprocess.run(argv, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+            monkeypatch.delenv(name)
+    for name, value in env_extra.items():
+        monkeypatch.setenv(name, value)
+    code = main(["--config", "demo"] + POPRUN_TINY + [
+        "data.dir=%s" % (tmp_path / "no_data"), "checkpoint.output_dir=%s" % (tmp_path / "run")] + list(overrides))
+    out, err = capsys.readouterr()
     assert not (tmp_path / "run").exists()
-    return proc
+    return code, out, err
 
 
-def test_without_popdist_several_instances_stop_in_one_line_naming_the_poplar_sdk(tmp_path):
-    proc = _run_cli(tmp_path, [si.STAND_IN_DIR], {}, "execution.num_instances=2")
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: execution.num_instances 2 needs popdist")
-    assert "Poplar SDK" in proc.stderr
+def test_without_popdist_several_instances_stop_in_one_line_naming_the_poplar_sdk(poptorch, one_thread, tmp_path,
+                                                                                  capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "popdist", None)  # import popdist -> ImportError
+    code, out, err = _run_cli(tmp_path, capsys, monkeypatch, {}, "execution.num_instances=2")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: execution.num_instances 2 needs popdist")
+    assert "Poplar SDK" in err
 
 
-def test_several_instances_outside_poprun_and_a_poprun_mismatch_stop_in_one_line(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "_popdist_env", os.path.join(pds.STAND_IN_DIR, "popdist", "__init__.py"))
-    stand_in = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stand_in)
-    path = [pds.STAND_IN_DIR, si.STAND_IN_DIR]
-    proc = _run_cli(tmp_path, path, {}, "execution.num_instances=2")
-    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
-    assert "launch the run with `poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 2" in proc.stderr
-    proc = _run_cli(tmp_path, path, stand_in.poprun_env(2, 8, 2, 1), "execution.num_instances=2")
-    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
-    assert "error: execution.replication_factor is 4 but poprun --num-replicas is 8" in proc.stderr
+def test_several_instances_outside_poprun_and_a_poprun_mismatch_stop_in_one_line(popdist, one_thread, tmp_path,
+                                                                                 capsys, monkeypatch):
+    code, out, err = _run_cli(tmp_path, capsys, monkeypatch, {}, "execution.num_instances=2")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "launch the run with `poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 2" in err
+    instance_1_of_8_replicas = popdist.poprun_env(2, 8, 2, 1)
+    code, out, err = _run_cli(tmp_path, capsys, monkeypatch, instance_1_of_8_replicas, "execution.num_instances=2")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "error: execution.replication_factor is 4 but poprun --num-replicas is 8" in err
 
 
 def test_without_popdist_one_instance_runs_on_plain_poptorch(poptorch, monkeypatch):

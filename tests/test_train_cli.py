@@ -1,6 +1,6 @@
 """run_pretraining.py on bad input: one line naming the cause, exit status 2, nothing written or
-overwritten. A few cases run the real command in a subprocess; the rest call the same main() in
-this process (same code path, without paying for a Python start each time)."""
+overwritten. One case runs the real command in a subprocess (the exit status and stderr a shell sees); the rest
+call the same main() in this process (the same code path, run_command included, without a Python start each)."""
 
 import hashlib
 import json
@@ -95,6 +95,7 @@ def base(workspace, data=None):
 
 
 def test_missing_dataset(workspace):
+    """The one row through a real process: its exit status, stdout and stderr as a shell sees them."""
     missing = os.path.join(workspace["root"], "nowhere")
     expect_user_error(workspace, base(workspace, missing), "dataset not found", os.path.join(missing, "packed"),
                       in_process=False)
@@ -121,14 +122,14 @@ def test_corrupt_manifest(workspace, tmp_path):
 
 
 def test_config_error(workspace):
-    expect_user_error(workspace, base(workspace) + ["training.stepz=3"], "training.stepz", in_process=False)
+    expect_user_error(workspace, base(workspace) + ["training.stepz=3"], "training.stepz")
     expect_user_error(workspace, base(workspace) + ["optimizer.lr=fast"], "optimizer.lr")
     expect_user_error(workspace, ["--config", "no_such_config"], "no_such_config")
 
 
 def test_pipeline_split_not_summing_to_layers(workspace):
     expect_user_error(workspace, base(workspace) + ["execution.layers_per_ipu=[1, 2]"],
-                      "execution.layers_per_ipu [1, 2] sums to 3, but model.num_hidden_layers is 2", in_process=False)
+                      "execution.layers_per_ipu [1, 2] sums to 3, but model.num_hidden_layers is 2")
 
 
 def test_dataset_with_another_sequence_length(workspace):
@@ -137,7 +138,7 @@ def test_dataset_with_another_sequence_length(workspace):
 
 def test_dataset_with_another_vocabulary(workspace):
     expect_user_error(workspace, base(workspace) + ["model.vocab_size=100"], "vocabulary of 64 tokens",
-                      "model.vocab_size is 100", in_process=False)
+                      "model.vocab_size is 100")
     # same size, other tokens: the phase-1 model's vocab.txt differs from the dataset's
     export = os.path.join(workspace["run"], "final")
     expect_user_error(workspace, base(workspace, workspace["other_vocab"]) + [

@@ -24,14 +24,9 @@ from torch_features import PIPELINING_MISSING
 from spawned import leave_after
 from execution_fixtures import free_port
 
-TINY = [
-    "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
-    "model.num_attention_heads=2", "model.hidden_dropout_prob=0.1", "model.attention_probs_dropout_prob=0.1",
-    "data.max_seq_length=32", "execution.micro_batch_size=4", "training.global_batch_sequences=16",
-    "execution.layers_per_ipu=[1,1]", "logging.progress_bar=false", "logging.tensorboard=false",
-    "optimizer.lr=0.01", "training.steps=8", "checkpoint.every_steps=2", "checkpoint.keep=4",
-    "checkpoint.export=false",
-]
+PIPELINED = fx.TINY + ["model.attention_probs_dropout_prob=0.1", "execution.layers_per_ipu=[1,1]", "training.steps=8",
+                      "checkpoint.every_steps=2", "checkpoint.keep=4", "checkpoint.export=false"]
+"""app_fixtures.TINY on two pipeline stages (a layer each), attention dropout on too, 8 steps, a checkpoint every 2."""
 
 
 def _worker(rank, world, port, data_dir, reference, resumed):
@@ -41,7 +36,7 @@ def _worker(rank, world, port, data_dir, reference, resumed):
 
     def work():
         for run_dir in (reference, resumed):
-            config = load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir])
+            config = load_config("demo", PIPELINED + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir])
             execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
             dist.barrier()
             if run_dir == reference and rank == 0:
