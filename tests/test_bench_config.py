@@ -166,6 +166,8 @@ def _pipeline_worker(rank, world, port, data_dir, out_dir):
 
 
 @pytest.mark.skipif(PIPELINING_MISSING is not None, reason=PIPELINING_MISSING or "")
+@pytest.mark.serial
+@pytest.mark.slow
 def test_pipelined_config_two_stages(data_dir, tmp_path):
     import torch.multiprocessing as mp
 
@@ -179,6 +181,7 @@ def test_pipelined_config_two_stages(data_dir, tmp_path):
     assert r["theoretical_speedup"] == r["packed"]["sequences"] / float(r["packed"]["rows"])
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2(data_dir, tmp_path):
     for args, words in (
         (["--steps", "3"], "--steps is an option of --config"),

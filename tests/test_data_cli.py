@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ipu_packing.data.cli import main
 
 from synthetic_corpus import make_inputs
@@ -42,6 +44,7 @@ def test_prepare_then_inspect_exit_0(tmp_path, capsys):
     assert before == {n: os.path.getmtime(os.path.join(packed, n)) for n in os.listdir(packed)}
 
 
+@pytest.mark.slow
 def test_user_errors_exit_2_with_one_line_and_leave_nothing(tmp_path, capsys):
     corpus, vocab = make_inputs(str(tmp_path))
     output = str(tmp_path / "out")

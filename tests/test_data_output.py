@@ -118,6 +118,8 @@ def test_a_bad_output_is_refused_before_any_work(name, make, words, command, pac
     assert sorted(os.listdir(str(root))) == before  # nothing made, nothing left
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_two_concurrent_prepares_into_one_directory_one_fails_at_once(tmp_path):
     output = str(tmp_path / "out")
     argv = [sys.executable, "-m", "ipu_packing.data", "prepare", "--input", "default", "--output", output,

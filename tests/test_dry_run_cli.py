@@ -70,6 +70,7 @@ def test_missing_config_file():
         assert code == 2 and out == "" and "not found" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_module_command_runs(tmp_path):
     """`python -m ipu_packing.execution dry-run` as a reader types it, against the in-process report."""
     import subprocess

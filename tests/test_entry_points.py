@@ -189,6 +189,7 @@ def _in_pairs(jobs):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_each_entry_point_s_forkserver_child_does_not_run_its_command(tmp_path):
     results = _in_pairs({path: (lambda path=path, argv=argv: _probe(tmp_path, path, argv, REPO))
                          for path, argv in ENTRY_POINTS.items() if not path.endswith("__main__.py")})
@@ -205,7 +206,7 @@ def test_each_entry_point_s_forkserver_child_does_not_run_its_command(tmp_path):
         assert child["main_file"] == os.path.join(REPO, path), (path, child)
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_unguarded_entry_points_do_run_again_in_the_children(tmp_path):
     command = "import argparse\nargparse.ArgumentParser().parse_args()\n"  # a command at module level
     (tmp_path / "script.py").write_text(command)
@@ -235,6 +236,7 @@ def test_unguarded_entry_points_do_run_again_in_the_children(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_an_unguarded_run_pretraining_fails_under_the_stand_in(tmp_path):
     """The old entry point, a training run of a shipped IPU config under the PopTorch stand-in: the loader's
     forkserver child runs the command again, meets the run lock its parent holds, and exits; the parent gets

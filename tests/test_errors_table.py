@@ -224,6 +224,7 @@ def test_inspect_into_a_closed_pipe_is_silent(ws):
     assert proc.wait(timeout=120) in (0, 141) and "Traceback" not in err and "Error" not in err, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_training_is_one_line_and_exit_130(ws):
     run = os.path.join(ws["root"], "runs", "interrupted")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)

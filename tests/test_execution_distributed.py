@@ -101,6 +101,8 @@ def single_process():
 
 
 @pytest.mark.parametrize("name", ["ddp", "gpipe", "1f1b"])
+@pytest.mark.serial
+@pytest.mark.slow
 def test_two_processes_match_one(distributed_runs, single_process, name):
     if name != "ddp" and PIPELINING_MISSING:
         pytest.skip(PIPELINING_MISSING)

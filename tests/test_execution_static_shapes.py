@@ -7,6 +7,7 @@ recompilation) is the same for every backend, and eager skips code generation, k
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ipu_packing.execution import ExecutionConfig
@@ -45,6 +46,7 @@ def test_packed_epoch_compiles_once():
     assert compiles == 1
 
 
+@pytest.mark.slow
 def test_padded_variable_length_recompiles():
     # The same kind of data unpacked (one sequence per row), each batch padded to its longest sequence.
     batches = _epoch(make_packs(32, seed=3, max_sequences_per_pack=1), trim=True)

@@ -233,6 +233,7 @@ def test_autocast_runs_and_stays_close_to_fp32(dtype, attention):
 
 
 @requires_torch_compile
+@pytest.mark.slow
 def test_torch_compile_fullgraph_matches_eager():
     """fullgraph=True fails on any graph break; aot_eager traces forward and backward cheaply (inductor, the
     default backend, compiles the same graph: set IPU_PACKING_TEST_INDUCTOR=1 to run it, ~2 min here)."""

@@ -250,6 +250,7 @@ def test_a_fused_run_starts_from_unfused_weights_and_exports_what_transformers_l
 
 
 @requires_torch_compile
+@pytest.mark.slow
 def test_the_fused_model_compiles_fullgraph_and_matches_eager():
     torch.manual_seed(0)
     model = PackedBertForPreTraining(tiny_config(num_hidden_layers=1, fused_qkv=True)).eval()
@@ -293,6 +294,8 @@ def _fused_pipeline_worker(rank, world, port, outdir):
     leave_after(work)
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_a_two_stage_torch_pipeline_of_the_fused_model_matches_one_process(tmp_path):
     """torch.distributed.pipelining (GPipe, 2 processes, gloo) against one process, as
     test_execution_distributed does for the unfused model: weights within 1e-5 after 3 steps."""

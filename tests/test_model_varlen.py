@@ -194,6 +194,7 @@ def test_varlen_old_torch_is_one_clear_error(monkeypatch):
 
 
 @requires_torch_compile
+@pytest.mark.slow
 def test_varlen_under_torch_compile_aot_eager():
     """torch.compile(backend="aot_eager") runs the varlen model (graph breaks at the layout) with the same
     outputs and gradients as eager."""

@@ -143,8 +143,14 @@ def _run_variant(env_extra, names):
     return json.loads(result.stdout)
 
 
+def _variant_params():
+    """The variants as rows; the loaded CPU's (a busy process per core beside the planner) runs apart (serial)."""
+    return [pytest.param(label, env, marks=pytest.mark.serial) if "_LOAD" in env else (label, env)
+            for label, env in _variants()]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("label, env_extra", _variants(), ids=[label for label, _ in _variants()])
+@pytest.mark.parametrize("label, env_extra", _variant_params(), ids=[label for label, _ in _variants()])
 def test_plan_hashes_hold_under_other_kernels(label, env_extra):
     names = _names()
     got = _run_variant(dict(env_extra), names)

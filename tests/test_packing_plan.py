@@ -89,6 +89,7 @@ def histograms(draw):
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(histograms())
+@pytest.mark.slow
 def test_every_algorithm_places_every_sequence_within_limits(case):
     hist, size, limit = case
     plans = {name: plan_packing(hist, size, limit, name) for name in ALGORITHMS}

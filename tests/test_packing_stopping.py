@@ -39,6 +39,7 @@ def _same(a, b):
     return a.strategies == b.strategies and np.array_equal(a.repeats, b.repeats)
 
 
+@pytest.mark.slow
 def test_plan_does_not_depend_on_machine_speed(monkeypatch):
     hist = _histogram()
     quiet = plan_packing(hist, S, K)

@@ -194,6 +194,7 @@ def _poprun_train(popdist, data_dir, run_dirs, n, *extra):
 
 
 @pytest.mark.parametrize("n", INSTANCES)
+@pytest.mark.serial
 def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(popdist, horovod, data_dir, tmp_path, n):
     config = load_config("demo", POPRUN_TINY + ["data.dir=%s" % data_dir,
                                                 "checkpoint.output_dir=%s" % (tmp_path / "x")])
@@ -229,6 +230,7 @@ def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(pop
     assert os.path.isfile(os.path.join(run, "summary.json")) and os.path.isfile(os.path.join(run, "metrics.jsonl"))
 
 
+@pytest.mark.serial
 def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state_to_the_device(popdist, horovod,
                                                                                               data_dir, tmp_path):
     """Instance 0 saved the optimizer state it read back (PopTorch shards it over an instance's own replicas,
@@ -255,6 +257,7 @@ def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state
 
 
 @pytest.mark.parametrize("n", INSTANCES)
+@pytest.mark.serial
 def test_the_instance_s_dataloader_workers_read_disjoint_parts(popdist, n):
     """Instance and worker together: each instance's DataLoader (2 worker processes) deals its own slice of
     each step to its workers; over all instances and workers every item comes once. (A Sync loader: an

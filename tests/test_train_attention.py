@@ -26,7 +26,7 @@ from spawned import leave_after
 from execution_fixtures import build_model, make_packs, tiny_bert_config
 from torch_features import PIPELINING_MISSING
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 NO_ATTENTION_DROPOUT = fx.TINY + ["model.attention_probs_dropout_prob=0.0"]
 """app_fixtures.TINY with attention dropout off whatever the demo config says: the three attentions draw the same
@@ -138,6 +138,8 @@ def _worker(rank, world, port, jobs, outdir):
     leave_after(work)
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_varlen_under_ddp_and_on_pipeline_stages_matches_one_dense_process(tmp_path):
     import socket
 

@@ -112,6 +112,7 @@ def check_resume_is_bitwise(data_dir, run, reference, stopped_at):
                 assert torch.equal(tensor, final.optimizer["state"][key][name]), (key, name)
 
 
+@pytest.mark.slow
 def test_sigterm_mid_run_checkpoints_the_step_exits_143_and_resumes_bitwise(data_dir, reference, tmp_path):
     run = str(tmp_path / "run")
     proc = start(data_dir, run, pause=0.3)
@@ -134,6 +135,7 @@ def test_sigterm_mid_run_checkpoints_the_step_exits_143_and_resumes_bitwise(data
     check_resume_is_bitwise(data_dir, run, reference, stopped_at)
 
 
+@pytest.mark.slow
 def test_sigint_with_a_second_one_during_the_save_exits_130_with_a_whole_checkpoint(data_dir, reference, tmp_path):
     run = str(tmp_path / "run")
     proc = start(data_dir, run, pause=0.0, at=3)
@@ -201,6 +203,8 @@ def _agree_worker(rank, port, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_every_torchrun_rank_stops_after_the_same_step_when_one_got_the_signal(tmp_path):
     import socket
 
@@ -259,6 +263,7 @@ sys.exit(main(sys.argv[3:]))
 
 
 @pytest.mark.parametrize("how, what", [("shrink", "changed size"), ("rewrite", "was rewritten")])
+@pytest.mark.slow
 def test_a_shard_changed_under_a_running_job_is_one_line_not_sigbus(tiny_data, tmp_path, how, what):
     data = str(tmp_path / "data")
     shutil.copytree(tiny_data, data)

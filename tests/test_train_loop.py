@@ -86,6 +86,7 @@ execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
 """
 
 
+@pytest.mark.slow
 def test_resume_after_kill_gives_bitwise_the_same_losses(data_dir, tmp_path):
     # 8 steps over 6-step epochs: the resume point (step 4) and an epoch boundary are both crossed
     args = ["training.steps=8", "checkpoint.every_steps=2", "checkpoint.keep=3"]

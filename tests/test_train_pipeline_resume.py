@@ -62,6 +62,8 @@ def _losses(run_dir):
 
 
 @pytest.mark.skipif(PIPELINING_MISSING is not None, reason=PIPELINING_MISSING or "")
+@pytest.mark.serial
+@pytest.mark.slow
 def test_pipelined_resume_gives_bitwise_the_same_losses(data_dir, tmp_path):
     reference, resumed = str(tmp_path / "reference"), str(tmp_path / "resumed")
     # One pair of processes runs both: the reference, then (after rank 0 copied it) the resumed run.

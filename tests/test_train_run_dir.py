@@ -347,6 +347,7 @@ def _mode(path):
 
 
 @pytest.mark.parametrize("mask", [0o002, 0o022], ids=["umask002", "umask022"])
+@pytest.mark.slow
 def test_a_training_run_is_shareable(mask, tiny_data, tmp_path):
     """A real training run in a process started under the umask: its config, summary and checkpoints are
     group-readable (and, under 002, group-writable), as `open` would have made them."""
