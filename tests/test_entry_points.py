@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -167,15 +168,23 @@ def _probe(tmp_path, name: str, argv, cwd: str, pythonpath=(), methods=("forkser
     """Start ``python ARGV --help`` with the probe; what the parent and its children recorded."""
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir(exist_ok=True)
-    (probe_dir / "sitecustomize.py").write_text(PROBE)
+    # Written whole, by a rename: _in_pairs runs two probes at once, and the interpreters of the other one (its
+    # command, its forkserver) import this file at their start. Rewritten in place, a forkserver could read it
+    # truncated; its child then fails to unpickle _child ("Can't get attribute '_child' on <module
+    # 'sitecustomize'>") and exits 1.
+    staged = probe_dir / ("sitecustomize.%d.%d.tmp" % (os.getpid(), threading.get_ident()))
+    staged.write_text(PROBE)
+    os.replace(str(staged), str(probe_dir / "sitecustomize.py"))
     log = str(tmp_path / ("%s.jsonl" % name.replace("/", "_")))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENTRY_POINT_PROBE")}
     env.update(ENTRY_POINT_PROBE_LOG=log, ENTRY_POINT_PROBE_METHODS=",".join(methods), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(probe_dir)] + list(pythonpath) + [REPO]))
     proc = subprocess.run([sys.executable] + list(argv) + ["--help"], cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
-    with open(log, "r") as f:
-        lines = [json.loads(line) for line in f] if os.path.exists(log) else []
+    lines = []
+    if os.path.exists(log):  # no log: the probe never ran in the command (its stderr says why)
+        with open(log, "r") as f:
+            lines = [json.loads(line) for line in f]
     return proc, lines
 
 
