@@ -127,3 +127,16 @@ def horovod(popdist, monkeypatch, tmp_path):
     import popdist_stand_in as pds
 
     return pds.install_horovod(monkeypatch, str(tmp_path / "network"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules that hold a test marked slow run first, each module's tests together and in their order (its
+    module fixtures are built once): xdist's two workers take the long tests early and finish together, neither
+    left alone at the end with a long last test (docs/walkthrough.md's run is the last module by name)."""
+    modules = {}
+    for item in items:
+        module = modules.setdefault(item.nodeid.split("::")[0], [len(modules), False])
+        module[1] = module[1] or item.get_closest_marker("slow") is not None
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (not modules[item.nodeid.split("::")[0]][1],
+                                 modules[item.nodeid.split("::")[0]][0], order[item.nodeid]))
