@@ -17,6 +17,7 @@ import app_fixtures as fx
 from ipu_packing.data import open_dataset
 from ipu_packing.signals import Stopped
 from ipu_packing.train import load_config
+from ipu_packing.train.cli import main
 from ipu_packing.train.loop import execute, plan_run
 
 from app_fixtures import TINY
@@ -93,11 +94,11 @@ def check_resume_is_bitwise(data_dir, run, reference, stopped_at):
     assert state.step == stopped_at
     assert [r["step"] for r in rows(run)] == list(range(1, stopped_at + 1))  # nothing logged past the checkpoint
     assert not [n for n in os.listdir(os.path.join(run, "checkpoints")) if not n.endswith(".pt")]
-    proc = subprocess.run([sys.executable, "run_pretraining.py", "--config", "demo"] + overrides(data_dir, run),
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the same command, through main() in this process (one torch thread: pytestmark), as a user would run it again
+    code, out, err = fx.captured(main, ["--config", "demo"] + overrides(data_dir, run))
+    assert code == 0, err[-3000:]
     assert "resuming from %s at step %d" % (os.path.join(run, "checkpoints", "step_%07d.pt" % stopped_at),
-                                           stopped_at) in proc.stdout
+                                           stopped_at) in out
     assert [(r["step"], r["loss"], r["mlm_loss"]) for r in rows(run)] == [
         (r["step"], r["loss"], r["mlm_loss"]) for r in rows(reference)]  # exact, steps 1..10, each once
     final = fx.load(fx.latest(run))
