@@ -142,6 +142,9 @@ def test_a_document_without_blank_lines_ends_at_the_size_bound(tmp_path, monkeyp
 _RUN = r"""
 import faulthandler, signal, sys
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's diagnosis if the run ever hangs
+# Ctrl-C as in a terminal's foreground job: Python's KeyboardInterrupt handler, even when this test runs in a process
+# that ignores SIGINT (a background job of a script: the ignored disposition is inherited, and Python keeps it)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ipu_packing.data.cli import main
 sys.exit(main(sys.argv[1:]))
 """
