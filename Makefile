@@ -11,7 +11,7 @@ DEMO_DATA  := $(OUT)/data/demo_128
 DEMO_512   := $(OUT)/data/demo_512
 BENCH_ARGS ?=
 
-.PHONY: venv test test-fast lint pretrain bench compare gpu-check clean
+.PHONY: venv test test-fast lint pretrain finetune bench compare gpu-check clean
 
 venv: $(STAMP)
 
@@ -21,10 +21,17 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	touch $(STAMP)
 
+# `make test`: every test, on both cores. First the tests not marked serial on 2 pytest-xdist workers, then those
+# marked serial in one process: each of them starts several processes itself (gloo/torchrun pairs, PopRun stand-in
+# instances, forkserver probes, worker pools), which would fight the other worker for the two cores (pytest.ini).
+# Both passes run; the target fails when either did, with that pass's status.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@$(PY) -m pytest -q -n 2 -m "not serial"; parallel=$$?; \
+	$(PY) -m pytest -q -m serial; serial=$$?; \
+	if [ $$parallel -ne 0 ]; then exit $$parallel; fi; exit $$serial
 
-# `make test-fast`: a developer's loop, the tests not marked slow (tests/conftest.py says which), on 2 workers.
+# `make test-fast`: a developer's loop, the tests not marked slow (@pytest.mark.slow, from measured durations),
+# on 2 workers.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n 2
 

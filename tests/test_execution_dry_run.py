@@ -1,4 +1,4 @@
-"""Must show 3: the dry run for any config, without poptorch: placement of every layer on its IPU/stage,
+"""The dry run for any config, without poptorch: placement of every layer on its IPU/stage,
 memory per IPU against 900 MB (the memory model itself: tests/test_execution_memory.py), batch sizes in
 packs and sequences."""
 
@@ -12,7 +12,7 @@ import transformers
 from ipu_packing.execution import ExecutionConfig
 from ipu_packing.execution.dry_run import dry_run_report, memory_per_device, module_parameters
 
-from test_execution_poptorch import CASES
+from shipped_configs import CASES
 
 LARGE = transformers.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
 

@@ -17,7 +17,7 @@ import pytest
 import app_fixtures as fx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.usefixtures("one_thread")]
 
 # run_pretraining.py's command, pausing after each logged step so that the signal lands mid-run
 CHILD = r"""

@@ -20,9 +20,7 @@ import sys
 
 import pytest
 
-from test_console_scripts import scripts
-
-pytestmark = pytest.mark.slow
+from app_fixtures import console_scripts as scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "walkthrough.md")
@@ -60,6 +58,7 @@ def test_the_doc_has_the_seven_steps():
                      "ipu-packing-train", "ipu-packing-compare", "python"]
 
 
+@pytest.mark.slow
 def test_the_walkthrough_runs_as_written(tmp_path):
     write_corpus(str(tmp_path / "my_corpus.txt"))
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
