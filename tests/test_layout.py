@@ -252,11 +252,12 @@ def test_no_import_circle_with_the_lazy_imports():
 
 
 def test_no_test_module_imports_another():
-    """Shared fixtures live in conftest.py and the support modules (app_fixtures, ...), never in a test module."""
+    """Shared fixtures live in conftest.py and the support modules (app_fixtures, ...), never in a test module:
+    no module of tests/ (test or support) imports a test module."""
     tests = os.path.dirname(os.path.abspath(__file__))
     found = []
     for name in sorted(os.listdir(tests)):
-        if name.startswith("test_") and name.endswith(".py"):
+        if name.endswith(".py"):
             with open(os.path.join(tests, name), encoding="utf-8") as f:
                 tree = ast.parse(f.read())
             for node in ast.walk(tree):
