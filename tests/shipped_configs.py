@@ -13,13 +13,16 @@ from ipu_packing.train import load_config
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def shipped_ipu_configs(multi_host: bool = False):
-    """Every shipped config with the poptorch backend, as run: the ExecutionConfig the application derives
-    (accumulation from the global batch and the config's packing factor estimate). One-host configs, or
-    (``multi_host``) those of several PopRun instances, which need poprun (tests/test_popdist.py)."""
+def shipped_ipu_configs(multi_host: bool = False, fine_tuning: bool = False):
+    """Every shipped pretraining config (``fine_tuning``: fine-tuning config) with the poptorch backend, as run:
+    the ExecutionConfig the application derives (accumulation from the global batch and the config's packing
+    factor estimate). One-host configs, or (``multi_host``) those of several PopRun instances, which need poprun
+    (tests/test_popdist.py)."""
     found = {}
     for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))):
         config = load_config(path)
+        if config.task.fine_tuning != fine_tuning:
+            continue
         if config.execution_spec.backend == "poptorch" and (config.execution_spec.num_instances > 1) == multi_host:
             found[os.path.basename(path)] = config.batch_accounting(config.data.packing_factor_estimate).execution
     return found

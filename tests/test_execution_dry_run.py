@@ -36,6 +36,22 @@ def test_parameter_counts_match_transformers():
         assert own == n, name
 
 
+@pytest.mark.parametrize("task, hf_class, num_labels", [
+    ("sequence_classification", "BertForSequenceClassification", 3),
+    ("question_answering", "BertForQuestionAnswering", 2),  # start and end logits
+])
+def test_task_models_place_their_own_heads_only(task, hf_class, num_labels):
+    config = transformers.BertConfig(vocab_size=96, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                     intermediate_size=80, max_position_embeddings=40, num_labels=num_labels)
+    model = getattr(transformers, hf_class)(config)
+    counts = module_parameters(config, task)
+    assert sum(counts.values()) == sum(p.numel() for p in model.parameters())
+    assert "cls" not in counts
+    report = dry_run_report(config, ExecutionConfig(backend="poptorch", layers_per_ipu=[0, 1, 2],
+                                                    device_iterations=3), 2.0, task=task)
+    assert "python run_finetuning.py" in report
+
+
 def test_bert_large_pod16_memory_per_ipu():
     # micro batch 2 at S=512, as pretrain_large_512 (the 8 of pretrain_large_128 would not fit its stashes)
     e = ExecutionConfig(backend="poptorch", micro_batch_size=2, gradient_accumulation=1024, replication_factor=4,

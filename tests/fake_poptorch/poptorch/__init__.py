@@ -49,7 +49,7 @@ The package's modules, by concern (each name is re-exported here, where PopTorch
 - ``_ops``: blocks and the ops a model calls (``BeginBlock``, ``identity_loss``, ``serializedMatMul``, ...);
 - ``_tracing``: the supported operations and the dispatch modes compile traces with;
 - ``_optim``: ``optim`` and its optimizers;
-- ``_executor``: ``trainingModel`` and ``PoplarExecutor`` (compile, run, the device's optimizer state);
+- ``_executor``: ``trainingModel``, ``inferenceModel`` and ``PoplarExecutor`` (compile, run, the device's optimizer state);
 - ``_dataloader``: ``DataLoader``, ``AsynchronousDataAccessor`` and the worker process.
 """
 
@@ -67,7 +67,7 @@ from ._ops import (Block, BeginBlock, BlockFunction, _BlockHook, _record_poptorc
 from ._tracing import (_ATEN_TO_DOCUMENTED, _TENSOR_OPERATIONS, _HostOps, _IpuOps, _run_op, _storage, _tensors,
                        documented_name)
 from ._optim import Optimizer, _optimizer, optim
-from ._executor import SIGKILL_AT_CALL, PoplarExecutor, executors, trainingModel
+from ._executor import SIGKILL_AT_CALL, PoplarExecutor, executors, inferenceModel, trainingModel
 from ._dataloader import (WORKER_LOG, AsynchronousDataAccessor, DataLoader, _AsynchronousWorker,
                           _AsynchronousWorkerProcess, _flat, _HostCommand, _log_worker, _poison, _py_error,
                           _rebatched, accessors)

@@ -154,10 +154,14 @@ class PoplarExecutor:
             # Training: autodiff adds a backward stage for every forward group but the last, whose forward and
             # backward are one stage (Ir::getNumPipelineStages counts them all).
             stages = 2 * groups - 1 if self._training else groups
-            accumulation = self._options._int("Training.gradientAccumulation")
-            if accumulation < stages:
-                raise Error("For pipelining, depth (gradient accumulation factor) must equal at least the number of "
-                            "pipeline stages (%d)" % stages)
+            if self._training:
+                accumulation = self._options._int("Training.gradientAccumulation")
+                if accumulation < stages:
+                    raise Error("For pipelining, depth (gradient accumulation factor) must equal at least the number "
+                                "of pipeline stages (%d)" % stages)
+            elif self._options._int("deviceIterations") < stages:  # inference: PopART's batches per step
+                raise Error("For pipelining, depth (batchesPerStep) must equal at least the number of pipeline "
+                            "stages (%d)" % stages)
         unsupported = sorted({op[0] for op in trace.ops
                               if not op[0].startswith("poptorch.") and documented_name(op[0]) is None})
         if unsupported:
@@ -211,12 +215,26 @@ class PoplarExecutor:
         half = any(p.dtype == torch.half for p in self._user_model.parameters())
         with torch.no_grad(), (_HostOps() if half else contextlib.nullcontext()):
             per_micro = [self._user_model(*(a[i * micro : (i + 1) * micro] for a in args)) for i in range(n)]
+        if not self._training:  # an inference model: every output of every micro batch, in batch order
+            self.calls += 1
+            return self._inference_outputs(per_micro)
         self._device_state["ipu_state"]["step"] = self._device_state["ipu_state"]["step"] + steps
         self.calls += 1
         if isinstance(self._optimizer, Optimizer):
             self._optimizer.host_state_is_dirty = True  # used on the IPU: the host copy is out of date
         return tuple(self._returned([torch.as_tensor(o[k]).reshape(()) for o in per_micro])
                      for k in range(len(per_micro[0])))
+
+    def _inference_outputs(self, per_micro):
+        """What inferenceModel's host call returns under its default output mode (All for inference,
+        _poplar_executor.py): each output with the micro batches' rows back to back, in the combined batch's
+        order. A tuple of outputs stays a tuple."""
+        mode = self._options.value("outputMode", OutputMode.Default)
+        if mode not in (OutputMode.All, OutputMode.Default):
+            raise Error("the stand-in models inference with output mode All only, got %s" % (mode,))
+        if isinstance(per_micro[0], torch.Tensor):
+            return torch.cat(per_micro)
+        return tuple(torch.cat([o[k] for o in per_micro]) for k in range(len(per_micro[0])))
 
     def _returned(self, values: List[torch.Tensor]) -> torch.Tensor:
         """What the host gets of one scalar output under the Options' outputMode (python/options.py:1698-1704;
@@ -282,5 +300,13 @@ executors = []  # type: List[PoplarExecutor]
 
 def trainingModel(model: torch.nn.Module, options: Optional[Options] = None, optimizer=None) -> PoplarExecutor:
     executor = PoplarExecutor(model, options, optimizer=optimizer, training=True)
+    executors.append(executor)
+    return executor
+
+
+def inferenceModel(model: torch.nn.Module, options: Optional[Options] = None) -> PoplarExecutor:
+    """python/__init__.py inferenceModel: the forward pass only, compiled as trainingModel is (placement, supported
+    ops, pipelining rules without autodiff's extra stages); no optimizer, no loss to mark."""
+    executor = PoplarExecutor(model, options, training=False)
     executors.append(executor)
     return executor
