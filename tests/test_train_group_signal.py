@@ -30,7 +30,8 @@ def slow_log(self, record):
     print("logged %d" % record.step, file=sys.stderr, flush=True)
     time.sleep(0.3)
 metrics.MetricsLogger.log = slow_log
-sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # a loader worker started by spawn or forkserver re-imports it
+    sys.exit(main(sys.argv[1:]))
 """
 
 

@@ -49,7 +49,8 @@ def interrupted_save(self, state, keep):
         time.sleep(0.2)
     return save(self, state, keep)
 RunDirectory.save = interrupted_save
-sys.exit(main(sys.argv[3:]))
+if __name__ == "__main__":  # a loader worker started by spawn or forkserver re-imports it
+    sys.exit(main(sys.argv[3:]))
 """
 
 
@@ -259,7 +260,8 @@ def changing_log(self, record):
                 f.seek(-16, 2)
                 f.write(b"\x00" * 16)
 metrics.MetricsLogger.log = changing_log
-sys.exit(main(sys.argv[3:]))
+if __name__ == "__main__":  # a loader worker started by spawn or forkserver re-imports it
+    sys.exit(main(sys.argv[3:]))
 """
 
 
