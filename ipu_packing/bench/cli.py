@@ -16,6 +16,7 @@ from ..errors import ArgumentParser, run_command
 from .presets import MODEL_PRESETS
 from . import peers, throughput
 from .attention_compare import format_comparison, run_comparison
+from .classify_peers import main_classifier
 from .config_bench import main_config
 from .inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
 from .report import draw_plot, format_result
@@ -29,14 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: the shared Wikipedia 512 one")
     source.add_argument("--data", help="prepared data (prepare's --output DIR, or one dataset directory)")
     p.add_argument("--max-seq-length", type=int, default=None, help="S (default: the histogram's or dataset's)")
-    p.add_argument("--max-sequences-per-pack", type=int, default=3,
-                   help="K of the packed layout (default: %(default)s)")
+    p.add_argument("--max-sequences-per-pack", type=int, default=None,
+                   help="K of the packed layout (default: 3; with --classifier: 32)")
     p.add_argument("--timed-packs", type=int, default=128,
                    help="packs of the plan to time, with their sequences padded; 0 = all (default: %(default)s)")
-    p.add_argument("--micro-batch-size", type=int, default=8, help="rows per training step (default: %(default)s)")
+    p.add_argument("--micro-batch-size", type=int, default=None,
+                   help="rows per training step (default: 8; with --classifier: 32 rows a call)")
     p.add_argument("--repeats", type=int, default=5,
                    help="timed passes over both layouts, interleaved (default: %(default)s)")
-    p.add_argument("--model", choices=sorted(MODEL_PRESETS), default="tiny", help="BERT size (default: %(default)s)")
+    p.add_argument("--model", choices=sorted(MODEL_PRESETS), default=None,
+                   help="BERT size (default: tiny; with --classifier: the directory's architecture)")
     p.add_argument("--attention", default=None,
                    help="model attention implementation (dense, sdpa, ...; default: the model's); with --config, "
                    "one or more separated by commas, each timed with both layouts, interleaved")
@@ -58,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="with --peers (default: %(default)s)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="with --peers: bf16 = torch.autocast bfloat16 for every contender (default: %(default)s)")
+    p.add_argument("--classifier", default=None, metavar="DIR", help="sequence classification, ours (padded and "
+                   "packed, through ipu_packing.predict) against transformers' BertForSequenceClassification (padded, "
+                   "grouped, its pipeline) on the same texts: DIR, a BERT directory with its tokenizer "
+                   "(classify_peers.py)")
+    p.add_argument("--input", default=None, help="with --classifier: the texts (as predict --input reads them; "
+                   "default: the embedded demo task's)")
+    p.add_argument("--inputs", type=int, default=1024, help="with --classifier: texts timed (default: %(default)s)")
+    p.add_argument("--train", action="store_true", help="with --classifier: fine-tuning steps (AdamW) instead of "
+                   "inference")
     return p
 
 
@@ -69,10 +81,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _main(argv: Optional[List[str]]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.config and args.peers:
-        raise BenchError("--peers and --config are two modes of the bench: give one")
+    modes = [name for name in ("peers", "config", "classifier") if getattr(args, name)]
+    if len(modes) > 1:
+        raise BenchError("--%s and --%s are two modes of the bench: give one" % tuple(modes[:2]))
+    for name in ("input", "inputs", "train"):
+        if not args.classifier and getattr(args, name) != parser.get_default(name):
+            raise BenchError("--%s is an option of --classifier" % name)
+    if args.classifier:
+        return main_classifier(parser, args)
     if args.config:
         return main_config(parser, args)
+    for name, default in (("model", "tiny"), ("max_sequences_per_pack", 3), ("micro_batch_size", 8)):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.steps != parser.get_default("steps") or args.overrides:
         raise BenchError("%s is an option of --config" % ("--steps" if args.steps != parser.get_default("steps") else
                                                           "section.key=value (%s)" % args.overrides[0]))

@@ -1,0 +1,400 @@
+"""Sequence classification, ours against transformers, on the same texts: inference, or fine-tuning steps.
+
+    python -m ipu_packing.bench --classifier DIR [--input FILE] [--inputs 1024] [--max-seq-length 128] \\
+        [--max-sequences-per-pack 32] [--micro-batch-size 32] [--repeats 3] [--model PRESET] [--train] [--json]
+
+``DIR`` is a transformers BERT directory with its tokenizer: a classifier (this project's fine-tuning export,
+e.g. output/runs/finetune_demo/final) or a pretraining export (output/runs/demo/final: the classification head
+is then initialised at random, seeded). With ``--model PRESET`` the architecture is the preset's (vocabulary:
+DIR's tokenizer) and every weight random, seeded. Both sides start from the same weights: transformers'
+``BertForSequenceClassification`` is built, saved with the tokenizer to a temporary directory, and ours is
+``Predictor.from_pretrained`` of that directory (its attention: the fastest exact one for S on the device).
+
+The texts: ``--input`` (read as ``predict --input`` reads it), else the embedded demo task's (every split, in
+its shuffled order: short sentences, a GLUE-like length distribution); the first ``--inputs`` of them. Each is
+tokenized once, as ``BertTokenizerFast(text, truncation=True, max_length=S)``.
+
+Inference contenders (eval mode, no gradients, fp32; ``--micro-batch-size`` B rows a call):
+
+- ``transformers padded``: ``BertForSequenceClassification`` on B inputs a call, in input order, each row padded
+  to S (attention mask over the real tokens);
+- ``transformers grouped``: the inputs sorted by length, longest first, B a call, each batch padded to its
+  longest (the best a padded model can do on a known set of inputs);
+- ``ours padded`` and ``ours packed``: the predictor's own packs of the inputs (``Predictor.packs``: K=1, and K
+  up to ``--max-sequences-per-pack``), B packs a call, each call ``train/evaluate.collect`` (the predictor's path:
+  forward, then each used slot's logits by example id);
+- end to end, texts in and scores out, all the inputs in one call: ``transformers pipeline``
+  (``pipeline("text-classification", top_k=None, batch_size=B)``: it pads each batch to its longest) and
+  ``ours predict`` (``Predictor.predict``: tokenize, pack, forward, unpack, scores).
+
+``--train``: fine-tuning steps instead (train mode, AdamW with peers.py's ``ADAMW`` settings, the same initial
+weights restored before the timed passes): ``transformers padded`` and ``transformers grouped`` (the Trainer's
+``group_by_length`` order, peer_batches.length_grouped_order; each batch padded to its longest), and ``ours
+padded`` and ``ours packed`` (the predictor's packs with each example's label, stepped by ``make_runner``'s
+``train_step``). The labels: the demo task's (its label names in sorted order, modulo the model's labels), or
+seeded random ones for ``--input``.
+
+Every contender's calls are interleaved in proportion in one process (peers.py's rule), ``--repeats`` times;
+its seconds are the median over repeats. Reported: sequences/s per contender and its ratio to ``transformers
+padded``, computed tokens (rows x row length), the largest logit difference of ours packed from transformers
+padded (inference), and ``os.getloadavg()`` before and after. Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .inputs import BenchError
+
+BASELINE = "transformers padded"
+
+
+class Entry:
+    """One contender: its batches (one per timed call), its call, what runs untimed after each call."""
+
+    def __init__(self, name: str, batches: List[Any], call: Callable[[Any], Any], sequences: int,
+                 computed_tokens: int, after: Callable[[], None] = lambda: None) -> None:
+        self.name, self.batches, self.call, self.after = name, batches, call, after
+        self.sequences, self.computed_tokens = sequences, computed_tokens
+        self.seconds: List[float] = []
+
+
+def demo_texts() -> Tuple[List[str], List[str]]:
+    """(texts, label names) of the embedded demo task, every split in order."""
+    from ipu_packing.data.task.demo import demo_rows
+
+    rows = [row for split in demo_rows().values() for row in split]
+    return [text for text, _ in rows], [label for _, label in rows]
+
+
+def build_models(directory: str, preset: Optional[str], S: int, seed: int, work: str):
+    """(transformers model, tokenizer, saved directory): the transformers classifier of ``directory`` (or of the
+    preset's architecture, random), saved with ``directory``'s tokenizer to ``work``."""
+    import torch
+    import transformers
+
+    from .presets import MODEL_PRESETS
+
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise BenchError("--classifier %s is not a transformers model directory (no config.json)" % (directory,))
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError) as exc:
+        raise BenchError("--classifier %s holds no tokenizer (%s)" % (directory, str(exc).splitlines()[0]))
+    torch.manual_seed(seed)
+    if preset:
+        kwargs = dict(MODEL_PRESETS[preset])
+        kwargs.update(vocab_size=len(tokenizer), max_position_embeddings=max(512, S))
+        model = transformers.BertForSequenceClassification(transformers.BertConfig(**kwargs))
+    else:
+        try:
+            model = transformers.BertForSequenceClassification.from_pretrained(directory)
+        except (OSError, ValueError) as exc:
+            raise BenchError("--classifier %s is not a BERT model (%s)" % (directory, str(exc).splitlines()[0]))
+    if S > int(model.config.max_position_embeddings):
+        raise BenchError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
+                         % (S, model.config.max_position_embeddings))
+    model.save_pretrained(work)
+    tokenizer.save_pretrained(work)
+    return model, tokenizer, work
+
+
+def hf_model(work: str, torch):
+    """transformers' classifier of ``work``, with sdpa attention where this transformers has it for BERT."""
+    import transformers
+
+    cls = transformers.BertForSequenceClassification
+    try:
+        model = cls.from_pretrained(work, attn_implementation="sdpa")
+    except (TypeError, ValueError, ImportError):
+        model = cls.from_pretrained(work)
+    return model, str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def hf_batches(encoded: Sequence[Sequence[int]], order: Sequence[int], B: int, S: Optional[int], labels=None):
+    """transformers' inputs: ``order`` cut into batches of B, each row padded to S (None: the batch's longest);
+    returns (batches of int64 tensors, computed tokens)."""
+    import torch
+
+    batches, computed = [], 0
+    for start in range(0, len(order), B):
+        chunk = [encoded[i] for i in order[start:start + B]]
+        L = S or max(len(e) for e in chunk)
+        ids = np.zeros((len(chunk), L), np.int64)
+        mask = np.zeros((len(chunk), L), np.int64)
+        for r, e in enumerate(chunk):
+            ids[r, :len(e)] = e
+            mask[r, :len(e)] = 1
+        batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
+                 "token_type_ids": torch.zeros_like(torch.from_numpy(ids))}
+        if labels is not None:
+            batch["labels"] = torch.as_tensor([int(labels[i]) for i in order[start:start + B]], dtype=torch.long)
+        batches.append(batch)
+        computed += len(chunk) * L
+    return batches, computed
+
+
+def pack_batches(packs, B: int, labels=None):
+    """The predictor's packs cut into calls of B packs (predict.Packs each); with ``labels``, each used slot's label
+    set from its example id. Returns (batches, computed tokens)."""
+    from ipu_packing.predict import Packs
+
+    arrays = dict(packs.arrays)
+    if labels is not None:
+        ids = arrays["example_ids"].astype(np.int64)
+        filled = np.full(ids.shape, -100, np.int64)
+        filled[ids >= 0] = np.asarray(labels, np.int64)[ids[ids >= 0]]
+        arrays["labels"] = filled.astype(arrays["labels"].dtype)
+    P, S = arrays["input_ids"].shape
+    return [Packs({k: v[s:s + B] for k, v in arrays.items()}) for s in range(0, P, B)], P * S
+
+
+def interleave(entries: Sequence[Entry], torch) -> List[float]:
+    """One pass over every batch of every entry, the calls interleaved in proportion (peers.time_contenders'
+    rule); seconds of each entry."""
+    schedule = sorted(((b + 0.5) / len(e.batches), i, b) for i, e in enumerate(entries) for b in range(len(e.batches)))
+    seconds = [0.0] * len(entries)
+    for _, i, b in schedule:
+        e = entries[i]
+        start = time.perf_counter()
+        e.call(e.batches[b])
+        seconds[i] += time.perf_counter() - start
+        e.after()
+    return seconds
+
+
+def run_classifier_peers(directory: str, texts: Optional[Sequence[str]] = None, inputs: int = 1024, S: int = 128,
+                         K: int = 32, micro_batch_size: int = 32, repeats: int = 3, preset: Optional[str] = None,
+                         train: bool = False, seed: int = 0, log=lambda message: None) -> Dict[str, Any]:
+    """The module docstring's bench; a dict (JSON-ready)."""
+    import torch
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # a pretraining export's new head, the pipeline's device notice
+    try:
+        return _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, repeats, preset, train,
+                    seed, log)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, repeats, preset, train, seed, log):
+    from ipu_packing.predict import Predictor
+
+    from .peers import ADAMW, adamw
+
+    started = time.perf_counter()
+    load_before = list(os.getloadavg())
+    label_names = None
+    if texts is None:
+        texts, label_names = demo_texts()
+    texts = list(texts)[:inputs]
+    if not texts:
+        raise BenchError("no input texts to time")
+    B = micro_batch_size
+    with tempfile.TemporaryDirectory() as work:
+        _, tokenizer, saved = build_models(directory, preset, S, seed, work)
+        hf, hf_attention = hf_model(saved, torch)
+        num_labels = int(hf.config.num_labels)
+        if label_names is not None:
+            names = sorted(set(label_names))
+            labels = [names.index(n) % num_labels for n in label_names[:len(texts)]]
+        else:
+            labels = np.random.default_rng(seed).integers(0, num_labels, len(texts)).tolist()
+        padded = Predictor.from_pretrained(saved, S, 1, B)
+        packed = Predictor.from_pretrained(saved, S, K, B)
+        # one model for both of our layouts (as one model serves any K)
+        padded.model = packed.model
+        ours = packed.model
+        encoded = [list(e) for e in tokenizer(texts, truncation=True, max_length=S)["input_ids"]]
+        lengths = [len(e) for e in encoded]
+        in_order = list(range(len(texts)))
+        padded_packs, packed_packs = padded.packs(texts), packed.packs(texts)
+        hf_used = labels if train else None
+        our_labels = labels if train else None
+        if train:
+            from ipu_packing.bench.peer_batches import length_grouped_order
+
+            grouped_order = length_grouped_order(lengths, B, seed)
+        else:
+            grouped_order = sorted(in_order, key=lambda i: -lengths[i])
+        hf_padded, hf_padded_tokens = hf_batches(encoded, in_order, B, S, hf_used)
+        hf_grouped, hf_grouped_tokens = hf_batches(encoded, grouped_order, B, None, hf_used)
+        ours_padded, ours_padded_tokens = pack_batches(padded_packs, B, our_labels)
+        ours_packed, ours_packed_tokens = pack_batches(packed_packs, B, our_labels)
+        n = len(texts)
+        entries: List[Entry] = []
+        restore: List[Tuple[Any, Dict[str, Any]]] = []
+        if train:
+            from ipu_packing.execution import ExecutionConfig, make_runner
+
+            hf.train()
+            ours.train()
+            hf_optimizer, our_optimizer = adamw(hf, torch), adamw(ours, torch)
+            runner = make_runner(ours, our_optimizer, ExecutionConfig(backend="torch", device="cpu",
+                                                                      micro_batch_size=B))
+
+            def hf_step(batch):
+                hf_optimizer.zero_grad(set_to_none=True)
+                hf(**batch).loss.backward()
+                hf_optimizer.step()
+
+            def our_step(batch):
+                runner.train_step(batch)
+
+            ours_padded, ours_packed = [[{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.arrays.items()}
+                                         for p in batches] for batches in (ours_padded, ours_packed)]
+
+            entries = [Entry("transformers padded", hf_padded, hf_step, n, hf_padded_tokens),
+                       Entry("transformers grouped", hf_grouped, hf_step, n, hf_grouped_tokens),
+                       Entry("ours padded", ours_padded, our_step, n, ours_padded_tokens),
+                       Entry("ours packed", ours_packed, our_step, n, ours_packed_tokens)]
+            restore = [(hf, {k: v.clone() for k, v in hf.state_dict().items()}),
+                       (ours, {k: v.clone() for k, v in ours.state_dict().items()})]
+        else:
+            from ipu_packing.train.evaluate import collect
+
+            hf.eval()
+            ours.eval()
+
+            def hf_forward(batch):
+                with torch.no_grad():
+                    return hf(**batch).logits
+
+            pipe = transformers.pipeline("text-classification", model=hf, tokenizer=tokenizer, top_k=None,
+                                         device="cpu", batch_size=B)
+            entries = [Entry("transformers padded", hf_padded, hf_forward, n, hf_padded_tokens),
+                       Entry("transformers grouped", hf_grouped, hf_forward, n, hf_grouped_tokens),
+                       Entry("ours padded", ours_padded, lambda p: collect(ours, p, B), n, ours_padded_tokens),
+                       Entry("ours packed", ours_packed, lambda p: collect(ours, p, B), n, ours_packed_tokens),
+                       Entry("transformers pipeline", [texts], lambda t: pipe(t), n, 0),
+                       Entry("ours predict", [texts], packed.predict, n, 0)]
+        log("%d inputs (%d tokens, mean length %.1f) at S=%d: %d padded rows, %d packs (K<=%d); %s"
+            % (n, sum(lengths), float(np.mean(lengths)), S, len(texts), len(packed_packs), K,
+               "fine-tuning steps" if train else "inference"))
+        for e in entries:  # warm-up: each one's first call
+            e.call(e.batches[0])
+            e.after()
+        for model, state in restore:
+            model.load_state_dict(state)
+        if train:
+            for o in (hf_optimizer, our_optimizer):
+                o.state.clear()
+        per_repeat: List[List[float]] = [[] for _ in entries]
+        for r in range(repeats):
+            seconds = interleave(entries, torch)
+            for i, s in enumerate(seconds):
+                per_repeat[i].append(s)
+            log("repeat %d: %s" % (r + 1, ", ".join("%s %.2f s" % (e.name, s) for e, s in zip(entries, seconds))))
+        logit_difference = None
+        if not train:
+            ours_logits = collect(ours, packed_packs, B)["logits"]
+            hf_logits = torch.cat([hf_forward(b) for b in hf_padded]).numpy()
+            logit_difference = float(np.abs(ours_logits - hf_logits).max())
+        rows = []
+        for i, e in enumerate(entries):
+            median = statistics.median(per_repeat[i])
+            rows.append({"name": e.name, "calls": len(e.batches), "sequences": e.sequences,
+                         "computed_tokens": e.computed_tokens, "seconds": per_repeat[i],
+                         "sequences_per_second": e.sequences / median})
+        baseline = [row["sequences_per_second"] for row in rows if row["name"] == BASELINE][0]
+        for row in rows:
+            row["ratio"] = row["sequences_per_second"] / baseline
+        config = hf.config
+        return {
+            "mode": "classifier-train" if train else "classifier-inference", "classifier": directory,
+            "model": {"preset": preset, "hidden_size": int(config.hidden_size),
+                      "num_hidden_layers": int(config.num_hidden_layers), "vocab_size": int(config.vocab_size),
+                      "num_labels": num_labels},
+            "inputs": n, "real_tokens": int(sum(lengths)), "mean_length": float(np.mean(lengths)),
+            "max_seq_length": S, "max_sequences_per_pack": K, "packs": int(len(packed_packs)),
+            "packing_factor": n / float(len(packed_packs)), "micro_batch_size": B, "repeats": repeats,
+            "seed": seed, "rows": rows, "ours_attention": str(getattr(ours, "attention_implementation", "")),
+            "transformers_attention": hf_attention, "max_logit_difference": logit_difference,
+            "optimizer": dict(ADAMW, name="AdamW") if train else None,
+            "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__, "load_before": load_before,
+            "load_after": list(os.getloadavg()), "seconds": time.perf_counter() - started,
+        }
+
+
+def format_classifier_peers(r: Dict[str, Any]) -> str:
+    m = r["model"]
+    lines = [
+        "%s: %s (hidden %d, %d layers, vocab %d, %d labels), S=%d, K<=%d, micro batch %d (rows), %d torch threads, "
+        "%d repeats (medians)" % (r["mode"], m["preset"] or r["classifier"], m["hidden_size"],
+                                  m["num_hidden_layers"], m["vocab_size"], m["num_labels"], r["max_seq_length"],
+                                  r["max_sequences_per_pack"], r["micro_batch_size"], r["torch_threads"],
+                                  r["repeats"]),
+        "%d inputs, %d real tokens (mean length %.1f) -> %d packs (packing factor %.2f); attention: ours %s, "
+        "transformers %s; torch %s, transformers %s" % (
+            r["inputs"], r["real_tokens"], r["mean_length"], r["packs"], r["packing_factor"], r["ours_attention"],
+            r["transformers_attention"], r["torch_version"], r["transformers_version"]),
+        "load average before %s, after %s" % (" ".join("%.2f" % x for x in r["load_before"]),
+                                              " ".join("%.2f" % x for x in r["load_after"])),
+    ]
+    if r["max_logit_difference"] is not None:
+        lines.append("largest |logit| difference, ours packed against transformers padded: %.2e"
+                     % r["max_logit_difference"])
+    lines.append("%-22s %6s %10s %10s %13s" % ("contender", "calls", "seq/s", "vs HF pad", "computed tok"))
+    for row in r["rows"]:
+        lines.append("%-22s %6d %10.1f %9.2fx %13s" % (row["name"], row["calls"], row["sequences_per_second"],
+                                                      row["ratio"], row["computed_tokens"] or "-"))
+    return "\n".join(lines)
+
+
+CLASSIFIER_OPTIONS = ("classifier", "input", "inputs", "train", "max_seq_length", "max_sequences_per_pack",
+                      "micro_batch_size", "repeats", "model", "threads", "seed", "json", "help", "plot")
+"""bench's options that --classifier takes (--plot: only its default; nothing is drawn)."""
+
+
+def main_classifier(parser, args) -> int:
+    """``--classifier``: check the options, run, print the table (or JSON) on stdout."""
+    import sys
+
+    from .. import jsonout
+
+    for action in parser._actions:
+        value = getattr(args, action.dest, action.default)
+        if action.dest not in CLASSIFIER_OPTIONS and value != action.default and value != []:
+            raise BenchError("%s does not apply with --classifier" % ("/".join(action.option_strings) or action.dest,))
+    if args.plot != parser.get_default("plot"):
+        raise BenchError("--plot is not an option of --classifier (it prints a table, or JSON with --json)")
+    S = 128 if args.max_seq_length is None else args.max_seq_length
+    K = 32 if args.max_sequences_per_pack is None else args.max_sequences_per_pack
+    B = 32 if args.micro_batch_size is None else args.micro_batch_size
+    for name, value, low in (("max-seq-length", S, 8), ("max-sequences-per-pack", K, 1), ("micro-batch-size", B, 1),
+                             ("repeats", args.repeats, 1), ("inputs", args.inputs, 1)):
+        if value < low:
+            raise BenchError("--%s must be >= %d, got %d" % (name, low, value))
+    if K > 255:
+        raise BenchError("--max-sequences-per-pack must be <= 255, got %d" % K)
+    if not os.path.isdir(args.classifier):
+        raise BenchError("--classifier %s is not a directory (a BERT model with its tokenizer)" % (args.classifier,))
+    texts = None
+    if args.input:
+        from ipu_packing.predict import read_inputs
+
+        if not os.path.isfile(args.input):
+            raise BenchError("--input %s is not a file" % (args.input,))
+        texts = read_inputs(args.input, None, None)
+        if texts and isinstance(texts[0], tuple):
+            raise BenchError("--input %s holds pairs: --classifier times single texts" % (args.input,))
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
+    result = run_classifier_peers(args.classifier, texts, args.inputs, S, K, B, args.repeats, args.model,
+                                  args.train, args.seed, log)
+    print(jsonout.dumps(result, sort_keys=True) if args.json else format_classifier_peers(result))
+    return 0
+
+__all__ = ["format_classifier_peers", "main_classifier", "run_classifier_peers"]
