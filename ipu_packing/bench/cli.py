@@ -1,7 +1,8 @@
 """The command line of ``python -m ipu_packing.bench`` (the console script ipu-packing-bench): the synthetic
 mode (throughput.py), --config (config_bench.py), with --attention varlen the attention comparison
-(attention_compare.py), and --peers, ours against transformers' BertForPreTraining (peers.py). throughput.py's
-docstring says what is measured."""
+(attention_compare.py), --peers, ours against transformers' BertForPreTraining (peers.py), and --classifier,
+sequence classification against transformers' BertForSequenceClassification and its pipeline, inference or
+fine-tuning steps (classify_peers.py). throughput.py's docstring says what is measured."""
 
 from __future__ import annotations
 
