@@ -53,24 +53,6 @@ def data_dir(tiny_data):
 
 
 @pytest.fixture(scope="session")
-def demo_task_64(tmp_path_factory):
-    """The embedded demo classification task prepared at S=64, K=6 with the default vocabulary
-    (`prepare --task classification --input default`): its root, holding train/, validation/ and test/, each
-    with packed/ and padded/. Never written to."""
-    import contextlib
-    import io
-
-    from ipu_packing.data.cli import main as data_main
-
-    out = str(tmp_path_factory.mktemp("task") / "demo")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = data_main(["prepare", "--task", "classification", "--input", "default", "--output", out,
-                          "--max-seq-length", "64", "--max-sequences-per-pack", "6", "--workers", "1", "--quiet"])
-    assert code == 0
-    return out
-
-
-@pytest.fixture(scope="session")
 def poprun_data(tmp_path_factory):
     """A larger tiny dataset for the PopRun tests (240 sequences, else write_prepared's defaults): an epoch of
     several steps of every instance's share. Never written to."""

@@ -33,10 +33,10 @@ def run_main(argv):
     return code, out.getvalue(), err.getvalue()
 
 
-def test_each_seed_trains_both_layouts_and_the_table_reads_their_summaries(demo_task_64, tmp_path):
+def test_each_seed_trains_both_layouts_and_the_table_reads_their_summaries(demo_task, tmp_path):
     output = str(tmp_path / "runs")
     argv = ["--seeds", "1,2", "--output", output, "--json", "--packed", "execution.micro_batch_size=2",
-            "data.dir=%s" % demo_task_64] + TINY_TASK
+            "data.dir=%s" % demo_task] + TINY_TASK
     code, out, err = run_main(argv)
     assert code == 0, err
     r = json.loads(out)

@@ -21,7 +21,7 @@ TINY_TASK = ["model.vocab_size=8192", "model.hidden_size=32", "model.intermediat
              "model.num_hidden_layers=2", "model.num_attention_heads=2", "data.max_seq_length=64",
              "data.max_sequences_per_pack=6", "execution.micro_batch_size=4", "training.global_batch_sequences=24",
              "checkpoint.init_from=null"]
-"""finetune_demo at tiny sizes on the demo task prepared at S=64, K=6 (conftest's demo_task_64), from scratch."""
+"""finetune_demo at tiny sizes on the demo task prepared at S=64, K=6 (conftest's demo_task), from scratch."""
 
 
 def run_main(args):
@@ -35,19 +35,19 @@ def run_main(args):
     return code, out.getvalue(), err.getvalue()
 
 
-def test_both_layouts_time_the_same_examples_of_the_task(demo_task_64):
-    code, out, err = run_main(["--config", "finetune_demo", "--steps", "2", "--json", "data.dir=%s" % demo_task_64]
+def test_both_layouts_time_the_same_examples_of_the_task(demo_task):
+    code, out, err = run_main(["--config", "finetune_demo", "--steps", "2", "--json", "data.dir=%s" % demo_task]
                               + TINY_TASK)
     assert code == 0, err
     r = json.loads(out)
     assert r["task"] == "classification"
-    assert r["source"] == os.path.join(demo_task_64, "train", "packed")
-    assert r["padded_source"] == os.path.join(demo_task_64, "train", "padded")
+    assert r["source"] == os.path.join(demo_task, "train", "packed")
+    assert r["padded_source"] == os.path.join(demo_task, "train", "padded")
     assert (r["max_seq_length"], r["max_sequences_per_pack"], r["steps"]) == (64, 6, 2)
     # every example of the chosen packs has its own padded row, and no example twice
     assert r["num_sequences"] == r["padded_rows"] == len(r["example_ids"]) == len(set(r["example_ids"]))
     assert r["num_packs"] < r["num_sequences"]
-    packed = open_dataset(os.path.join(demo_task_64, "train", "packed"), as_tensors=False)
+    packed = open_dataset(os.path.join(demo_task, "train", "packed"), as_tensors=False)
     in_packs = sorted(int(e) for i in range(len(packed)) for e in packed[i]["example_ids"] if e >= 0)
     assert set(r["example_ids"]) <= set(in_packs)
     for name in ("padded", "packed"):
@@ -58,17 +58,17 @@ def test_both_layouts_time_the_same_examples_of_the_task(demo_task_64):
     assert r["padded"]["sequences"] == r["padded"]["rows"] == 2 * 24
     assert r["packed"]["rows"] < r["packed"]["sequences"]
 
-def test_a_histogram_is_refused_for_a_fine_tuning_config(demo_task_64, tmp_path):
+def test_a_histogram_is_refused_for_a_fine_tuning_config(demo_task, tmp_path):
     histogram = tmp_path / "h.json"
     histogram.write_text(json.dumps({"histogram": [1] * 64}))
     code, out, err = run_main(["--config", "finetune_demo", "--steps", "1", "--histogram", str(histogram),
-                               "data.dir=%s" % demo_task_64] + TINY_TASK)
+                               "data.dir=%s" % demo_task] + TINY_TASK)
     assert code == 2 and out == ""
     assert err.startswith("error: --histogram applies to pretraining configs") and err.count("\n") == 1
 
 
-def test_too_few_examples_for_the_steps_is_one_line(demo_task_64):
-    code, out, err = run_main(["--config", "finetune_demo", "--steps", "100000", "data.dir=%s" % demo_task_64]
+def test_too_few_examples_for_the_steps_is_one_line(demo_task):
+    code, out, err = run_main(["--config", "finetune_demo", "--steps", "100000", "data.dir=%s" % demo_task]
                               + TINY_TASK)
     assert code == 2 and out == ""
     assert "lower --steps" in err and err.startswith("error: ") and err.count("\n") == 1
