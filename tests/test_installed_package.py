@@ -156,7 +156,8 @@ ROWS = [
     ("compare-plot-without-matplotlib", missing_extra("matplotlib", compare_plot, "plots"), None),
     ("pack-tfrecord-without-crc32c", missing_extra("crc32c", lambda tmp: pack(tmp, b"\x10\0\0\0"), "data"), None),
     ("pack-hdf5-without-h5py", missing_extra("h5py", lambda tmp: pack(tmp, b"\x89HDF\r\n\x1a\n"), "data"), None),
-    ("tensorboard-missing", missing_extra("tensorboard", tensorboard, "tensorboard", ["torch.utils.tensorboard"]), None),
+    ("tensorboard-missing", missing_extra("tensorboard", tensorboard, "tensorboard", ["torch.utils.tensorboard"]),
+     None),
     ("cpu-allocator-out-of-memory", raising(lambda: RuntimeError(
         "[enforce fail at alloc_cpu.cpp:83] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate "
         "68719476736 bytes. Error code 12 (Cannot allocate memory)")), "exit 2: error: out of memory"),

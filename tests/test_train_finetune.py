@@ -83,7 +83,8 @@ def test_the_evaluation_is_per_example_the_same_packed_or_one_per_row(demo_task,
     model = plan.model
     packed = collect(model, open_dataset(os.path.join(demo_task, "validation", "packed")), 16)
     padded = collect(model, open_dataset(os.path.join(demo_task, "validation", "padded")), 16)
-    assert packed["example_ids"].tolist() == padded["example_ids"].tolist() == list(range(fx.num_examples(demo_task, "validation")))
+    examples = list(range(fx.num_examples(demo_task, "validation")))
+    assert packed["example_ids"].tolist() == padded["example_ids"].tolist() == examples
     np.testing.assert_allclose(packed["logits"], padded["logits"], atol=1e-5)
     assert (packed["labels"] == padded["labels"]).all()
     a = task_metrics("single_label_classification", packed["logits"], packed["labels"], 4)

@@ -49,7 +49,8 @@ The package's modules, by concern (each name is re-exported here, where PopTorch
 - ``_ops``: blocks and the ops a model calls (``BeginBlock``, ``identity_loss``, ``serializedMatMul``, ...);
 - ``_tracing``: the supported operations and the dispatch modes compile traces with;
 - ``_optim``: ``optim`` and its optimizers;
-- ``_executor``: ``trainingModel``, ``inferenceModel`` and ``PoplarExecutor`` (compile, run, the device's optimizer state);
+- ``_executor``: ``trainingModel``, ``inferenceModel`` and ``PoplarExecutor`` (compile, run, the device's optimizer
+  state);
 - ``_dataloader``: ``DataLoader``, ``AsynchronousDataAccessor`` and the worker process.
 """
 
