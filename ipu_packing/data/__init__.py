@@ -61,7 +61,7 @@ share packs into shards and manifests.
   framing and tf.train.Example without TensorFlow), pack (the command: PackConfig, pack).
 - task/ (`prepare --task`): rows (split files -> rows), labels (columns and labels as run_glue.py decides them),
   encode (the worker's tokenization), demo (the embedded demo task), preparation (the command's task half);
-  questions, windows, qa_demo and qa_preparation (question answering, as run_qa.py does it).
+  questions, windows, qa_demo, qa_preparation and answers (question answering, as run_qa.py does it).
 - write/ (both): datasets (PackingOptions, one plan, scatter and gather, manifests), packs (the vectorised
   pack writer and its two streaming passes), workers (the worker processes), output (the output
   directory, written atomically).

@@ -8,6 +8,7 @@ by preparation. The packs are the one pack format's classification field set (da
 question_answering, in the convention of transformers' run_qa.py: questions (SQuAD v1.1 JSON or run_qa.py's
 columns, checked; the examples file beside the packs, its one writer and reader), windows (question + context
 windows with stride, answer positions and token offsets, in the workers), the embedded demo task (qa_demo: cloze
-questions on the default corpus), orchestrated by qa_preparation with the same write phase. The packs are the
-question-answering field set.
+questions on the default corpus), orchestrated by qa_preparation with the same write phase; answers (after the
+model: each question's best span from the token logits, and the official SQuAD v1.1 exact match and F1). The packs
+are the question-answering field set.
 """
