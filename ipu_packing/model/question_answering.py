@@ -162,9 +162,11 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
         sequence_ids: torch.Tensor,
         start_positions: Optional[torch.Tensor] = None,
         end_positions: Optional[torch.Tensor] = None,
+        *,
         num_slots: Optional[int] = None,
     ) -> PackedBertQuestionAnsweringOutput:
-        """``num_slots`` (K) is needed only without labels (serving); with labels it is their width."""
+        """``num_slots`` (K) is needed only without labels (serving); with labels it is their width. It is a
+        keyword-only setting, not a batch field (the runners feed forward's other arguments from the batch)."""
         if start_positions is not None:
             if num_slots is not None and num_slots != start_positions.shape[1]:
                 raise ValueError("num_slots %d differs from the labels' K %d" % (num_slots, start_positions.shape[1]))

@@ -2,6 +2,7 @@
 
     result = evaluate(model, data, task, batch_packs=64)
     # {"split": "validation", "examples": N, "loss": ..., "metrics": {"accuracy": ..., "f1": ...}}
+    # question answering: "examples" counts questions, "metrics": {"exact_match": ..., "f1": ...} (percent)
 
 Every pack of the split runs once, in stored order, in ``eval`` mode without gradients, on the model's device
 (a half-precision model is evaluated as a float32 copy on the CPU, where torch has no half kernels). Each used
@@ -10,12 +11,17 @@ example of the split is scored exactly once, whichever pack holds it; the metric
 (train/task_metrics.py), as transformers' ``run_glue.py`` computes them on the unpacked split. Evaluation draws
 no random number (no dropout, no shuffling), so a run resumed from a checkpoint evaluates and trains bitwise as
 an uninterrupted one.
+
+Question answering: every window (feature) is scored once the same way, and data/task/answers.py turns the token
+logits into each question's best span over its windows (run_qa.py's rule, each window's candidates among its own
+context tokens only) and scores the span's text with the official SQuAD v1.1 exact match and F1 against the
+question's gold answers from the split's examples file (data/task/questions.py, the one reader).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import torch
@@ -23,43 +29,72 @@ import torch
 from .task_metrics import task_metrics
 
 
-def collect(model: torch.nn.Module, dataset: Any, batch_packs: int) -> Dict[str, np.ndarray]:
-    """Run every pack of ``dataset`` through ``model``; returns {"example_ids": (N,), "logits": (N, L),
-    "labels": (N,) or (N, L), "loss_sum": (), "count": ()} over the used slots, in example order."""
+def scored_batches(model: torch.nn.Module, dataset: Any, batch_packs: int) -> Iterator[Tuple[Dict[str, torch.Tensor],
+                                                                                       Any]]:
+    """(batch (B, ...) on the CPU, the model's output) for every ``batch_packs`` packs of ``dataset`` in stored order:
+    in eval mode, without gradients, on the model's device (a half-precision model on the CPU: a float32 copy); the
+    model's mode is restored afterwards. The one loop both tasks' evaluations run."""
     device = next(model.parameters()).device
     if device.type == "cpu" and next(model.parameters()).dtype in (torch.float16, torch.bfloat16):
         model = copy.deepcopy(model).float()
     inputs = _forward_inputs(model)
     was_training = model.training
     model.eval()
-    ids: List[np.ndarray] = []
-    logits: List[np.ndarray] = []
-    labels: List[np.ndarray] = []
-    loss_sum, count = 0.0, 0.0
     try:
         with torch.no_grad():
             for start in range(0, len(dataset), batch_packs):
                 rows = [dataset[i] for i in range(start, min(len(dataset), start + batch_packs))]
                 batch = {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}  # (B, ...)
-                out = model(**{k: batch[k].to(device) for k in inputs if k in batch})
-                used = batch["example_ids"] >= 0  # (B, K)
-                ids.append(batch["example_ids"][used].numpy())
-                logits.append(out.logits.float().cpu()[used].numpy())
-                labels.append(batch["labels"][used].numpy())
-                if out.loss is not None:
-                    loss_sum += float(out.loss) * float(out.count)
-                    count += float(out.count)
+                yield batch, model(**{k: batch[k].to(device) for k in inputs if k in batch})
     finally:
         model.train(was_training)
+
+
+def collect(model: torch.nn.Module, dataset: Any, batch_packs: int) -> Dict[str, np.ndarray]:
+    """Run every pack of ``dataset`` through ``model``; returns {"example_ids": (N,), "logits": (N, L),
+    "labels": (N,) or (N, L), "loss_sum": (), "count": ()} over the used slots, in example order."""
+    ids: List[np.ndarray] = []
+    logits: List[np.ndarray] = []
+    labels: List[np.ndarray] = []
+    loss_sum, count = 0.0, 0.0
+    for batch, out in scored_batches(model, dataset, batch_packs):
+        used = batch["example_ids"] >= 0  # (B, K)
+        ids.append(batch["example_ids"][used].numpy())
+        logits.append(out.logits.float().cpu()[used].numpy())
+        labels.append(batch["labels"][used].numpy())
+        if out.loss is not None:
+            loss_sum += float(out.loss) * float(out.count)
+            count += float(out.count)
     example_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     order = np.argsort(example_ids, kind="stable")
     return {"example_ids": example_ids[order], "logits": np.concatenate(logits)[order] if logits else np.zeros((0, 1)),
             "labels": np.concatenate(labels)[order] if labels else np.zeros(0), "loss_sum": loss_sum, "count": count}
 
 
+QUESTION_FIELDS = ("sequence_ids", "cls_positions", "example_ids", "feature_ids", "offsets")
+"""The pack fields question-answering post-processing reads besides the logits (data/task/answers.py)."""
+
+
+def collect_answers(model: torch.nn.Module, dataset: Any, batch_packs: int, search: Any) -> Tuple[float, float]:
+    """Run every pack of a question-answering ``dataset`` through ``model``, each window's candidate spans into
+    ``search`` (data/task/answers.py AnswerSearch) from the token logits (B, S); returns (loss summed over the
+    start and end labels, their count)."""
+    loss_sum, count = 0.0, 0.0
+    for batch, out in scored_batches(model, dataset, batch_packs):
+        search.add(out.token_start_logits.float().cpu().numpy(), out.token_end_logits.float().cpu().numpy(),
+                   {k: batch[k].numpy() for k in QUESTION_FIELDS})
+        if out.loss is not None:
+            loss_sum += float(out.start_loss) * float(out.start_count) + float(out.end_loss) * float(out.end_count)
+            count += float(out.start_count) + float(out.end_count)
+    return loss_sum, count
+
+
 def evaluate(model: torch.nn.Module, data: Any, task: Any, batch_packs: int, split: str) -> Dict[str, Any]:
     """The evaluation of ``model`` on ``data`` (a TrainingData of the task's ``split``): per-example metrics of
-    ``task``'s problem type, the mean loss per labelled sequence, how many examples were scored."""
+    ``task``'s problem type (question answering: SQuAD v1.1 exact match and F1 per question), the mean loss per
+    labelled sequence (per start and end label), how many examples were scored."""
+    if task.name == "question_answering":
+        return evaluate_questions(model, data, batch_packs, split)
     got = collect(model, data.dataset, batch_packs)
     num_labels = int(task.model_settings["num_labels"])
     duplicated = len(got["example_ids"]) - len(np.unique(got["example_ids"]))
@@ -70,10 +105,27 @@ def evaluate(model: torch.nn.Module, data: Any, task: Any, batch_packs: int, spl
             "loss": got["loss_sum"] / got["count"] if got["count"] else None, "metrics": metrics}
 
 
+def evaluate_questions(model: torch.nn.Module, data: Any, batch_packs: int, split: str) -> Dict[str, Any]:
+    """Question answering: every window of the split scored once, each question's best span over its windows as
+    run_qa.py chooses it, its text cut from the context (the split's examples file), exact match and F1 as the
+    official SQuAD v1.1 script computes them, in percent."""
+    from ..data.task.answers import AnswerSearch, squad_metrics
+    from ..data.task.questions import read_examples
+
+    examples = read_examples(data.path, data.manifest)
+    search = AnswerSearch()
+    loss_sum, count = collect_answers(model, data.dataset, batch_packs, search)
+    predictions = search.predictions([e.context for e in examples])
+    metrics = squad_metrics({e.id: predictions[i].text for i, e in enumerate(examples)},
+                            {e.id: e.answer_texts for e in examples if e.answer_texts})
+    return {"split": split, "examples": len(examples), "loss": loss_sum / count if count else None,
+            "metrics": metrics}
+
+
 def _forward_inputs(model: torch.nn.Module):
     import inspect
 
     return tuple(inspect.signature(model.forward).parameters)
 
 
-__all__ = ["collect", "evaluate"]
+__all__ = ["collect", "collect_answers", "evaluate", "evaluate_questions", "scored_batches"]
