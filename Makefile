@@ -11,7 +11,7 @@ DEMO_DATA  := $(OUT)/data/demo_128
 DEMO_512   := $(OUT)/data/demo_512
 BENCH_ARGS ?=
 
-.PHONY: venv test test-fast lint pretrain bench compare gpu-check clean
+.PHONY: venv test test-fast lint pretrain finetune bench compare gpu-check clean
 
 venv: $(STAMP)
 
@@ -21,10 +21,17 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	touch $(STAMP)
 
+# `make test`: every test, on both cores. First the tests not marked serial on 2 pytest-xdist workers, then those
+# marked serial in one process: each of them starts several processes itself (gloo/torchrun pairs, PopRun stand-in
+# instances, forkserver probes, worker pools), which would fight the other worker for the two cores (pytest.ini).
+# Both passes run; the target fails when either did, with that pass's status.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@$(PY) -m pytest -q -n 2 -m "not serial"; parallel=$$?; \
+	$(PY) -m pytest -q -m serial; serial=$$?; \
+	if [ $$parallel -ne 0 ]; then exit $$parallel; fi; exit $$serial
 
-# `make test-fast`: a developer's loop, the tests not marked slow (tests/conftest.py says which), on 2 workers.
+# `make test-fast`: a developer's loop, the tests not marked slow (@pytest.mark.slow, from measured durations),
+# on 2 workers.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n 2
 
@@ -63,6 +70,28 @@ compare: $(STAMP) $(DEMO_512)/packed/manifest.json
 	$(PY) run_pretraining.py --config demo_512_padded logging.progress_bar=false
 	$(PY) -m ipu_packing.compare $(OUT)/runs/$(COMPARE_NAME) $(OUT)/runs/demo_512_padded --plot $(OUT)/compare/$(COMPARE_NAME).png
 	$(PY) -m ipu_packing.bench --config demo_512 $(BENCH_ATTENTION) --steps 10 --plot $(OUT)/compare/bench_$(COMPARE_NAME).png
+
+# `make finetune`: the pretraining demo's export (output/runs/demo/final, trained first when absent), fine-tuned on
+# the embedded demo classification task (docs/data.md: standard-library sentences labelled by their family of
+# modules), packed, evaluated per example on its validation split; then `predict` on the held-out test inputs,
+# and the packed and padded fine-tuning speeds of the same examples through the same runner, interleaved.
+FT_DATA    := $(OUT)/data/finetune_demo
+FT_TEXT    := $(OUT)/data/finetune_demo_text
+DEMO_FINAL := $(OUT)/runs/demo/final
+
+$(DEMO_FINAL)/config.json: | $(STAMP) $(DEMO_DATA)/packed/manifest.json
+	$(PY) run_pretraining.py --config demo logging.progress_bar=false
+
+$(FT_DATA)/train/packed/manifest.json: | $(DEMO_FINAL)/config.json
+	$(PY) -m ipu_packing.data prepare --task classification --input default --tokenizer $(DEMO_FINAL) --output $(FT_DATA) --max-seq-length 128 --max-sequences-per-pack 8
+
+$(FT_TEXT)/test.tsv: | $(STAMP)
+	$(PY) -c "from ipu_packing.data.task.demo import write_demo_task; write_demo_task('$(FT_TEXT)')"
+
+finetune: $(STAMP) $(FT_DATA)/train/packed/manifest.json $(FT_TEXT)/test.tsv
+	$(PY) run_finetuning.py --config finetune_demo logging.progress_bar=false
+	$(PY) -m ipu_packing.predict --model $(OUT)/runs/finetune_demo/final --input $(FT_TEXT)/test.tsv --output $(OUT)/predictions/finetune_demo_test.jsonl
+	$(PY) -m ipu_packing.bench --config finetune_demo --steps 20
 
 bench: $(STAMP)
 	$(PY) -m ipu_packing.bench $(BENCH_ARGS)

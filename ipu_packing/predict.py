@@ -5,7 +5,7 @@
 
     from ipu_packing.predict import Predictor
     predictor = Predictor.from_pretrained("output/runs/finetune_demo/final")
-    predictor.predict(["a text", ("a first text", "its pair"), ...])
+    predictor.predict(["a text", "another text", ...])          # or pairs: [("a text", "its pair"), ...]
     # [{"index": 0, "label": "mail", "score": 0.93, "scores": {"concurrency": 0.01, ...}}, ...]
 
 ``DIR`` is any transformers BERT classifier directory (BertForSequenceClassification: this project's fine-tuning
@@ -50,13 +50,18 @@ class Predictor:
     max_sequences_per_pack: int = 32
     """K: sequences per pack (the planner packs fewer where lengths do not allow more)."""
     batch_packs: int = 64
-    """Packs per forward pass."""
+    """Packs per forward pass (PopTorch: the compiled batch, micro batch x device iterations x replicas)."""
+    execution: Any = None
+    """An ExecutionConfig: where the model runs (None: torch on ``device``); with backend poptorch, on IPUs through
+    poptorch.inferenceModel with its parts placed as training places them (execution/inference.py)."""
 
     @classmethod
     def from_pretrained(cls, directory: str, max_seq_length: int = 128, max_sequences_per_pack: int = 32,
-                        batch_packs: int = 64, device: str = "cpu", attention: Optional[str] = None) -> "Predictor":
-        """The classifier of ``directory`` (its weights and its tokenizer) on ``device``; attention: the fastest
-        exact one for S on this device (train/model_section.py resolve_attention), unless given."""
+                        batch_packs: int = 64, device: str = "cpu", attention: Optional[str] = None,
+                        execution: Any = None) -> "Predictor":
+        """The classifier of ``directory`` (its weights and its tokenizer) on ``device``, or as ``execution`` (an
+        ExecutionConfig) says; attention: the fastest exact one for S there (train/model_section.py
+        resolve_attention), unless given."""
         import warnings
 
         import torch
@@ -70,8 +75,10 @@ class Predictor:
         if not 1 <= max_sequences_per_pack <= 255:
             raise UserError("--max-sequences-per-pack must be in [1, 255], got %d" % (max_sequences_per_pack,))
         tokenizer = load_tokenizer(directory)
+        if execution is not None:
+            device = execution.device if execution.backend == "torch" else "cpu"
         if attention is None:
-            attention = _fastest_attention(device, max_seq_length)
+            attention = _fastest_attention(device, max_seq_length, execution)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # a classifier directory holds every weight it needs
             try:
@@ -85,7 +92,7 @@ class Predictor:
         if device == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: torch sees no CUDA device")
         model.to(torch.device(device)).eval()
-        return cls(model, tokenizer, max_seq_length, max_sequences_per_pack, batch_packs)
+        return cls(model, tokenizer, max_seq_length, max_sequences_per_pack, batch_packs, execution)
 
     @property
     def labels(self) -> List[str]:
@@ -150,9 +157,12 @@ class Predictor:
 
     def logits(self, texts: Sequence[Text]) -> np.ndarray:
         """(N, L) logits of each input, in input order (float64 of the model's float32)."""
+        from .execution.inference import make_inference
         from .train.evaluate import collect
 
-        got = collect(self.model, self.packs(texts), self.batch_packs)
+        if self.execution is not None and getattr(self, "_infer", None) is None:
+            self._infer = make_inference(self.model, self.execution)  # compiled once (PopTorch), then reused
+        got = collect(getattr(self, "_infer", None) or self.model, self.packs(texts), self.batch_packs)
         if got["example_ids"].tolist() != list(range(len(texts))):  # every input exactly once: the format's rule
             raise AssertionError("the packs did not hold every input once")
         return got["logits"].astype(np.float64)
@@ -189,11 +199,11 @@ class Packs:
         return {name: torch.from_numpy(np.ascontiguousarray(array[i])) for name, array in self.arrays.items()}
 
 
-def _fastest_attention(device: str, max_seq_length: int) -> str:
+def _fastest_attention(device: str, max_seq_length: int, execution: Any = None) -> str:
     from .execution import ExecutionConfig
     from .train.model_section import resolve_attention
 
-    return resolve_attention({}, ExecutionConfig(device=device), max_seq_length)
+    return resolve_attention({}, execution or ExecutionConfig(device=device), max_seq_length)
 
 
 def read_inputs(path: str, sentence1_key: Optional[str], sentence2_key: Optional[str],
@@ -220,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sentence2-key", default=None)
     p.add_argument("--label-key", default="label", help="a column to leave out of the texts (default: label)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--config", default=None, help="run on the execution of this training config (configs/NAME.yaml "
+                   "or a path): e.g. a fine-tuning config with execution.backend poptorch serves on IPUs")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="with --config: its overrides")
     return p
 
 
@@ -229,8 +242,15 @@ def command(argv: Optional[List[str]]) -> int:
     args = build_parser().parse_args(argv)
     if os.path.isdir(args.output):
         raise UserError("--output %s is a directory" % (args.output,))
+    execution = None
+    if args.config:
+        from .train import load_config
+
+        execution = load_config(args.config, args.overrides).execution
+    elif args.overrides:
+        raise UserError("overrides (%s) need --config" % (args.overrides[0],))
     predictor = Predictor.from_pretrained(args.model, args.max_seq_length, args.max_sequences_per_pack,
-                                          args.batch_packs, args.device)
+                                          args.batch_packs, args.device, execution=execution)
     inputs = read_inputs(args.input, args.sentence1_key, args.sentence2_key, args.label_key)
     records = predictor.predict(inputs)
     atomic_write_text(args.output, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))

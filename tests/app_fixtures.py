@@ -20,6 +20,8 @@ from ipu_packing.data.random_instances import draw_instances
 from ipu_packing.data.write.packs import PackLayout, write_dataset_in_memory
 from ipu_packing.packing import assign_sequences, histogram_from_lengths, plan_packing
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def _instances(rng: np.random.Generator, n: int, S: int, V: int, cap: int) -> Instances:
     """`n` random instances of 8..S tokens (70% uniform in [8, S], the rest in [8, S // 3)) by the data
@@ -97,6 +99,16 @@ TINY = [
     "logging.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=0.01",
 ]
 """Overrides of the demo config for a 2-layer, 32-wide BERT on write_prepared's S=32, V=64 data."""
+
+
+TINY_RUN = ["training.steps=4", "checkpoint.every_steps=2"]
+"""The session's trained run (conftest.py tiny_run): 4 steps, a checkpoint every 2, the export at the end."""
+
+
+def tiny_run_args(data_dir, run_dir, *extra):
+    """run_pretraining.py's arguments of the session's trained run (conftest.py tiny_run), and ``extra``."""
+    return ["--config", "demo"] + TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir] + TINY_RUN \
+        + list(extra)
 
 
 def tiny(data_dir, run_dir, *extra):
@@ -183,3 +195,96 @@ def holding(run_dir):
 def losses_of(run_dir, *names):
     """(step, *names) of every record of the run."""
     return [tuple([r["step"]] + [r[n] for n in names]) for r in metrics(run_dir)]
+
+
+def snapshot(root):
+    """{relative path: sha256} of every file under ``root``, and every directory (None): what a test that must
+    write nothing compares before and after."""
+    import hashlib
+
+    out = {}
+    for base, dirs, files in os.walk(root):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(base, name), root) + "/"] = None
+        for name in files:
+            path = os.path.join(base, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+# ---- commands in this process ------------------------------------------------------------------------------
+
+def captured(main, argv):
+    """(what ``main(argv)`` returned, its stdout, its stderr): a command's main() run in this process."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def call(main, argv):
+    """(exit status, stdout, stderr) of a command's main(), in this process."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code or 0, out.getvalue(), err.getvalue()
+
+
+def both_dry_runs(config, *overrides):
+    """The dry-run report of both commands, ``python -m ipu_packing.execution dry-run --config X`` and
+    ``run_pretraining.py --config X --dry-run``: two (exit status, stdout, stderr)."""
+    from ipu_packing.train.cli import execution_main
+    from ipu_packing.train.cli import main as train_main
+
+    execution = call(execution_main, ["dry-run", "--config", config] + list(overrides))
+    train = call(train_main, ["--config", config, "--dry-run"] + list(overrides))
+    return execution, train
+
+
+def console_scripts():
+    """{name: "module:function"} from [project.scripts] (read as text: tomllib is Python >= 3.11)."""
+    import re
+
+    with open(os.path.join(REPO, "pyproject.toml")) as f:
+        text = f.read()
+    block = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    return dict(re.findall(r'^([\w-]+) = "([\w.:]+)"', block, flags=re.M))
+
+
+# ---- run directories as compare reads them -----------------------------------------------------------------
+
+def write_run(root, name, sequences, seconds, mlm_loss, batch=40):
+    """A made-up run directory ROOT/NAME: metrics.jsonl with a step per (sequences, seconds, mlm_loss) and a
+    config.json of global batch ``batch``."""
+    import json
+
+    path = os.path.join(str(root), name)
+    os.makedirs(path)
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        for i, (s, t, loss) in enumerate(zip(sequences, seconds, mlm_loss)):
+            f.write(json.dumps({"step": i + 1, "sequences": s, "tokens": 10 * s, "seconds": t, "mlm_loss": loss,
+                                "mlm_accuracy": 0.1 * (i + 1), "nsp_accuracy": 0.5, "loss": loss + 0.7}) + "\n")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"training": {"global_batch_sequences": batch, "batch_accounting": "accumulation"}}, f)
+    return path
+
+
+# ---- machine-readable output, read as a standard JSON reader reads it --------------------------------------------
+
+def strict_json(text):
+    """json.loads that refuses NaN, Infinity and -Infinity (as a standard JSON reader does: jq, JavaScript)."""
+    import json
+
+    def refuse(name):
+        raise AssertionError("non-standard JSON constant %s in %s" % (name, text[:200]))
+    return json.loads(text, parse_constant=refuse)

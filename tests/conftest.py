@@ -21,6 +21,72 @@ def default_data_512(tmp_path_factory):
     return prepare_default(str(tmp_path_factory.mktemp("default") / "s512"), 512)
 
 
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """The tiny prepared dataset, app_fixtures.write_prepared's defaults (S=32, K=3, V=64, 96 sequences, seed 0): its
+    root, holding packed/ and padded/. Shared by every test of the session (of the xdist worker): never written
+    to; a test that changes it copies it to its tmp_path first (checked when the session ends)."""
+    import app_fixtures as fx
+
+    root = fx.write_prepared(str(tmp_path_factory.mktemp("tiny_data")))
+    before = fx.snapshot(root)
+    yield root
+    assert fx.snapshot(root) == before, "a test wrote into the session's tiny_data: copy it first"
+
+
+@pytest.fixture(scope="session")
+def data_dir(tiny_data):
+    """tiny_data, by the name the training tests give the dataset they train on (data.dir=...)."""
+    return tiny_data
+
+
+@pytest.fixture(scope="session")
+def poprun_data(tmp_path_factory):
+    """A larger tiny dataset for the PopRun tests (240 sequences, else write_prepared's defaults): an epoch of
+    several steps of every instance's share. Never written to."""
+    import app_fixtures as fx
+
+    root = fx.write_prepared(str(tmp_path_factory.mktemp("poprun_data")), num_sequences=240)
+    before = fx.snapshot(root)
+    yield root
+    assert fx.snapshot(root) == before, "a test wrote into the session's poprun_data: copy it first"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_data, tmp_path_factory):
+    """One finished tiny training run on tiny_data, trained once per session: the demo config with
+    app_fixtures.TINY, training.steps=4 and checkpoint.every_steps=2 (app_fixtures.TINY_RUN), on one torch thread.
+    It holds checkpoints/step_0000002.pt and step_0000004.pt, metrics.jsonl, config.json, summary.json and the
+    export final/. Never written to: a test that changes it (resumes it, removes a file) copies it to its
+    tmp_path first (checked when the session ends)."""
+    import torch
+
+    import app_fixtures as fx
+    from ipu_packing.train.cli import main
+
+    run = str(tmp_path_factory.mktemp("tiny_run") / "run")
+    threads = torch.get_num_threads()
+    try:
+        code, out, err = fx.captured(main, fx.tiny_run_args(tiny_data, run))
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, err
+    before = fx.snapshot(run)
+    yield run
+    assert fx.snapshot(run) == before, "a test wrote into the session's tiny_run: copy it first"
+
+
+@pytest.fixture
+def pack_inputs(tmp_path):
+    """`pack`'s inputs in tmp_path (tests/existing_datasets.py): {"vocab": vocab.txt, "hdf5": an NVIDIA HDF5 file of
+    40 instances, "root": tmp_path}."""
+    from existing_datasets import make_instances, write_hdf5, write_vocab
+
+    vocab = write_vocab(str(tmp_path / "vocab.txt"))
+    hdf5 = write_hdf5(str(tmp_path / "data.hdf5"), make_instances(40, seed=3))
+    return {"vocab": vocab, "hdf5": hdf5, "root": tmp_path}
+
+
 @pytest.fixture
 def one_thread():
     """torch on one thread for the test (the killed subprocesses of the loop tests run with OMP_NUM_THREADS=1:
@@ -63,41 +129,14 @@ def horovod(popdist, monkeypatch, tmp_path):
     return pds.install_horovod(monkeypatch, str(tmp_path / "network"))
 
 
-# The `slow` marker (pytest.ini): what `make test-fast` leaves out for a developer's loop. Whole modules whose
-# tests start processes, train or prepare real data, and single tests that take seconds (measured with
-# `pytest --durations=0` on the 2-core machine); tests may also carry @pytest.mark.slow themselves.
-SLOW_MODULES = {
-    "test_bench.py", "test_bench_config.py", "test_data_faults.py", "test_data_hashes.py", "test_data_scale.py",
-    "test_dry_run_cli.py", "test_entry_points.py", "test_error_path_warnings.py", "test_errors_table.py",
-    "test_execution_distributed.py", "test_execution_static_shapes.py", "test_golden_losses.py",
-    "test_ipu_configs_run.py", "test_packing_reference.py", "test_popdist.py", "test_popdist_agree.py",
-    "test_poptorch_dataloader.py", "test_train_pipeline_resume.py", "test_train_poptorch.py",
-    "test_train_runlock.py", "test_train_loop.py", "test_train_reliability.py", "test_app_cli.py",
-    "test_compat.py", "test_data_cli.py", "test_data.py", "test_data_existing.py", "test_execution_poptorch.py",
-    "test_execution_ipu_options.py", "test_packing_stopping.py", "test_packing_cli.py", "test_console_scripts.py",
-    "test_train_stopping.py", "test_train_midrun_faults.py",
-}
-SLOW_TESTS = (
-    "test_model_fused_qkv.py::test_a_two_stage_torch_pipeline_of_the_fused_model_matches_one_process",
-    "test_model_half.py::test_half_mlm_loss_against_the_fp32_copy_on_a_bert_sized_vocabulary",
-    "test_model_varlen.py::test_varlen_under_torch_compile_aot_eager",
-    "test_model.py::test_torch_compile_fullgraph_matches_eager",
-    "test_model_fused_qkv.py::test_the_fused_model_compiles_fullgraph_and_matches_eager",
-    "test_configs.py::test_demo_512_packed_steps_hold_as_many_sequences_as_the_padded_ones",
-    "test_packing_hashes.py::test_plan_hash_is_pinned[wikipedia",
-    "test_packing_hashes.py::test_without_highspy",
-    "test_packing_hashes.py::test_planning_imports_no_solver",
-    "test_model_varlen.py::test_bench_varlen",
-    "test_model.py::test_attention_paths_agree",
-    "test_hostile_umask.py::test_a_training_run_is_shareable",
-    "test_hostile_outputs.py::test_two_concurrent_prepares_into_one_directory_one_fails_at_once",
-    "test_packing_plan.py::test_every_algorithm_places_every_sequence_within_limits",
-)
-
-
 def pytest_collection_modifyitems(config, items):
+    """The modules that hold a test marked slow run first, each module's tests together and in their order (its
+    module fixtures are built once): xdist's two workers take the long tests early and finish together, neither
+    left alone at the end with a long last test (docs/walkthrough.md's run is the last module by name)."""
+    modules = {}
     for item in items:
-        name = os.path.basename(str(item.fspath))
-        node = name + "::" + item.name
-        if name in SLOW_MODULES or node.startswith(SLOW_TESTS):
-            item.add_marker(pytest.mark.slow)
+        module = modules.setdefault(item.nodeid.split("::")[0], [len(modules), False])
+        module[1] = module[1] or item.get_closest_marker("slow") is not None
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (not modules[item.nodeid.split("::")[0]][1],
+                                 modules[item.nodeid.split("::")[0]][0], order[item.nodeid]))

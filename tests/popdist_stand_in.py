@@ -16,6 +16,18 @@ import os
 import sys
 
 STAND_IN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_popdist")
+REPLICAS = 4
+"""The replicas of the PopRun tests' runs: divisible by every instance count they test (2 and 4)."""
+POPRUN_TINY = [
+    "model.vocab_size=64", "model.hidden_size=16", "model.intermediate_size=32", "model.num_hidden_layers=2",
+    "model.num_attention_heads=2", "data.max_seq_length=32", "execution.backend=poptorch",
+    "execution.layers_per_ipu=[1,1]", "execution.use_ipu_model=true", "execution.micro_batch_size=1",
+    "execution.replication_factor=%d" % REPLICAS, "training.global_batch_sequences=40", "logging.progress_bar=false",
+    "logging.tensorboard=false", "checkpoint.export=false", "data.num_workers=0",
+]
+"""Overrides of the demo config for a tiny packed BERT on the shipped pipeline shape (embeddings and heads on IPU 0,
+a layer on each IPU), REPLICAS replicas on the PopTorch stand-in: the PopRun tests' (tests/test_popdist.py,
+test_popdist_agree.py)."""
 
 
 def install(monkeypatch):

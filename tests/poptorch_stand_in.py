@@ -26,9 +26,21 @@ S, K, M, V = 32, 3, 6, 64
 
 
 def load_stand_in():
-    spec = importlib.util.spec_from_file_location("poptorch", os.path.join(STAND_IN_DIR, "poptorch", "__init__.py"))
+    """A fresh copy of the stand-in package (its modules loaded again from their files); sys.modules is left as
+    it was (the package's modules are in it only while they load)."""
+    package_dir = os.path.join(STAND_IN_DIR, "poptorch")
+    ours = [n for n in sys.modules if n == "poptorch" or n.startswith("poptorch.")]
+    saved = {n: sys.modules.pop(n) for n in ours}
+    spec = importlib.util.spec_from_file_location("poptorch", os.path.join(package_dir, "__init__.py"),
+                                                  submodule_search_locations=[package_dir])
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules["poptorch"] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        for name in [n for n in sys.modules if n == "poptorch" or n.startswith("poptorch.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
     return module
 
 

@@ -54,3 +54,27 @@ def make_inputs(directory):
     vocab = write_vocab(os.path.join(directory, "vocab.txt"))
     corpus = write_bert_corpus(os.path.join(directory, "corpus.txt"))
     return corpus, vocab
+
+
+# ---- a corpus of the user's own, cased (tests/test_data_own_vocab.py, test_export_tokenizer.py) -------------
+
+CASED_NAMES = ["Python", "Bug", "Fixed", "Zorbleflax", "Guido", "Release", "Parser", "Compiler", "London", "Paris"]
+CASED_WORDS = "the a of to and in is was for on that with as by it at from new two has had not but".split()
+
+
+def write_cased_corpus(path, documents=80, seed=0):
+    """BERT format, with capitalised names and one made-up word (Zorbleflax) that no other vocabulary holds."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(documents):
+            for _ in range(rng.randint(2, 9)):
+                words = [rng.choice(CASED_NAMES if rng.random() < 0.4 else CASED_WORDS)
+                         for _ in range(rng.randint(4, 14))]
+                f.write(" ".join(words) + ".\n")
+            f.write("Fixed a Bug in Python.\n\n")
+    return path
+
+
+def prepare_args(corpus, output, *extra):
+    return ["prepare", "--input", corpus, "--output", output, "--max-seq-length", "32", "--max-sequences-per-pack",
+            "3", "--dupe-factor", "2", "--workers", "1", "--quiet"] + list(extra)

@@ -5,7 +5,7 @@ Packs of random sequences with random lengths, laid out by the pack format's ref
 fields of data/format.py; the MLM fields are there too and unused by the heads): some packs full, some ending
 in padding, some with every slot but one empty. Every sequence is also kept on its own, so transformers'
 model of the same task can run it alone (a batch of one, unpadded). The twins hold identical weights far
-from the default initialisation (test_model_equivalence.randomize_), in eval mode (no dropout).
+from the default initialisation (model_fixtures.randomize_), in eval mode (no dropout).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from ipu_packing.model.self_attention import hf_layout
-from test_model_equivalence import make_config, randomize_
-from test_model_packs import build_packs, random_packs, to_torch
+from model_fixtures import build_packs, make_config, random_packs, randomize_, to_torch
 
 SEQ_LEN = 32
 MAX_SEQUENCES = 6

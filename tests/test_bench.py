@@ -1,23 +1,15 @@
 """The packed-vs-padded bench: same sequences in both layouts, the plan's mix in the timed sample,
 the JSON keys and the plot. Speed itself is reported by the command, never asserted."""
 
-import contextlib
-import io
 import json
 
 import numpy as np
 import pytest
 
+import app_fixtures as fx
 from ipu_packing.bench import cli as bench_cli
 from ipu_packing.bench import throughput as bench
-
-
-def synthetic_histogram(S=64):
-    hist = np.zeros(S)
-    hist[5:20] = 30  # short sequences
-    hist[S - 1] = 200  # many full-length ones
-    hist[30:40] = 20
-    return hist
+from packing_fixtures import synthetic_histogram
 
 
 def test_select_packs_keeps_the_plan_mix():
@@ -71,10 +63,7 @@ def test_timed_layouts_size_M_as_the_data_pipeline():
 
 
 def run_main(args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = bench_cli.main(args)
-    return code, out.getvalue(), err.getvalue()
+    return fx.captured(bench_cli.main, args)
 
 
 def test_json_output_and_plot(tmp_path):

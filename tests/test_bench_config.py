@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-import app_fixtures as fx
 import poptorch_stand_in as si
 from ipu_packing.bench import cli as bench_cli
 from ipu_packing.bench import throughput as bench
@@ -25,16 +24,13 @@ from ipu_packing.train.data import read_training_data
 from torch_features import PIPELINING_MISSING
 from spawned import leave_after
 
-TINY = [
+BENCH_TINY = [
     "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
     "model.num_attention_heads=2", "data.max_seq_length=32", "execution.micro_batch_size=2",
     "training.global_batch_sequences=8",
 ]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
+"""The tiny model (app_fixtures.TINY's sizes, without its dropout and logging overrides) at micro batch 2 and 8
+sequences a step: a bench of a few steps."""
 
 
 def run_main(args):
@@ -80,7 +76,7 @@ def test_torch_runner_json(data_dir, tmp_path, monkeypatch):
         return original(self, batch)
 
     monkeypatch.setattr(TorchRunner, "train_step", counting)
-    overrides = TINY + ["data.dir=%s" % data_dir]
+    overrides = BENCH_TINY + ["data.dir=%s" % data_dir]
     plot = tmp_path / "bench.png"
     code, out, err = run_main(["--config", "demo", "--steps", "3", "--json", "--plot", str(plot)] + overrides)
     assert code == 0, err
@@ -116,7 +112,7 @@ def test_histogram_sequences_through_the_config(data_dir, tmp_path):
     path = tmp_path / "hist.json"
     path.write_text(json.dumps({"histogram": hist.tolist()}))
     code, out, err = run_main(["--config", "demo", "--histogram", str(path), "--steps", "2", "--json", "--plot", ""]
-                              + TINY + ["data.dir=%s" % data_dir])
+                              + BENCH_TINY + ["data.dir=%s" % data_dir])
     assert code == 0, err
     r = json.loads(out)
     assert r["source"] == str(path) and r["padded"]["sequences"] == 16
@@ -132,9 +128,9 @@ def poptorch(monkeypatch):
 
 
 def test_poptorch_runner_under_the_stand_in_reports_compile_time(data_dir, poptorch):
-    overrides = TINY + ["data.dir=%s" % data_dir, "execution.backend=poptorch", "execution.layers_per_ipu=[1,1]",
-                        "execution.use_ipu_model=true", "execution.micro_batch_size=1",
-                        "training.global_batch_sequences=12", "execution.device_iterations=2"]
+    overrides = BENCH_TINY + ["data.dir=%s" % data_dir, "execution.backend=poptorch", "execution.layers_per_ipu=[1,1]",
+                              "execution.use_ipu_model=true", "execution.micro_batch_size=1",
+                              "training.global_batch_sequences=12", "execution.device_iterations=2"]
     code, out, err = run_main(["--config", "demo", "--steps", "4", "--json", "--plot", ""] + overrides)
     assert code == 0, err
     r = json.loads(out)
@@ -161,7 +157,7 @@ def _pipeline_worker(rank, world, port, data_dir, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
     def work():
-        code, out, err = run_main(["--config", "demo", "--steps", "2", "--json", "--plot", ""] + TINY
+        code, out, err = run_main(["--config", "demo", "--steps", "2", "--json", "--plot", ""] + BENCH_TINY
                                   + ["data.dir=%s" % data_dir, "execution.layers_per_ipu=[1,1]"])
         with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
             json.dump({"code": code, "out": out, "err": err}, f)
@@ -170,6 +166,8 @@ def _pipeline_worker(rank, world, port, data_dir, out_dir):
 
 
 @pytest.mark.skipif(PIPELINING_MISSING is not None, reason=PIPELINING_MISSING or "")
+@pytest.mark.serial
+@pytest.mark.slow
 def test_pipelined_config_two_stages(data_dir, tmp_path):
     import torch.multiprocessing as mp
 
@@ -183,6 +181,7 @@ def test_pipelined_config_two_stages(data_dir, tmp_path):
     assert r["theoretical_speedup"] == r["packed"]["sequences"] / float(r["packed"]["rows"])
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2(data_dir, tmp_path):
     for args, words in (
         (["--steps", "3"], "--steps is an option of --config"),
@@ -190,7 +189,7 @@ def test_bad_input_is_one_line_exit_2(data_dir, tmp_path):
         (["--config", "demo", "--steps", "0"], "--steps must be >= 1"),
         (["--config", "demo", "data.dir=%s" % tmp_path], "dataset not found"),
         (["--config", "demo", "training.nope=1"], "training.nope"),
-        (["--config", "demo", "--steps", "1000"] + TINY + ["data.dir=%s" % data_dir], "lower --steps"),
+        (["--config", "demo", "--steps", "1000"] + BENCH_TINY + ["data.dir=%s" % data_dir], "lower --steps"),
     ):
         code, out, err = run_main(args + ["--plot", ""])
         assert code == 2 and out == "", args

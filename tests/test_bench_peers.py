@@ -116,6 +116,7 @@ def test_same_weights_give_transformers_losses():
                 assert torch.allclose(ours.nsp_logits[:, 0], expected.seq_relationship_logits, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_every_contender_steps_on_every_batch_interleaved(monkeypatch):
     calls = []
     original = peers.build_contenders
@@ -158,6 +159,7 @@ def run_main(args):
     return code, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_json_has_every_contender(tmp_path):
     hist_file = tmp_path / "hist.json"
     hist_file.write_text(json.dumps({"histogram": histogram().tolist()}))

@@ -16,6 +16,8 @@ Opt-outs, for code that only ever runs on newer Python behind a lazy import or v
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -50,12 +52,26 @@ def postpones_annotations(path: str) -> bool:
 
 
 def vermin(paths: List[str], eval_annotations: bool, cwd: str = ROOT) -> subprocess.CompletedProcess:
-    """Run the vermin CLI (in a child process) over paths; returncode 0 means every target is met."""
+    """Run the vermin CLI's main() over paths, in this process (its argv and cwd set for the call, its output
+    captured, stderr with stdout); returncode 0 means every target is met."""
+    from vermin import main
+
     args = ["-t=%s" % TARGET, "--violations", "--no-tips", "--processes=1"]
     if eval_annotations:
         args.append("--eval-annotations")
-    command = [sys.executable, "-c", "import sys; from vermin import main; sys.exit(main())"] + args + paths
-    return subprocess.run(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    argv, here, output = sys.argv, os.getcwd(), io.StringIO()
+    try:
+        sys.argv = ["vermin"] + args + paths
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            try:
+                code = main()
+            except SystemExit as stop:
+                code = stop.code
+    finally:
+        sys.argv = argv
+        os.chdir(here)
+    return subprocess.CompletedProcess(sys.argv, code or 0, output.getvalue())
 
 
 def test_package_runs_on_python_38():

@@ -1,6 +1,7 @@
 """Config values as users write them: YAML 1.2 numbers, finite floats, probabilities, seed range."""
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -96,13 +97,32 @@ def test_strict_false_names_the_weights_it_initialised(tmp_path):
         PackedBertForPreTraining.from_pretrained(str(tmp_path), strict=False)
 
 
-def test_type_vocab_size_is_checked_against_the_data(tmp_path):
-    import app_fixtures as fx
+def test_type_vocab_size_is_checked_against_the_data(data_dir):
     from ipu_packing.train.data import check_data_matches, read_training_data
 
-    data_dir = fx.write_prepared(str(tmp_path), S=32, K=3, V=64, num_sequences=32, seed=0)
     overrides = ["model.vocab_size=64", "data.max_seq_length=32", "data.dir=%s" % data_dir]
     config = load_config("demo", overrides + ["model.type_vocab_size=1"])
     with pytest.raises(UserError, match="type_vocab_size is 1"):
         check_data_matches(config, read_training_data(config.data.path))
     check_data_matches(load_config("demo", overrides), read_training_data(config.data.path))
+
+
+# -- model.pad_token_id against the dataset's [PAD] (train/data.py check_data_matches) -------------------------
+
+V = 64  # the session's tiny dataset (conftest.py tiny_data): S=32, K=3, V=64
+
+
+def _config(pad):
+    model = {"vocab_size": V, "max_position_embeddings": 512, "type_vocab_size": 2, "pad_token_id": pad}
+    return SimpleNamespace(data=SimpleNamespace(max_seq_length=32, expected_sequences_per_pack=3, layout="packed"),
+                           model=model, model_value=model.__getitem__)
+
+
+@pytest.mark.parametrize("pad", [4, 1, V - 1], ids=["mask-id", "unk-id", "last-id"])
+def test_a_pad_token_id_that_is_not_the_datasets_is_refused(pad, tiny_data):
+    from ipu_packing.train.data import check_data_matches, read_training_data
+
+    data = read_training_data(os.path.join(tiny_data, "packed"))
+    with pytest.raises(UserError, match=r"\[PAD\] id 0, but model.pad_token_id is %d" % pad):
+        check_data_matches(_config(pad), data)
+    check_data_matches(_config(0), data)  # the dataset's own: accepted

@@ -188,6 +188,7 @@ def test_execution_keys_are_the_dataclass_fields(monkeypatch):
         load_config("demo", ["execution.old_knob=5"])
 
 
+@pytest.mark.slow
 def test_demo_512_packed_steps_hold_as_many_sequences_as_the_padded_ones(tmp_path):
     """make compare is like for like: on the data it prepares (the embedded corpus at S=512, K=3), the packed
     run's accumulation / measured packing factor gives the padded step's sequences within 1% (compare warns

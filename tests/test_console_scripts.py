@@ -6,24 +6,17 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 
 import pytest
+
+from app_fixtures import console_scripts as scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def scripts():
-    """{name: "module:function"} from [project.scripts] (read as text: tomllib is Python >= 3.11)."""
-    with open(os.path.join(ROOT, "pyproject.toml")) as f:
-        text = f.read()
-    block = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
-    return dict(re.findall(r'^([\w-]+) = "([\w.:]+)"', block, flags=re.M))
-
-
 def test_the_user_facing_commands_have_console_scripts():
     assert sorted(scripts()) == sorted("ipu-packing-" + name for name in (
-        "prepare", "pack", "inspect", "plan", "train", "dry-run", "compare", "bench"))
+        "prepare", "pack", "inspect", "plan", "train", "finetune", "dry-run", "compare", "bench", "predict"))
 
 
 @pytest.mark.parametrize("name", sorted(scripts()))

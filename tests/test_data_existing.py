@@ -1,185 +1,28 @@
 """`python -m ipu_packing.data pack`: NVIDIA BERT HDF5 and google-research/bert TFRecords -> packed/ and padded/.
 
-The input files are built here: HDF5 with h5py as NVIDIA's writer lays it out (int32 ids and positions,
-int8 masks, segments and labels, gzip), TFRecords with this file's own writer (its own CRC-32C and
+The input files are built by tests/existing_datasets.py: HDF5 with h5py as NVIDIA's writer lays it out (int32 ids
+and positions, int8 masks, segments and labels, gzip), TFRecords with its own writer (its own CRC-32C and
 protobuf encoding, no TensorFlow and nothing from the package under test). Every input instance must
 come back out of the packs exactly once and bit for bit: ids, segments, masked positions and labels,
 NSP label."""
 
 import collections
+import gzip
 import json
 import os
 import struct
+import time
 
 import numpy as np
 import pytest
 
 from ipu_packing.data import open_dataset
 from ipu_packing.data.cli import main
-from ipu_packing.data.format import CLS_ID, FIRST_WORD_ID, MASK_ID, SEP_ID, SPECIAL_TOKENS
+from ipu_packing.data.format import SPECIAL_TOKENS
+from existing_datasets import (P, S, V, bert_example, dense, example, float_feature, int64_feature, key, make_instances,
+                               masked, run_pack, tf_records, write_hdf5, write_tfrecord)
 
 h5py = pytest.importorskip("h5py")  # a pinned requirement; skipped only where it is not installed
-
-V = 64
-S = 32
-P = 6
-
-
-def write_vocab(path, size=V):
-    tokens = list(SPECIAL_TOKENS) + ["w%d" % i for i in range(size - len(SPECIAL_TOKENS))]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(tokens) + "\n")
-    return path
-
-
-def make_instances(n, seed, S=S, P=P, single_segment_share=0.1):
-    """n random instances as (ids, segments, positions, labels, nsp): [CLS] A [SEP] B [SEP] (or, for a
-    share of them, one segment), lengths 3..S, up to P masked positions in ascending order. Not
-    data/random_instances.py's rule, on purpose: `pack` must keep whatever a producer wrote (any count of
-    predictions from 0, predicted tokens left as they were, one-segment instances) bit for bit."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        length = int(rng.integers(3, S + 1)) if rng.random() < 0.8 else S
-        ids = rng.integers(FIRST_WORD_ID, V, size=length)
-        ids[0], ids[-1] = CLS_ID, SEP_ID
-        if rng.random() < single_segment_share or length < 5:
-            segments = np.zeros(length, dtype=np.int64)
-        else:
-            a = int(rng.integers(3, length - 1))  # [CLS] A [SEP] is a tokens
-            ids[a - 1] = SEP_ID
-            segments = (np.arange(length) >= a).astype(np.int64)
-        candidates = np.arange(1, length - 1)
-        q = int(rng.integers(0, min(P, len(candidates)) + 1))
-        positions = np.sort(rng.choice(candidates, size=q, replace=False)) if q else np.zeros(0, dtype=np.int64)
-        labels = ids[positions].copy()
-        ids[positions] = np.where(rng.random(q) < 0.8, MASK_ID, ids[positions])
-        out.append((ids.astype(np.int64), segments, positions.astype(np.int64), labels.astype(np.int64),
-                    int(rng.integers(0, 2))))
-    return out
-
-
-def key(instance):
-    ids, segments, positions, labels, nsp = instance
-    return (tuple(int(x) for x in ids), tuple(int(x) for x in segments), tuple(int(x) for x in positions),
-            tuple(int(x) for x in labels), int(nsp))
-
-
-def dense(instances, S=S, P=P):
-    n = len(instances)
-    arrays = {"input_ids": np.zeros((n, S), np.int32), "input_mask": np.zeros((n, S), np.int8),
-              "segment_ids": np.zeros((n, S), np.int8), "masked_lm_positions": np.zeros((n, P), np.int32),
-              "masked_lm_ids": np.zeros((n, P), np.int32), "masked_lm_weights": np.zeros((n, P), np.float32),
-              "next_sentence_labels": np.zeros(n, np.int8)}
-    for i, (ids, segments, positions, labels, nsp) in enumerate(instances):
-        arrays["input_ids"][i, :len(ids)] = ids
-        arrays["input_mask"][i, :len(ids)] = 1
-        arrays["segment_ids"][i, :len(ids)] = segments
-        arrays["masked_lm_positions"][i, :len(positions)] = positions
-        arrays["masked_lm_ids"][i, :len(positions)] = labels
-        arrays["masked_lm_weights"][i, :len(positions)] = 1.0
-        arrays["next_sentence_labels"][i] = nsp
-    return arrays
-
-
-def write_hdf5(path, instances, drop=(), shapes=None, S=S, P=P):
-    """As NVIDIA DeepLearningExamples' create_pretraining_data.py writes it."""
-    arrays = dense(instances, S, P)
-    dtypes = {"input_ids": "i4", "input_mask": "i1", "segment_ids": "i1", "masked_lm_positions": "i4",
-              "masked_lm_ids": "i4", "next_sentence_labels": "i1"}
-    with h5py.File(path, "w") as f:
-        for name, dtype in dtypes.items():
-            if name in drop:
-                continue
-            data = arrays[name] if not shapes or name not in shapes else shapes[name](arrays[name])
-            f.create_dataset(name, data=data, dtype=dtype, compression="gzip")
-    return path
-
-
-# -- a TFRecord writer of this test's own: CRC-32C, masking, protobuf wire format -------------------
-
-def _crc32c_table():
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-CRC_TABLE = _crc32c_table()
-
-
-def crc32c(data):
-    c = 0xFFFFFFFF
-    for b in data:
-        c = CRC_TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
-
-def masked(data):
-    c = crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def varint(v):
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def field(number, payload):
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
-def int64_feature(values, packed=True):
-    if packed:
-        return field(3, field(1, b"".join(varint(int(v)) for v in values)))
-    return field(3, b"".join(varint(1 << 3 | 0) + varint(int(v)) for v in values))
-
-
-def float_feature(values):
-    return field(2, field(1, struct.pack("<%df" % len(values), *values)))
-
-
-def example(features, order=None):
-    names = order or list(features)
-    return field(1, b"".join(field(1, field(1, name.encode()) + field(2, features[name])) for name in names))
-
-
-def bert_example(ids, mask, segments, positions, labels, weights, nsp, packed=True, order=None):
-    """A record as google-research/bert create_pretraining_data.py writes it (write_instance_to_example_files)."""
-    features = {"input_ids": int64_feature(ids, packed), "input_mask": int64_feature(mask, packed),
-                "segment_ids": int64_feature(segments, packed),
-                "masked_lm_positions": int64_feature(positions, packed),
-                "masked_lm_ids": int64_feature(labels, packed), "masked_lm_weights": float_feature(weights),
-                "next_sentence_labels": int64_feature([nsp], packed)}
-    return example(features, order)
-
-
-def tf_records(instances, S=S, P=P, packed=True, shuffle_keys=False):
-    arrays = dense(instances, S, P)
-    rng = np.random.default_rng(0)
-    names = ["input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
-             "next_sentence_labels"]
-    for i in range(len(instances)):
-        order = list(rng.permutation(names)) if shuffle_keys else None
-        yield bert_example(arrays["input_ids"][i], arrays["input_mask"][i], arrays["segment_ids"][i],
-                           arrays["masked_lm_positions"][i], arrays["masked_lm_ids"][i],
-                           arrays["masked_lm_weights"][i], int(arrays["next_sentence_labels"][i]), packed, order)
-
-
-def write_tfrecord(path, records):
-    with open(path, "wb") as f:
-        for data in records:
-            length = struct.pack("<Q", len(data))
-            f.write(length + struct.pack("<I", masked(length)) + data + struct.pack("<I", masked(data)))
-    return path
 
 
 # -- unpacking the output ------------------------------------------------------------------------
@@ -212,14 +55,6 @@ def unpack(directory):
                             positions, labels, int(p["nsp_labels"][k])))
             assert (p["mlm_labels"][slot:] == -100).all()
     return manifest, out
-
-
-def run_pack(tmp_path, inputs, *extra, output="out", vocab=None):
-    vocab = vocab or write_vocab(str(tmp_path / "vocab.txt"))
-    out = str(tmp_path / output)
-    code = main(["pack", "--input", inputs, "--vocab", vocab, "--output", out, "--max-sequences-per-pack", "3",
-                 "--workers", "1", "--quiet"] + list(extra))
-    return code, out
 
 
 def check_round_trip(out, instances, padded=True):
@@ -543,3 +378,65 @@ def test_wrong_vocab_is_caught(tmp_path, capsys):
     assert code == 2
     _error(capsys, "a.hdf5", "record 0", "[CLS]", "--vocab")
     _nothing_written(tmp_path, out)
+
+
+# -- a TFRecord record length larger than the file is one line, at once ----------------------------------------
+# data/existing/tfrecord.py `read_batches` checks each record length against the bytes the file has left.
+
+FAST_SECONDS = 20  # a refusal comes before any work
+
+
+def _framed(length_field, body):
+    """A TFRecord frame whose length field says ``length_field`` (CRCs right), holding ``body``."""
+    length = struct.pack("<Q", length_field)
+    return length + struct.pack("<I", masked(length)) + body + struct.pack("<I", masked(body))
+
+
+def _good_records():
+    return list(tf_records(make_instances(3, seed=5)))
+
+
+def _huge_first(size):
+    def make(path):
+        with open(path, "wb") as f:
+            f.write(_framed(size, b"x" * 40))
+    return make
+
+
+def _huge_after_good(path):
+    write_tfrecord(path, _good_records())
+    with open(path, "ab") as f:
+        f.write(_framed(1 << 40, b"x" * 40))
+
+
+def _gzip_huge(path):
+    with gzip.open(path, "wb") as f:
+        f.write(_framed(1 << 40, b"x" * 40))
+
+
+def _one_past_the_end(path):
+    records = _good_records()
+    with open(path, "wb") as f:
+        f.write(_framed(len(records[0]) + 5, records[0]))  # says 5 bytes more than the file has
+
+
+TFRECORD_ROWS = [
+    ("length-2**40", _huge_first(1 << 40), "bytes left in the file"),
+    ("length-2**63", _huge_first(1 << 63), "bytes left in the file"),
+    ("length-2**64-1", _huge_first((1 << 64) - 1), "bytes left in the file"),
+    ("huge-after-good-records", _huge_after_good, "record 3"),
+    ("gzip-length-2**40", _gzip_huge, "truncated"),
+    ("five-bytes-past-the-end", _one_past_the_end, "bytes left in the file"),
+]
+
+
+@pytest.mark.parametrize("name, make, words", TFRECORD_ROWS, ids=[r[0] for r in TFRECORD_ROWS])
+def test_a_tfrecord_length_larger_than_the_file_is_one_line(name, make, words, pack_inputs, tmp_path, capsys):
+    path = str(tmp_path / "data.tfrecord")
+    make(path)
+    start = time.time()
+    code = main(["pack", "--input", path, "--vocab", pack_inputs["vocab"], "--output", str(tmp_path / "out"),
+                      "--workers", "1", "--quiet", "--format", "tfrecord"])
+    assert code == 2
+    _error(capsys, "data.tfrecord", words)
+    assert time.time() - start < FAST_SECONDS and not (tmp_path / "out").exists()

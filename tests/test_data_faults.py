@@ -142,6 +142,9 @@ def test_a_document_without_blank_lines_ends_at_the_size_bound(tmp_path, monkeyp
 _RUN = r"""
 import faulthandler, signal, sys
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's diagnosis if the run ever hangs
+# Ctrl-C as in a terminal's foreground job: Python's KeyboardInterrupt handler, even when this test runs in a process
+# that ignores SIGINT (a background job of a script: the ignored disposition is inherited, and Python keeps it)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ipu_packing.data.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -196,6 +199,7 @@ def _start_with_workers(tmp_path, name):
     (signal.SIGTERM, True, 143, "error: terminated (SIGTERM)\n"),  # a batch system stopping the job's group
     (signal.SIGTERM, False, 143, "error: terminated (SIGTERM)\n"),  # `kill PID`: the parent alone
 ])
+@pytest.mark.serial
 def test_ctrl_c_and_sigterm_are_one_line_and_leave_nothing(tmp_path, signum, to_group, code, line):
     proc, workers, output = _start_with_workers(tmp_path, "out")
     (os.killpg if to_group else os.kill)(proc.pid, signum)
@@ -212,6 +216,7 @@ def test_ctrl_c_and_sigterm_are_one_line_and_leave_nothing(tmp_path, signum, to_
     assert not os.path.exists(output)
 
 
+@pytest.mark.serial
 def test_a_killed_run_takes_its_workers_along_and_the_next_run_removes_its_leftovers(tmp_path):
     proc, workers, output = _start_with_workers(tmp_path, "out")
     os.kill(proc.pid, signal.SIGKILL)

@@ -31,7 +31,7 @@ PINNED = {
 }
 
 
-@pytest.mark.parametrize("size", [128, 512])
+@pytest.mark.parametrize("size", [128, pytest.param(512, marks=pytest.mark.slow)])
 def test_default_shards_are_pinned(size, request):
     got = fingerprint(request.getfixturevalue("default_data_%d" % size))
     print(json.dumps({size: got}))

@@ -1,34 +1,19 @@
 """`prepare` on a corpus of the user's own: a vocabulary is asked for (--vocab PATH or --train-vocab N),
---train-vocab trains on that input, deterministically and in either case, and the manifest says which."""
+--train-vocab trains on that input, deterministically and in either case, and the manifest says which; a vocab.txt
+with a UTF-8 BOM reads as without it (data/vocab.py drops a BOM before the first token)."""
 
 import json
 import os
-import random
 import subprocess
 import sys
 
+import pytest
+
+from existing_datasets import pack_args
 from ipu_packing.data.cli import main
+from synthetic_corpus import prepare_args, write_cased_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NAMES = ["Python", "Bug", "Fixed", "Zorbleflax", "Guido", "Release", "Parser", "Compiler", "London", "Paris"]
-WORDS = "the a of to and in is was for on that with as by it at from new two has had not but".split()
-
-
-def write_cased_corpus(path, documents=80, seed=0):
-    """BERT format, with capitalised names and one made-up word (Zorbleflax) that no other vocabulary holds."""
-    rng = random.Random(seed)
-    with open(path, "w", encoding="utf-8") as f:
-        for _ in range(documents):
-            for _ in range(rng.randint(2, 9)):
-                words = [rng.choice(NAMES if rng.random() < 0.4 else WORDS) for _ in range(rng.randint(4, 14))]
-                f.write(" ".join(words) + ".\n")
-            f.write("Fixed a Bug in Python.\n\n")
-    return path
-
-
-def prepare_args(corpus, output, *extra):
-    return ["prepare", "--input", corpus, "--output", output, "--max-seq-length", "32", "--max-sequences-per-pack",
-            "3", "--dupe-factor", "2", "--workers", "1", "--quiet"] + list(extra)
 
 
 def _manifest(output):
@@ -94,3 +79,20 @@ def test_vocab_from_a_tokenizer_directory_reads_its_casing(tmp_path, capsys):
     out = str(tmp_path / "from_hf")
     assert main(prepare_args(corpus, out, "--vocab", str(hf))) == 0
     assert _manifest(out)["do_lower_case"] is False and _vocab(out) == _vocab(first)
+
+
+# -- vocab.txt with a UTF-8 BOM ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"], ids=["lf", "crlf"])
+def test_a_vocab_with_a_bom_is_read_as_without(newline, pack_inputs, tmp_path, capsys):
+    with open(pack_inputs["vocab"], encoding="utf-8") as f:
+        tokens = f.read().split()
+    bom = tmp_path / "bom-vocab.txt"
+    bom.write_bytes(b"\xef\xbb\xbf" + newline.join(tokens).encode("utf-8") + newline.encode())
+    inputs = dict(pack_inputs, vocab=str(bom))
+    assert main(pack_args(inputs, tmp_path / "out")) == 0, capsys.readouterr().err
+    with open(str(tmp_path / "out" / "packed" / "manifest.json")) as f:
+        manifest = json.load(f)
+    assert manifest["special_token_ids"] == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+    with open(str(tmp_path / "out" / "packed" / "vocab.txt"), "rb") as f:
+        assert f.read() == ("\n".join(tokens) + "\n").encode("utf-8")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from ipu_packing.data import open_dataset
 from synthetic_corpus import write_bert_corpus, write_vocab
@@ -37,6 +38,8 @@ def _prepare_under_64_descriptors(tmp_path, name, workers, group_tokens):
     return output, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_many_input_and_output_shards_under_a_64_descriptor_limit(tmp_path):
     # every input shard its own scatter group: far more spill files than descriptors
     output, counts = _prepare_under_64_descriptors(tmp_path, "out", workers=2, group_tokens=1)
@@ -53,6 +56,7 @@ def test_many_input_and_output_shards_under_a_64_descriptor_limit(tmp_path):
                 assert a.read() == b.read(), (kind, name)
 
 
+@pytest.mark.slow
 def test_nsp_label_does_not_follow_from_length_on_the_default_corpus(tmp_path):
     from ipu_packing.data.text.pipeline import PrepareConfig, prepare
     from ipu_packing.data.write.datasets import PackingOptions

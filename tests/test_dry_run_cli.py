@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import sys
 
 import pytest
 
+from app_fixtures import both_dry_runs as both, call
 from ipu_packing.train.cli import execution_main
 from ipu_packing.train.cli import main as train_main
 
@@ -21,23 +20,6 @@ GLOBAL_BATCH = re.compile(r"global batch per optimizer step .*?(\d+) packs")
 @pytest.fixture(autouse=True)
 def no_poptorch(monkeypatch):
     monkeypatch.setitem(sys.modules, "poptorch", None)  # a dry run must not need it
-
-
-def call(main, argv):
-    """(exit status, stdout, stderr) of a command's main(), in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exc:
-            code = exc.code
-    return code or 0, out.getvalue(), err.getvalue()
-
-
-def both(config, *overrides):
-    execution = call(execution_main, ["dry-run", "--config", config] + list(overrides))
-    train = call(train_main, ["--config", config, "--dry-run"] + list(overrides))
-    return execution, train
 
 
 def packs_per_step(report):
@@ -88,6 +70,7 @@ def test_missing_config_file():
         assert code == 2 and out == "" and "not found" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_module_command_runs(tmp_path):
     """`python -m ipu_packing.execution dry-run` as a reader types it, against the in-process report."""
     import subprocess

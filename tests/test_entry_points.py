@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -48,6 +49,8 @@ ENTRY_POINTS = {
     "ipu_packing/bench/__main__.py": ["-m", "ipu_packing.bench"],
     "ipu_packing/bench/gpu_check.py": ["-m", "ipu_packing.bench.gpu_check"],
     "ipu_packing/compare.py": ["-m", "ipu_packing.compare"],
+    "ipu_packing/predict.py": ["-m", "ipu_packing.predict"],
+    "run_finetuning.py": ["run_finetuning.py"],
     "ipu_packing/bench/model_overhead.py": ["-m", "ipu_packing.bench.model_overhead"],
     "ipu_packing/bench/planner.py": ["-m", "ipu_packing.bench.planner"],
     "ipu_packing/bench/prepare_scale.py": ["-m", "ipu_packing.bench.prepare_scale"],
@@ -106,7 +109,7 @@ argparse.ArgumentParser.parse_known_args = parse_known_args
 def _entry_point_files():
     """run_pretraining.py and every file of ipu_packing/ that is run as a command: a __main__.py, a module
     with an ``if __name__ == "__main__":`` block, or one that calls sys.exit at module level."""
-    found = {"run_pretraining.py"}
+    found = {"run_pretraining.py", "run_finetuning.py"}
     for directory, _, names in os.walk(os.path.join(REPO, "ipu_packing")):
         for name in names:
             if not name.endswith(".py"):
@@ -167,15 +170,23 @@ def _probe(tmp_path, name: str, argv, cwd: str, pythonpath=(), methods=("forkser
     """Start ``python ARGV --help`` with the probe; what the parent and its children recorded."""
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir(exist_ok=True)
-    (probe_dir / "sitecustomize.py").write_text(PROBE)
+    # Written whole, by a rename: _in_pairs runs two probes at once, and the interpreters of the other one (its
+    # command, its forkserver) import this file at their start. Rewritten in place, a forkserver could read it
+    # truncated; its child then fails to unpickle _child ("Can't get attribute '_child' on <module
+    # 'sitecustomize'>") and exits 1.
+    staged = probe_dir / ("sitecustomize.%d.%d.tmp" % (os.getpid(), threading.get_ident()))
+    staged.write_text(PROBE)
+    os.replace(str(staged), str(probe_dir / "sitecustomize.py"))
     log = str(tmp_path / ("%s.jsonl" % name.replace("/", "_")))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENTRY_POINT_PROBE")}
     env.update(ENTRY_POINT_PROBE_LOG=log, ENTRY_POINT_PROBE_METHODS=",".join(methods), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(probe_dir)] + list(pythonpath) + [REPO]))
     proc = subprocess.run([sys.executable] + list(argv) + ["--help"], cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
-    with open(log, "r") as f:
-        lines = [json.loads(line) for line in f] if os.path.exists(log) else []
+    lines = []
+    if os.path.exists(log):  # no log: the probe never ran in the command (its stderr says why)
+        with open(log, "r") as f:
+            lines = [json.loads(line) for line in f]
     return proc, lines
 
 
@@ -189,10 +200,11 @@ def _in_pairs(jobs):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_each_entry_point_s_forkserver_child_does_not_run_its_command(tmp_path):
     results = _in_pairs({path: (lambda path=path, argv=argv: _probe(tmp_path, path, argv, REPO))
                          for path, argv in ENTRY_POINTS.items() if not path.endswith("__main__.py")})
-    assert len(results) == 7  # scripts and -m modules; a package __main__.py (bench, data, ...) is never re-imported
+    assert len(results) == 9  # scripts and -m modules; a package __main__.py (bench, data, ...) is never re-imported
     for path, (proc, lines) in results.items():
         assert proc.returncode == 0, (path, proc.stderr[-2000:])
         assert [line for line in lines if line["role"] == "parent"] == [
@@ -205,7 +217,7 @@ def test_each_entry_point_s_forkserver_child_does_not_run_its_command(tmp_path):
         assert child["main_file"] == os.path.join(REPO, path), (path, child)
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_unguarded_entry_points_do_run_again_in_the_children(tmp_path):
     command = "import argparse\nargparse.ArgumentParser().parse_args()\n"  # a command at module level
     (tmp_path / "script.py").write_text(command)
@@ -235,6 +247,7 @@ def test_unguarded_entry_points_do_run_again_in_the_children(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_an_unguarded_run_pretraining_fails_under_the_stand_in(tmp_path):
     """The old entry point, a training run of a shipped IPU config under the PopTorch stand-in: the loader's
     forkserver child runs the command again, meets the run lock its parent holds, and exits; the parent gets

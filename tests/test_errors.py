@@ -1,12 +1,23 @@
-"""ipu_packing.errors.run_command: the one convention every command's errors go through."""
+"""ipu_packing.errors.run_command: the one convention every command's errors go through. Every exception class a
+dependency raises on bad input reaches the one wrapper as one line (`describe_dependency_fault`): the decoders'
+and parsers' own classes (gzip, zlib, zip, JSON, UTF-8, YAML, pickle, safetensors, EOFError), a MemoryError (naming
+where it was asked for), and a RecursionError whose innermost frame is a dependency's (input nested too deeply). A
+bug keeps its traceback: a RecursionError inside ipu_packing's own code, a KeyError, a plain ValueError."""
 
 import errno
+import gzip
+import json
 import os
+import pickle
+import struct
 import subprocess
 import sys
+import zlib
 
+import numpy as np
 import pytest
 
+from ipu_packing import errors
 from ipu_packing.errors import ArgumentParser, InputError, UserError, run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,3 +93,106 @@ def test_closed_pipe_is_silent(tmp_path):
     code = proc.wait(timeout=60)
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     assert code in (0, 141)
+
+
+# -- a dependency's fault on real hostile bytes is one line; a bug keeps its traceback --------------------------
+
+PACKAGE = os.path.dirname(os.path.abspath(errors.__file__))
+DEEP = "[" * 100000 + "]" * 100000
+
+
+def _safetensors_junk(tmp):
+    from safetensors.torch import load_file
+
+    path = os.path.join(str(tmp), "model.safetensors")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", 1 << 40) + b"{junk")
+    load_file(path)
+
+
+def _safetensors_full_disk(tmp):
+    """What safetensors raises when the disk fills during save_file (its Rust io::Error, as text)."""
+    from safetensors import SafetensorError
+
+    raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                          '"No space left on device" })')
+
+
+def _h5py_junk(tmp):
+    import h5py
+
+    path = os.path.join(str(tmp), "x.hdf5")
+    with open(path, "wb") as f:
+        f.write(b"not an hdf5 file at all" * 10)
+    h5py.File(path, "r")
+
+
+def _npz_junk(tmp):
+    path = os.path.join(str(tmp), "x.npz")
+    with open(path, "wb") as f:
+        f.write(b"PK\x03\x04" + b"\0" * 60)
+    np.load(path)
+
+
+def _yaml_deep(tmp):
+    import yaml
+
+    yaml.safe_load(DEEP)
+
+
+def _yaml_bad(tmp):
+    import yaml
+
+    yaml.safe_load("a: [1, 2\nb: {")
+
+
+FAULTS = [
+    ("gzip-not-gzip", lambda t: gzip.decompress(b"not gzip data"), ["not a valid gzip file"]),
+    ("gzip-truncated", lambda t: gzip.decompress(gzip.compress(b"x" * 1000)[:-12]), ["a file ended early"]),
+    ("zlib", lambda t: zlib.decompress(b"\x78\x9cjunkjunk"), ["corrupt compressed data"]),
+    ("npz-junk", _npz_junk, ["not a valid zip/.npz file"]),
+    ("json-torn", lambda t: json.loads('{"a": [1, 2'), ["not valid JSON"]),
+    ("json-deep", lambda t: json.loads(DEEP), ["nested too deeply", "decoder.py"]),
+    ("utf8", lambda t: b"ok \xff\xfe".decode("utf-8"), ["not valid UTF-8 text", "0xff"]),
+    ("yaml-bad", _yaml_bad, ["not valid YAML"]),
+    ("yaml-deep", _yaml_deep, ["nested too deeply"]),
+    ("pickle", lambda t: pickle.loads(b"\x80\x04junk"), ["not a readable pickle"]),
+    ("safetensors-junk", _safetensors_junk, ["not a readable safetensors file"]),
+    ("safetensors-disk-full", _safetensors_full_disk, ["no space left on device"]),
+    ("h5py-junk", _h5py_junk, ["file signature not found"]),
+    ("memory", lambda t: np.empty(1 << 43), ["out of memory"]),
+    ("oserror-no-errno", lambda t: (_ for _ in ()).throw(OSError("Unable to open file (truncated)")),
+     ["truncated"]),
+]
+
+
+@pytest.mark.parametrize("name, fault, words", FAULTS, ids=[c[0] for c in FAULTS])
+def test_a_dependency_fault_is_one_line(name, fault, words, tmp_path, capsys):
+    code = run_command(lambda argv: fault(tmp_path), [])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and len(err) < 600, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def _own_recursion():
+    """A recursive function whose frames are ipu_packing's own (compiled under its directory)."""
+    namespace = {}
+    exec(compile("def spin(n):\n    return spin(n + 1)\n", os.path.join(PACKAGE, "spin.py"), "exec"), namespace)
+    return namespace["spin"](0)
+
+
+BUGS = [
+    ("own-recursion", _own_recursion, RecursionError),
+    ("key-error", lambda: {}["missing"], KeyError),
+    ("value-error", lambda: int("x"), ValueError),
+    ("attribute-error", lambda: [].get("x"), AttributeError),
+    ("type-error", lambda: len(3), TypeError),
+]
+
+
+@pytest.mark.parametrize("name, bug, kind", BUGS, ids=[c[0] for c in BUGS])
+def test_a_bug_keeps_its_traceback(name, bug, kind):
+    with pytest.raises(kind):
+        run_command(lambda argv: bug(), [])

@@ -7,6 +7,7 @@ last tests run real subprocesses for what only a process shows: a closed pipe an
 import errno
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -14,7 +15,6 @@ import time
 import numpy as np
 import pytest
 
-import app_fixtures as fx
 from ipu_packing.bench.cli import main as bench_main
 from ipu_packing.data.cli import main as data_main
 from synthetic_corpus import make_inputs
@@ -27,16 +27,18 @@ from ipu_packing.train.cli import main as train_main
 from app_fixtures import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEEP = "[" * 100000 + "]" * 100000
 COMMANDS = {"train": train_main, "data": data_main, "packing": packing_main, "packing.bench": packing_bench_main,
             "bench": bench_main, "model.bench": model_bench_main, "execution": execution_main}
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    """A workspace: a prepared fixture dataset, a text corpus + vocab, histograms, a file in the way."""
+def ws(tiny_data, tmp_path_factory):
+    """A workspace: the session's prepared dataset, a text corpus + vocab, histograms, a file in the way, and
+    hostile files: JSON nested 100,000 deep where a histogram or a manifest is read, a TFRecord record of 2**40
+    bytes."""
     root = tmp_path_factory.mktemp("ws")
-    w = {"root": str(root),
-         "data": fx.write_prepared(str(root / "prepared"), S=32, K=3, V=64, num_sequences=96, seed=0)}
+    w = {"root": str(root), "data": tiny_data}
     w["corpus"], w["vocab"] = make_inputs(str(root))
     (root / "zero.json").write_text('{"histogram": [0, 0, 0], "max_sequence_length": 8}')
     (root / "inf.json").write_text('{"histogram": [1, Infinity], "max_sequence_length": 8}')
@@ -64,6 +66,19 @@ def ws(tmp_path_factory):
     import torch
 
     torch.save({"step": "three", "model": {}}, w["checkpoint"])
+    (root / "deep.json").write_text(DEEP)
+    (root / "deep_object.json").write_text('{"histogram": ' + DEEP + "}")
+    deep_data = root / "deep_data"
+    os.makedirs(str(deep_data))
+    (deep_data / "manifest.json").write_text('{"a": ' + DEEP + "}")
+    os.makedirs(str(deep_data / "packed"))
+    (deep_data / "packed" / "manifest.json").write_text('{"a": ' + DEEP + "}")
+    w["deep_data"] = str(deep_data)
+    from ipu_packing.data.existing.tfrecord import masked_crc
+
+    header = struct.pack("<Q", 1 << 40)
+    with open(str(root / "huge.tfrecord"), "wb") as f:
+        f.write(header + struct.pack("<I", masked_crc(header)) + b"\0" * 64)
     return w
 
 
@@ -155,6 +170,35 @@ def test_one_line_exit_2(command, argv, words, ws, capsys):
         assert word in err, (word, err)
 
 
+# Hostile files through the real commands: deep JSON where a histogram, a manifest or an index is read; a TFRecord
+# record of 2**40 bytes. A dependency's fault (errors.py describe_dependency_fault) is one line too.
+HOSTILE_FILES = [
+    ("packing-deep-histogram", packing_main, lambda w: ["--histogram", os.path.join(w["root"], "deep.json")],
+     ["nested too deeply"]),
+    ("packing-deep-histogram-object", packing_main,
+     lambda w: ["--histogram", os.path.join(w["root"], "deep_object.json")], ["nested too deeply"]),
+    ("train-deep-manifest", train_main,
+     lambda w: ["--config", "demo"] + TINY + ["data.dir=%s" % w["deep_data"],
+                                             "checkpoint.output_dir=%s" % os.path.join(w["root"], "run")],
+     ["nested too deeply"]),
+    ("inspect-deep-manifest", data_main, lambda w: ["inspect", w["deep_data"]], ["nested too deeply"]),
+    ("pack-tfrecord-2**40", data_main,
+     lambda w: ["pack", "--input", os.path.join(w["root"], "huge.tfrecord"), "--vocab", w["vocab"], "--output",
+                os.path.join(w["root"], "out_huge"), "--workers", "1", "--quiet"],
+     ["huge.tfrecord: record 0", "1099511627776 bytes, more than"]),  # checked against the file's size first
+]
+
+
+@pytest.mark.parametrize("name, main, argv, words", HOSTILE_FILES, ids=[c[0] for c in HOSTILE_FILES])
+def test_a_hostile_file_through_a_command_is_one_line(name, main, argv, words, ws, capsys):
+    code = main(argv(ws))
+    out, err = capsys.readouterr()
+    assert code == 2, (out[-300:], err[-600:])
+    assert err.startswith("error: ") and err.count("\n") == 1 and len(err) < 600, err
+    for word in words:
+        assert word in err, (word, err)
+
+
 def test_a_full_disk_while_checkpointing_is_one_line(ws, capsys, monkeypatch):
     import torch
 
@@ -180,6 +224,7 @@ def test_inspect_into_a_closed_pipe_is_silent(ws):
     assert proc.wait(timeout=120) in (0, 141) and "Traceback" not in err and "Error" not in err, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_training_is_one_line_and_exit_130(ws):
     run = os.path.join(ws["root"], "runs", "interrupted")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
@@ -199,7 +244,7 @@ def test_ctrl_c_while_training_is_one_line_and_exit_130(ws):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    # the step in flight completes and is checkpointed first (train/stopping.py; tests/test_train_stopping.py)
+    # the step in flight completes and is checkpointed first (train/guard.py; tests/test_train_guard.py)
     line = err.decode()
     assert line.startswith("error: stopped by SIGINT at step ") and line.endswith("resume with the same command\n")
     assert line.count("\n") == 1, line

@@ -1,4 +1,4 @@
-"""Must show 1: distributed equivalence on CPU.
+"""Distributed equivalence on CPU.
 
 Two processes (torch.multiprocessing, with the environment torchrun would set; gloo) train N optimizer steps as
 (a) DDP with 2 replicas and (b) a 2-stage torch.distributed.pipelining pipeline (GPipe and 1F1B); each must
@@ -20,7 +20,6 @@ runs (measured with AdamW lr 1e-3: 3e-4 on layer.0.qkv.bias, every other weight 
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -31,7 +30,7 @@ from ipu_packing.errors import UserError
 from ipu_packing.execution import ExecutionConfig, make_runner
 from synthetic_packs import PackDataset
 
-from test_execution_fixtures import build_model, make_packs
+from execution_fixtures import build_model, free_port, make_packs
 from torch_features import PIPELINING_MISSING
 from spawned import leave_after
 
@@ -68,14 +67,8 @@ def _worker(rank, world, port, jobs, outdir):
     leave_after(work)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(jobs, tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), jobs, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), jobs, str(tmp_path)), nprocs=2, join=True)
     return {
         (name, rank): torch.load(os.path.join(str(tmp_path), "%s.rank%d.pt" % (name, rank)))
         for name, _ in jobs
@@ -108,6 +101,8 @@ def single_process():
 
 
 @pytest.mark.parametrize("name", ["ddp", "gpipe", "1f1b"])
+@pytest.mark.serial
+@pytest.mark.slow
 def test_two_processes_match_one(distributed_runs, single_process, name):
     if name != "ddp" and PIPELINING_MISSING:
         pytest.skip(PIPELINING_MISSING)

@@ -1,4 +1,4 @@
-"""Must show 3: the dry run for any config, without poptorch: placement of every layer on its IPU/stage,
+"""The dry run for any config, without poptorch: placement of every layer on its IPU/stage,
 memory per IPU against 900 MB (the memory model itself: tests/test_execution_memory.py), batch sizes in
 packs and sequences."""
 
@@ -12,7 +12,7 @@ import transformers
 from ipu_packing.execution import ExecutionConfig
 from ipu_packing.execution.dry_run import dry_run_report, memory_per_device, module_parameters
 
-from test_execution_poptorch import CASES
+from shipped_configs import CASES
 
 LARGE = transformers.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
 
@@ -34,6 +34,22 @@ def test_parameter_counts_match_transformers():
         if name == "cls":  # its decoder weight is the word embedding, counted with the embeddings
             own -= config.vocab_size * config.hidden_size
         assert own == n, name
+
+
+@pytest.mark.parametrize("task, hf_class, num_labels", [
+    ("sequence_classification", "BertForSequenceClassification", 3),
+    ("question_answering", "BertForQuestionAnswering", 2),  # start and end logits
+])
+def test_task_models_place_their_own_heads_only(task, hf_class, num_labels):
+    config = transformers.BertConfig(vocab_size=96, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                     intermediate_size=80, max_position_embeddings=40, num_labels=num_labels)
+    model = getattr(transformers, hf_class)(config)
+    counts = module_parameters(config, task)
+    assert sum(counts.values()) == sum(p.numel() for p in model.parameters())
+    assert "cls" not in counts
+    report = dry_run_report(config, ExecutionConfig(backend="poptorch", layers_per_ipu=[0, 1, 2],
+                                                    device_iterations=3), 2.0, task=task)
+    assert "python run_finetuning.py" in report
 
 
 def test_bert_large_pod16_memory_per_ipu():

@@ -22,7 +22,7 @@ from ipu_packing.model import PackedBertForPreTraining
 from ipu_packing.train.optim import LAMB
 
 import poptorch_stand_in as si
-from test_execution_poptorch import SHIPPED
+from shipped_configs import SHIPPED
 
 NAMES = si.load_stand_in()  # for its name tables (API, POPART_ENUMS); each test gets a fresh stand-in
 API, POPART_ENUMS = NAMES.API, NAMES.POPART_ENUMS

@@ -76,7 +76,9 @@ def test_gradient_accumulators_at_the_type_the_adapter_passes(kwargs, bytes_per_
     assert [r["gradients"] for r in rows] == [bytes_per_weight * r["params"] for r in rows]
 
 
-def test_bert_large_ipu1_with_fp32_accumulators_is_the_529_mb_of_the_issue():
+def test_bert_large_ipu1_with_fp32_accumulators_holds_529_mb_of_weights_and_gradients():
+    """BERT-Large's IPU 1 (7 layers of the [3, 7, 7, 7] split) in fp16 with fp32 gradient accumulators: 6 bytes per
+    weight (2 for the weight, 4 for its accumulator), 529 MB."""
     e = ipu(layers_per_ipu=[3, 7, 7, 7], precision="fp16", gradient_accumulation=1024, micro_batch_size=2,
             gradient_accumulator_type="fp32")
     _, rows = memory_per_device(LARGE, e)

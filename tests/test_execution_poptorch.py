@@ -8,10 +8,8 @@ tests (tests/test_execution_ipu.py, IPU Model) and hardware can.
 
 from __future__ import annotations
 
-import glob
 import os
 import sys
-from dataclasses import asdict
 
 import pytest
 import torch
@@ -25,28 +23,9 @@ from ipu_packing.train import load_config
 from ipu_packing.train.optim import LAMB
 
 import poptorch_stand_in as si
+from shipped_configs import MULTI_HOST, SHIPPED, TINY_IPU_MODEL
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def shipped_ipu_configs(multi_host: bool = False):
-    """Every shipped config with the poptorch backend, as run: the ExecutionConfig the application derives
-    (accumulation from the global batch and the config's packing factor estimate). One-host configs, or
-    (``multi_host``) those of several PopRun instances, which need poprun (tests/test_popdist.py)."""
-    found = {}
-    for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))):
-        config = load_config(path)
-        if config.execution_spec.backend == "poptorch" and (config.execution_spec.num_instances > 1) == multi_host:
-            found[os.path.basename(path)] = config.batch_accounting(config.data.packing_factor_estimate).execution
-    return found
-
-
-SHIPPED = shipped_ipu_configs()
-MULTI_HOST = shipped_ipu_configs(multi_host=True)
-TINY = dict(backend="poptorch", micro_batch_size=2, gradient_accumulation=5, layers_per_ipu=[1, 1], use_ipu_model=True,
-            device_iterations=2, optimizer_state_offchip=False)
-CASES = dict({n: (sum(c.layers_per_ipu), asdict(c)) for n, c in SHIPPED.items()}, tiny_ipu_model=(2, TINY))
-"""name -> (encoder layers, ExecutionConfig fields): every IPU config these tests use (the dry-run tests too)."""
 
 
 def _runner(config, num_layers=None, optimizer_cls=LAMB, scheduler=None, seed=0):
@@ -96,7 +75,7 @@ def test_a_weight_on_two_ipus_is_refused_as_today_s_placement_was(poptorch, monk
     embeddings, every layer, the pooler and ``cls``, whose forward was never called (the heads were called
     one by one). The tied MLM decoder then read the word embedding while the last layer's block was current,
     so that weight was consumed on IPU 0 and IPU 1: PopART refuses to copy a variable between IPUs."""
-    config = ExecutionConfig(**TINY)
+    config = ExecutionConfig(**TINY_IPU_MODEL)
     model = si.tiny_model(2)
 
     def heads_called_one_by_one(h, mlm_positions, mlm_labels, cls_positions, nsp_labels):
@@ -132,7 +111,7 @@ def test_a_block_context_around_the_heads_leaves_the_loss_outside_any_block(popt
     """Why the heads' block begins on a module (a pre-hook with no end) and not with ``poptorch.Block`` /
     ``BlockFunction`` around the heads call: leaving the context ends the block, so identity_loss runs in no
     block and PopART refuses a graph where some ops have an IPU and others none."""
-    config = ExecutionConfig(**TINY)
+    config = ExecutionConfig(**TINY_IPU_MODEL)
     model, runner = _runner(config)
     poptorch.removeBlocks(model.cls)
     heads = model.pretraining_heads
@@ -158,7 +137,7 @@ def test_every_parameter_is_consumed_on_exactly_one_ipu_for_any_split(poptorch, 
 def test_too_few_micro_batches_for_the_pipeline_is_refused(poptorch, monkeypatch):
     # Embedding+Encoder0 on IPU 0, Encoder1 on IPU 1, Heads on IPU 0: 3 forward groups after merging, 2*3-1 = 5
     # pipeline stages with their backward.
-    config = ExecutionConfig(**dict(TINY, gradient_accumulation=4))
+    config = ExecutionConfig(**dict(TINY_IPU_MODEL, gradient_accumulation=4))
     with pytest.raises(ValueError, match=r"^execution.layers_per_ipu \[1, 1\] pipelines 3 groups of consecutive "
                                          r"blocks on one IPU \(IPUs 0, 1, 0\), which PopART runs only with gradient "
                                          r"accumulation >= 2\*3-1 = 5, got 4$"):
@@ -195,7 +174,7 @@ def test_a_config_whose_accumulation_is_too_small_for_its_pipeline_is_refused_at
 
 
 def test_an_op_poptorch_does_not_support_is_refused(poptorch):
-    config = ExecutionConfig(**TINY)
+    config = ExecutionConfig(**TINY_IPU_MODEL)
     model = si.tiny_model(2, attention="sdpa")
     runner = make_poptorch_runner(model, LAMB(model.parameters()), config, poptorch=poptorch)  # past check_backend
     with pytest.raises(poptorch.Error, match="unsupported operation"):
@@ -256,7 +235,7 @@ def test_precision_optimizer_and_loss_scaling(poptorch, name):
 
 
 def test_constructor_defaults_come_from_the_optimizer_not_its_first_group(poptorch):
-    config = ExecutionConfig(**TINY)
+    config = ExecutionConfig(**TINY_IPU_MODEL)
     model = si.tiny_model(2)
     params = list(model.parameters())
     optimizer = LAMB([{"params": params[:1], "weight_decay": 0.0, "max_weight_norm": 0.0},
@@ -268,18 +247,18 @@ def test_constructor_defaults_come_from_the_optimizer_not_its_first_group(poptor
 
 
 def test_adamw_translates_to_poptorch_adamw(poptorch):
-    _, runner = _runner(ExecutionConfig(**TINY), optimizer_cls=torch.optim.AdamW)
+    _, runner = _runner(ExecutionConfig(**TINY_IPU_MODEL), optimizer_cls=torch.optim.AdamW)
     assert type(runner.ipu_optimizer).__name__ == "AdamW" and runner.ipu_optimizer.kwargs["betas"] == (0.9, 0.99)
 
 
 def test_unknown_optimizer_is_a_clear_error(poptorch):
     with pytest.raises(ValueError, match="no poptorch.optim equivalent for optimizer 'Adagrad'"):
-        _runner(ExecutionConfig(**TINY), optimizer_cls=lambda p, **kw: torch.optim.Adagrad(p, lr=kw["lr"]))
+        _runner(ExecutionConfig(**TINY_IPU_MODEL), optimizer_cls=lambda p, **kw: torch.optim.Adagrad(p, lr=kw["lr"]))
 
 
 def test_dataloader_combined_batch_and_lr_schedule(poptorch):
     sched = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5**step)  # noqa: E731
-    config = ExecutionConfig(**TINY)
+    config = ExecutionConfig(**TINY_IPU_MODEL)
     _, runner = _runner(config, scheduler=sched)
     # combined batch = micro x device iterations x replication x accumulation
     assert config.combined_batch_packs == 2 * 2 * 1 * 5
@@ -317,7 +296,7 @@ def test_compile_only_compiles_into_the_cache_and_refuses_to_run(poptorch, tmp_p
 
 
 def test_the_ipu_optimizer_state_is_read_back_and_handed_to_a_resumed_run(poptorch):
-    config = ExecutionConfig(**TINY)
+    config = ExecutionConfig(**TINY_IPU_MODEL)
     loader = lambda r: r.dataloader(PackDataset(si.packs(2 * config.combined_batch_packs)))  # noqa: E731
     _, first = _runner(config)
     assert first.optimizer_state_dict()["ipu_state"] is None  # nothing ran: no IPU state yet
@@ -338,7 +317,7 @@ def test_the_ipu_optimizer_state_is_read_back_and_handed_to_a_resumed_run(poptor
 
 
 def test_a_state_without_ipu_moments_restores_only_the_param_groups(poptorch):
-    config = ExecutionConfig(**TINY)
+    config = ExecutionConfig(**TINY_IPU_MODEL)
     model, runner = _runner(config)
     state = LAMB(model.parameters(), lr=5e-4).state_dict()
     runner.load_optimizer_state_dict(state)

@@ -12,7 +12,7 @@ from ipu_packing.execution import ExecutionConfig, make_runner
 from ipu_packing.execution.runner_common import BATCH_FIELDS
 from synthetic_packs import PackDataset, collate
 
-from test_execution_fixtures import build_model, make_packs
+from execution_fixtures import build_model, make_packs
 
 
 def test_train_step_is_mean_of_micro_batch_gradients():

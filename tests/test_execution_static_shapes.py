@@ -1,4 +1,4 @@
-"""Must show 2: torch.compile(fullgraph=True, dynamic=False) compiles the packed training step once and
+"""torch.compile(fullgraph=True, dynamic=False) compiles the packed training step once and
 never again over an epoch of packs; the padded, variable-length alternative recompiles per new length.
 
 Counts come from torch._dynamo's statistics with the "eager" backend: graph capture (which decides
@@ -7,13 +7,14 @@ recompilation) is the same for every backend, and eager skips code generation, k
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ipu_packing.execution import ExecutionConfig
 from ipu_packing.execution.static_shapes import count_compiled_graphs
 from synthetic_packs import collate, trim_to_longest
 
-from test_execution_fixtures import build_model, make_packs
+from execution_fixtures import build_model, make_packs
 from torch_features import requires_torch_compile
 
 pytestmark = requires_torch_compile
@@ -45,6 +46,7 @@ def test_packed_epoch_compiles_once():
     assert compiles == 1
 
 
+@pytest.mark.slow
 def test_padded_variable_length_recompiles():
     # The same kind of data unpacked (one sequence per row), each batch padded to its longest sequence.
     batches = _epoch(make_packs(32, seed=3, max_sequences_per_pack=1), trim=True)

@@ -14,7 +14,7 @@ from ipu_packing.data.vocab import TokenizerSpec
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
 
-from test_data_own_vocab import prepare_args, write_cased_corpus
+from synthetic_corpus import prepare_args, write_cased_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SENTENCES = ["Fixed a Bug in Python", "Fixed a Bug in Python.", "Zorbleflax met Guido in London, then Paris!",

@@ -120,6 +120,7 @@ def check_against_golden(losses, inputs):
     assert golden[STEPS] < golden[1] - 0.2  # the golden run learns: its losses are not a flat line
 
 
+@pytest.mark.slow
 def test_demo_first_20_losses_match_golden(default_data_128, tmp_path):
     import tokenizers
 

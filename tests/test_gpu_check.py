@@ -7,8 +7,6 @@ import io
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -120,9 +118,8 @@ def test_existing_output_is_refused_and_left_alone(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a torch without CUDA")
 def test_cuda_mode_without_cuda_is_one_line_exit_2(tmp_path):
     output = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "ipu_packing.bench.gpu_check", "--output", str(output)], cwd=REPO,
-                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: torch ")
-    assert "sees no CUDA device" in proc.stderr and "--cpu" in proc.stderr
+    code, out, err = run_main(["--output", str(output)])
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith("error: torch ")
+    assert "sees no CUDA device" in err and "--cpu" in err
     assert not output.exists()

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from test_data_existing import make_instances, run_pack, write_hdf5
+from existing_datasets import make_instances, run_pack, write_hdf5
 
 h5py = pytest.importorskip("h5py")
 

@@ -58,9 +58,6 @@ SMALL = ["model.hidden_size=16", "model.num_attention_heads=2", "model.intermedi
 WORKER_LOG = "POPTORCH_STAND_IN_WORKER_LOG"
 KILL_AT_CALL = "POPTORCH_STAND_IN_SIGKILL_AT_CALL"
 
-pytestmark = pytest.mark.slow
-
-
 def test_the_shipped_ipu_configs_are_the_nine_with_async_rebatched():
     assert CONFIGS == ["bert_base_512_pod16", "bert_base_512_pod16_padded", "bert_base_512_pod64",
                        "bert_base_512_pod64_padded", "bert_large_512_pod128", "bert_large_512_pod16",
@@ -174,6 +171,8 @@ def runs(data_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.serial
+@pytest.mark.slow
 def test_compile_only_with_a_prepared_dataset_starts_the_loader_s_worker(runs, data_dir, name):
     done = runs["compile_only", name]
     run = done["run"]
@@ -239,6 +238,8 @@ def _kill_and_resume(run: Run):
     pytest.param(n, marks=pytest.mark.skip(reason="its PopRun instances must run at once: (c) runs them"))
     if n in TOGETHER else n if n in DEFAULT_RUNS else pytest.param(n, marks=pytest.mark.skipif(
         not ALL_RUNS, reason="IPU_PACKING_ALL_CONFIG_RUNS=1 runs every config")) for n in CONFIGS])
+@pytest.mark.serial
+@pytest.mark.slow
 def test_training_checkpoints_is_killed_and_resumes_with_the_loader_s_worker(runs, name):
     done = runs["train", name]
     run, killed, result = done["run"], done["killed"], done["resumed"]
@@ -309,6 +310,8 @@ def _together(run: Run):
 
 
 @pytest.mark.parametrize("name", TOGETHER)
+@pytest.mark.serial
+@pytest.mark.slow
 def test_pod128_instances_at_once_are_killed_refused_apart_and_resume_together(runs, name):
     done = runs["together", name]
     run, after = done["run"], done["after_kill"]

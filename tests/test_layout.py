@@ -251,6 +251,23 @@ def test_no_import_circle_with_the_lazy_imports():
     assert cycles(import_graph(lazy=True)) == []
 
 
+def test_no_test_module_imports_another():
+    """Shared fixtures live in conftest.py and the support modules (app_fixtures, ...), never in a test module:
+    no module of tests/ (test or support) imports a test module."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    found = []
+    for name in sorted(os.listdir(tests)):
+        if name.endswith(".py"):
+            with open(os.path.join(tests, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_"):
+                    found.append("%s: %s" % (name, node.module))
+                elif isinstance(node, ast.Import):
+                    found += ["%s: %s" % (name, a.name) for a in node.names if a.name.startswith("test_")]
+    assert found == []
+
+
 if __name__ == "__main__":
     print("modules: %d (longest: %s)" % (len(MODULES), ", ".join("%s %d" % item for item in module_lines()[:5])))
     print("file names shared across rooms: %d %s" % (len(shared_names()), shared_names()))

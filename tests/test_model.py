@@ -9,43 +9,12 @@ import numpy as np
 import pytest
 import torch
 import torch._dynamo  # noqa: F401  (torch 2.0.x does not import it with torch)
-import transformers
 
 from ipu_packing.model import PackedBertForPreTraining, PackedBertOutput
+from ipu_packing.data.format import IGNORE_INDEX
 from ipu_packing.model.attention import MASK_VALUE, dense_mask
-from test_model_packs import build_packs, random_packs, to_torch
+from model_fixtures import FIELDS, assert_outputs_close, build_packs, model_for, random_packs, tiny_batch, tiny_config
 from torch_features import requires_torch_compile
-
-FIELDS = ("loss", "mlm_loss", "nsp_loss", "mlm_logits", "nsp_logits", "mlm_accuracy", "nsp_accuracy",
-          "mlm_count", "nsp_count")
-
-
-def tiny_config(**overrides) -> transformers.BertConfig:
-    fields = dict(
-        vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-        max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        initializer_range=0.2,
-    )
-    fields.update(overrides)
-    return transformers.BertConfig(**fields)
-
-
-def tiny_batch(seed: int = 0, dtype: torch.dtype = torch.int64, lengths=([5, 6], [9], [3, 3, 4, 6])):
-    rng = np.random.default_rng(seed)
-    return to_torch(build_packs(random_packs(rng, lengths, 64), 16, 4, 10, rng), dtype)
-
-
-def model_for(attention: str = "dense", seed: int = 0, **overrides) -> PackedBertForPreTraining:
-    torch.manual_seed(seed)
-    return PackedBertForPreTraining(tiny_config(**overrides), attention=attention).eval()
-
-
-def assert_outputs_close(a: PackedBertOutput, b: PackedBertOutput, atol: float) -> None:
-    for name in FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
-        assert x.shape == y.shape, name
-        assert (x.float() - y.float()).abs().max().item() <= atol, (name, (x - y).abs().max().item())
-
 
 def test_output_is_named_tuple_of_tensors_with_shapes():
     batch = tiny_batch()
@@ -264,6 +233,7 @@ def test_autocast_runs_and_stays_close_to_fp32(dtype, attention):
 
 
 @requires_torch_compile
+@pytest.mark.slow
 def test_torch_compile_fullgraph_matches_eager():
     """fullgraph=True fails on any graph break; aot_eager traces forward and backward cheaply (inductor, the
     default backend, compiles the same graph: set IPU_PACKING_TEST_INDUCTOR=1 to run it, ~2 min here)."""
@@ -301,3 +271,36 @@ def test_ddp_passes_the_output_through_and_every_parameter_gets_a_gradient(tmp_p
         assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
     finally:
         dist.destroy_process_group()
+
+
+# ---- the packs the model tests are built on (model_fixtures.build_packs) ----------------------------------------
+# The helper must keep the field meanings, or every model test built on it proves nothing.
+
+
+def test_build_packs_follows_field_semantics():
+    rng = np.random.default_rng(0)
+    groups = random_packs(rng, [[5], [3, 4], [2, 3, 3]], vocab_size=50)
+    batch = build_packs(groups, seq_len=8, max_sequences=3, mlm_slots=6, rng=rng)
+    assert batch["sequence_ids"].tolist() == [
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 2, 2, 2, 2, 0],
+        [1, 1, 2, 2, 2, 3, 3, 3],
+    ]
+    assert batch["position_ids"].tolist() == [
+        [0, 1, 2, 3, 4, 0, 0, 0],
+        [0, 1, 2, 0, 1, 2, 3, 0],
+        [0, 1, 0, 1, 2, 0, 1, 2],
+    ]
+    assert batch["cls_positions"][:, :1].tolist() == [[0], [0], [0]]
+    assert batch["cls_positions"][1, :2].tolist() == [0, 3]
+    assert batch["cls_positions"][2].tolist() == [0, 2, 5]
+    assert batch["nsp_labels"][0, 1:].tolist() == [IGNORE_INDEX, IGNORE_INDEX]
+    for row, group in enumerate(groups):
+        valid = batch["mlm_labels"][row] != IGNORE_INDEX
+        assert int(valid.sum()) == sum(len(seq.mlm_positions) for seq in group)
+        for k, seq in enumerate(group):  # unpacking by sequence_ids gives back each sequence
+            tokens = batch["input_ids"][row][batch["sequence_ids"][row] == k + 1]
+            assert tokens.tolist() == seq.input_ids.tolist()
+        owners = batch["sequence_ids"][row][batch["mlm_positions"][row][valid]]
+        assert (owners > 0).all()  # every MLM position lies inside a sequence, never on [CLS]
+        assert (batch["position_ids"][row][batch["mlm_positions"][row][valid]] > 0).all()

@@ -8,92 +8,11 @@ same means the packed model computes over a batch of packs. One backward on each
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
 
-from ipu_packing.model import PackedBertForPreTraining
-from test_model_packs import build_packs, padded_hf_inputs, random_packs, to_torch
-
-SEQ_LEN = 32
-MAX_SEQUENCES = 8
-MLM_SLOTS = 24
-# Packs of 1, 2, 3 and 8 sequences; the first three end in padding, the last is full (8 lengths sum to 32).
-PACK_LENGTHS = [[20], [10, 14], [5, 9, 11], [3, 5, 2, 6, 4, 4, 5, 3]]
-
-CONFIGS = {
-    "L2-H2-d32-V97": dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=32, vocab_size=97),
-    "L3-H4-d64-V211": dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=64, vocab_size=211),
-    "L1-H1-d24-V1000-gelu_new": dict(
-        num_hidden_layers=1, num_attention_heads=1, hidden_size=24, vocab_size=1000, hidden_act="gelu_new"
-    ),
-}
-
-# float32: what rounding leaves of the equality (measured worst case: logits 3.1e-6 with sdpa, loss 2.3e-7
-# relative, gradients 3.4e-7); float64: the proof of mathematical equality (measured at most 6.2e-15).
-LOGIT_ATOL = 1e-5
-LOSS_RTOL = 1e-6
-GRAD_ATOL = 1e-5
-FP64_ATOL = 1e-12
-
-
-def make_config(**fields) -> transformers.BertConfig:
-    fields.setdefault("intermediate_size", 2 * fields["hidden_size"])
-    return transformers.BertConfig(
-        max_position_embeddings=64, type_vocab_size=2, attn_implementation="eager", **fields
-    )
-
-
-def randomize_(model: torch.nn.Module, seed: int) -> None:
-    """Weights far from the default init (std 0.02 makes every logit ~0 and hides mistakes)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            if "LayerNorm.weight" in name:
-                param.copy_(1.0 + 0.1 * noise)
-            else:
-                param.copy_(0.15 * noise)
-
-
-def twin_models(config: transformers.BertConfig, attention: str, seed: int = 0):
-    """transformers' reference and the packed model, holding identical weights."""
-    reference = transformers.BertForPreTraining(config)
-    assert type(reference.bert.encoder.layer[0].attention.self).__name__ == "BertSelfAttention"  # eager
-    randomize_(reference, seed)
-    packed = PackedBertForPreTraining(config, attention=attention)
-    packed.load_state_dict(reference.state_dict())
-    return reference.eval(), packed.eval()
-
-
-def run_both(config_fields, attention, lengths=PACK_LENGTHS, seed=0):
-    config = make_config(**config_fields)
-    reference, packed = twin_models(config, attention, seed)
-    rng = np.random.default_rng(seed)
-    groups = random_packs(rng, lengths, config.vocab_size)
-    batch = to_torch(build_packs(groups, SEQ_LEN, MAX_SEQUENCES, MLM_SLOTS, rng))
-    sequences = [seq for group in groups for seq in group]
-    hf_inputs = padded_hf_inputs(sequences)
-    return reference, packed, groups, batch, hf_inputs
-
-
-def gather_reference(groups, batch, hf_out, hf_inputs):
-    """Map the reference's per-sequence outputs onto the packed slots: (B, M, V) and (B, K, 2) targets."""
-    dtype = hf_out.prediction_logits.dtype
-    mlm_ref = torch.zeros(batch["mlm_labels"].shape + (hf_out.prediction_logits.shape[-1],), dtype=dtype)
-    nsp_ref = torch.zeros(batch["nsp_labels"].shape + (2,), dtype=dtype)
-    row_of = 0
-    for b, group in enumerate(groups):
-        slot = 0
-        for k, seq in enumerate(group):
-            nsp_ref[b, k] = hf_out.seq_relationship_logits[row_of]
-            for position in seq.mlm_positions:
-                mlm_ref[b, slot] = hf_out.prediction_logits[row_of, int(position)]
-                slot += 1
-            row_of += 1
-    return mlm_ref, nsp_ref
+from model_fixtures import CONFIGS, FP64_ATOL, GRAD_ATOL, LOGIT_ATOL, LOSS_RTOL, SEQ_LEN, gather_reference, run_both
 
 
 @pytest.mark.parametrize("attention", ["dense", "sdpa"])

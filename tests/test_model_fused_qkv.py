@@ -24,11 +24,9 @@ from ipu_packing.errors import ConfigError, UserError
 from ipu_packing.train.optim import LAMB, parameter_groups
 from ipu_packing.train.fingerprint import check_fixed
 from ipu_packing.train.state import TrainingState
-from test_model import tiny_batch, tiny_config
-from test_model_equivalence import (
-    CONFIGS, FP64_ATOL, MLM_SLOTS, MAX_SEQUENCES, PACK_LENGTHS, SEQ_LEN, gather_reference, make_config, randomize_,
-)
-from test_model_packs import build_packs, padded_hf_inputs, random_packs, to_torch
+from model_fixtures import (CONFIGS, FP64_ATOL, MAX_SEQUENCES, MLM_SLOTS, PACK_LENGTHS, SEQ_LEN, build_packs,
+                            gather_reference, make_config, padded_hf_inputs, random_packs, randomize_, tiny_batch,
+                            tiny_config, to_torch)
 from app_fixtures import tiny, train
 from ipu_packing.data import open_dataset
 from ipu_packing.train.loop import plan_run
@@ -39,12 +37,6 @@ import poptorch_stand_in as si
 from spawned import leave_after
 
 QKV = ("query", "key", "value")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """The loop tests' dataset (tests/test_train_loop.py), prepared again for this module."""
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
 def fused_twin(model: PackedBertForPreTraining, attention: str = None) -> PackedBertForPreTraining:
@@ -258,6 +250,7 @@ def test_a_fused_run_starts_from_unfused_weights_and_exports_what_transformers_l
 
 
 @requires_torch_compile
+@pytest.mark.slow
 def test_the_fused_model_compiles_fullgraph_and_matches_eager():
     torch.manual_seed(0)
     model = PackedBertForPreTraining(tiny_config(num_hidden_layers=1, fused_qkv=True)).eval()
@@ -272,7 +265,7 @@ def test_the_fused_model_compiles_fullgraph_and_matches_eager():
 
 def _train_fused(config: ExecutionConfig):
     """3 SGD steps of the fused tiny model from a fixed initialisation; its state in transformers' layout."""
-    from test_execution_fixtures import make_packs, tiny_bert_config
+    from execution_fixtures import make_packs, tiny_bert_config
 
     from synthetic_packs import PackDataset
 
@@ -301,10 +294,12 @@ def _fused_pipeline_worker(rank, world, port, outdir):
     leave_after(work)
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_a_two_stage_torch_pipeline_of_the_fused_model_matches_one_process(tmp_path):
     """torch.distributed.pipelining (GPipe, 2 processes, gloo) against one process, as
     test_execution_distributed does for the unfused model: weights within 1e-5 after 3 steps."""
-    from test_execution_distributed import _free_port
+    from execution_fixtures import free_port
     from torch_features import PIPELINING_MISSING
 
     import torch.multiprocessing as mp
@@ -312,7 +307,7 @@ def test_a_two_stage_torch_pipeline_of_the_fused_model_matches_one_process(tmp_p
     if PIPELINING_MISSING:
         pytest.skip(PIPELINING_MISSING)
     torch.set_num_threads(1)
-    mp.spawn(_fused_pipeline_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_fused_pipeline_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     reference, ref_losses = _train_fused(ExecutionConfig(micro_batch_size=2, gradient_accumulation=4))
     assert "bert.encoder.layer.1.attention.self.key.weight" in reference
     assert len(ref_losses) == 3 and abs(ref_losses[2] - ref_losses[0]) > 1e-3  # it trains: the check is not vacuous

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ipu_packing.model.attention import MASK_VALUE, attend, dense_mask
 from ipu_packing.model.modeling import IGNORE_INDEX, _mean_loss_and_accuracy
-from test_model import model_for, tiny_batch
+from model_fixtures import model_for, tiny_batch
 
 HALF_KERNELS = "torch %s has no CPU kernel for this half-precision op" % torch.__version__
 
@@ -173,6 +173,7 @@ def test_half_losses_sum_and_count_in_float32_above_2048_slots():
 
 
 @pytest.mark.parametrize("spread, boost", [(0.5, 0.0), (3.0, 8.0), (3.0, 14.0)], ids=["initial", "mid", "trained"])
+@pytest.mark.slow
 def test_half_mlm_loss_against_the_fp32_copy_on_a_bert_sized_vocabulary(spread, boost):
     """The realistic fp16 case: V = 30522, 2112 slots of which 2080 are valid, logits N(0, spread^2) with the
     label's logit raised by ``boost`` (losses ~10.5 as at initialisation, ~6.9, ~1.9 as a trained BERT's), the

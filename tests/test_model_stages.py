@@ -11,6 +11,7 @@ from synthetic_packs import collate
 from ipu_packing.model.stages import HIDDEN, INPUTS, OUTPUT, parameter_owners, pretraining_stages
 
 import poptorch_stand_in as si
+from execution_fixtures import build_model, make_packs
 
 
 def test_the_parts_in_order_are_the_forward():
@@ -42,3 +43,17 @@ def test_a_split_that_misses_layers_is_refused():
     with pytest.raises(ValueError) as info:
         pretraining_stages(2, [1, 2])
     assert str(info.value) == "execution.layers_per_ipu [1, 2] sums to 3, but model.num_hidden_layers is 2"
+
+
+def test_forward_is_the_composition_the_pipeline_splits():
+    model = build_model()
+    batch = {k: torch.as_tensor(v) for k, v in collate(make_packs(4)).items()}
+    whole = model(**batch)
+    h = model.bert.embeddings(batch["input_ids"], batch["token_type_ids"], batch["position_ids"])
+    mask = model.bert.get_attention_mask(batch["sequence_ids"])
+    for layer in model.bert.encoder.layer:
+        h = layer(h, mask)
+    parts = model.pretraining_heads(h, *(batch[k] for k in BATCH_FIELDS[4:]))
+    assert torch.equal(whole.loss, parts.loss)
+    assert torch.equal(whole.mlm_logits, parts.mlm_logits)
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight

@@ -19,7 +19,7 @@ from ipu_packing.model import (
     PackedBertForSequenceClassification,
 )
 from task_packs import alone, scaled_difference, slots, task_packs
-from test_model_equivalence import make_config, randomize_
+from model_fixtures import make_config, randomize_
 
 ID2LABEL = {0: "contradiction", 1: "entailment", 2: "neutral"}
 LABEL2ID = {name: index for index, name in ID2LABEL.items()}

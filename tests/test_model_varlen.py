@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ipu_packing.model import attention as attention_module
 from ipu_packing.model.attention import attend, build_mask, resolve_attention, varlen_layout
-from test_model_equivalence import CONFIGS, FP64_ATOL, GRAD_ATOL, LOGIT_ATOL, gather_reference, run_both
+from model_fixtures import CONFIGS, FP64_ATOL, GRAD_ATOL, LOGIT_ATOL, gather_reference, run_both
 from torch_features import requires_torch_compile
 
 # the nested kernel needs jagged nested tensors (torch >= 2.3); the grouped one runs on torch 2.0.1
@@ -194,6 +194,7 @@ def test_varlen_old_torch_is_one_clear_error(monkeypatch):
 
 
 @requires_torch_compile
+@pytest.mark.slow
 def test_varlen_under_torch_compile_aot_eager():
     """torch.compile(backend="aot_eager") runs the varlen model (graph breaks at the layout) with the same
     outputs and gradients as eager."""
@@ -233,15 +234,17 @@ def test_bench_varlen_reports_the_attention_comparison(tmp_path):
     """``python -m ipu_packing.bench --attention varlen --json`` adds the four pairs and their ratios, each
     measured ratio being the ratio of the reported seconds per sequence, beside the FLOP model's."""
     from ipu_packing.bench.attention_compare import RATIOS
-    from test_bench import run_main, synthetic_histogram
+    from app_fixtures import captured
+    from ipu_packing.bench.cli import main as bench_main
+    from packing_fixtures import synthetic_histogram
 
     hist_file = tmp_path / "hist.json"
     hist_file.write_text(json.dumps({"name": "synthetic", "histogram": synthetic_histogram().tolist()}))
     threads = torch.get_num_threads()
     try:
-        code, out, err = run_main(["--histogram", str(hist_file), "--max-seq-length", "64", "--timed-packs", "8",
-                                   "--micro-batch-size", "4", "--repeats", "1", "--threads", "1", "--json",
-                                   "--plot", "", "--attention", "varlen"])
+        code, out, err = captured(bench_main, [
+            "--histogram", str(hist_file), "--max-seq-length", "64", "--timed-packs", "8", "--micro-batch-size", "4",
+            "--repeats", "1", "--threads", "1", "--json", "--plot", "", "--attention", "varlen"])
     finally:
         torch.set_num_threads(threads)
     assert code == 0, err

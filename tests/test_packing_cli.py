@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from ipu_packing.packing import plan_packing
+from app_fixtures import captured, strict_json as strict
+from ipu_packing.bench.planner import main as packing_bench_main
 from ipu_packing.packing.cli import main
+from ipu_packing.packing.plan import PackingPlan
 
 REPO = Path(__file__).resolve().parents[1]
 HIST = np.array([0, 5, 0, 7, 3, 0, 2, 9, 1, 0, 4, 6], dtype=np.int64)  # bins 1..12
@@ -19,6 +22,14 @@ KEYS = {
 
 
 def run(*args, module="ipu_packing.packing"):
+    """``python -m MODULE ARGS``'s main() in this process: its exit status, stdout and stderr."""
+    command = {"ipu_packing.packing": main, "ipu_packing.bench.planner": packing_bench_main}[module]
+    code, out, err = captured(command, [str(a) for a in args])
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def run_process(*args, module="ipu_packing.packing"):
+    """``python -m MODULE ARGS`` in a process of its own, as a shell runs it."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(
         [sys.executable, "-m", module] + [str(a) for a in args],
@@ -133,16 +144,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args):
 
 
 @pytest.mark.parametrize(
-    "args",
+    "args, process",
     [
-        ["--histogram", "{d}/neg.txt", "--max-seq-length", "16"],
-        ["--histogram", "{d}/ok.npy", "--max-seq-length", "16", "--max-sequences-per-pack", "0"],
-        ["--histogram", "{d}/missing.npy", "--max-seq-length", "16"],
+        (["--histogram", "{d}/neg.txt", "--max-seq-length", "16"], True),
+        (["--histogram", "{d}/ok.npy", "--max-seq-length", "16", "--max-sequences-per-pack", "0"], False),
+        (["--histogram", "{d}/missing.npy", "--max-seq-length", "16"], False),
     ],
 )
-def test_bad_input_exit_code_of_the_process(tmp_path, args):
+def test_bad_input_exit_code_of_the_process(tmp_path, args, process):
+    """The exit status, stdout and stderr of the command: the first row in a process of its own (what a shell
+    sees), the others through main() in this process."""
     d = bad_files(tmp_path)
-    proc = run(*[a.format(d=d) for a in args], "--json")
+    proc = (run_process if process else run)(*[a.format(d=d) for a in args], "--json")
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -189,3 +202,30 @@ def test_bench_assign_reports_seconds_memory_and_the_ratio_to_a_stable_argsort(f
     bad = run("--histogram", files / "h.npy", "--max-seq-length", 16, "--assign", "--assign-repeats", 0,
               module="ipu_packing.bench.planner")
     assert bad.returncode == 2 and "--assign-repeats" in bad.stderr
+
+
+# -- --json is strict JSON: a non-finite field is null, named in `warnings` (ipu_packing/jsonout.py) ---------------
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture()
+def histogram(tmp_path):
+    path = tmp_path / "h.json"
+    path.write_text('{"histogram": [1, 2, 3, 4], "max_sequence_length": 8}')
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["packing", "packing.bench"])
+def test_packing_json_is_strict(command, histogram, monkeypatch, capsys):
+    to_dict = PackingPlan.to_dict
+    monkeypatch.setattr(PackingPlan, "to_dict", lambda self, *a: dict(to_dict(self, *a), seconds=NAN, gap=INF))
+    command_main = main if command == "packing" else packing_bench_main
+    extra = [] if command == "packing" else ["--algorithms", "optimal,nnlshp"]
+    assert command_main(["--histogram", histogram, "--json"] + extra) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == (1 if command == "packing" else 2)
+    for line in lines:
+        row = strict(line)
+        assert row["seconds"] is None and row["gap"] is None and row["num_sequences"] == 10
+        assert sorted(w.split(" is ")[0] for w in row["warnings"]) == ["gap", "seconds"]

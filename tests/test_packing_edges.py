@@ -6,7 +6,7 @@ import pytest
 from ipu_packing.packing import plan_packing
 from ipu_packing.packing.plan import MAX_SEQ_LENGTH
 
-from test_packing_plan import check_plan
+from packing_fixtures import check_plan
 
 
 @pytest.mark.parametrize(

@@ -143,8 +143,14 @@ def _run_variant(env_extra, names):
     return json.loads(result.stdout)
 
 
+def _variant_params():
+    """The variants as rows; the loaded CPU's (a busy process per core beside the planner) runs apart (serial)."""
+    return [pytest.param(label, env, marks=pytest.mark.serial) if "_LOAD" in env else (label, env)
+            for label, env in _variants()]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("label, env_extra", _variants(), ids=[label for label, _ in _variants()])
+@pytest.mark.parametrize("label, env_extra", _variant_params(), ids=[label for label, _ in _variants()])
 def test_plan_hashes_hold_under_other_kernels(label, env_extra):
     names = _names()
     got = _run_variant(dict(env_extra), names)
@@ -167,16 +173,22 @@ def test_planning_imports_no_solver_until_the_lp_runs():
     assert out.strip() == "[] ['highspy']"
 
 
-def test_without_highspy_the_optimal_packer_says_so_in_one_line(tmp_path):
+def test_without_highspy_the_optimal_packer_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    """A highspy that fails to import (first on sys.path, the real one out of sys.modules for the test): the
+    command's main() in this process."""
+    from ipu_packing.packing.cli import main
+
     (tmp_path / "highspy.py").write_text("raise ImportError('No module named highspy (test)')\n")
+    for name in [n for n in sys.modules if n == "highspy" or n.startswith("highspy.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
     counts, size, limit = _ties_thirds()  # one the greedy packers do not solve: the LP must run
     np.save(tmp_path / "h.npy", counts)
-    env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + REPO)
-    result = subprocess.run([sys.executable, "-m", "ipu_packing.packing", "--histogram", str(tmp_path / "h.npy"),
-                             "--max-seq-length", str(size), "--max-sequences-per-pack", str(limit)],
-                            capture_output=True, text=True, env=env, cwd=REPO)
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.splitlines() == [
+    code = main(["--histogram", str(tmp_path / "h.npy"), "--max-seq-length", str(size), "--max-sequences-per-pack",
+                 str(limit)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
         "error: the optimal packer needs the highspy package (pinned in requirements.txt): "
         "No module named highspy (test)"]
 

@@ -3,32 +3,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ipu_packing.packing import ALGORITHMS, plan_packing
-
-
-def check_plan(plan, histogram, max_seq_length, max_sequences_per_pack):
-    """Asserts that a plan holds exactly the histogram within the limits."""
-    hist = np.zeros(max_seq_length, dtype=np.int64)
-    hist[: len(histogram)] = histogram
-    limit = max_sequences_per_pack or max_seq_length
-    placed = np.zeros(max_seq_length, dtype=np.int64)
-    tokens = 0
-    assert len(plan.strategies) == len(plan.repeats)
-    assert len(set(plan.strategies)) == len(plan.strategies)
-    for strategy, count in zip(plan.strategies, plan.repeats):
-        assert count >= 1
-        assert 1 <= len(strategy) <= limit
-        assert sum(strategy) <= max_seq_length
-        assert list(strategy) == sorted(strategy, reverse=True)
-        for length in strategy:
-            placed[length - 1] += count
-        tokens += sum(strategy) * int(count)
-    np.testing.assert_array_equal(placed, hist)
-    np.testing.assert_array_equal(plan.histogram, hist)
-    assert plan.num_packs == int(np.asarray(plan.repeats).sum())
-    assert plan.num_sequences == int(hist.sum())
-    assert plan.num_tokens == tokens
-    assert abs(plan.efficiency - tokens / (plan.num_packs * max_seq_length)) < 1e-12
-    assert abs(plan.theoretical_speedup - hist.sum() / plan.num_packs) < 1e-12
+from packing_fixtures import check_plan
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -114,6 +89,7 @@ def histograms(draw):
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(histograms())
+@pytest.mark.slow
 def test_every_algorithm_places_every_sequence_within_limits(case):
     hist, size, limit = case
     plans = {name: plan_packing(hist, size, limit, name) for name in ALGORITHMS}

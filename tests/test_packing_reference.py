@@ -53,7 +53,7 @@ def test_histogram_facts():
         ("spfhp", 3, 89.44),
         ("spfhp", 12, 99.604),
         ("lpfhp", 12, 99.813),
-        ("nnlshp", 3, 99.75),
+        pytest.param("nnlshp", 3, 99.75, marks=pytest.mark.slow),
     ],
 )
 def test_reference_efficiency(algorithm, limit, reference):
@@ -69,6 +69,7 @@ def test_reference_pack_counts_match_the_published_code():
     assert round(plan("nnlshp", 3).theoretical_speedup, 5) == 1.99625
 
 
+@pytest.mark.slow
 def test_optimal_beats_the_reference_at_three_per_pack():
     best = plan("optimal", 3)
     best.validate()

@@ -12,7 +12,7 @@ from ipu_packing.packing import optimal as optimal_module
 from ipu_packing.packing import plan_packing
 from ipu_packing.packing.cli import main as packing_main
 
-from test_packing_plan import check_plan
+from packing_fixtures import check_plan
 
 S, K = 512, 3
 
@@ -39,6 +39,7 @@ def _same(a, b):
     return a.strategies == b.strategies and np.array_equal(a.repeats, b.repeats)
 
 
+@pytest.mark.slow
 def test_plan_does_not_depend_on_machine_speed(monkeypatch):
     hist = _histogram()
     quiet = plan_packing(hist, S, K)

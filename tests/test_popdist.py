@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from collections import Counter
 
@@ -22,6 +21,7 @@ from torch.optim import AdamW
 
 import app_fixtures as fx
 import popdist_stand_in as pds
+from popdist_stand_in import POPRUN_TINY, REPLICAS
 import poptorch_stand_in as si
 from ipu_packing.data import open_dataset
 from ipu_packing.errors import UserError
@@ -31,20 +31,12 @@ from ipu_packing.train.loop import execute, plan_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INSTANCES = [2, 4]
-REPLICAS = 4  # divisible by every instance count tested
-# A tiny packed BERT on the shipped pipeline shape (embeddings and heads on IPU 0, a layer on each IPU).
-TINY = [
-    "model.vocab_size=64", "model.hidden_size=16", "model.intermediate_size=32", "model.num_hidden_layers=2",
-    "model.num_attention_heads=2", "data.max_seq_length=32", "execution.backend=poptorch",
-    "execution.layers_per_ipu=[1,1]", "execution.use_ipu_model=true", "execution.micro_batch_size=1",
-    "execution.replication_factor=%d" % REPLICAS, "training.global_batch_sequences=40", "logging.progress_bar=false",
-    "logging.tensorboard=false", "checkpoint.export=false", "data.num_workers=0",
-]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=240, seed=0)
+@pytest.fixture
+def data_dir(poprun_data):
+    """This module's dataset: conftest.py's poprun_data (240 sequences), not the tiny one."""
+    return poprun_data
 
 
 def _execution(num_instances, replicas=REPLICAS, **kw):
@@ -172,7 +164,7 @@ class Recorder(torch.utils.data.Dataset):
 def _config(data_dir, run_dir, n, *extra):
     # The Recorder sees the reads made in this process: a Sync loader's. An asynchronous one (the shipped
     # mode) reads in its worker process, from a pickled copy of the dataset.
-    return load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir,
+    return load_config("demo", POPRUN_TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir,
                                        "execution.num_instances=%d" % n, "execution.dataloader_mode=sync"]
                        + list(extra))
 
@@ -202,8 +194,10 @@ def _poprun_train(popdist, data_dir, run_dirs, n, *extra):
 
 
 @pytest.mark.parametrize("n", INSTANCES)
+@pytest.mark.serial
 def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(popdist, horovod, data_dir, tmp_path, n):
-    config = load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % (tmp_path / "x")])
+    config = load_config("demo", POPRUN_TINY + ["data.dir=%s" % data_dir,
+                                                "checkpoint.output_dir=%s" % (tmp_path / "x")])
     steps = plan_run(config, open_dataset=open_dataset).steps_per_epoch
     assert steps >= 3, steps  # a real epoch of several steps
     (single,) = _poprun_train(popdist, data_dir, str(tmp_path / "one_host"), 1, "training.steps=%d" % steps)
@@ -236,6 +230,7 @@ def test_instances_read_every_pack_once_per_epoch_and_only_instance_0_writes(pop
     assert os.path.isfile(os.path.join(run, "summary.json")) and os.path.isfile(os.path.join(run, "metrics.jsonl"))
 
 
+@pytest.mark.serial
 def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state_to_the_device(popdist, horovod,
                                                                                               data_dir, tmp_path):
     """Instance 0 saved the optimizer state it read back (PopTorch shards it over an instance's own replicas,
@@ -262,6 +257,7 @@ def test_every_instance_resumes_from_instance_0_s_checkpoint_and_hands_its_state
 
 
 @pytest.mark.parametrize("n", INSTANCES)
+@pytest.mark.serial
 def test_the_instance_s_dataloader_workers_read_disjoint_parts(popdist, n):
     """Instance and worker together: each instance's DataLoader (2 worker processes) deals its own slice of
     each step to its workers; over all instances and workers every item comes once. (A Sync loader: an
@@ -282,43 +278,44 @@ def test_the_instance_s_dataloader_workers_read_disjoint_parts(popdist, n):
     assert seen == Counter(items[: 3 * G])
 
 
-# ---- launch errors, end to end -----------------------------------------------------------------------
+# ---- launch errors, through the command's main() ---------------------------------------------------------
 
 
-def _run_cli(tmp_path, pythonpath, env_extra, *overrides):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO] + pythonpath), OMP_NUM_THREADS="1")
-    for name in list(env):
+def _run_cli(tmp_path, capsys, monkeypatch, env_extra, *overrides):
+    """run_pretraining.py's main() in this process, on the stand-ins the test installed, in no PopRun environment
+    but ``env_extra``: (exit status, stdout, stderr). It must write no run."""
+    from ipu_packing.train.cli import main
+
+    for name in list(os.environ):
         if name.startswith("POPDIST_") or name.startswith("OMPI_COMM_WORLD"):
-            del env[name]
-    env.update(env_extra)
-    argv = [sys.executable, os.path.join(REPO, "run_pretraining.py"), "--config", "demo"] + TINY + [
-        "data.dir=%s" % (tmp_path / "no_data"), "checkpoint.output_dir=%s" % (tmp_path / "run")] + list(overrides)
-    proc = subprocess.run(argv, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+            monkeypatch.delenv(name)
+    for name, value in env_extra.items():
+        monkeypatch.setenv(name, value)
+    code = main(["--config", "demo"] + POPRUN_TINY + [
+        "data.dir=%s" % (tmp_path / "no_data"), "checkpoint.output_dir=%s" % (tmp_path / "run")] + list(overrides))
+    out, err = capsys.readouterr()
     assert not (tmp_path / "run").exists()
-    return proc
+    return code, out, err
 
 
-def test_without_popdist_several_instances_stop_in_one_line_naming_the_poplar_sdk(tmp_path):
-    proc = _run_cli(tmp_path, [si.STAND_IN_DIR], {}, "execution.num_instances=2")
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: execution.num_instances 2 needs popdist")
-    assert "Poplar SDK" in proc.stderr
+def test_without_popdist_several_instances_stop_in_one_line_naming_the_poplar_sdk(poptorch, one_thread, tmp_path,
+                                                                                  capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "popdist", None)  # import popdist -> ImportError
+    code, out, err = _run_cli(tmp_path, capsys, monkeypatch, {}, "execution.num_instances=2")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: execution.num_instances 2 needs popdist")
+    assert "Poplar SDK" in err
 
 
-def test_several_instances_outside_poprun_and_a_poprun_mismatch_stop_in_one_line(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "_popdist_env", os.path.join(pds.STAND_IN_DIR, "popdist", "__init__.py"))
-    stand_in = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stand_in)
-    path = [pds.STAND_IN_DIR, si.STAND_IN_DIR]
-    proc = _run_cli(tmp_path, path, {}, "execution.num_instances=2")
-    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
-    assert "launch the run with `poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 2" in proc.stderr
-    proc = _run_cli(tmp_path, path, stand_in.poprun_env(2, 8, 2, 1), "execution.num_instances=2")
-    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
-    assert "error: execution.replication_factor is 4 but poprun --num-replicas is 8" in proc.stderr
+def test_several_instances_outside_poprun_and_a_poprun_mismatch_stop_in_one_line(popdist, one_thread, tmp_path,
+                                                                                 capsys, monkeypatch):
+    code, out, err = _run_cli(tmp_path, capsys, monkeypatch, {}, "execution.num_instances=2")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "launch the run with `poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 2" in err
+    instance_1_of_8_replicas = popdist.poprun_env(2, 8, 2, 1)
+    code, out, err = _run_cli(tmp_path, capsys, monkeypatch, instance_1_of_8_replicas, "execution.num_instances=2")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "error: execution.replication_factor is 4 but poprun --num-replicas is 8" in err
 
 
 def test_without_popdist_one_instance_runs_on_plain_poptorch(poptorch, monkeypatch):
@@ -337,7 +334,7 @@ def test_without_popdist_one_instance_runs_on_plain_poptorch(poptorch, monkeypat
 def _dry_run(config, monkeypatch):
     """The report of both dry-run commands (run_pretraining.py --dry-run, python -m ipu_packing.execution
     dry-run), in this process, without poptorch or popdist."""
-    from test_dry_run_cli import both
+    from app_fixtures import both_dry_runs as both
 
     monkeypatch.setitem(sys.modules, "poptorch", None)
     monkeypatch.setitem(sys.modules, "popdist", None)
@@ -381,7 +378,7 @@ def test_pod128_keeps_the_global_batch_for_any_instance_count():
 
 @pytest.mark.parametrize("instance", [0, 1])
 def test_pod128_compiles_on_each_instance_as_popart_would(popdist, instance):
-    from test_execution_poptorch import MULTI_HOST
+    from shipped_configs import MULTI_HOST
 
     config = MULTI_HOST["bert_large_512_pod128.yaml"]
     model = si.tiny_model(24)

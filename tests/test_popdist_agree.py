@@ -33,19 +33,19 @@ from ipu_packing.execution import make_runner as real_make_runner
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
 from ipu_packing.train.state import TrainingState
-from test_popdist import REPLICAS, TINY  # poptorch, popdist and horovod: fixtures of conftest.py
+from popdist_stand_in import POPRUN_TINY, REPLICAS  # poptorch, popdist and horovod: fixtures of conftest.py
 
 START_LINE = ("error: PopRun instances disagree on where to start: %s "
               "(is checkpoint.output_dir on storage every host shares?)\n")
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """tests/test_popdist.py's dataset, prepared again for this module."""
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=240, seed=0)
+@pytest.fixture
+def data_dir(poprun_data):
+    """This module's dataset: conftest.py's poprun_data (240 sequences), not the tiny one."""
+    return poprun_data
 
 
-def _overrides(data_dir, run_dir, n, *extra, base=TINY):
+def _overrides(data_dir, run_dir, n, *extra, base=POPRUN_TINY):
     return base + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir, "execution.num_instances=%d" % n,
                    "training.steps=4", "checkpoint.every_steps=2"] + list(extra)
 
@@ -102,6 +102,7 @@ def _starts(n, resumed_step):
 
 
 @pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.serial
 def test_unshared_run_directories_stop_every_instance_in_one_line_naming_their_starts(popdist, horovod, data_dir,
                                                                                      tmp_path, n):
     """Instance 0's host holds the run's checkpoint at step 2, the others' local disks nothing: instance 0
@@ -116,6 +117,7 @@ def test_unshared_run_directories_stop_every_instance_in_one_line_naming_their_s
     assert not any(os.path.exists(r) for r in runs[1:])
 
 
+@pytest.mark.serial
 def test_pod128_refuses_an_instance_that_would_resume_from_another_step(popdist, horovod, data_dir, tmp_path):
     """configs/bert_large_512_pod128.yaml (2 instances, 4 IPUs per replica, fp16, LAMB, the tied decoder
     serialized), shrunk: 4 layers at one per IPU, 2 replicas per instance, a global batch the tiny dataset
@@ -176,6 +178,8 @@ def _recording_instance(data_dir, run, n, perturb_instance=None):
 
 
 @pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.serial
+@pytest.mark.slow
 def test_a_shared_run_directory_resumes_every_instance_and_logs_the_whole_step(popdist, horovod, data_dir, tmp_path, n):
     run = str(tmp_path / "run")
     config = load_config("demo", _overrides(data_dir, run, n))
@@ -222,6 +226,7 @@ def _sequences(data, indices):
     return sum(int((torch.as_tensor(data.dataset[i]["nsp_labels"]) != IGNORE_INDEX).sum()) for i in indices)
 
 
+@pytest.mark.serial
 def test_a_run_directory_in_use_stops_every_instance(popdist, horovod, data_dir, tmp_path):
     """Another live run holds the run directory's lock: instance 0 is refused it, and the others stop too
     instead of training alone."""
@@ -240,6 +245,7 @@ def test_a_run_directory_in_use_stops_every_instance(popdist, horovod, data_dir,
 # ---- the weights ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.serial
 def test_copies_of_a_checkpoint_that_differ_at_the_same_step_are_refused(popdist, horovod, data_dir, tmp_path):
     runs = [str(tmp_path / ("host%d" % i) / "run") for i in range(2)]
     for i, run in enumerate(runs):
@@ -256,6 +262,8 @@ def test_copies_of_a_checkpoint_that_differ_at_the_same_step_are_refused(popdist
     assert outcomes[0].value[2] == outcomes[1].value[2]  # the same line on both
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_a_fresh_start_takes_instance_0_s_weights_through_horovod(popdist, horovod, data_dir, tmp_path):
     """Equal seeds, but instance 1's host built other weights: Horovod broadcasts instance 0's (Graphcore's
     optimization.py:89), so both train from them."""
@@ -276,6 +284,8 @@ def no_horovod(popdist, monkeypatch):
     monkeypatch.setenv("IPU_PACKING_RENDEZVOUS_TIMEOUT", "2")
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_without_horovod_a_shared_run_directory_checks_the_start_and_logs_instance_0_s_share(popdist, no_horovod,
                                                                                               data_dir, tmp_path):
     run = str(tmp_path / "run")
@@ -296,6 +306,8 @@ def test_without_horovod_a_shared_run_directory_checks_the_start_and_logs_instan
         (3, 1, G // 2), (4, 1, G // 2)]  # one of two shares
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_without_horovod_unshared_run_directories_stop_every_instance(popdist, no_horovod, data_dir, tmp_path):
     runs = [str(tmp_path / ("host%d" % i) / "run") for i in range(2)]
     outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(
@@ -312,6 +324,7 @@ def test_without_horovod_unshared_run_directories_stop_every_instance(popdist, n
     assert not fx.checkpoints(runs[0]) and not os.path.exists(os.path.join(runs[0], "metrics.jsonl"))
 
 
+@pytest.mark.serial
 def test_without_horovod_weights_that_differ_are_refused(popdist, no_horovod, data_dir, tmp_path):
     outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _recording_instance(data_dir, str(tmp_path / "run"), 2,
                                                                                  perturb_instance=1))
@@ -365,6 +378,7 @@ def test_compile_time_is_reported_apart_on_both_backends(poptorch, data_dir, tmp
     assert summary["compile_seconds"] == 0.0 and re.match(r"done: 2 steps in [0-9.]+ s; loss", lines[-1]), lines[-1]
 
 
+@pytest.mark.serial
 def test_without_horovod_files_an_earlier_run_left_are_not_taken_for_this_one(popdist, no_horovod, tmp_path):
     """A killed run left its meeting's files (instance 0's table, instance 1's hello and acknowledgement):
     the instances of the next run exchange their own rows all the same."""

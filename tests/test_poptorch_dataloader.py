@@ -49,6 +49,8 @@ def test_the_names_are_poptorch_s(poptorch):
     assert default is poptorch.SharingStrategy.ForkServer  # python/__init__.py:551-552
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_sync_reads_here_async_reads_in_a_worker_started_by_the_sharing_strategy(poptorch, monkeypatch):
     monkeypatch.setattr(sd, "MARK", 7)  # what a forked worker inherits and a fresh interpreter does not
     opts = _options(poptorch)

@@ -1,6 +1,7 @@
-"""Rule 4 (issue 24): every fingerprint a checkpoint records is compared, on resume and on a phase-1 init
+"""Every fingerprint a checkpoint records is compared (train/fingerprint.py), on resume and on a phase-1 init
 from one of our checkpoints or runs. A difference is refused in one line naming each key, old -> new, and
-writes nothing; checkpoint.resume=force continues and records what it changed in RUN/forced_changes.jsonl."""
+writes nothing; checkpoint.resume=force continues and records what it changed in RUN/forced_changes.jsonl (and the
+config it replaced beside the run)."""
 
 import json
 import os
@@ -18,20 +19,20 @@ BASE = ["training.steps=4", "checkpoint.every_steps=2", "checkpoint.export=false
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    """A dataset, a second one with the same S, K and vocabulary but other data, a copy of the first in another
-    directory, another vocabulary of the same size, and a run stopped after step 2 of 4."""
+def ws(tiny_data, tiny_run, tmp_path_factory):
+    """A dataset (the session's), a second one with the same S, K and vocabulary but other data, a copy of the first
+    in another directory, another vocabulary of the same size, and a run stopped after step 2 of 4."""
     root = tmp_path_factory.mktemp("fp")
-    data = fx.write_prepared(str(root / "data"), S=32, K=3, V=64, num_sequences=96, seed=0)
+    data = tiny_data
     other = fx.write_prepared(str(root / "other"), S=32, K=3, V=64, num_sequences=96, seed=5)
-    copy = str(root / "copy")
-    shutil.copytree(os.path.dirname(data), copy)
-    copy = os.path.join(copy, os.path.basename(data))
+    copy = os.path.join(str(root), "copy", "data")
+    shutil.copytree(data, copy)
     other_vocab = fx.write_prepared(str(root / "vocab"), S=32, K=3, V=64, num_sequences=96, seed=0, vocab_tag="x")
     run = str(root / "run")
-    assert main(args(data, run)) == 0
-    os.unlink(fx.latest(run))  # as a run killed after step 2 leaves it
+    shutil.copytree(tiny_run, run)  # the session's run (BASE, but for its export), as a kill after step 2 leaves it:
+    os.unlink(fx.latest(run))  # no step 4, no summary, no export
     os.unlink(os.path.join(run, "summary.json"))
+    shutil.rmtree(os.path.join(run, "final"))
     return {"root": str(root), "data": data, "other": other, "copy": copy, "other_vocab": other_vocab, "run": run}
 
 
@@ -141,3 +142,32 @@ def test_init_from_a_run_on_another_vocabulary_is_refused(ws, tmp_path, capsys):
     code = main(args(ws["other_vocab"], run, "checkpoint.init_from=%s" % ws["run"], "training.steps=1"))
     err = capsys.readouterr()[1]
     assert code == 2 and "another vocabulary" in err and err.count("\n") == 1, err
+
+
+# -- hyperparameters: a resume that would mix two configs is refused unless forced ----------------------------------
+
+def test_resume_with_changed_hyperparameters_is_refused_unless_forced(data_dir, tiny_run, tmp_path, capsys):
+    run = str(tmp_path / "run")
+    common = ["training.steps=4", "checkpoint.every_steps=2"]
+    shutil.copytree(tiny_run, run)  # the session's run, trained with TINY + common
+    os.unlink(fx.latest(run))  # as if killed after step 2: no step 4, no export, no summary
+    os.unlink(os.path.join(run, "summary.json"))
+    shutil.rmtree(os.path.join(run, "final"))
+    before = open(os.path.join(run, "config.json")).read()
+
+    changed = ["optimizer.lr=0.5", "schedule.decay=constant", "schedule.warmup_fraction=0"]
+    code = main(fx.tiny_run_args(data_dir, run, *(common + changed)))
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1
+    assert "optimizer.lr" in err and "schedule.decay" in err and "schedule.warmup_fraction" in err
+    assert open(os.path.join(run, "config.json")).read() == before  # nothing written
+
+    code = main(fx.tiny_run_args(data_dir, run, *(common + changed + ["checkpoint.resume=force"])))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = fx.metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["lr"] for r in rows[2:]] == [0.5, 0.5]  # the new schedule, not the checkpoint's
+    old = json.load(open(os.path.join(run, "config.before_step_0000002.json")))
+    new = json.load(open(os.path.join(run, "config.json")))
+    assert old["optimizer"]["lr"] == 0.01 and new["optimizer"]["lr"] == 0.5

@@ -17,7 +17,7 @@ import pytest
 import app_fixtures as fx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.usefixtures("one_thread")]
 
 # run_pretraining.py's command, pausing after each logged step so that the signal lands mid-run
 CHILD = r"""
@@ -30,7 +30,8 @@ def slow_log(self, record):
     print("logged %d" % record.step, file=sys.stderr, flush=True)
     time.sleep(0.3)
 metrics.MetricsLogger.log = slow_log
-sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # a loader worker started by spawn or forkserver re-imports it
+    sys.exit(main(sys.argv[1:]))
 """
 
 

@@ -1,5 +1,6 @@
 """The training loop on a tiny model and a small prepared dataset (tests/app_fixtures.py):
-metrics, checkpoints, bitwise resume after a kill, NaN stop, phase-1 init, export to transformers."""
+metrics, checkpoints, bitwise resume after a kill, NaN stop (a real divergence too: exit 2 naming a finite
+checkpoint), phase-1 init, export to transformers."""
 
 import os
 import signal
@@ -14,17 +15,13 @@ import app_fixtures as fx
 from ipu_packing.data import open_dataset
 from ipu_packing.train import TrainingError, UserError
 from ipu_packing.train.loop import plan_run
-from ipu_packing.train.state import TrainingState
+from ipu_packing.train.cli import main
+from ipu_packing.train.state import TrainingState, non_finite_tensors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY, tiny, train, losses = fx.TINY, fx.tiny, fx.train, fx.losses
 # torch on one thread in every test (conftest.py): the killed subprocess runs with OMP_NUM_THREADS=1, same reductions
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
 def test_metrics_checkpoints_and_export(data_dir, tmp_path):
@@ -89,6 +86,7 @@ execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
 """
 
 
+@pytest.mark.slow
 def test_resume_after_kill_gives_bitwise_the_same_losses(data_dir, tmp_path):
     # 8 steps over 6-step epochs: the resume point (step 4) and an epoch boundary are both crossed
     args = ["training.steps=8", "checkpoint.every_steps=2", "checkpoint.keep=3"]
@@ -152,6 +150,23 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
     assert "nan" in message and "step 3" in message and "step_0000002.pt" in message
     assert [os.path.basename(p) for p in fx.checkpoints(run)] == ["step_0000002.pt"]
     assert fx.load(fx.latest(run)).step == 2
+    assert not os.path.exists(os.path.join(run, "final"))
+
+
+def test_a_real_divergence_stops_with_exit_2_naming_a_finite_checkpoint(data_dir, tmp_path, capsys):
+    run = str(tmp_path / "run")
+    code = main(["--config", "demo"] + TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run,
+                                               "optimizer.lr=1000", "schedule.warmup_fraction=0", "training.steps=30",
+                                               "checkpoint.every_steps=1", "checkpoint.keep=100"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1 and "diverged" in err
+    named = err.split("finite throughout is ")[1].strip()
+    assert os.path.isfile(named)
+    saved = fx.checkpoints(run)
+    assert saved and saved[-1] == named
+    for path in saved:
+        assert non_finite_tensors(fx.load(path).to_dict()) == [], path
     assert not os.path.exists(os.path.join(run, "final"))
 
 

@@ -22,11 +22,6 @@ SETTINGS = ["data.max_seq_length=32", "execution.micro_batch_size=4", "training.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
-
-
 def hf_phase1(directory, data_dir, heads=True):
     """A tiny transformers BertForPreTraining (or, heads=False, a bare BertModel) saved with save_pretrained,
     with gelu_new and eps 1e-12, and the dataset's vocab.txt beside it."""

@@ -10,7 +10,6 @@ missing per-stage RNG state) changes the resumed losses.
 
 import os
 import shutil
-import socket
 
 import torch
 import torch.distributed as dist
@@ -23,15 +22,11 @@ from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
 from torch_features import PIPELINING_MISSING
 from spawned import leave_after
+from execution_fixtures import free_port
 
-TINY = [
-    "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
-    "model.num_attention_heads=2", "model.hidden_dropout_prob=0.1", "model.attention_probs_dropout_prob=0.1",
-    "data.max_seq_length=32", "execution.micro_batch_size=4", "training.global_batch_sequences=16",
-    "execution.layers_per_ipu=[1,1]", "logging.progress_bar=false", "logging.tensorboard=false",
-    "optimizer.lr=0.01", "training.steps=8", "checkpoint.every_steps=2", "checkpoint.keep=4",
-    "checkpoint.export=false",
-]
+PIPELINED = fx.TINY + ["model.attention_probs_dropout_prob=0.1", "execution.layers_per_ipu=[1,1]", "training.steps=8",
+                      "checkpoint.every_steps=2", "checkpoint.keep=4", "checkpoint.export=false"]
+"""app_fixtures.TINY on two pipeline stages (a layer each), attention dropout on too, 8 steps, a checkpoint every 2."""
 
 
 def _worker(rank, world, port, data_dir, reference, resumed):
@@ -41,7 +36,7 @@ def _worker(rank, world, port, data_dir, reference, resumed):
 
     def work():
         for run_dir in (reference, resumed):
-            config = load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir])
+            config = load_config("demo", PIPELINED + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir])
             execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
             dist.barrier()
             if run_dir == reference and rank == 0:
@@ -61,23 +56,18 @@ def _interrupted_copy(reference, resumed):
         shutil.rmtree(os.path.join(resumed, "final"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _losses(run_dir):
     return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"])
             for r in fx.metrics(run_dir)]
 
 
 @pytest.mark.skipif(PIPELINING_MISSING is not None, reason=PIPELINING_MISSING or "")
-def test_pipelined_resume_gives_bitwise_the_same_losses(tmp_path):
-    data_dir = fx.write_prepared(str(tmp_path / "prepared"), S=32, K=3, V=64, num_sequences=96, seed=0)
+@pytest.mark.serial
+@pytest.mark.slow
+def test_pipelined_resume_gives_bitwise_the_same_losses(data_dir, tmp_path):
     reference, resumed = str(tmp_path / "reference"), str(tmp_path / "resumed")
     # One pair of processes runs both: the reference, then (after rank 0 copied it) the resumed run.
-    mp.spawn(_worker, args=(2, _free_port(), data_dir, reference, resumed), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), data_dir, reference, resumed), nprocs=2, join=True)
     assert [os.path.basename(p) for p in fx.checkpoints(reference)] == [
         "step_0000002.pt", "step_0000004.pt", "step_0000006.pt", "step_0000008.pt"]
 

@@ -8,11 +8,9 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 
 import app_fixtures as fx
-import poptorch_stand_in as si
 from ipu_packing.data import open_dataset
 from ipu_packing.train import load_config
 from ipu_packing.train import loop
@@ -21,25 +19,18 @@ from ipu_packing.train.cli import main
 from ipu_packing.train.loop import execute, plan_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
-    "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
-    "model.num_attention_heads=2", "data.max_seq_length=32", "execution.micro_batch_size=2",
-    "training.global_batch_sequences=24", "logging.progress_bar=false", "logging.tensorboard=false",
-    "execution.backend=poptorch", "execution.layers_per_ipu=[1,1]", "execution.use_ipu_model=true",
-    "checkpoint.export=false",
-]
+POPTORCH_TINY = fx.TINY + ["model.hidden_dropout_prob=0.0", "execution.micro_batch_size=2",
+                          "training.global_batch_sequences=24", "execution.backend=poptorch",
+                          "execution.layers_per_ipu=[1,1]", "execution.use_ipu_model=true", "checkpoint.export=false"]
+"""app_fixtures.TINY without dropout on the PopTorch stand-in's IPU Model: two IPUs (a layer each), micro batch 2."""
 # BERT-Large's POD16 config with a tiny hidden size: its 24 layers, [3, 7, 7, 7] split, batch and precision.
 LARGE_TINY = ["model.hidden_size=16", "model.num_attention_heads=2", "model.intermediate_size=32",
               "model.vocab_size=128"]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
-
-
 def _config(data_dir, run_dir, *extra):
-    return load_config("demo", TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir] + list(extra))
+    return load_config("demo", POPTORCH_TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir]
+                       + list(extra))
 
 
 def _train(config):
@@ -75,7 +66,8 @@ def test_without_poptorch_the_run_stops_in_one_line_before_building_the_model(mo
         raise AssertionError("the model was built")
 
     monkeypatch.setattr(run_plan, "build", no_model)
-    args = ["--config", "demo"] + TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % (tmp_path / "run")]
+    args = ["--config", "demo"] + POPTORCH_TINY + ["data.dir=%s" % data_dir,
+                                                   "checkpoint.output_dir=%s" % (tmp_path / "run")]
     assert main(args) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
@@ -83,29 +75,33 @@ def test_without_poptorch_the_run_stops_in_one_line_before_building_the_model(mo
     assert not os.path.exists(str(tmp_path / "run"))
 
 
-def _run_cli(args, cwd, stand_in=True):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(([si.STAND_IN_DIR] if stand_in else []) + [REPO])
-    return subprocess.run([sys.executable, os.path.join(REPO, "run_pretraining.py")] + args, cwd=str(cwd), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
+def _run_cli(args, capsys):
+    """run_pretraining.py's main() in this process (the cwd the test set; poptorch as the test installed it):
+    its exit status, stdout and stderr."""
+    code = main(args)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
-def test_compile_only_compiles_names_the_cache_and_exits_0(tmp_path):
+def test_compile_only_compiles_names_the_cache_and_exits_0(poptorch, one_thread, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     args = ["--config", "bert_large_512_pod16", "execution.compile_only=true"] + LARGE_TINY
-    first = _run_cli(args, tmp_path)
+    first = _run_cli(args, capsys)
     assert first.returncode == 0, first.stderr
     cache = os.path.join(str(tmp_path), "output", "executable_cache")
     assert first.stdout.splitlines()[-1] == "executable cache: %s" % cache
     assert "generated batch (S=512, K=3" in first.stdout
     assert len(os.listdir(cache)) == 1
     assert sorted(os.listdir(os.path.join(str(tmp_path), "output"))) == ["executable_cache"]  # no run, no checkpoint
-    second = _run_cli(args, tmp_path)  # the same program: loaded from the cache, nothing new written
+    second = _run_cli(args, capsys)  # the same program: loaded from the cache, nothing new written
     assert second.returncode == 0, second.stderr
     assert len(os.listdir(cache)) == 1
 
 
-def test_compile_only_without_poptorch_is_the_one_line_sdk_error(tmp_path):
-    done = _run_cli(["--config", "bert_large_512_pod16", "execution.compile_only=true"], tmp_path, stand_in=False)
+def test_compile_only_without_poptorch_is_the_one_line_sdk_error(one_thread, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "poptorch", None)  # import poptorch -> ImportError
+    done = _run_cli(["--config", "bert_large_512_pod16", "execution.compile_only=true"], capsys)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "Poplar SDK" in done.stderr
 

@@ -1,7 +1,12 @@
 """The checkpoint schema (train/state.py:TrainingState) and the loop's parts that are plain functions: the
-checkpoint cadence and the step record."""
+checkpoint cadence and the step record. A step checkpoint is read by TrainingState.load, which checks every field
+(types, generator states, dtypes, finite tensors) before anything uses it, and reads no pickle that runs code."""
 
 from __future__ import annotations
+
+import json
+import os
+import pickle
 
 import pytest
 
@@ -12,6 +17,7 @@ import torch
 from ipu_packing.train import UserError
 from ipu_packing.train.loop import checkpoint_due
 from ipu_packing.train.metrics import StepRecord
+from ipu_packing.train.cli import main
 from ipu_packing.train.state import TrainingState
 
 # The keys the loop has written into every step checkpoint, in this order, since rng_per_rank was added.
@@ -88,3 +94,141 @@ def test_the_step_record_is_built_from_the_reduced_metrics():
                                 sequences_per_second=60.0, tokens_per_second=1800.0, epoch=1, compile_seconds=3.0,
                                 instances=2)
     assert record.loss == 2.0 and record.to_dict()["nsp_accuracy"] == 0.75 and "metrics" not in record.to_dict()
+
+
+
+def test_a_non_finite_step_metric_is_null_in_metrics_jsonl(tmp_path):
+    """metrics.jsonl is machine-readable output too: a step whose loss is NaN (the step a divergence stops
+    at) or whose throughput is inf (a zero-second step) is written as null with a warning, never NaN."""
+    from ipu_packing.train.metrics import MetricsLogger
+    from ipu_packing.train.sections import LoggingConfig
+
+    logger = MetricsLogger(str(tmp_path / "metrics.jsonl"), str(tmp_path / "tensorboard"), 1, 0,
+                           LoggingConfig(progress_bar=False, tensorboard=False, jsonl=True), log=lambda line: None)
+    logger.log(StepRecord(step=1, metrics={"loss": float("nan"), "mlm_loss": 1.0, "nsp_loss": 0.5, "mlm_accuracy": 0.1,
+                                           "nsp_accuracy": 0.5},
+                          lr=1e-3, sequences=3, tokens=30, packs=2, packing_factor=1.5, seconds=0.0,
+                          sequences_per_second=float("inf"), tokens_per_second=float("inf"), epoch=0))
+    logger.close()
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+
+    def refuse(constant):
+        raise AssertionError("not JSON: %s" % constant)
+
+    record = json.loads(line, parse_constant=refuse)
+    assert record["loss"] is None and record["sequences_per_second"] is None and record["mlm_loss"] == 1.0
+    assert record["warnings"] == ["loss is NaN, not a finite number: written as null",
+                                  "sequences_per_second is Infinity, not a finite number: written as null",
+                                  "tokens_per_second is Infinity, not a finite number: written as null"]
+
+
+# -- step checkpoints read from disk: every field checked (TrainingState.load) -------------------------------------
+# field types, generator states, finite tensors; a hostile file is refused in one line naming the file and field.
+
+def _state(**changes):
+    from ipu_packing.train.state import rng_state
+
+    state = {"step": 3, "model": {"w": torch.zeros(2, 2)}, "optimizer": {"state": {}, "param_groups": []},
+             "scheduler": {}, "data": {"epoch": 0, "step_in_epoch": 3}, "rng": rng_state()}
+    for key, value in changes.items():
+        if callable(value):
+            value(state)
+        else:
+            state[key] = value
+    return state
+
+
+def _rng(part, value):
+    def change(state):
+        state["rng"][part] = value
+    return change
+
+
+CHECKPOINT_ROWS = [
+    ("rng-empty", _state(rng={}), "field rng lacks python, numpy, torch"),
+    ("rng-list", _state(rng=[1, 2]), "field 'rng' must be a mapping"),
+    ("rng-python-short", _state(rng=_rng("python", [3, [0] * 10, None])), "field rng python"),
+    ("rng-python-version", _state(rng=_rng("python", [2, [0] * 625, None])), "field rng python"),
+    ("rng-numpy-name", _state(rng=_rng("numpy", ["PCG64", [0] * 624, 0, 0, 0.0])), "field rng numpy"),
+    ("rng-numpy-position", _state(rng=_rng("numpy", ["MT19937", [0] * 624, 999, 0, 0.0])), "field rng numpy"),
+    ("rng-numpy-word-negative", _state(rng=_rng("numpy", ["MT19937", [-1] * 624, 0, 0, 0.0])), "field rng numpy"),
+    ("rng-torch-float", _state(rng=_rng("torch", torch.zeros(5056))), "field rng torch"),
+    ("rng-torch-short", _state(rng=_rng("torch", torch.zeros(10, dtype=torch.uint8))), "field rng torch"),
+    ("rng-per-rank-dict", _state(rng_per_rank={"0": 1}), "rng_per_rank"),
+    ("rng-per-rank-empty-entry", _state(rng_per_rank=[{}]), "rng_per_rank[0]"),
+    ("model-nan", _state(model={"w": torch.tensor([1.0, float("nan")])}), "inf or NaN"),
+    ("optimizer-inf", _state(optimizer={"state": {0: {"exp_avg": torch.tensor([float("inf")])}}, "param_groups": []}),
+     "inf or NaN"),
+    ("model-complex", _state(model={"w": torch.zeros(2, dtype=torch.complex64)}), "dtype"),
+    ("config-list", _state(config=[1]), "field 'config' must be a mapping"),
+    ("dataset-string", _state(dataset="x"), "field 'dataset' must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("name, state, words", CHECKPOINT_ROWS, ids=[r[0] for r in CHECKPOINT_ROWS])
+def test_a_hostile_checkpoint_is_one_line(name, state, words, tmp_path):
+    from ipu_packing.train.state import TrainingState
+
+    path = str(tmp_path / "step_0000003.pt")
+    torch.save(state, path)
+    with pytest.raises(UserError) as info:
+        TrainingState.load(path)
+    message = str(info.value)
+    assert words in message and path in message and "\n" not in message, message
+
+
+def test_a_clean_checkpoint_loads_and_restores(tmp_path):
+    from ipu_packing.train.state import TrainingState, set_rng_state
+
+    path = str(tmp_path / "step_0000003.pt")
+    torch.save(_state(), path)
+    set_rng_state(TrainingState.load(path).rng)
+
+
+# -- a checkpoint is read without running code: a crafted pickle is refused wherever it is named ---------------------
+
+class _Payload:
+    """Unpickling this runs code: it creates a marker file (what an attacker's checkpoint would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _crafted(path, marker):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump({"step": 1, "model": {}, "payload": _Payload(marker)}, f)
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("where", ["init_from", "run_checkpoints", "resume_path"])
+def test_a_crafted_pickle_runs_no_code(where, data_dir, tmp_path, capsys):
+    run = str(tmp_path / "run")
+    marker = str(tmp_path / "pwned")
+    evil = (os.path.join(run, "checkpoints", "step_0000001.pt") if where == "run_checkpoints"
+            else str(tmp_path / "evil.pt"))
+    _crafted(evil, marker)
+    extra = {"init_from": ["checkpoint.init_from=%s" % evil], "run_checkpoints": [],
+             "resume_path": ["checkpoint.resume=%s" % evil]}[where]
+    code = main(["--config", "demo"] + fx.TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run,
+                                                  "training.steps=2"] + extra)
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert evil in err
+    assert not os.path.exists(marker)
+
+
+def test_a_checkpoint_with_wrong_field_types_is_refused_naming_the_field(tmp_path):
+    path = str(tmp_path / "step_0000002.pt")
+    torch.save({"step": "2", "model": {}}, path)
+    with pytest.raises(UserError, match="'step' must be an integer"):
+        fx.load(path)
+    torch.save({"step": 2, "model": {"w": [1.0]}}, path)
+    with pytest.raises(UserError, match="model entry 'w' is not a tensor"):
+        fx.load(path)
+    torch.save({"step": 2, "model": {}, "data": {"epoch": -1, "step_in_epoch": 0}}, path)
+    with pytest.raises(UserError, match="data.epoch"):
+        fx.load(path)

@@ -20,9 +20,7 @@ import sys
 
 import pytest
 
-from test_console_scripts import scripts
-
-pytestmark = pytest.mark.slow
+from app_fixtures import console_scripts as scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "walkthrough.md")
@@ -57,11 +55,23 @@ def write_corpus(path: str) -> None:
 def test_the_doc_has_the_seven_steps():
     names = [shlex.split(line)[0] for line in doc_commands()]
     assert names == ["ipu-packing-prepare", "ipu-packing-train", "ipu-packing-prepare", "ipu-packing-train",
-                     "ipu-packing-train", "ipu-packing-compare", "python"]
+                     "ipu-packing-train", "ipu-packing-compare", "python",
+                     "ipu-packing-prepare", "ipu-packing-finetune", "ipu-packing-predict"]
 
 
+def write_task(directory) -> None:
+    """The embedded demo task as the user's my_task_train.tsv, my_task_dev.tsv and my_task_test.tsv."""
+    from ipu_packing.data.task.demo import write_demo_task
+
+    paths = write_demo_task(str(directory / "demo_task"))
+    for split, name in (("train", "train"), ("validation", "dev"), ("test", "test")):
+        os.rename(paths[split], str(directory / ("my_task_%s.tsv" % name)))
+
+
+@pytest.mark.slow
 def test_the_walkthrough_runs_as_written(tmp_path):
     write_corpus(str(tmp_path / "my_corpus.txt"))
+    write_task(tmp_path)
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     outputs = []
     for line in doc_commands():
@@ -100,4 +110,22 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     predicted = ast.literal_eval(outputs[6].strip().splitlines()[-1])  # a printed list of strings
     vocab = set((final1 / "vocab.txt").read_text(encoding="utf-8").split("\n"))
     assert len(predicted) == 5 and all(token in vocab for token in predicted)
+    # 8. the task's labels in the manifest; its vocabulary the export's
+    task_manifest = json.loads((work / "task_data" / "train" / "packed" / "manifest.json").read_text())
+    labels = task_manifest["task"]["labels"]
+    assert len(labels) >= 2
+    assert (work / "task_data" / "train" / "packed" / "vocab.txt").read_bytes() == (final1 / "vocab.txt").read_bytes()
+    # 9. evaluated per example on the whole validation split; the export has the label names
+    summary = json.loads((work / "finetune" / "summary.json").read_text())
+    with open(str(tmp_path / "my_task_dev.tsv"), encoding="utf-8") as f:
+        assert summary["evaluation"]["examples"] == len(f.read().splitlines()) - 1
+    assert set(summary["evaluation"]["metrics"]) >= {"accuracy", "f1", "matthews_correlation"}
+    exported = json.loads((work / "finetune" / "final" / "config.json").read_text())
+    assert sorted(exported["id2label"].values()) == sorted(labels)
+    # 10. one prediction per test input, in input order, each a label of the task
+    with open(str(tmp_path / "my_task_test.tsv"), encoding="utf-8") as f:
+        inputs = f.read().splitlines()[1:]
+    predictions = [json.loads(x) for x in (work / "predictions.jsonl").read_text().splitlines()]
+    assert [p["index"] for p in predictions] == list(range(len(inputs)))
+    assert all(p["label"] in labels for p in predictions)
 

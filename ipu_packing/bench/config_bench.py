@@ -352,8 +352,8 @@ def main_config(parser, args) -> int:
     if args.plot:
         check_writable(args.plot)
     log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
-    attentions = [a.strip() for a in args.attention.split(",")] if args.attention else [None]
-    if any(not a for a in attentions) or len(set(attentions)) != len(attentions):
+    attentions = [a.strip() for a in args.attention.split(",")] if args.attention is not None else [None]
+    if args.attention is not None and (any(not a for a in attentions) or len(set(attentions)) != len(attentions)):
         raise BenchError("--attention with --config takes distinct implementations separated by commas, got %r"
                          % (args.attention,))
     if any(a and "model.packed_attention=" in o for a in attentions for o in args.overrides):

@@ -42,8 +42,17 @@ def _fused_qkv(model_config) -> bool:
     return bool(getattr(model_config, "fused_qkv", False))  # ipu_packing/model/self_attention.py
 
 
-def module_parameters(model_config) -> Dict[str, int]:
-    """Parameter count of every placed module (BertForPreTraining layout, tied decoder counted once)."""
+def _placed(counts: Dict[str, int], model_config, task: str) -> Dict[str, int]:
+    """``counts`` of the modules ``task``'s model places (model/stages.py), in the order it places them."""
+    from ipu_packing.model.stages import task_stages
+
+    parts = task_stages(task, model_config.num_hidden_layers).parts
+    return {m: counts[m] for p in parts for m in p.modules}
+
+
+def module_parameters(model_config, task: str = "pretraining") -> Dict[str, int]:
+    """Parameter count of every module ``task``'s model places (transformers' layout of the same model:
+    BertForPreTraining's tied decoder counted once)."""
     H, FF, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
     P, T = model_config.max_position_embeddings, model_config.type_vocab_size
     counts = {"bert.embeddings": (V + P + T) * H + 2 * H}
@@ -53,10 +62,13 @@ def module_parameters(model_config) -> Dict[str, int]:
     counts["bert.pooler"] = H * H + H
     # MLM transform (dense + LayerNorm) + decoder bias (its weight is the word embedding) + NSP classifier
     counts["cls"] = (H * H + H) + 2 * H + V + (2 * H + 2)
-    return counts
+    L = int(getattr(model_config, "num_labels", 2))
+    counts["classifier"] = H * L + L  # a classifier's head (classification.py)
+    counts["qa_outputs"] = 2 * H + 2  # question answering's
+    return _placed(counts, model_config, task)
 
 
-def largest_tensors(model_config) -> Dict[str, int]:
+def largest_tensors(model_config, task: str = "pretraining") -> Dict[str, int]:
     """Elements of the largest parameter tensor of every placed module (the tied decoder weight counted with
     the embeddings; a fused QKV weight is one (3H, H) tensor)."""
     H, FF, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
@@ -66,7 +78,9 @@ def largest_tensors(model_config) -> Dict[str, int]:
         largest["bert.encoder.layer.%d" % i] = max((3 if _fused_qkv(model_config) else 1) * H * H, H * FF)
     largest["bert.pooler"] = H * H
     largest["cls"] = max(H * H, V, 2 * H)
-    return largest
+    largest["classifier"] = H * int(getattr(model_config, "num_labels", 2))
+    largest["qa_outputs"] = 2 * H
+    return _placed(largest, model_config, task)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -175,7 +189,7 @@ def memory_choices(
 
 def memory_per_device(
     model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None,
-    mlm_slots: Optional[int] = None,
+    mlm_slots: Optional[int] = None, task: str = "pretraining",
 ) -> Tuple[List[Placement], List[Dict[str, float]]]:
     """(placement, one dict per IPU/stage of bytes: params, weights, gradients, optimizer (on chip),
     optimizer_offchip, stream_buffer, stash, activations, total (on chip), stash_depth; and on IPUs the
@@ -184,9 +198,9 @@ def memory_per_device(
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError("optimizer must be one of %s, got %r" % (sorted(OPTIMIZER_STATES), optimizer))
     seq_len = int(sequence_length or model_config.max_position_embeddings)
-    plan = plan_placement(model_config.num_hidden_layers, execution)
-    counts = module_parameters(model_config)
-    largest_of = largest_tensors(model_config)
+    plan = plan_placement(model_config.num_hidden_layers, execution, task)
+    counts = module_parameters(model_config, task)
+    largest_of = largest_tensors(model_config, task)
     ipu = execution.backend == "poptorch"
     where = [(p.ipu if ipu else p.stage) for p in plan]
     params = [0] * execution.num_stages
@@ -194,7 +208,7 @@ def memory_per_device(
     for p, d in zip(plan, where):
         params[d] += counts[p.module]
         largest[d] = max(largest[d], largest_of[p.module])
-    if not ipu and execution.num_stages > 1:
+    if not ipu and execution.num_stages > 1 and task == "pretraining":
         # torch pipeline: the heads' stage holds its own copy of the tied word embedding
         params[execution.num_stages - 1] += model_config.vocab_size * model_config.hidden_size
     if not ipu:
@@ -237,12 +251,12 @@ def memory_per_device(
 
 def ipu_memory_lines(
     model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None,
-    mlm_slots: Optional[int] = None,
+    mlm_slots: Optional[int] = None, task: str = "pretraining",
 ) -> List[str]:
     """The per-IPU memory table (one column per IPU), its flags and the PopART pipeline constraint."""
     e = execution
     seq_len = int(sequence_length or model_config.max_position_embeddings)
-    plan, rows = memory_per_device(model_config, e, optimizer, seq_len, mlm_slots)
+    plan, rows = memory_per_device(model_config, e, optimizer, seq_len, mlm_slots, task)
     shards = ", /%d" % e.local_replicas if e.replicated_tensor_sharding else ""
     moments = e.first_order_momentum_type
     if OPTIMIZER_STATES[optimizer.lower()] == 2:
@@ -317,14 +331,16 @@ def dry_run_report(
     optimizer: str = "lamb",
     sequence_length: Optional[int] = None,
     mlm_slots: Optional[int] = None,
+    task: str = "pretraining",
 ) -> str:
     """The placement of every layer, memory per IPU (vs 900 MB) or stage, the PopTorch options asked for,
     and the batch sizes. ``sequence_length`` (S of the packs; default the model's max_position_embeddings)
-    sizes the activation estimates, ``mlm_slots`` (M) the MLM logits' row."""
+    sizes the activation estimates, ``mlm_slots`` (M) the MLM logits' row (pretraining), ``task`` the model's
+    (a stages.py TASK: the heads it places)."""
     if not sequences_per_pack >= 1.0:
         raise ValueError("sequences per pack must be >= 1, got %r" % (sequences_per_pack,))
-    plan, rows = memory_per_device(model_config, execution, optimizer, sequence_length, mlm_slots)
-    counts = module_parameters(model_config)
+    plan, rows = memory_per_device(model_config, execution, optimizer, sequence_length, mlm_slots, task)
+    counts = module_parameters(model_config, task)
     ipu = execution.backend == "poptorch"
     e = execution
     lines = []
@@ -334,7 +350,7 @@ def dry_run_report(
             % (e.ipus_per_replica, e.replication_factor, e.ipus_per_replica * e.replication_factor, e.total_ipus,
                e.precision)
         )
-        lines += describe_launch(e)
+        lines += describe_launch(e, "run_pretraining.py" if task == "pretraining" else "run_finetuning.py")
     else:
         lines.append(
             "Dry run: torch on %s, %d replica(s) x %d pipeline stage(s) = %d process(es), %s"
@@ -360,7 +376,7 @@ def dry_run_report(
         )
     lines.append("")
     if ipu:
-        lines += ipu_memory_lines(model_config, e, optimizer, sequence_length, mlm_slots)
+        lines += ipu_memory_lines(model_config, e, optimizer, sequence_length, mlm_slots, task)
         lines.append("")
         lines.append("PopTorch options (build_options, translate_optimizer, DataLoader; describe_options)")
         for key, value in describe_options(e).items():

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from ipu_packing.model.stages import Part, Stages, pretraining_stages
+from ipu_packing.model.stages import Part, Stages, task_stages
 from ipu_packing.model.stages import model_stages as declared_stages
 
 from .config import ExecutionConfig
@@ -40,12 +40,12 @@ class Placement:
     """poptorch recomputation checkpoint on the part's output."""
 
 
-def model_stages(model, config: ExecutionConfig) -> Stages:
+def model_stages(model, config: ExecutionConfig, task: str = "pretraining") -> Stages:
     """The parts ``model`` declares (model/stages.py, by its task: pretraining, classification, question
     answering) for ``config.layers_per_ipu`` (one-line ConfigError when the split does not fit: layer_split).
-    ``model`` may be a number of layers: the pretraining model's parts (the dry run, which builds no model)."""
+    ``model`` may be a number of layers: the parts of ``task``'s model (the dry run, which builds no model)."""
     if isinstance(model, int):
-        return pretraining_stages(model, config.layers_per_ipu)
+        return task_stages(task, model, config.layers_per_ipu)
     return declared_stages(model, config.layers_per_ipu)
 
 
@@ -65,9 +65,9 @@ def ipu_blocks(stages: Stages, config: ExecutionConfig) -> List[Tuple[Part, bool
     return [(p, recompute and p.checkpoint_output) for p in stages.parts]
 
 
-def plan_placement(model, config: ExecutionConfig) -> List[Placement]:
-    """One row per module of every part, in execution order (``model``: as model_stages takes it)."""
-    return placement_rows(model_stages(model, config), config)
+def plan_placement(model, config: ExecutionConfig, task: str = "pretraining") -> List[Placement]:
+    """One row per module of every part, in execution order (``model``, ``task``: as model_stages takes them)."""
+    return placement_rows(model_stages(model, config, task), config)
 
 
 def placement_rows(stages: Stages, config: ExecutionConfig) -> List[Placement]:

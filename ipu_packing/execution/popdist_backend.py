@@ -59,10 +59,11 @@ POPDIST_MESSAGE = (
 )
 
 
-def poprun_command(config: ExecutionConfig) -> str:
-    """The poprun line that launches ``config`` (host and V-IPU partition options left to the reader)."""
-    return "poprun --num-instances %d --num-replicas %d --ipus-per-replica %d python run_pretraining.py ..." % (
-        config.num_instances, config.replication_factor, config.ipus_per_replica)
+def poprun_command(config: ExecutionConfig, script: str = "run_pretraining.py") -> str:
+    """The poprun line that launches ``config`` with ``script`` (host and V-IPU partition options left to the
+    reader)."""
+    return "poprun --num-instances %d --num-replicas %d --ipus-per-replica %d python %s ..." % (
+        config.num_instances, config.replication_factor, config.ipus_per_replica, script)
 
 
 @dataclass(frozen=True)
@@ -141,15 +142,15 @@ def instance_indices(num_items: int, config: ExecutionConfig, instance: int) -> 
     return out
 
 
-def describe_launch(config: ExecutionConfig) -> List[str]:
-    """The dry run's launch lines: instances, replicas per instance, the poprun line."""
+def describe_launch(config: ExecutionConfig, script: str = "run_pretraining.py") -> List[str]:
+    """The dry run's launch lines: instances, replicas per instance, the poprun line of ``script``."""
     e = config
     if e.num_instances == 1:
         how = "one host instance (poprun --num-instances 1 or no poprun): %d replicas" % e.replication_factor
     else:
         how = "%d host instances x %d replicas each = %d replicas (PopRun + PopDist, popdist.poptorch.Options)" % (
             e.num_instances, e.local_replicas, e.replication_factor)
-    return ["Launch: %s" % how, "  %s" % poprun_command(e)]
+    return ["Launch: %s" % how, "  %s" % poprun_command(e, script)]
 
 
 __all__ = [

@@ -336,6 +336,59 @@ class PoptorchRunner:
             self.executor.attachToDevice()
 
 
+class _InferenceWrapper(torch.nn.Module):
+    """Returns the model's per-slot outputs only (a classifier's logits): what an inference host call brings back."""
+
+    def __init__(self, model: torch.nn.Module, inputs) -> None:
+        super().__init__()
+        self.model = model
+        self._inputs = tuple(inputs)
+
+    def forward(self, *fields):
+        return self.model(**dict(zip(self._inputs, fields))).logits
+
+
+class PoptorchInference:
+    """``poptorch.inferenceModel`` of a packed model with labels left out: the parts placed on the IPUs as
+    training places them (model/stages.py), one compiled batch of ``packs_per_call`` packs (micro batch x device
+    iterations x replicas; a pipeline gets at least as many device iterations as stages, as PopART asks), each
+    call returning the logits of its packs. A caller pads a short last batch with empty packs."""
+
+    def __init__(self, model: torch.nn.Module, config: ExecutionConfig, poptorch=None) -> None:
+        import dataclasses
+
+        if poptorch is None:
+            check_attention(getattr(model, "attention_implementation", "dense"))
+            poptorch = import_poptorch()
+        config = dataclasses.replace(config, gradient_accumulation=1, output_mode="all",
+                                     device_iterations=max(config.device_iterations, config.num_stages))
+        self.poptorch, self.config = poptorch, config
+        self.model = model
+        import inspect
+
+        self.inputs = tuple(name for name, p in inspect.signature(model.forward).parameters.items()
+                            if p.default is inspect.Parameter.empty)  # the fields, not the labels (None to serve)
+        self.options = build_options(config, poptorch, popdist_options(config, resolve_launch(config)))
+        self.placement = apply_placement(model, config, poptorch, model_stages(model, config))
+        if config.precision == "fp16":
+            model.half()
+        model.eval()
+        self.executor = poptorch.inferenceModel(_InferenceWrapper(model, self.inputs), options=self.options)
+
+    @property
+    def packs_per_call(self) -> int:
+        return int(self.config.micro_batch_size * self.config.device_iterations * self.config.replication_factor)
+
+    def compile(self, batch) -> None:
+        self.executor.compile(*[torch.as_tensor(batch[k]) for k in self.inputs])
+
+    def __call__(self, batch):
+        from types import SimpleNamespace
+
+        logits = self.executor(*[torch.as_tensor(batch[k]) for k in self.inputs])
+        return SimpleNamespace(logits=logits, loss=None, count=None)
+
+
 def make_poptorch_runner(model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None,
                          metrics=None) -> PoptorchRunner:
     return PoptorchRunner(model, optimizer, config, scheduler=scheduler, poptorch=poptorch, metrics=metrics)
@@ -343,6 +396,7 @@ def make_poptorch_runner(model, optimizer, config: ExecutionConfig, scheduler=No
 
 __all__ = [
     "BackendUnavailable",
+    "PoptorchInference",
     "PoptorchRunner",
     "SDK_MESSAGE",
     "apply_placement",

@@ -202,6 +202,12 @@ def model_stages(model: torch.nn.Module, layers_per_ipu: Sequence[int] = ()) -> 
     return _BY_TASK[task](int(model.config.num_hidden_layers), layers_per_ipu)
 
 
+def task_stages(task: str, num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
+    """The parts of the packed model of ``task`` (a model's TASK) with ``num_layers`` layers, without building it
+    (the dry run)."""
+    return _BY_TASK[task](num_layers, layers_per_ipu)
+
+
 def parameter_owners(model: torch.nn.Module, stages: Stages) -> Dict[str, Part]:
     """Parameter name (``named_parameters``, tied weights once) -> the one part whose modules hold it."""
     owners = {}  # type: Dict[str, Part]

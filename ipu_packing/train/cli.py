@@ -66,6 +66,7 @@ def dry_run(config) -> str:
     from ipu_packing.data.format import mlm_slots
     from ipu_packing.execution import dry_run as dry_run_module
 
+    fine_tuning = config.task.fine_tuning
     report = dry_run_module.dry_run_report(
         config.bert_config(),
         accounting.execution,
@@ -73,7 +74,9 @@ def dry_run(config) -> str:
         optimizer=config.optimizer.name,
         sequence_length=config.data.max_seq_length,
         # M as `prepare` sizes the packs (the recipe's defaults; a dataset's manifest holds its own)
-        mlm_slots=mlm_slots(config.data.max_seq_length, config.data.expected_sequences_per_pack),
+        mlm_slots=None if fine_tuning else mlm_slots(config.data.max_seq_length,
+                                                     config.data.expected_sequences_per_pack),
+        task={"classification": "sequence_classification"}.get(config.task.name, config.task.name),  # stages.py's
     )
     return "\n".join(lines) + "\n" + report.rstrip("\n")
 

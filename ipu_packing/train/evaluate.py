@@ -20,7 +20,6 @@ question's gold answers from the split's examples file (data/task/questions.py, 
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
@@ -29,38 +28,45 @@ import torch
 from .task_metrics import task_metrics
 
 
-def scored_batches(model: torch.nn.Module, dataset: Any, batch_packs: int) -> Iterator[Tuple[Dict[str, torch.Tensor],
-                                                                                       Any]]:
-    """(batch (B, ...) on the CPU, the model's output) for every ``batch_packs`` packs of ``dataset`` in stored order:
-    in eval mode, without gradients, on the model's device (a half-precision model on the CPU: a float32 copy); the
-    model's mode is restored afterwards. The one loop both tasks' evaluations run."""
-    device = next(model.parameters()).device
-    if device.type == "cpu" and next(model.parameters()).dtype in (torch.float16, torch.bfloat16):
-        model = copy.deepcopy(model).float()
-    inputs = _forward_inputs(model)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(dataset), batch_packs):
-                rows = [dataset[i] for i in range(start, min(len(dataset), start + batch_packs))]
-                batch = {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}  # (B, ...)
-                yield batch, model(**{k: batch[k].to(device) for k in inputs if k in batch})
-    finally:
-        model.train(was_training)
+def scored_batches(model: Any, dataset: Any, batch_packs: int) -> Iterator[Tuple[Dict[str, torch.Tensor], Any, int]]:
+    """(batch of n packs (n, ...) on the CPU, the model's output for a batch whose first n rows they are, n) for
+    the packs of ``dataset`` in stored order. ``model``: a torch module (run as execution/inference.py's
+    TorchInference: eval mode, no gradients, its device; a half-precision one on the CPU as a float32 copy) or an
+    inference runner (PopTorch's compiles one batch size, to which the last batch is padded with empty packs, never
+    read back). The one loop both tasks' evaluations run."""
+    from ..execution.inference import TorchInference
+
+    if isinstance(model, torch.nn.Module):
+        params = next(model.parameters())
+        if params.device.type == "cpu" and params.dtype in (torch.float16, torch.bfloat16):
+            model = _float_copy(model)  # torch has no CPU kernels for several half ops
+        model = TorchInference(model)
+    per_call = model.packs_per_call or batch_packs
+    for start in range(0, len(dataset), per_call):
+        rows = [dataset[i] for i in range(start, min(len(dataset), start + per_call))]
+        batch = {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}  # (B, ...)
+        n = len(rows)
+        padded = batch
+        if model.packs_per_call and n < per_call:  # empty packs: every slot unused, never read back
+            padded = {k: torch.cat([v, torch.full((per_call - n,) + tuple(v.shape[1:]), -1 if k == "example_ids"
+                                                  else 0, dtype=v.dtype)])
+                      for k, v in batch.items()}
+        yield batch, model(padded), n
 
 
-def collect(model: torch.nn.Module, dataset: Any, batch_packs: int) -> Dict[str, np.ndarray]:
-    """Run every pack of ``dataset`` through ``model``; returns {"example_ids": (N,), "logits": (N, L),
-    "labels": (N,) or (N, L), "loss_sum": (), "count": ()} over the used slots, in example order."""
+def collect(model: Any, dataset: Any, batch_packs: int) -> Dict[str, np.ndarray]:
+    """Run every pack of ``dataset`` through ``model`` (a torch module, or an inference runner of
+    execution/inference.py: PopTorch's compiles one batch size, to which the last batch is padded with empty
+    packs); returns {"example_ids": (N,), "logits": (N, L), "labels": (N,) or (N, L), "loss_sum": (), "count": ()}
+    over the used slots, in example order."""
     ids: List[np.ndarray] = []
     logits: List[np.ndarray] = []
     labels: List[np.ndarray] = []
     loss_sum, count = 0.0, 0.0
-    for batch, out in scored_batches(model, dataset, batch_packs):
-        used = batch["example_ids"] >= 0  # (B, K)
+    for batch, out, n in scored_batches(model, dataset, batch_packs):
+        used = batch["example_ids"] >= 0  # (n, K)
         ids.append(batch["example_ids"][used].numpy())
-        logits.append(out.logits.float().cpu()[used].numpy())
+        logits.append(out.logits[:n].float().cpu()[used].numpy())
         labels.append(batch["labels"][used].numpy())
         if out.loss is not None:
             loss_sum += float(out.loss) * float(out.count)
@@ -75,18 +81,28 @@ QUESTION_FIELDS = ("sequence_ids", "cls_positions", "example_ids", "feature_ids"
 """The pack fields question-answering post-processing reads besides the logits (data/task/answers.py)."""
 
 
-def collect_answers(model: torch.nn.Module, dataset: Any, batch_packs: int, search: Any) -> Tuple[float, float]:
-    """Run every pack of a question-answering ``dataset`` through ``model``, each window's candidate spans into
-    ``search`` (data/task/answers.py AnswerSearch) from the token logits (B, S); returns (loss summed over the
-    start and end labels, their count)."""
+def collect_answers(model: Any, dataset: Any, batch_packs: int, search: Any) -> Tuple[float, float]:
+    """Run every pack of a question-answering ``dataset`` through ``model`` (as ``collect``), each window's
+    candidate spans into ``search`` (data/task/answers.py AnswerSearch) from the token logits (B, S); returns
+    (loss summed over the start and end labels, their count)."""
     loss_sum, count = 0.0, 0.0
-    for batch, out in scored_batches(model, dataset, batch_packs):
-        search.add(out.token_start_logits.float().cpu().numpy(), out.token_end_logits.float().cpu().numpy(),
+    for batch, out, n in scored_batches(model, dataset, batch_packs):
+        search.add(out.token_start_logits[:n].float().cpu().numpy(), out.token_end_logits[:n].float().cpu().numpy(),
                    {k: batch[k].numpy() for k in QUESTION_FIELDS})
         if out.loss is not None:
             loss_sum += float(out.start_loss) * float(out.start_count) + float(out.end_loss) * float(out.end_count)
             count += float(out.start_count) + float(out.end_count)
     return loss_sum, count
+
+
+def _float_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A float32 twin of a half-precision task model, by its state dict: a model placed for PopTorch holds
+    hooks and module references that deepcopy cannot copy. Building the twin initialises weights, so the
+    random state is put back afterwards: evaluation draws no random number."""
+    with torch.random.fork_rng(devices=[]):
+        twin = type(model)(model.config, attention=model.attention_implementation)
+    twin.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    return twin
 
 
 def evaluate(model: torch.nn.Module, data: Any, task: Any, batch_packs: int, split: str) -> Dict[str, Any]:
@@ -105,7 +121,7 @@ def evaluate(model: torch.nn.Module, data: Any, task: Any, batch_packs: int, spl
             "loss": got["loss_sum"] / got["count"] if got["count"] else None, "metrics": metrics}
 
 
-def evaluate_questions(model: torch.nn.Module, data: Any, batch_packs: int, split: str) -> Dict[str, Any]:
+def evaluate_questions(model: Any, data: Any, batch_packs: int, split: str) -> Dict[str, Any]:
     """Question answering: every window of the split scored once, each question's best span over its windows as
     run_qa.py chooses it, its text cut from the context (the split's examples file), exact match and F1 as the
     official SQuAD v1.1 script computes them, in percent."""
@@ -122,10 +138,4 @@ def evaluate_questions(model: torch.nn.Module, data: Any, batch_packs: int, spli
             "metrics": metrics}
 
 
-def _forward_inputs(model: torch.nn.Module):
-    import inspect
-
-    return tuple(inspect.signature(model.forward).parameters)
-
-
-__all__ = ["collect", "collect_answers", "evaluate", "evaluate_questions", "scored_batches"]
+__all__ = ["QUESTION_FIELDS", "collect", "collect_answers", "evaluate", "evaluate_questions", "scored_batches"]

@@ -12,7 +12,7 @@
       error: stopped by SIGTERM at step 17; checkpoint RUN/checkpoints/step_0000017.pt written; resume with
       the same command
 
-  Resuming from it loses no step and is bitwise the uninterrupted run on CPU (tests/test_train_stopping.py). A
+  Resuming from it loses no step and is bitwise the uninterrupted run on CPU (tests/test_train_guard.py). A
   second signal while that checkpoint is written waits for the write; a second signal before it (a step that
   hangs) stops at once, abandoning the step in flight: the last checkpoint is then the previous one, and the
   line says which. A signal after the last step lets the run finish (export, summary.json) and then reports it.

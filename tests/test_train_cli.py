@@ -1,6 +1,6 @@
 """run_pretraining.py on bad input: one line naming the cause, exit status 2, nothing written or
-overwritten. A few cases run the real command in a subprocess; the rest call the same main() in
-this process (same code path, without paying for a Python start each time)."""
+overwritten. One case runs the real command in a subprocess (the exit status and stderr a shell sees); the rest
+call the same main() in this process (the same code path, run_command included, without a Python start each)."""
 
 import hashlib
 import json
@@ -14,11 +14,13 @@ import pytest
 import app_fixtures as fx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
+TWO_STEPS_OF_8 = [
     "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
     "model.num_attention_heads=2", "data.max_seq_length=32", "execution.micro_batch_size=4",
     "training.global_batch_sequences=8", "training.steps=2", "logging.progress_bar=false", "logging.tensorboard=false",
 ]
+"""The finished run these tests must leave alone: the tiny model (app_fixtures.TINY's sizes, without dropout) for two
+steps of 8 sequences on this module's 48-sequence dataset."""
 
 
 def snapshot(root):
@@ -68,7 +70,8 @@ def workspace(tmp_path_factory):
     good = fx.write_prepared(str(root / "good"), S=32, K=3, V=64, num_sequences=48, seed=1)
     other_vocab = fx.write_prepared(str(root / "other_vocab"), S=32, K=3, V=64, num_sequences=48, seed=1, vocab_tag="x")
     run = str(root / "run")
-    proc = run_app("--config", "demo", "data.dir=%s" % good, "checkpoint.output_dir=%s" % run, *TINY)  # in process
+    proc = run_app("--config", "demo", "data.dir=%s" % good, "checkpoint.output_dir=%s" % run,
+                   *TWO_STEPS_OF_8)  # in process
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"root": str(root), "good": good, "other_vocab": other_vocab, "run": run}
 
@@ -88,10 +91,11 @@ def expect_user_error(workspace, args, *fragments, in_process=True):
 
 def base(workspace, data=None):
     return ["--config", "demo", "data.dir=%s" % (data or workspace["good"]),
-            "checkpoint.output_dir=%s" % workspace["run"]] + TINY
+            "checkpoint.output_dir=%s" % workspace["run"]] + TWO_STEPS_OF_8
 
 
 def test_missing_dataset(workspace):
+    """The one row through a real process: its exit status, stdout and stderr as a shell sees them."""
     missing = os.path.join(workspace["root"], "nowhere")
     expect_user_error(workspace, base(workspace, missing), "dataset not found", os.path.join(missing, "packed"),
                       in_process=False)
@@ -118,14 +122,14 @@ def test_corrupt_manifest(workspace, tmp_path):
 
 
 def test_config_error(workspace):
-    expect_user_error(workspace, base(workspace) + ["training.stepz=3"], "training.stepz", in_process=False)
+    expect_user_error(workspace, base(workspace) + ["training.stepz=3"], "training.stepz")
     expect_user_error(workspace, base(workspace) + ["optimizer.lr=fast"], "optimizer.lr")
     expect_user_error(workspace, ["--config", "no_such_config"], "no_such_config")
 
 
 def test_pipeline_split_not_summing_to_layers(workspace):
     expect_user_error(workspace, base(workspace) + ["execution.layers_per_ipu=[1, 2]"],
-                      "execution.layers_per_ipu [1, 2] sums to 3, but model.num_hidden_layers is 2", in_process=False)
+                      "execution.layers_per_ipu [1, 2] sums to 3, but model.num_hidden_layers is 2")
 
 
 def test_dataset_with_another_sequence_length(workspace):
@@ -134,7 +138,7 @@ def test_dataset_with_another_sequence_length(workspace):
 
 def test_dataset_with_another_vocabulary(workspace):
     expect_user_error(workspace, base(workspace) + ["model.vocab_size=100"], "vocabulary of 64 tokens",
-                      "model.vocab_size is 100", in_process=False)
+                      "model.vocab_size is 100")
     # same size, other tokens: the phase-1 model's vocab.txt differs from the dataset's
     export = os.path.join(workspace["run"], "final")
     expect_user_error(workspace, base(workspace, workspace["other_vocab"]) + [

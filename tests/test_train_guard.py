@@ -1,8 +1,10 @@
-"""A training run stopped by SIGTERM or SIGINT (train/guard.py): the step in flight completes, its
-checkpoint is written, the run exits 143 or 130 with one line naming the step and the checkpoint, and the
-resume loses no step: its losses and final weights are bitwise an uninterrupted run's."""
+"""The step guard (train/guard.py StepGuard). A training run stopped by SIGTERM or SIGINT: the step in flight
+completes, its checkpoint is written, the run exits 143 or 130 with one line naming the step and the checkpoint, and
+the resume loses no step: its losses and final weights are bitwise an uninterrupted run's. A shard shrunk or
+rewritten under a running job stops it with one line naming the shard and the last checkpoint, not SIGBUS."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import app_fixtures as fx
 from ipu_packing.data import open_dataset
 from ipu_packing.signals import Stopped
 from ipu_packing.train import load_config
+from ipu_packing.train.cli import main
 from ipu_packing.train.loop import execute, plan_run
 
 from app_fixtures import TINY
@@ -46,13 +49,9 @@ def interrupted_save(self, state, keep):
         time.sleep(0.2)
     return save(self, state, keep)
 RunDirectory.save = interrupted_save
-sys.exit(main(sys.argv[3:]))
+if __name__ == "__main__":  # a loader worker started by spawn or forkserver re-imports it
+    sys.exit(main(sys.argv[3:]))
 """
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return fx.write_prepared(str(tmp_path_factory.mktemp("prepared")), S=32, K=3, V=64, num_sequences=96, seed=0)
 
 
 def overrides(data_dir, run_dir, *extra):
@@ -96,11 +95,11 @@ def check_resume_is_bitwise(data_dir, run, reference, stopped_at):
     assert state.step == stopped_at
     assert [r["step"] for r in rows(run)] == list(range(1, stopped_at + 1))  # nothing logged past the checkpoint
     assert not [n for n in os.listdir(os.path.join(run, "checkpoints")) if not n.endswith(".pt")]
-    proc = subprocess.run([sys.executable, "run_pretraining.py", "--config", "demo"] + overrides(data_dir, run),
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the same command, through main() in this process (one torch thread: pytestmark), as a user would run it again
+    code, out, err = fx.captured(main, ["--config", "demo"] + overrides(data_dir, run))
+    assert code == 0, err[-3000:]
     assert "resuming from %s at step %d" % (os.path.join(run, "checkpoints", "step_%07d.pt" % stopped_at),
-                                           stopped_at) in proc.stdout
+                                           stopped_at) in out
     assert [(r["step"], r["loss"], r["mlm_loss"]) for r in rows(run)] == [
         (r["step"], r["loss"], r["mlm_loss"]) for r in rows(reference)]  # exact, steps 1..10, each once
     final = fx.load(fx.latest(run))
@@ -115,6 +114,7 @@ def check_resume_is_bitwise(data_dir, run, reference, stopped_at):
                 assert torch.equal(tensor, final.optimizer["state"][key][name]), (key, name)
 
 
+@pytest.mark.slow
 def test_sigterm_mid_run_checkpoints_the_step_exits_143_and_resumes_bitwise(data_dir, reference, tmp_path):
     run = str(tmp_path / "run")
     proc = start(data_dir, run, pause=0.3)
@@ -137,6 +137,7 @@ def test_sigterm_mid_run_checkpoints_the_step_exits_143_and_resumes_bitwise(data
     check_resume_is_bitwise(data_dir, run, reference, stopped_at)
 
 
+@pytest.mark.slow
 def test_sigint_with_a_second_one_during_the_save_exits_130_with_a_whole_checkpoint(data_dir, reference, tmp_path):
     run = str(tmp_path / "run")
     proc = start(data_dir, run, pause=0.0, at=3)
@@ -204,6 +205,8 @@ def _agree_worker(rank, port, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_every_torchrun_rank_stops_after_the_same_step_when_one_got_the_signal(tmp_path):
     import socket
 
@@ -236,3 +239,49 @@ def test_poprun_instances_that_exchange_metrics_agree_on_one_instances_signal():
     assert Group.names == ["ipu_packing.stop.1"]  # the instances' first exchange after this start
     runner.group = None  # one instance
     assert StepGuard([]).stop_requested(runner, 4) is False
+
+
+# ---- a shard changed under a running job: one line naming the shard and the last checkpoint, not SIGBUS ----------
+
+# The real command; after step 2 the child changes a shard as argv[1] says.
+SHARD_CHILD = r"""
+import os, sys
+from ipu_packing.train import metrics
+from ipu_packing.train.cli import main
+how, shard = sys.argv[1], sys.argv[2]
+log = metrics.MetricsLogger.log
+def changing_log(self, record):
+    log(self, record)
+    if record.step == 2:
+        if how == "shrink":
+            os.truncate(shard, 128)  # in place, under the memory map
+        else:
+            with open(shard, "r+b") as f:  # same size, other bytes
+                f.seek(-16, 2)
+                f.write(b"\x00" * 16)
+metrics.MetricsLogger.log = changing_log
+if __name__ == "__main__":  # a loader worker started by spawn or forkserver re-imports it
+    sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("how, what", [("shrink", "changed size"), ("rewrite", "was rewritten")])
+@pytest.mark.slow
+def test_a_shard_changed_under_a_running_job_is_one_line_not_sigbus(tiny_data, tmp_path, how, what):
+    data = str(tmp_path / "data")
+    shutil.copytree(tiny_data, data)
+    packed = os.path.join(data, "packed")  # data.layout=packed reads DIR/packed
+    shard = os.path.join(packed, sorted(n for n in os.listdir(packed) if n.startswith("shard-"))[-1])
+    run = str(tmp_path / "run")
+    argv = ["--config", "demo"] + TINY + ["data.dir=%s" % data, "checkpoint.output_dir=%s" % run, "training.steps=4",
+                                          "checkpoint.every_steps=2", "checkpoint.export=false", "training.steps=12"]
+    proc = subprocess.run([sys.executable, "-c", SHARD_CHILD, how, shard] + argv,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO), cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: shard %s %s" % (shard, what)), lines[0]
+    assert "it stopped after step 2, before reading it; the last checkpoint is %s" % os.path.join(
+        run, "checkpoints", "step_0000002.pt") in lines[0]
+    assert [r["step"] for r in fx.metrics(run)] == [1, 2]

@@ -1,4 +1,4 @@
-"""Rule 3 (issue 24), strict configs: hostile YAML files and overrides, each through run_pretraining.py's
+"""Strict configs: hostile YAML files and overrides, each through run_pretraining.py's
 main() (the one wrapper): one line `error: <cause>` naming the cause, exit 2, nothing on stdout.
 
 The mechanism is the one YAML reader, ipu_packing/train/strict_yaml.py `yaml_load`: a file is read at most
