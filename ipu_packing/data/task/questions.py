@@ -80,9 +80,10 @@ class QuestionSplit:
     examples: List[QAExample]
 
 
-def read_questions(path: str, split: str, evaluated: bool) -> QuestionSplit:
+def read_questions(path: str, split: str, evaluated: bool, answers_column: bool = True) -> QuestionSplit:
     """Every example of the split input at `path` (module notes), checked; DataError naming the file and the line,
-    row or question for anything wrong. `evaluated`: every question must have an answer."""
+    row or question for anything wrong. `evaluated`: every question must have an answer. `answers_column` False:
+    a table may leave out the answers column (questions to answer: id, question, context)."""
     kind = split_format(path)
     if kind in ("csv", "tsv"):
         raise DataError("%s: a question-answering split is SQuAD JSON, JSON Lines (.jsonl), Parquet or a datasets "
@@ -100,7 +101,7 @@ def read_questions(path: str, split: str, evaluated: bool) -> QuestionSplit:
                 kind = "squad"
     if squad is None:
         table = read_split(path)
-        examples = _table_examples(table)
+        examples = _table_examples(table, answers_column)
         digest = table.sha256
     else:
         examples = squad
@@ -147,9 +148,11 @@ def _squad_examples(path: str, value: Dict[str, Any]) -> List[QAExample]:
     return out
 
 
-def _table_examples(table: SplitTable) -> List[QAExample]:
-    """run_qa.py's columns of a JSON Lines, Parquet or datasets split -> its questions in row order."""
-    for column in COLUMNS:
+def _table_examples(table: SplitTable, answers_column: bool = True) -> List[QAExample]:
+    """run_qa.py's columns of a JSON Lines, Parquet or datasets split -> its questions in row order (without
+    `answers_column`, a table without answers holds questions without answers)."""
+    with_answers = answers_column or "answers" in table.columns
+    for column in COLUMNS if with_answers else COLUMNS[:3]:
         if column not in table.columns:
             raise DataError("%s: no column %r (columns: %s): a question-answering split has %s (run_qa.py's, as "
                             "Hugging Face datasets' squad has them), or is SQuAD JSON"
@@ -157,7 +160,7 @@ def _table_examples(table: SplitTable) -> List[QAExample]:
     out = []
     values = table.values
     for row in range(table.rows):
-        answers = values["answers"][row]
+        answers = values["answers"][row] if with_answers else {"text": [], "answer_start": []}
         if not isinstance(answers, dict) or not isinstance(answers.get("text"), list) or not isinstance(
                 answers.get("answer_start"), list):
             raise DataError("%s: should be {\"text\": [...], \"answer_start\": [...]}, got %s"
