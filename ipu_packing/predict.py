@@ -235,13 +235,17 @@ class QuestionAnswerer:
     max_sequences_per_pack: int = 32
     """K: windows per pack (the planner packs fewer where lengths do not allow more)."""
     batch_packs: int = 64
-    """Packs per forward pass."""
+    """Packs per forward pass (PopTorch: the compiled batch, micro batch x device iterations x replicas)."""
+    execution: Any = None
+    """An ExecutionConfig: where the model runs (None: torch on ``device``), as for Predictor."""
 
     @classmethod
     def from_pretrained(cls, directory: str, max_seq_length: int = 384, doc_stride: int = 128,
                         max_query_length: int = 64, max_sequences_per_pack: int = 32, batch_packs: int = 64,
-                        device: str = "cpu", attention: Optional[str] = None) -> "QuestionAnswerer":
-        """The question-answering model of ``directory`` (its weights and its tokenizer) on ``device``."""
+                        device: str = "cpu", attention: Optional[str] = None,
+                        execution: Any = None) -> "QuestionAnswerer":
+        """The question-answering model of ``directory`` (its weights and its tokenizer) on ``device``, or as
+        ``execution`` (an ExecutionConfig) says."""
         import warnings
 
         import torch
@@ -257,8 +261,10 @@ class QuestionAnswerer:
             raise UserError("--max-sequences-per-pack must be in [1, 255], got %d" % (max_sequences_per_pack,))
         check_window_settings(max_seq_length, doc_stride, max_query_length)
         tokenizer = load_tokenizer(directory)
+        if execution is not None:
+            device = execution.device if execution.backend == "torch" else "cpu"
         if attention is None:
-            attention = _fastest_attention(device, max_seq_length)
+            attention = _fastest_attention(device, max_seq_length, execution)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             try:
@@ -272,7 +278,7 @@ class QuestionAnswerer:
             raise UserError("--device cuda: torch sees no CUDA device")
         model.to(torch.device(device)).eval()
         return cls(model, tokenizer, max_seq_length, doc_stride, max_query_length, max_sequences_per_pack,
-                   batch_packs)
+                   batch_packs, execution)
 
     def packs(self, questions: Sequence[str], contexts: Sequence[str]) -> Any:
         """The questions' windows as packs of the one format (the question-answering fields; example ids = input
@@ -313,10 +319,14 @@ class QuestionAnswerer:
     def answers(self, questions: Sequence[str], contexts: Sequence[str]) -> List[Any]:
         """Each question's data/task/answers.py Prediction (its text, score, window, characters), in input order."""
         from .data.task.answers import AnswerSearch
+        from .execution.inference import make_inference
         from .train.evaluate import collect_answers
 
+        if self.execution is not None and getattr(self, "_infer", None) is None:
+            self._infer = make_inference(self.model, self.execution)  # compiled once (PopTorch), then reused
         search = AnswerSearch()
-        collect_answers(self.model, self.packs(questions, contexts), self.batch_packs, search)
+        collect_answers(getattr(self, "_infer", None) or self.model, self.packs(questions, contexts), self.batch_packs,
+                        search)
         predictions = search.predictions(list(contexts))
         return [predictions[i] for i in range(len(contexts))]
 
@@ -406,12 +416,9 @@ def command(argv: Optional[List[str]]) -> int:
     elif args.overrides:
         raise UserError("overrides (%s) need --config" % (args.overrides[0],))
     if model_architecture(args.model) == QA_ARCHITECTURE:
-        if execution is not None and execution.backend != "torch":
-            raise UserError("--config %s: question answering is served on torch (CPU, CUDA) only so far, not %s"
-                            % (args.config, execution.backend))
         answerer = QuestionAnswerer.from_pretrained(
             args.model, args.max_seq_length or 384, args.doc_stride, args.max_query_length,
-            args.max_sequences_per_pack, args.batch_packs, execution.device if execution is not None else args.device)
+            args.max_sequences_per_pack, args.batch_packs, args.device, execution=execution)
         records = answerer.predict(read_questions_input(args.input))
         atomic_write_text(args.output, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         print("answered %d questions of %s with %s -> %s" % (len(records), args.input, args.model, args.output),

@@ -100,3 +100,44 @@ def test_the_dry_run_places_the_question_answering_head(capsys):
     assert rows["qa_outputs"] == ["Heads", "3"] and rows["bert.encoder.layer.23"] == ["Encoder23", "3"]
     assert "cls" not in rows and "bert.pooler" not in rows and "classifier" not in rows
     assert "python run_finetuning.py" in out and "4 groups of consecutive blocks" in out
+
+
+def test_inference_model_serves_question_answering_packed_with_the_cpus_answers(poptorch, tmp_path):
+    """poptorch.inferenceModel brings back the token start and end logits (the model's SERVED fields) of a compiled
+    batch, the last one padded with empty packs; the answers are the CPU's, span and score."""
+    import transformers
+
+    from ipu_packing.execution import ExecutionConfig
+    from ipu_packing.model import PackedBertForQuestionAnswering
+    from ipu_packing.predict import QuestionAnswerer
+
+    directory = str(tmp_path / "model")
+    os.makedirs(directory)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + ["w%d" % i for i in range(40)]
+    with open(os.path.join(directory, "vocab.txt"), "w") as f:
+        f.write("\n".join(words) + "\n")
+    transformers.BertTokenizerFast(os.path.join(directory, "vocab.txt")).save_pretrained(directory)
+    bert = transformers.BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                                   intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                   attention_probs_dropout_prob=0.0)
+    PackedBertForQuestionAnswering(bert).save_pretrained(directory)
+    rng = np.random.default_rng(0)
+
+    def text(low, high):
+        return " ".join("w%d" % i for i in rng.integers(0, 40, int(rng.integers(low, high))))
+
+    questions = [text(2, 8) for _ in range(25)]
+    contexts = [text(5, 90) for _ in range(25)]
+    cpu = QuestionAnswerer.from_pretrained(directory, 64, 16, 16, 6).answers(questions, contexts)
+    ipu = ExecutionConfig(backend="poptorch", micro_batch_size=2, layers_per_ipu=[0, 2, 2], use_ipu_model=True,
+                          device_iterations=1)
+    served = QuestionAnswerer.from_pretrained(directory, 64, 16, 16, 6, execution=ipu)
+    got = served.answers(questions, contexts)
+    (executor,) = poptorch.executors
+    assert executor.isCompiled() and executor.calls >= 2 and served._infer.packs_per_call == 2 * 3
+    assert sum(1 for c in contexts if len(c.split()) > 45) > 3  # questions with several windows among them
+    assert [(a.text, a.feature, a.start_char) for a in got] == [(a.text, a.feature, a.start_char) for a in cpu]
+    assert [a.score for a in got] == pytest.approx([a.score for a in cpu], abs=1e-4)
+    assert all(a.text for a in got)
+    ipus = {name: ipu for name, ipu in executor.trace.block_order}
+    assert ipus["Heads"] == 2
