@@ -242,6 +242,12 @@ class TaskConfig:
     def fine_tuning(self) -> bool:
         return self.name != "pretraining"
 
+    @property
+    def model_task(self) -> str:
+        """The task's model as model/stages.py names it (its parts, placed by the dry run and the accounting's
+        pipeline check): pretraining, sequence_classification or question_answering."""
+        return {"classification": "sequence_classification"}.get(self.name, self.name)
+
 
 @dataclass
 class LoggingConfig:
