@@ -105,6 +105,26 @@ TINY_RUN = ["training.steps=4", "checkpoint.every_steps=2"]
 """The session's trained run (conftest.py tiny_run): 4 steps, a checkpoint every 2, the export at the end."""
 
 
+def prepare_demo_task(out: str, max_seq_length: int = 64, max_sequences_per_pack: int = 6) -> str:
+    """``prepare --task classification --input default`` (the embedded demo task, default vocabulary) into out."""
+    from ipu_packing.data.cli import main
+
+    code, _, err = captured(main, ["prepare", "--task", "classification", "--input", "default", "--output", out,
+                                   "--max-seq-length", str(max_seq_length), "--max-sequences-per-pack",
+                                   str(max_sequences_per_pack), "--workers", "1", "--quiet"])
+    assert code == 0, err
+    return out
+
+
+def num_examples(task_root: str, split: str) -> int:
+    """The examples of a prepared task's split, as its manifest counts them (the demo task's size depends on the
+    running Python's standard library, from which it is made)."""
+    import json
+
+    with open(os.path.join(task_root, split, "packed", "manifest.json"), encoding="utf-8") as f:
+        return int(json.load(f)["num_sequences"])
+
+
 def tiny_run_args(data_dir, run_dir, *extra):
     """run_pretraining.py's arguments of the session's trained run (conftest.py tiny_run), and ``extra``."""
     return ["--config", "demo"] + TINY + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir] + TINY_RUN \

@@ -35,6 +35,18 @@ def tiny_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def demo_task(tmp_path_factory):
+    """The embedded demo classification task prepared with the default vocabulary at S=64, K=6 (train, validation
+    and test splits, each packed and padded): its root. Never written to (checked when the session ends)."""
+    import app_fixtures as fx
+
+    root = fx.prepare_demo_task(str(tmp_path_factory.mktemp("task") / "demo"))
+    before = fx.snapshot(root)
+    yield root
+    assert fx.snapshot(root) == before, "a test wrote into the session's demo_task: copy it first"
+
+
+@pytest.fixture(scope="session")
 def data_dir(tiny_data):
     """tiny_data, by the name the training tests give the dataset they train on (data.dir=...)."""
     return tiny_data

@@ -6,8 +6,6 @@ poptorch.inferenceModel serves the classifier packed with the CPU's predictions.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 
 import numpy as np
@@ -15,7 +13,6 @@ import pytest
 
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
-from ipu_packing.data.cli import main as data_main
 from ipu_packing.execution import ExecutionConfig
 from ipu_packing.train import load_config
 from ipu_packing.train import loop
@@ -30,22 +27,13 @@ SMALL = ["model.vocab_size=8192", "model.hidden_size=32", "model.intermediate_si
 """The POD4 config's pipeline, batch and precision with a tiny BERT (12 layers of hidden 32), on the demo task."""
 
 
-@pytest.fixture(scope="module")
-def task_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("task") / "demo")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        assert data_main(["prepare", "--task", "classification", "--input", "default", "--output", out,
-                          "--max-seq-length", "64", "--max-sequences-per-pack", "6", "--workers", "1", "--quiet"]) == 0
-    return out
-
-
-def config(task_dir, run_dir, *extra):
-    return load_config("finetune_bert_base_128_pod4", SMALL + ["data.dir=%s" % task_dir,
+def config(demo_task, run_dir, *extra):
+    return load_config("finetune_bert_base_128_pod4", SMALL + ["data.dir=%s" % demo_task,
                                                                "checkpoint.output_dir=%s" % run_dir] + list(extra))
 
 
-def test_the_pod4_fine_tuning_step_compiles_with_the_classifier_on_the_last_ipu(poptorch, task_dir, tmp_path):
-    cfg = config(task_dir, str(tmp_path / "run"), "execution.compile_only=true",
+def test_the_pod4_fine_tuning_step_compiles_with_the_classifier_on_the_last_ipu(poptorch, demo_task, tmp_path):
+    cfg = config(demo_task, str(tmp_path / "run"), "execution.compile_only=true",
                  "execution.executable_cache_dir=%s" % (tmp_path / "cache"))
     assert cfg.execution_spec.backend == "poptorch" and cfg.execution_spec.layers_per_ipu == [0, 4, 4, 4]
     lines = []
@@ -58,9 +46,9 @@ def test_the_pod4_fine_tuning_step_compiles_with_the_classifier_on_the_last_ipu(
     assert not os.path.exists(str(tmp_path / "run"))
 
 
-def test_a_tiny_pod4_fine_tuning_run_trains_checkpoints_and_evaluates(poptorch, task_dir, tmp_path):
+def test_a_tiny_pod4_fine_tuning_run_trains_checkpoints_and_evaluates(poptorch, demo_task, tmp_path):
     run = str(tmp_path / "run")
-    summary = execute(plan_run(config(task_dir, run, "training.steps=8", "checkpoint.every_steps=4",
+    summary = execute(plan_run(config(demo_task, run, "training.steps=8", "checkpoint.every_steps=4",
                                       "execution.use_ipu_model=true", "model.hidden_dropout_prob=0.0",
                                       "task.eval_every_steps=8"),
                                open_dataset=open_dataset), log=lambda m: None)
@@ -69,7 +57,7 @@ def test_a_tiny_pod4_fine_tuning_run_trains_checkpoints_and_evaluates(poptorch, 
     assert all(np.isfinite(r["loss"]) and 0.0 <= r["accuracy"] <= 1.0 for r in rows)
     state = fx.load(fx.latest(run))
     assert int(state.optimizer["ipu_state"]["step"]) == 8  # read back from the device
-    assert summary["evaluation"]["examples"] == 360 and set(summary["evaluation"]["metrics"]) == {
+    assert summary["evaluation"]["examples"] == fx.num_examples(demo_task, "validation") and set(summary["evaluation"]["metrics"]) == {
         "accuracy", "f1", "matthews_correlation"}
 
 

@@ -6,8 +6,6 @@ default vocabulary at S=64."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -18,7 +16,6 @@ import torch
 
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
-from ipu_packing.data.cli import main as data_main
 from ipu_packing.train import load_config
 from ipu_packing.train.cli import finetune_main, main as pretrain_main
 from ipu_packing.train.loop import execute, plan_run
@@ -32,18 +29,8 @@ TINY_TASK = ["model.vocab_size=8192", "model.hidden_size=32", "model.intermediat
              "logging.tensorboard=false", "checkpoint.init_from=null", "task.eval_batch_packs=16"]
 
 
-@pytest.fixture(scope="module")
-def task_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("task") / "demo")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = data_main(["prepare", "--task", "classification", "--input", "default", "--output", out,
-                          "--max-seq-length", "64", "--max-sequences-per-pack", "6", "--workers", "1", "--quiet"])
-    assert code == 0
-    return out
-
-
-def config(task_dir, run_dir, *extra):
-    return load_config("finetune_demo", TINY_TASK + ["data.dir=%s" % task_dir, "checkpoint.output_dir=%s" % run_dir]
+def config(demo_task, run_dir, *extra):
+    return load_config("finetune_demo", TINY_TASK + ["data.dir=%s" % demo_task, "checkpoint.output_dir=%s" % run_dir]
                        + list(extra))
 
 
@@ -51,14 +38,15 @@ def train(cfg):
     return execute(plan_run(cfg, open_dataset=open_dataset), log=lambda m: None)
 
 
-def test_a_run_trains_evaluates_and_exports_what_transformers_loads(task_dir, tmp_path):
+def test_a_run_trains_evaluates_and_exports_what_transformers_loads(demo_task, tmp_path):
     run = str(tmp_path / "run")
-    summary = train(config(task_dir, run, "training.steps=6", "task.eval_every_steps=3"))
+    summary = train(config(demo_task, run, "training.steps=6", "task.eval_every_steps=3"))
     rows = fx.metrics(run)
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert {"loss", "accuracy", "sequences", "packs"} <= set(rows[0]) and "mlm_loss" not in rows[0]
     evaluations = [json.loads(line) for line in open(os.path.join(run, "eval.jsonl"))]
-    assert [e["step"] for e in evaluations] == [3, 6] and all(e["examples"] == 360 for e in evaluations)
+    assert [e["step"] for e in evaluations] == [3, 6] and all(
+        e["examples"] == fx.num_examples(demo_task, "validation") for e in evaluations)
     assert set(evaluations[-1]["metrics"]) == {"accuracy", "f1", "matthews_correlation"}
     assert summary["evaluation"]["metrics"] == evaluations[-1]["metrics"] and summary["task"] == "classification"
 
@@ -72,7 +60,7 @@ def test_a_run_trains_evaluates_and_exports_what_transformers_loads(task_dir, tm
     assert hf.config.problem_type == "single_label_classification"
     ours = PackedBertForSequenceClassification.from_pretrained(final).eval()
     tokenizer = transformers.BertTokenizerFast.from_pretrained(final)
-    padded = open_dataset(os.path.join(task_dir, "validation", "padded"), as_tensors=False)
+    padded = open_dataset(os.path.join(demo_task, "validation", "padded"), as_tensors=False)
     for i in range(5):
         row = padded[i]
         n = int((row["sequence_ids"] != 0).sum())
@@ -85,17 +73,17 @@ def test_a_run_trains_evaluates_and_exports_what_transformers_loads(task_dir, tm
     assert tokenizer.convert_ids_to_tokens([2, 3]) == ["[CLS]", "[SEP]"]
 
 
-def test_the_evaluation_is_per_example_the_same_packed_or_one_per_row(task_dir, tmp_path):
+def test_the_evaluation_is_per_example_the_same_packed_or_one_per_row(demo_task, tmp_path):
     """Scoring the packed validation split and its padded twin (the same examples, one per row) with one model
     gives each example the same logits and so the same metrics: packing changes nothing an evaluation sees."""
     from ipu_packing.train.evaluate import collect
     from ipu_packing.train.task_metrics import task_metrics
 
-    plan = plan_run(config(task_dir, str(tmp_path / "run")), open_dataset=open_dataset)
+    plan = plan_run(config(demo_task, str(tmp_path / "run")), open_dataset=open_dataset)
     model = plan.model
-    packed = collect(model, open_dataset(os.path.join(task_dir, "validation", "packed")), 16)
-    padded = collect(model, open_dataset(os.path.join(task_dir, "validation", "padded")), 16)
-    assert packed["example_ids"].tolist() == padded["example_ids"].tolist() == list(range(360))
+    packed = collect(model, open_dataset(os.path.join(demo_task, "validation", "packed")), 16)
+    padded = collect(model, open_dataset(os.path.join(demo_task, "validation", "padded")), 16)
+    assert packed["example_ids"].tolist() == padded["example_ids"].tolist() == list(range(fx.num_examples(demo_task, "validation")))
     np.testing.assert_allclose(packed["logits"], padded["logits"], atol=1e-5)
     assert (packed["labels"] == padded["labels"]).all()
     a = task_metrics("single_label_classification", packed["logits"], packed["labels"], 4)
@@ -103,17 +91,17 @@ def test_the_evaluation_is_per_example_the_same_packed_or_one_per_row(task_dir, 
     assert a == b
 
 
-def test_a_killed_run_resumes_to_bitwise_the_same_losses_and_evaluations(task_dir, tmp_path):
+def test_a_killed_run_resumes_to_bitwise_the_same_losses_and_evaluations(demo_task, tmp_path):
     args = ["training.steps=6", "checkpoint.every_steps=2", "checkpoint.keep=4", "task.eval_every_steps=2"]
     reference = str(tmp_path / "reference")
-    train(config(task_dir, reference, *args))
+    train(config(demo_task, reference, *args))
     killed = str(tmp_path / "killed")
     shutil.copytree(reference, killed)
     for name in ("step_0000004.pt", "step_0000006.pt"):  # as a kill after step 4's metrics leaves it
         os.unlink(os.path.join(killed, "checkpoints", name))
     shutil.rmtree(os.path.join(killed, "final"))
     os.unlink(os.path.join(killed, "summary.json"))
-    train(config(task_dir, killed, *args))
+    train(config(demo_task, killed, *args))
     assert fx.losses_of(killed, "loss", "accuracy") == fx.losses_of(reference, "loss", "accuracy")
     evaluations = [open(os.path.join(d, "eval.jsonl")).read() for d in (reference, killed)]
     assert evaluations[0] == evaluations[1] and evaluations[0].count("\n") == 3
@@ -131,9 +119,9 @@ ROWS = [
 
 
 @pytest.mark.parametrize("row, command, argv, words", ROWS, ids=[r[0] for r in ROWS])
-def test_config_and_data_that_disagree_are_one_line(row, command, argv, words, task_dir, tmp_path, capsys):
+def test_config_and_data_that_disagree_are_one_line(row, command, argv, words, demo_task, tmp_path, capsys):
     data = fx.write_prepared(str(tmp_path / "pretraining"), S=32, K=3, V=64, num_sequences=96, seed=0)
-    where = data if row == "pretraining data" else task_dir
+    where = data if row == "pretraining data" else demo_task
     code = command(argv + TINY_TASK[:5] + ["data.dir=%s" % where, "checkpoint.output_dir=%s" % (tmp_path / "run"),
                                            "checkpoint.init_from=null"] + (["model.vocab_size=64"]
                                                                             if row == "pretraining data" else []))
@@ -143,9 +131,9 @@ def test_config_and_data_that_disagree_are_one_line(row, command, argv, words, t
     assert not os.path.exists(str(tmp_path / "run"))
 
 
-def test_a_finished_fine_tuning_run_is_not_rewritten(task_dir, tmp_path, capsys):
+def test_a_finished_fine_tuning_run_is_not_rewritten(demo_task, tmp_path, capsys):
     run = str(tmp_path / "run")
-    argv = ["--config", "finetune_demo"] + TINY_TASK + ["data.dir=%s" % task_dir, "checkpoint.output_dir=%s" % run,
+    argv = ["--config", "finetune_demo"] + TINY_TASK + ["data.dir=%s" % demo_task, "checkpoint.output_dir=%s" % run,
                                                         "training.steps=2"]
     assert finetune_main(argv) == 0
     capsys.readouterr()
