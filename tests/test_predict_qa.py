@@ -6,8 +6,6 @@ The data: the demo task's validation questions (data/task/qa_demo.py) with the d
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -17,7 +15,6 @@ import pytest
 import torch
 
 from ipu_packing.data import open_dataset
-from ipu_packing.data.cli import main as data_main
 from ipu_packing.data.task.questions import read_examples
 from ipu_packing.predict import main
 from qa_reference import run_qa_postprocess
@@ -31,7 +28,7 @@ QUESTIONS = 60
 
 
 @pytest.fixture(scope="module")
-def qa_model(tmp_path_factory):
+def qa_model(tmp_path_factory, qa_demo_task):
     """(a transformers BertForQuestionAnswering directory, random weights, with the export's tokenizer files; the
     demo's first QUESTIONS validation questions, shuffled)."""
     import transformers
@@ -39,11 +36,7 @@ def qa_model(tmp_path_factory):
     from ipu_packing.data.vocab import read_vocab, write_export_tokenizer
 
     root = tmp_path_factory.mktemp("qa")
-    out = str(root / "demo")
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert data_main(["prepare", "--task", "question_answering", "--input", "default", "--output", out,
-                          "--max-seq-length", "64", "--doc-stride", "16", "--max-query-length", str(QUERY),
-                          "--max-sequences-per-pack", "4", "--workers", "1", "--quiet", "--no-padded"]) == 0
+    out = qa_demo_task
     ds = open_dataset(os.path.join(out, "validation", "packed"), as_tensors=False)
     model_dir = str(root / "model")
     os.makedirs(model_dir)

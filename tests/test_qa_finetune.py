@@ -2,12 +2,10 @@
 BertForQuestionAnswering trained on the demo task's windows, evaluated per question on its validation split
 (SQuAD v1.1 exact match and F1 after post-processing), exported as a directory transformers'
 BertForQuestionAnswering loads and computes the same logits from, and resumed bitwise after a kill. The data: the
-embedded demo task (data/task/qa_demo.py), prepared with the default vocabulary at S=64."""
+embedded demo task (data/task/qa_demo.py), prepared once per session at S=64 (conftest qa_demo_task)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -18,7 +16,6 @@ import torch
 
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
-from ipu_packing.data.cli import main as data_main
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import execute, plan_run
 
@@ -31,14 +28,8 @@ TINY_QA = ["model.vocab_size=8192", "model.hidden_size=32", "model.intermediate_
 
 
 @pytest.fixture(scope="module")
-def task_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("qa") / "demo")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = data_main(["prepare", "--task", "question_answering", "--input", "default", "--output", out,
-                          "--max-seq-length", "64", "--doc-stride", "16", "--max-query-length", "32",
-                          "--max-sequences-per-pack", "4", "--workers", "1", "--quiet", "--no-padded"])
-    assert code == 0
-    return out
+def task_dir(qa_demo_task):
+    return qa_demo_task
 
 
 def config(task_dir, run_dir, *extra):
@@ -57,7 +48,8 @@ def test_a_run_trains_evaluates_and_exports_what_transformers_loads(task_dir, tm
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert {"loss", "start_accuracy", "end_accuracy"} <= set(rows[0]) and "mlm_loss" not in rows[0]
     evaluations = [json.loads(line) for line in open(os.path.join(run, "eval.jsonl"))]
-    assert [e["step"] for e in evaluations] == [2, 4] and all(e["examples"] == 300 for e in evaluations)
+    questions = fx.num_questions(task_dir, "validation")
+    assert [e["step"] for e in evaluations] == [2, 4] and all(e["examples"] == questions for e in evaluations)
     assert set(evaluations[-1]["metrics"]) == {"exact_match", "f1"}
     assert all(0 <= v <= 100 for e in evaluations for v in e["metrics"].values())
     assert summary["evaluation"]["metrics"] == evaluations[-1]["metrics"]

@@ -7,8 +7,6 @@ prepared data's case: its fields, labels and offsets as the pipeline writes them
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 
 import numpy as np
@@ -17,7 +15,6 @@ import torch
 import transformers
 
 from ipu_packing.data import open_dataset
-from ipu_packing.data.cli import main as data_main
 from ipu_packing.model import PackedBertForQuestionAnswering
 from ipu_packing.model.question_answering import excluded_value
 from task_packs import gradient_differences, scaled_difference, twins
@@ -26,15 +23,10 @@ TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
 @pytest.fixture(scope="module")
-def packs(tmp_path_factory):
+def packs(qa_demo_task):
     """The eight fullest packs of the demo task's validation split at S=64 (with the default vocabulary): windows
     of several questions in a pack, answers inside and outside windows."""
-    out = str(tmp_path_factory.mktemp("qa") / "demo")
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert data_main(["prepare", "--task", "question_answering", "--input", "default", "--output", out,
-                          "--max-seq-length", "64", "--doc-stride", "16", "--max-query-length", "32",
-                          "--max-sequences-per-pack", "4", "--workers", "1", "--quiet", "--no-padded"]) == 0
-    ds = open_dataset(os.path.join(out, "validation", "packed"), as_tensors=False)
+    ds = open_dataset(os.path.join(qa_demo_task, "validation", "packed"), as_tensors=False)
     windows_per_pack = [int((ds[i]["feature_ids"] >= 0).sum()) for i in range(len(ds))]
     rows = [ds[i] for i in sorted(range(len(ds)), key=lambda i: -windows_per_pack[i])[:8]]  # the fullest packs
     batch = {k: torch.as_tensor(np.stack([r[k] for r in rows])).long() for k in rows[0]}

@@ -6,8 +6,6 @@ better-scoring span of another question in the same pack, or in the question its
 from __future__ import annotations
 
 import collections
-import contextlib
-import io
 import os
 import re
 import string
@@ -16,7 +14,6 @@ import numpy as np
 import pytest
 
 from ipu_packing.data import open_dataset
-from ipu_packing.data.cli import main as data_main
 from ipu_packing.data.task.answers import AnswerSearch, exact_match_score, f1_score, normalize_answer, squad_metrics
 from ipu_packing.data.task.questions import read_examples
 from qa_reference import run_qa_postprocess
@@ -129,14 +126,9 @@ def test_the_split_metrics_are_the_official_evaluate():
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(qa_demo_task):
     """The demo task at S=64 (short windows: most questions have several) with the default vocabulary."""
-    out = str(tmp_path_factory.mktemp("qa") / "demo")
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert data_main(["prepare", "--task", "question_answering", "--input", "default", "--output", out,
-                          "--max-seq-length", "64", "--doc-stride", "16", "--max-query-length", "32",
-                          "--max-sequences-per-pack", "4", "--workers", "1", "--quiet"]) == 0
-    return out
+    return qa_demo_task
 
 
 def _logits(ds, seed):
