@@ -1,4 +1,5 @@
-"""Packed inference for sequence classification: texts (or pairs) in, each one's labels and scores out, in order.
+"""Packed inference for sequence classification and extractive question answering: texts (or pairs) in, each
+one's labels and scores out; or questions on contexts in, each one's answer out; in input order.
 
     python -m ipu_packing.predict --model DIR --input FILE --output FILE.jsonl [--max-seq-length 128]
         [--max-sequences-per-pack 32] [--sentence1-key X] [--sentence2-key Y] [--device cpu|cuda]
@@ -18,6 +19,22 @@ input order by each sequence's example id. The scores are what transformers' ``t
 returns for each input alone (its ``top_k=None`` scores): a softmax over the labels for single-label
 classification, a sigmoid for multi-label (and for a single output without a problem type), the raw output for
 regression. One JSON object per input in the output file, in input order.
+
+Question answering (``DIR`` a BertForQuestionAnswering directory: this project's question-answering export, or one
+transformers saved; chosen by its config.json's architectures):
+
+    python -m ipu_packing.predict --model DIR --input FILE --output FILE.jsonl [--max-seq-length 384]
+        [--doc-stride 128] [--max-query-length 64]
+    # one {"id": ..., "prediction_text": ...} per question, in input order
+
+The input is SQuAD v1.1 JSON, or JSON Lines (Parquet, datasets) with run_qa.py's columns id, question and context
+(answers, when present, are read and ignored), read and checked by data/task/questions.py as ``prepare --task
+question_answering`` reads a split; each question + context is cut into windows exactly as prepare cuts them
+(data/task/windows.py: run_qa.py's BertTokenizerFast call, questions over max_query_length tokens cut at a word
+boundary), the windows packed by the same planner and pack builder, scored by the same loop as the evaluation
+(train/evaluate.collect_answers), and each question's answer chosen by data/task/answers.py (run_qa.py's n-best rule
+per window among its own context tokens, the best span over the question's windows, its text cut from the
+context).
 """
 
 from __future__ import annotations
@@ -184,6 +201,149 @@ class Predictor:
         return out
 
 
+QA_ARCHITECTURE = "BertForQuestionAnswering"
+
+
+def model_architecture(directory: str) -> str:
+    """The first of config.json's architectures in a model directory ("" when it names none)."""
+    from .jsonin import loads
+
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path, "rb") as f:
+            value = loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return ""  # from_pretrained names what is wrong with the directory
+    names = value.get("architectures") if isinstance(value, dict) else None
+    return str(names[0]) if isinstance(names, list) and names else ""
+
+
+@dataclass
+class QuestionAnswerer:
+    """A packed BertForQuestionAnswering and its tokenizer (``from_pretrained``), ready to answer questions."""
+
+    model: Any
+    """PackedBertForQuestionAnswering, in eval mode on its device."""
+    tokenizer: Any
+    """data/vocab.py TokenizerSpec of the model's directory."""
+    max_seq_length: int = 384
+    """S: tokens per window and per pack (run_qa.py's max_seq_length)."""
+    doc_stride: int = 128
+    """Context tokens two consecutive windows of a question share (run_qa.py's doc_stride)."""
+    max_query_length: int = 64
+    """A question longer than this many tokens is cut at a word boundary (as prepare cuts it)."""
+    max_sequences_per_pack: int = 32
+    """K: windows per pack (the planner packs fewer where lengths do not allow more)."""
+    batch_packs: int = 64
+    """Packs per forward pass (PopTorch: the compiled batch, micro batch x device iterations x replicas)."""
+    execution: Any = None
+    """An ExecutionConfig: where the model runs (None: torch on ``device``), as for Predictor."""
+
+    @classmethod
+    def from_pretrained(cls, directory: str, max_seq_length: int = 384, doc_stride: int = 128,
+                        max_query_length: int = 64, max_sequences_per_pack: int = 32, batch_packs: int = 64,
+                        device: str = "cpu", attention: Optional[str] = None,
+                        execution: Any = None) -> "QuestionAnswerer":
+        """The question-answering model of ``directory`` (its weights and its tokenizer) on ``device``, or as
+        ``execution`` (an ExecutionConfig) says."""
+        import warnings
+
+        import torch
+
+        from .data.task.windows import check_window_settings
+        from .data.vocab import load_tokenizer
+        from .model import PackedBertForQuestionAnswering
+
+        if not os.path.isdir(directory):
+            raise UserError("--model %s is not a directory (a Hugging Face BERT question-answering model: "
+                            "config.json, weights, tokenizer)" % (directory,))
+        if not 1 <= max_sequences_per_pack <= 255:
+            raise UserError("--max-sequences-per-pack must be in [1, 255], got %d" % (max_sequences_per_pack,))
+        check_window_settings(max_seq_length, doc_stride, max_query_length)
+        tokenizer = load_tokenizer(directory)
+        if execution is not None:
+            device = execution.device if execution.backend == "torch" else "cpu"
+        if attention is None:
+            attention = _fastest_attention(device, max_seq_length, execution)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                model = PackedBertForQuestionAnswering.from_pretrained(directory, attention=attention, strict=True)
+            except (OSError, ValueError, KeyError) as exc:
+                raise UserError("--model %s is not a BERT question-answering directory (%s)" % (directory, exc))
+        if max_seq_length > int(model.config.max_position_embeddings):
+            raise UserError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
+                            % (max_seq_length, model.config.max_position_embeddings))
+        if device == "cuda" and not torch.cuda.is_available():
+            raise UserError("--device cuda: torch sees no CUDA device")
+        model.to(torch.device(device)).eval()
+        return cls(model, tokenizer, max_seq_length, doc_stride, max_query_length, max_sequences_per_pack,
+                   batch_packs, execution)
+
+    def packs(self, questions: Sequence[str], contexts: Sequence[str]) -> Any:
+        """The questions' windows as packs of the one format (the question-answering fields; example ids = input
+        indices, feature ids = windows in input order), cut by data/task/windows.py as prepare cuts them, packed
+        by the planner and the writer's pack builder."""
+        from .data.format import TaskLayout, as_batch
+        from .data.instance_files import Instances, gather_instances
+        from .data.task.windows import build_window_tokenizers, cut_question, window_examples
+        from .data.write.packs import PackLayout, build_packs
+        from .packing import assign_sequences, histogram_from_lengths, plan_packing
+
+        if not questions:
+            raise UserError("no question to answer")
+        S, K = self.max_seq_length, self.max_sequences_per_pack
+        cls_id = self.tokenizer.special_token_ids["[CLS]"]
+        pair, alone = build_window_tokenizers(self.tokenizer, S, self.doc_stride)
+        questions = [q.lstrip() for q in questions]
+        for i, question in enumerate(questions):
+            shorter = cut_question(alone, question, self.max_query_length, "question %d" % i)
+            if shorter is not None:
+                questions[i] = shorter
+        n = len(questions)
+        tokens, lengths, a_lengths, starts, ends, owner, offsets = window_examples(
+            pair, cls_id, questions, list(contexts), [(None, None)] * n, self.tokenizer.source)
+        windows = len(lengths)
+        zeros = np.zeros(windows, np.int32)
+        instances = Instances(tokens, lengths, a_lengths, zeros, zeros, np.zeros(0, np.int32), np.zeros(0, np.int32),
+                              {"start_positions": starts, "end_positions": ends, "example_ids": owner,
+                               "feature_ids": np.arange(windows, dtype=np.int32)}, {"offsets": offsets})
+        plan = plan_packing(histogram_from_lengths(lengths, S), S, K, "optimal")
+        assignment = assign_sequences(plan, lengths, 0)
+        layout = PackLayout(S, K, 0, None, cls_id, TaskLayout("question_answering", num_examples=n),
+                            num_sequences=n)
+        order = np.asarray(assignment.indices, dtype=np.int64)
+        records = build_packs(gather_instances(instances, order), np.asarray(assignment.offsets, np.int64), layout)
+        return Packs(as_batch(records, None))
+
+    def answers(self, questions: Sequence[str], contexts: Sequence[str]) -> List[Any]:
+        """Each question's data/task/answers.py Prediction (its text, score, window, characters), in input order."""
+        from .data.task.answers import AnswerSearch
+        from .execution.inference import make_inference
+        from .train.evaluate import collect_answers
+
+        if self.execution is not None and getattr(self, "_infer", None) is None:
+            self._infer = make_inference(self.model, self.execution)  # compiled once (PopTorch), then reused
+        search = AnswerSearch()
+        collect_answers(getattr(self, "_infer", None) or self.model, self.packs(questions, contexts), self.batch_packs,
+                        search)
+        predictions = search.predictions(list(contexts))
+        return [predictions[i] for i in range(len(contexts))]
+
+    def predict(self, examples: Sequence[Tuple[str, str, str]]) -> List[Dict[str, Any]]:
+        """(id, question, context) each -> {"id", "prediction_text"} each, in input order."""
+        answers = self.answers([q for _, q, _ in examples], [c for _, _, c in examples])
+        return [{"id": qid, "prediction_text": answer.text} for (qid, _, _), answer in zip(examples, answers)]
+
+
+def read_questions_input(path: str) -> List[Tuple[str, str, str]]:
+    """(id, question, context) of each question of an input file (SQuAD JSON, or JSON Lines, Parquet, datasets
+    with id, question and context), read and checked as prepare reads a question-answering split."""
+    from .data.task.questions import read_questions
+
+    return [(e.id, e.question, e.context) for e in read_questions(path, "input", False, answers_column=False).examples]
+
+
 class Packs:
     """Packs built in memory as a Dataset: item i is {field: tensor} of pack i (the fields in the format's order)."""
 
@@ -221,9 +381,15 @@ def read_inputs(path: str, sentence1_key: Optional[str], sentence2_key: Optional
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m ipu_packing.predict", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a Hugging Face BERT classifier directory (with its tokenizer)")
-    p.add_argument("--input", required=True, help="CSV, TSV or JSON Lines (run_glue.py's columns), or Parquet")
+    p.add_argument("--input", required=True, help="CSV, TSV or JSON Lines (run_glue.py's columns), or Parquet; "
+                   "question answering: SQuAD JSON, or JSON Lines with id, question, context")
     p.add_argument("--output", required=True, help="JSON Lines: one object per input, in input order")
-    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-seq-length", type=int, default=None,
+                   help="S (default: 128; a question-answering model: 384, run_qa.py's)")
+    p.add_argument("--doc-stride", type=int, default=128,
+                   help="question answering: context tokens two windows share (default: %(default)s)")
+    p.add_argument("--max-query-length", type=int, default=64,
+                   help="question answering: longer questions are cut at a word boundary (default: %(default)s)")
     p.add_argument("--max-sequences-per-pack", type=int, default=32)
     p.add_argument("--batch-packs", type=int, default=64, help="packs per forward pass (default: %(default)s)")
     p.add_argument("--sentence1-key", default=None)
@@ -249,7 +415,16 @@ def command(argv: Optional[List[str]]) -> int:
         execution = load_config(args.config, args.overrides).execution
     elif args.overrides:
         raise UserError("overrides (%s) need --config" % (args.overrides[0],))
-    predictor = Predictor.from_pretrained(args.model, args.max_seq_length, args.max_sequences_per_pack,
+    if model_architecture(args.model) == QA_ARCHITECTURE:
+        answerer = QuestionAnswerer.from_pretrained(
+            args.model, args.max_seq_length or 384, args.doc_stride, args.max_query_length,
+            args.max_sequences_per_pack, args.batch_packs, args.device, execution=execution)
+        records = answerer.predict(read_questions_input(args.input))
+        atomic_write_text(args.output, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        print("answered %d questions of %s with %s -> %s" % (len(records), args.input, args.model, args.output),
+              file=sys.stderr)
+        return 0
+    predictor = Predictor.from_pretrained(args.model, args.max_seq_length or 128, args.max_sequences_per_pack,
                                           args.batch_packs, args.device, execution=execution)
     inputs = read_inputs(args.input, args.sentence1_key, args.sentence2_key, args.label_key)
     records = predictor.predict(inputs)

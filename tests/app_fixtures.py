@@ -116,6 +116,31 @@ def prepare_demo_task(out: str, max_seq_length: int = 64, max_sequences_per_pack
     return out
 
 
+QA_DEMO_ARGS = ["--max-seq-length", "64", "--doc-stride", "16", "--max-query-length", "32",
+                "--max-sequences-per-pack", "4"]
+"""The question-answering tests' demo task: short windows (most questions have several), four to a pack."""
+
+
+def prepare_qa_demo_task(out: str) -> str:
+    """``prepare --task question_answering --input default`` (the embedded demo task, default vocabulary) into out,
+    with QA_DEMO_ARGS."""
+    from ipu_packing.data.cli import main
+
+    code, _, err = captured(main, ["prepare", "--task", "question_answering", "--input", "default", "--output", out]
+                            + QA_DEMO_ARGS + ["--workers", "1", "--quiet"])
+    assert code == 0, err
+    return out
+
+
+def num_questions(task_root: str, split: str) -> int:
+    """The questions of a prepared question-answering split, as its manifest counts them (its windows are its
+    num_sequences)."""
+    import json
+
+    with open(os.path.join(task_root, split, "packed", "manifest.json"), encoding="utf-8") as f:
+        return int(json.load(f)["task"]["num_examples"])
+
+
 def num_examples(task_root: str, split: str) -> int:
     """The examples of a prepared task's split, as its manifest counts them (the demo task's size depends on the
     running Python's standard library, from which it is made)."""

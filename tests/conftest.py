@@ -47,6 +47,19 @@ def demo_task(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qa_demo_task(tmp_path_factory):
+    """The embedded demo question-answering task prepared with the default vocabulary at S=64, doc stride 16, max
+    query length 32, K=4 (train and validation, each packed and padded): its root. Never written to (checked when
+    the session ends)."""
+    import app_fixtures as fx
+
+    root = fx.prepare_qa_demo_task(str(tmp_path_factory.mktemp("qa") / "demo"))
+    before = fx.snapshot(root)
+    yield root
+    assert fx.snapshot(root) == before, "a test wrote into the session's qa_demo_task: copy it first"
+
+
+@pytest.fixture(scope="session")
 def data_dir(tiny_data):
     """tiny_data, by the name the training tests give the dataset they train on (data.dir=...)."""
     return tiny_data

@@ -9,6 +9,8 @@ Command line::
     python -m ipu_packing.data inspect DIR/packed
     python -m ipu_packing.data prepare --task classification --train FILE --validation FILE [--test FILE] \
         --tokenizer DIR --output DIR --max-seq-length S --max-sequences-per-pack K     (or --input default: the demo)
+    python -m ipu_packing.data prepare --task question_answering --train train-v1.1.json --validation dev-v1.1.json \
+        --tokenizer DIR --output DIR [--max-seq-length 384 --doc-stride 128 --max-query-length 64]  (or --input default)
 
 `prepare` writes DIR/packed/ (K sequences per pack) and DIR/padded/ (the same instances, one per
 row: K = 1, the padded baseline), each a dataset directory: manifest.json, shard-*.npy and a copy of
@@ -45,6 +47,11 @@ model's own tokenizer (task/): the same format with the classification field set
 cls_positions, labels, example_ids; `ds.task` says the problem type and the number of labels, `ds.manifest["task"]`
 the rest (format.TASK_MANIFEST_KEYS).
 
+`prepare --task question_answering` writes the same splits from SQuAD v1.1 JSON or run_qa.py's JSON Lines (id,
+question, context, answers): question + context windows with stride, as run_qa.py's BertTokenizerFast call makes
+them, in the question-answering field set (start_positions, end_positions, example_ids, feature_ids, offsets), with
+the split's questions and contexts beside the packs (task/questions.py `read_examples`).
+
 Rooms: `prepare` and `pack` each turn their source into instance files, which the write phase they
 share packs into shards and manifests.
 
@@ -53,7 +60,8 @@ share packs into shards and manifests.
 - existing/ (`pack`): read (HDF5 and TFRecord inputs -> instances), tfrecord and tfexample (TFRecord
   framing and tf.train.Example without TensorFlow), pack (the command: PackConfig, pack).
 - task/ (`prepare --task`): rows (split files -> rows), labels (columns and labels as run_glue.py decides them),
-  encode (the worker's tokenization), demo (the embedded demo task), preparation (the command's task half).
+  encode (the worker's tokenization), demo (the embedded demo task), preparation (the command's task half);
+  questions, windows, qa_demo, qa_preparation and answers (question answering, as run_qa.py does it).
 - write/ (both): datasets (PackingOptions, one plan, scatter and gather, manifests), packs (the vectorised
   pack writer and its two streaming passes), workers (the worker processes), output (the output
   directory, written atomically).

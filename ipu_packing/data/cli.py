@@ -52,21 +52,23 @@ def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m ipu_packing.data", description=__doc__)
     commands = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
     commands.required = True
-    p = commands.add_parser("prepare", help="corpus -> packed/ and padded/ datasets; --task classification: "
-                            "train/validation/test files -> OUT/<split>/packed and padded")
+    p = commands.add_parser("prepare", help="corpus -> packed/ and padded/ datasets; --task classification or "
+                            "question_answering: train/validation/test files -> OUT/<split>/packed and padded")
     p.add_argument("--input", default=None,
-                   help='file, directory, glob, or "default" (embedded corpus; with --task classification: the '
-                   "embedded demo task)")
+                   help='file, directory, glob, or "default" (embedded corpus; with a --task: its embedded demo '
+                   "task)")
     p.add_argument("--output", required=True, help="output directory (must not exist or be empty)")
-    p.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
+    p.add_argument("--max-seq-length", type=int, default=None,
+                   help="S [%d; 384 with --task question_answering]" % defaults.max_seq_length)
     p.add_argument("--vocab", "--tokenizer", dest="vocab", default=None, metavar="PATH",
                    help='vocab.txt or Hugging Face tokenizer directory (never downloaded), or "default": the default '
                    "corpus' vocabulary. Your own --input needs --vocab or --train-vocab; --input default without "
                    "either gets the default vocabulary. A task needs the model's own tokenizer (--tokenizer DIR)")
-    t = p.add_argument_group("fine-tuning task (--task classification; data/task/)")
+    t = p.add_argument_group("fine-tuning task (--task classification or question_answering; data/task/)")
     t.add_argument("--task", choices=TASKS, default="pretraining",
-                   help="pretraining (--input: a corpus) or classification (--train, --validation, --test: "
-                   "run_glue.py's CSV, TSV, JSON Lines; Parquet or a datasets directory with the datasets extra)")
+                   help="pretraining (--input: a corpus), classification (--train, --validation, --test: "
+                   "run_glue.py's CSV, TSV, JSON Lines; Parquet or a datasets directory with the datasets extra) or "
+                   "question_answering (SQuAD v1.1 JSON, or run_qa.py's JSON Lines: id, question, context, answers)")
     t.add_argument("--train", default=None, metavar="FILE", help="the train split (it decides columns and labels)")
     t.add_argument("--validation", default=None, metavar="FILE", help="the validation split")
     t.add_argument("--test", default=None, metavar="FILE", help="the test split (optional; may have no labels)")
@@ -76,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--label-key", default="label", help="label column [label]")
     t.add_argument("--problem-type", choices=PROBLEM_TYPES, default=None,
                    help="force the labels' kind (default: inferred as run_glue.py does)")
+    t.add_argument("--doc-stride", type=int, default=None,
+                   help="question answering: context tokens two consecutive windows share [128, run_qa.py's]")
+    t.add_argument("--max-query-length", type=int, default=None,
+                   help="question answering: a longer question is cut to its words whose tokens fit [64]")
     p.add_argument("--train-vocab", "--vocab-size", dest="train_vocab", type=int, default=None, metavar="N",
                    help="train a WordPiece vocabulary of (at most) N tokens on --input, deterministically (the same "
                    "input gives the same vocab.txt); the default corpus' vocabulary is N=%d" % DEFAULT_VOCAB_SIZE)
@@ -139,9 +145,21 @@ def _prepare(args: argparse.Namespace) -> None:
         max_predictions_per_seq=args.max_predictions_per_seq, whole_word_masking=args.whole_word_masking,
         shard_chars=args.shard_chars, packing=packing, task=args.task, train=args.train,
         validation=args.validation, test=args.test, sentence1_key=args.sentence1_key,
-        sentence2_key=args.sentence2_key, label_key=args.label_key, problem_type=args.problem_type)
+        sentence2_key=args.sentence2_key, label_key=args.label_key, problem_type=args.problem_type,
+        doc_stride=args.doc_stride, max_query_length=args.max_query_length)
     result = prepare(config)
     packed, padded, seconds = result.packed, result.padded, result.seconds
+    if result.splits and packed["task"]["name"] == "question_answering":
+        from .task.qa_preparation import qa_split_summary
+
+        task = packed["task"]
+        print("prepared %s in %.1f s: task question_answering; S = %d, K = %d, doc stride %d, max query length %d"
+              % (args.output, seconds["total"], packed["max_seq_length"], packed["max_sequences_per_pack"],
+                 task["doc_stride"], task["max_query_length"]))
+        for name, manifests in result.splits.items():
+            print("  " + qa_split_summary(name, args.output, manifests["packed"], manifests.get("padded")))
+        print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
+        return
     if result.splits:
         from .task.preparation import split_summary
 
@@ -228,6 +246,17 @@ def _inspect_task(manifest: dict) -> None:
     """A task dataset's task: its problem, labels and their balance, source and truncation."""
     task, n = manifest["task"], manifest["num_sequences"]
     print("task:")
+    if task["name"] == "question_answering":
+        print("  %-24s question_answering, %s split, %d questions (%d with an answer) in %d windows from %s (%s, "
+              "sha256 %s)" % ("task", task["split"], task["num_examples"], task["answered"], n, task["source"]["file"],
+                              task["source"]["format"], task["source"]["sha256"][:12]))
+        print("  %-24s doc stride %d, max query length %d (%d questions cut to it)"
+              % ("windows", task["doc_stride"], task["max_query_length"], task["questions_truncated"]))
+        print("  %-24s %d (%.2f%%) point at their [CLS]: the answer is not wholly inside"
+              % ("windows without answer", task["windows_without_answer"],
+                 100.0 * task["windows_without_answer"] / max(1, n)))
+        print("  %-24s %s (sha256 %s)" % ("examples file", task["examples_file"], task["examples_sha256"][:12]))
+        return
     print("  %-24s %s, %s split, %d examples from %s (%s, sha256 %s)"
           % ("task", task["name"], task["split"], n, task["source"]["file"], task["source"]["format"],
              task["source"]["sha256"][:12]))

@@ -82,11 +82,34 @@ byte for byte what it was). Legend as above, plus L = num_labels.
                                           order); -1 in an empty slot
 
     The order is the model's forward order (input_ids, token_type_ids, position_ids, sequence_ids,
-    cls_positions, labels), then example_ids (to match predictions back to the input rows). A later task
-    adds its set the same way: question answering would be the four token fields, cls_positions,
-    start_positions and end_positions (K,), token offsets (S, 2) and example_ids, by new rows of FIELD_TABLE
-    (its values kind says its type and range) and one entry of FIELD_SETS; the shards, the writer's packing,
-    the checks and the Dataset follow the table.
+    cls_positions, labels), then example_ids (to match predictions back to the input rows).
+
+    question_answering  (`prepare --task question_answering`, data/task/questions.py and windows.py: SQuAD's
+                    question + context windows, as transformers' run_qa.py makes them)
+                    input_ids, token_type_ids, position_ids, sequence_ids   (S,) as above: [CLS] question [SEP]
+                                          context window [SEP], token types 0 then 1
+                    cls_positions   (K,)  as above
+                    start_positions (K,)  int: the answer's first token, a position in the pack (absolute, not
+                                          relative to the window's [CLS]); the window's own [CLS] where the
+                                          answer is not wholly inside the window (run_qa's rule for training
+                                          features); IGNORE_INDEX in an empty slot
+                    end_positions   (K,)  int: the answer's last token, likewise
+                    example_ids     (K,)  int32: the question's row in its split (0-based, in file order; several
+                                          windows of one context share it); -1 in an empty slot
+                    feature_ids     (K,)  int32: the window's row in its split (0-based, windows in question
+                                          order, each question's windows in context order; unique); -1 if empty
+                    offsets         (S, 2) int32: a context token's [start, end) characters in its context;
+                                          -1 for every other token (question, [CLS], [SEP], padding)
+
+    The order is the model's forward order (the four token fields, start_positions, end_positions, with
+    cls_positions, which a no-answer label points at, before them), then the ids and offsets (to cut an
+    answer's text out of its context at evaluation). The questions and contexts themselves are beside the packs
+    in the dataset directory (the manifest's task.examples_file, checksummed: data/task/questions.py).
+
+    A field's shape and kind of values (FIELD_TABLE) decide its stored type and range; a (K,) field is carried
+    per sequence, an (S, ...) field other than the four token fields per token (data/write/packs.py), and a (K,)
+    field of kind "answer_position" is stored relative to its sequence in the instances and moved to the pack
+    position by the writer.
 
     Invariants of a classification pack, besides sequences, positions, token types and [CLS] above:
 
@@ -95,6 +118,17 @@ byte for byte what it was). Legend as above, plus L = num_labels.
     label slots     single-label: labels[j] is used (not IGNORE_INDEX) exactly when j < k in a split with
                     labels, and IGNORE_INDEX everywhere in a split without; float labels: an empty slot's
                     are 0 (a used one may be 0 too: example_ids says which slots hold a sequence)
+
+    Invariants of a question-answering pack, besides sequences, positions, token types and [CLS] above:
+
+    example slots   example_ids[j] is used (not -1) exactly when j < k; feature slots likewise, and no
+                    feature id appears twice in the dataset (every window of the split exactly once)
+    offsets         offsets[t] is used (both values not -1) exactly on the context tokens: the tokens of token
+                    type 1 but the last of their sequence (its final [SEP]); a used pair has 0 <= start <= end
+    answer slots    start_positions[j] and end_positions[j] are used (not IGNORE_INDEX) exactly when j < k;
+                    a used pair is either both sequence j + 1's [CLS] (no answer in the window) or both on
+                    context tokens of sequence j + 1 with start <= end: an answer never points into the
+                    question, another sequence or padding
 
     The manifest of a task dataset has no mlm_slots, num_masked_tokens, recipe or corpus (they describe
     pretraining instances; PRETRAINING_MANIFEST_KEYS) and has `task` (TASK_MANIFEST_KEYS), e.g.
@@ -110,6 +144,13 @@ byte for byte what it was). Legend as above, plus L = num_labels.
     null (integer classes kept as they are, regression); label_counts: examples of each class (single-label)
     or with each label (multi-label), null for regression or without labels; truncated: examples cut to S;
     source: the split's input file (its name, format, data rows and sha256).
+
+    A question-answering dataset's task key has QA_TASK_MANIFEST_KEYS instead, e.g.
+
+        {"name": "question_answering", "split": "validation", "num_examples": 310, "answered": 310,
+         "max_query_length": 64, "doc_stride": 128, "questions_truncated": 0, "windows_without_answer": 12,
+         "examples_file": "examples.jsonl", "examples_sha256": "...", "tokenizer": "default (...)",
+         "source": {"file": "dev-v1.1.json", "format": "squad", "rows": 310, "sha256": "..."}}
 """
 
 from __future__ import annotations
@@ -184,6 +225,9 @@ VALUE_KINDS = {
     "real": "a finite float32",
     "multi_hot": "0.0 or 1.0 (float32)",
     "example": "a row of the split in [0, num_sequences), or -1",
+    "question": "a question (example) of the split in [0, num_examples), or -1",
+    "answer_position": "a position in the pack, [0, S), or IGNORE_INDEX",
+    "offset": "a character offset in a context, [0, 2**31 - 1), or -1 (not a context token)",
 }
 """What a field's values are (Field.values)."""
 
@@ -197,9 +241,17 @@ FIELD_TABLE: Dict[str, Field] = {f.name: f for f in (
     Field("cls_positions", ("K",), "position"),
     Field("nsp_labels", ("K",), "binary_label", IGNORE_INDEX),
     Field("example_ids", ("K",), "example", -1),
+    Field("start_positions", ("K",), "answer_position", IGNORE_INDEX),
+    Field("end_positions", ("K",), "answer_position", IGNORE_INDEX),
+    Field("feature_ids", ("K",), "example", -1),
+    Field("offsets", ("S", 2), "offset", -1),
 )}
-"""Every field but a classification task's `labels`, whose shape and kind follow its problem type
-(`TaskLayout.fields`)."""
+"""Every field but a classification task's `labels`, whose shape and kind follow its problem type, and a
+question-answering task's `example_ids` (QUESTION_IDS) (`TaskLayout.fields`)."""
+
+QUESTION_IDS = Field("example_ids", ("K",), "question", -1)
+"""A question-answering task's example_ids: a question's row, shared by its windows (feature_ids is the unique
+one)."""
 
 CLASS_LABELS = Field("labels", ("K",), "class", IGNORE_INDEX)  # single-label classification
 REAL_LABELS = Field("labels", ("K",), "real", 0)  # regression, L = 1
@@ -209,6 +261,8 @@ MULTI_HOT_LABELS = Field("labels", ("K", "L"), "multi_hot", 0)  # multi-label cl
 FIELD_SETS: Dict[str, Tuple[str, ...]] = {
     "pretraining": FIELDS,
     "classification": TOKEN_FIELDS + ("cls_positions", "labels", "example_ids"),
+    "question_answering": TOKEN_FIELDS + ("cls_positions", "start_positions", "end_positions", "example_ids",
+                                          "feature_ids", "offsets"),
 }
 """Each task's fields, in the model's forward order (and, for a task, example_ids last)."""
 
@@ -230,6 +284,8 @@ class TaskLayout:
     """Classification: L (1 for a single regression target)."""
     has_labels: bool = True
     """Classification: False for a split without labels (every single-label slot IGNORE_INDEX, floats 0)."""
+    num_examples: int = 0
+    """Question answering: the split's questions (example_ids lie in [0, num_examples))."""
 
     def __post_init__(self) -> None:
         if self.name not in FIELD_SETS:
@@ -244,7 +300,20 @@ class TaskLayout:
     @property
     def fields(self) -> Tuple[Field, ...]:
         """The fields of a pack, in order."""
-        return tuple(self._labels() if name == "labels" else FIELD_TABLE[name] for name in FIELD_SETS[self.name])
+        return tuple(self._field(name) for name in FIELD_SETS[self.name])
+
+    @property
+    def unique_ids(self) -> str:
+        """The (K,) field of a task whose used values appear once in a dataset: a classification example's row, a
+        question-answering window's."""
+        return "feature_ids" if self.name == "question_answering" else "example_ids"
+
+    def _field(self, name: str) -> Field:
+        if name == "labels":
+            return self._labels()
+        if name == "example_ids" and self.name == "question_answering":
+            return QUESTION_IDS
+        return FIELD_TABLE[name]
 
     @property
     def names(self) -> Tuple[str, ...]:
@@ -277,7 +346,7 @@ def task_layout(manifest: Mapping[str, Any]) -> TaskLayout:
     if task is None:
         return PRETRAINING
     return TaskLayout(task["name"], task.get("problem_type"), int(task.get("num_labels", 0)),
-                      bool(task.get("has_labels", True)))
+                      bool(task.get("has_labels", True)), int(task.get("num_examples", 0)))
 
 
 def field_dtypes(max_seq_length: int, max_sequences_per_pack: int,
@@ -287,7 +356,8 @@ def field_dtypes(max_seq_length: int, max_sequences_per_pack: int,
 
     Token ids lie in [0, V) and labels in [0, V) or IGNORE_INDEX (signed); positions in [0, S);
     sequence ids in [0, K]; token types in {0, 1}; NSP labels in {0, 1, IGNORE_INDEX}; classes in [0, L) or
-    IGNORE_INDEX; example ids are int32. Shards always give the vocabulary size. Without one (vocab_size=None:
+    IGNORE_INDEX; answer positions in [0, S) or IGNORE_INDEX (signed); example, feature ids and character
+    offsets are int32. Shards always give the vocabulary size. Without one (vocab_size=None:
     packs built in memory as a batch, e.g. synthetic packs) every integer field is int32, as the model takes them.
     """
     if vocab_size is None:
@@ -302,7 +372,7 @@ def field_dtypes(max_seq_length: int, max_sequences_per_pack: int,
     kinds = {"token": unsigned(vocab_size - 1), "token_type": "<u1", "position": unsigned(max_seq_length - 1),
              "sequence": unsigned(max_sequences_per_pack), "token_label": "<i2" if vocab_size <= 1 << 15 else "<i4",
              "binary_label": "<i1", "class": signed(max(1, task.num_labels) - 1), "real": "<f4", "multi_hot": "<f4",
-             "example": "<i4"}
+             "example": "<i4", "question": "<i4", "answer_position": signed(max_seq_length - 1), "offset": "<i4"}
     return {f.name: np.dtype(kinds[f.values]) for f in task.fields}
 
 
@@ -445,7 +515,27 @@ TASK_MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
     "tokenizer": (str, "where the tokenizer came from"),
     "source": (dict, "the split's input: {file, format, rows, sha256}"),
 }
-"""The keys of a task manifest's `task` entry (all required), each with its type(s) and meaning."""
+"""The keys of a classification manifest's `task` entry (all required), each with its type(s) and meaning."""
+
+QA_TASK_MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
+    "name": (str, '"question_answering"'),
+    "split": (str, '"train", "validation" or "test"'),
+    "num_examples": (int, "questions (examples) of the split: example_ids lie in [0, num_examples)"),
+    "answered": (int, "questions with at least one answer"),
+    "max_query_length": (int, "tokens a question is cut to (at a word boundary)"),
+    "doc_stride": (int, "tokens two consecutive windows of one context share"),
+    "questions_truncated": (int, "questions cut to max_query_length"),
+    "windows_without_answer": (int, "windows whose labels point at their [CLS]: the answer is not wholly inside"),
+    "examples_file": (str, "JSON Lines of the split's examples (id, question, context, answers) in this directory"),
+    "examples_sha256": (str, "sha256 of examples_file"),
+    "tokenizer": (str, "where the tokenizer came from"),
+    "source": (dict, "the split's input: {file, format, rows, sha256}"),
+}
+"""The keys of a question-answering manifest's `task` entry (all required)."""
+
+TASK_KEYS: Dict[str, Dict[str, Tuple[Any, str]]] = {"classification": TASK_MANIFEST_KEYS,
+                                                    "question_answering": QA_TASK_MANIFEST_KEYS}
+"""A task manifest's `task` entry keys, by its name."""
 
 SPLITS = ("train", "validation", "test")
 
@@ -563,7 +653,11 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     required = manifest_keys(manifest)
     _check_types(path, "field", manifest, required, OPTIONAL_MANIFEST_KEYS)
     if "task" in manifest:
-        _check_types(path, "field 'task' entry", manifest["task"], TASK_MANIFEST_KEYS, {})
+        name = manifest["task"].get("name")
+        if not isinstance(name, str) or name not in TASK_KEYS:
+            raise DataError("%s: field 'task' entry 'name' is %r: not a task this code reads (%s)"
+                            % (path, name, "/".join(TASK_KEYS)))
+        _check_types(path, "field 'task' entry", manifest["task"], TASK_KEYS[name], {})
     _check_manifest_values(path, directory, manifest)
     return manifest
 
@@ -630,7 +724,7 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
     for key in ("num_sequences", "num_packs", "num_tokens", "num_masked_tokens", "seed"):
         if key in m and m[key] < 0:
             raise DataError("%s: field %r is %d, must be >= 0" % (path, key, m[key]))
-    names = [m["vocab_file"]]
+    names = [m["vocab_file"]] + ([m["task"]["examples_file"]] if task.name == "question_answering" else [])
     total = 0
     for i, shard in enumerate(m["shards"]):
         if not (isinstance(shard, dict) and sorted(shard) == ["file", "num_packs", "sha256"]
@@ -640,8 +734,10 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
             raise DataError("%s: field 'shards' entry %d should be {file, num_packs >= 0, sha256}" % (path, i))
         names.append(shard["file"])
         total += shard["num_packs"]
+    files = len(names) - len(m["shards"])  # the vocabulary (and a question-answering task's examples file)
     for i, name in enumerate(names):
-        what = "field 'vocab_file'" if i == 0 else "field 'shards' entry %d (file %r)" % (i - 1, name)
+        what = ("field 'vocab_file'" if i == 0 else "field 'task' entry 'examples_file'" if i < files
+                else "field 'shards' entry %d (file %r)" % (i - files, name))
         try:
             contained_path(directory, name, "%s: %s" % (path, what))
         except InputError as error:
@@ -676,6 +772,8 @@ def _check_task(path: str, task: Dict[str, Any]) -> TaskLayout:
     if task["name"] not in FIELD_SETS or task["name"] == "pretraining":
         raise DataError("%s 'name' is %r: not a task this code reads (%s)"
                         % (where, task["name"], "/".join(n for n in FIELD_SETS if n != "pretraining")))
+    if task["name"] == "question_answering":
+        return _check_qa_task(where, task)
     if task["problem_type"] not in PROBLEM_TYPES:
         raise DataError("%s 'problem_type' is %r, not one of %s"
                         % (where, task["problem_type"], "/".join(PROBLEM_TYPES)))
@@ -703,9 +801,31 @@ def _check_task(path: str, task: Dict[str, Any]) -> TaskLayout:
     return TaskLayout(task["name"], task["problem_type"], n, task["has_labels"])
 
 
+def _check_qa_task(where: str, task: Dict[str, Any]) -> TaskLayout:
+    """A type-checked question-answering `task` entry's values on their own -> its TaskLayout."""
+    if task["split"] not in SPLITS:
+        raise DataError("%s 'split' is %r, not one of %s" % (where, task["split"], "/".join(SPLITS)))
+    for key in ("num_examples", "answered", "doc_stride", "questions_truncated", "windows_without_answer"):
+        if task[key] < 0:
+            raise DataError("%s %r is %d, must be >= 0" % (where, key, task[key]))
+    if task["max_query_length"] < 1:
+        raise DataError("%s 'max_query_length' is %d, must be >= 1" % (where, task["max_query_length"]))
+    return TaskLayout("question_answering", num_examples=task["num_examples"])
+
+
 def _check_task_counts(path: str, m: Dict[str, Any]) -> None:
-    """A task manifest's counts against each other: truncated and label counts within the examples."""
+    """A task manifest's counts against each other: truncated and label counts within the examples (question
+    answering: questions, answered and cut questions within the windows and questions)."""
     task = m["task"]
+    if task["name"] == "question_answering":
+        for key, most, of in (("num_examples", m["num_sequences"], "sequences (windows)"),
+                              ("answered", task["num_examples"], "questions"),
+                              ("questions_truncated", task["num_examples"], "questions"),
+                              ("windows_without_answer", m["num_sequences"], "sequences (windows)")):
+            if task[key] > most:
+                raise DataError("%s: field 'task' entry %r is %d, more than the %d %s" % (path, key, task[key],
+                                                                                           most, of))
+        return
     if task["truncated"] > m["num_sequences"]:
         raise DataError("%s: field 'task' entry 'truncated' is %d, more than the %d sequences"
                         % (path, task["truncated"], m["num_sequences"]))

@@ -40,6 +40,10 @@ class Instances:
     """A task's own per-instance columns, {name: (N,) or (N, L)} in their own type (e.g. a classification task's
     labels and example_ids; the pack field of the same name); pretraining has none. Task instances have no
     predictions (mlm_counts 0) and nsp_labels 0."""
+    token_extra: Dict[str, np.ndarray] = field(default_factory=dict)
+    """A task's own per-token columns, {name: (T,) or (T, w)} in their own type, token by token as `tokens` (e.g.
+    a question-answering task's offsets, (T, 2)); the pack field of the same name. Pretraining and classification
+    have none."""
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -67,17 +71,22 @@ def save_instances(path: str, instances: Instances, vocab_size: Optional[int] = 
         arrays[name] = array.astype(kind if fits else np.int32)
     for name in sorted(instances.extra):
         arrays[_EXTRA + name] = instances.extra[name]
+    for name in sorted(instances.token_extra):
+        arrays[_TOKEN_EXTRA + name] = instances.token_extra[name]
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 
 
 _EXTRA = "extra:"  # the file's name of an extra column
+_TOKEN_EXTRA = "token:"  # the file's name of a per-token column
 
 
 def load_instances(path: str) -> Instances:
     with np.load(path) as z:
         extra = {name[len(_EXTRA):]: z[name] for name in z.files if name.startswith(_EXTRA)}
-        return Instances(**{name: z[name].astype(np.int32) for name in INSTANCE_FIELDS}, extra=extra)
+        token_extra = {name[len(_TOKEN_EXTRA):]: z[name] for name in z.files if name.startswith(_TOKEN_EXTRA)}
+        return Instances(**{name: z[name].astype(np.int32) for name in INSTANCE_FIELDS}, extra=extra,
+                         token_extra=token_extra)
 
 
 def gather_instances(instances: Instances, members: np.ndarray) -> Instances:
@@ -91,7 +100,8 @@ def gather_instances(instances: Instances, members: np.ndarray) -> Instances:
     mlm = ranges(mlm_start[members], counts[members])
     return Instances(instances.tokens[tokens], instances.lengths[members], instances.a_lengths[members],
                      instances.nsp_labels[members], instances.mlm_counts[members], instances.mlm_positions[mlm],
-                     instances.mlm_labels[mlm], {name: column[members] for name, column in instances.extra.items()})
+                     instances.mlm_labels[mlm], {name: column[members] for name, column in instances.extra.items()},
+                     {name: column[tokens] for name, column in instances.token_extra.items()})
 
 
 def concat_instances(parts: Sequence[Instances]) -> Instances:
@@ -100,6 +110,7 @@ def concat_instances(parts: Sequence[Instances]) -> Instances:
         empty = np.zeros(0, dtype=np.int32)
         return Instances(empty, empty, empty, empty, empty, empty, empty)
     extra = {name: np.concatenate([p.extra[name] for p in parts]) for name in parts[0].extra}
+    token_extra = {name: np.concatenate([p.token_extra[name] for p in parts]) for name in parts[0].token_extra}
     return Instances(*[np.concatenate([getattr(p, name) for p in parts]).astype(np.int32)
                        for name in ("tokens", "lengths", "a_lengths", "nsp_labels", "mlm_counts", "mlm_positions",
-                                    "mlm_labels")], extra=extra)
+                                    "mlm_labels")], extra=extra, token_extra=token_extra)

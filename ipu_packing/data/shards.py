@@ -52,7 +52,8 @@ def field_ranges(manifest: Dict[str, Any]) -> Dict[str, Tuple[Any, Any, Tuple[in
     kinds = {"token": (0, v, ()), "token_type": (0, 2, ()), "position": (0, s, ()), "sequence": (0, k + 1, ()),
              "token_label": (0, v, (IGNORE_INDEX,)), "binary_label": (0, 2, (IGNORE_INDEX,)),
              "class": (0, task.num_labels, (IGNORE_INDEX,)), "real": (None, None, ()), "multi_hot": (0, 2, ()),
-             "example": (0, manifest.get("num_sequences", 1 << 31), (-1,))}
+             "example": (0, manifest.get("num_sequences", 1 << 31), (-1,)), "question": (0, task.num_examples, (-1,)),
+             "answer_position": (0, s, (IGNORE_INDEX,)), "offset": (0, (1 << 31) - 1, (-1,))}
     return {f.name: kinds[f.values] for f in task.fields}
 
 
@@ -122,7 +123,7 @@ def pack_facts(max_seq_length: int, max_sequences_per_pack: int, vocab_size: int
              "vocab_size": vocab_size, "special_token_ids": ids}
     if not task.is_pretraining:
         facts["task"] = {"name": task.name, "problem_type": task.problem_type, "num_labels": task.num_labels,
-                         "has_labels": task.has_labels}
+                         "has_labels": task.has_labels, "num_examples": task.num_examples}
         if num_sequences is not None:
             facts["num_sequences"] = int(num_sequences)
     return facts
@@ -152,9 +153,9 @@ def check_packs(where: str, packs: np.ndarray, first_pack: int, manifest: Dict[s
         if broken is None:  # the two passes disagree: a bug, not the data's fault
             raise AssertionError("pack %d of %s flagged as broken, but it breaks no invariant" % (p, where))
         raise DataError("%s: pack %d: %s" % (where, first_pack + p, broken))
-    if "example_ids" in arrays:
-        _repeated_example(where, arrays["example_ids"], first_pack,
-                          counts.example_seen if counts is not None else None)
+    if not task.is_pretraining:
+        _repeated_example(where, arrays[task.unique_ids], first_pack,
+                          counts.example_seen if counts is not None else None, task.unique_ids)
     if counts is None:
         return
     k = manifest["max_sequences_per_pack"]
@@ -174,10 +175,12 @@ def check_packs(where: str, packs: np.ndarray, first_pack: int, manifest: Dict[s
         counts.masked += int((arrays["mlm_labels"] != IGNORE_INDEX).sum())
 
 
-def _repeated_example(where: str, example_ids: np.ndarray, first_pack: int, seen: Optional[np.ndarray]) -> None:
-    """DataError at the first example id (in pack and slot order) of this block that an earlier slot of the block
-    or, with `seen` ((N,) flat place of each id's first use in the dataset, -1 none; updated), of the dataset
-    already holds. The ids are in range (checked before)."""
+def _repeated_example(where: str, example_ids: np.ndarray, first_pack: int, seen: Optional[np.ndarray],
+                      name: str = "example_ids") -> None:
+    """DataError at the first id of field `name` (example_ids; a question-answering task's feature_ids), in pack
+    and slot order, of this block that an earlier slot of the block or, with `seen` ((N,) flat place of each id's
+    first use in the dataset, -1 none; updated), of the dataset already holds. The ids are in range (checked
+    before)."""
     k = example_ids.shape[1]
     flat = example_ids.reshape(-1).astype(np.int64)
     places = np.flatnonzero(flat != -1)  # (n,) flat index in the block of each used slot, ascending
@@ -195,9 +198,9 @@ def _repeated_example(where: str, example_ids: np.ndarray, first_pack: int, seen
         if before[i] == -1:  # first used earlier in this block
             before[i] = first_pack * k + int(places[order[np.searchsorted(ordered, ids[i])]])
         pack, slot = divmod(first_pack * k + int(places[i]), k)
-        raise DataError("%s: pack %d: field 'example_ids' slot %d is %d, already used by pack %d slot %d (each "
-                        "example of a split appears exactly once)" % (where, pack, slot, int(ids[i]),
-                                                                      *divmod(int(before[i]), k)))
+        raise DataError("%s: pack %d: field %r slot %d is %d, already used by pack %d slot %d (each %s of a split "
+                        "appears exactly once)" % (where, pack, name, slot, int(ids[i]), *divmod(int(before[i]), k),
+                                                   "window" if name == "feature_ids" else "example"))
     if seen is not None:
         seen[ids] = first_pack * k + places
 
@@ -263,12 +266,43 @@ def _broken_task_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: TaskLay
     """(P,) bool: the packs of a task dataset whose example or label slots break format.py's invariants, given
     `used` (P, K): the slots that hold a sequence."""
     bad = ((a["example_ids"] != -1) != used).any(axis=1)
+    if task.name == "question_answering":
+        return bad | _broken_answer_slots(a, used)
     labels = a["labels"]
     if labels.dtype.kind == "f":  # an empty slot's float labels are 0
         empty = labels != 0 if labels.ndim == 2 else (labels != 0).any(axis=2)
         return bad | (empty & ~used).any(axis=1)
     labelled = labels != IGNORE_INDEX
     return bad | (labelled != (used if task.has_labels else False)).any(axis=1)
+
+
+def context_tokens(sequence_ids: np.ndarray, token_type_ids: np.ndarray) -> np.ndarray:
+    """(..., S) bool: a question-answering pack's context tokens: token type 1, a real token, not the last of its
+    sequence (the final [SEP])."""
+    last = np.ones(sequence_ids.shape, dtype=bool)
+    last[..., :-1] = sequence_ids[..., 1:] != sequence_ids[..., :-1]
+    return (token_type_ids == 1) & (sequence_ids != 0) & ~last
+
+
+def _broken_answer_slots(a: Dict[str, np.ndarray], used: np.ndarray) -> np.ndarray:
+    """(P,) bool: the question-answering packs whose feature slots, offsets or answer slots break format.py's
+    invariants, given `used` (P, K)."""
+    sid = a["sequence_ids"]  # (P, S)
+    context = context_tokens(sid, a["token_type_ids"])  # (P, S)
+    offsets = a["offsets"]  # (P, S, 2)
+    bad = ((a["feature_ids"] != -1) != used).any(axis=1)
+    bad |= ((offsets[..., 0] != -1) != context).any(axis=1) | ((offsets[..., 1] != -1) != context).any(axis=1)
+    bad |= (context & (offsets[..., 1] < offsets[..., 0])).any(axis=1)
+    start, end, cls = a["start_positions"], a["end_positions"], a["cls_positions"]  # (P, K)
+    bad |= ((start != IGNORE_INDEX) != used).any(axis=1) | ((end != IGNORE_INDEX) != used).any(axis=1)
+    n, s = sid.shape
+    rows = np.arange(n)[:, None]
+    own = np.arange(1, used.shape[1] + 1)[None, :]  # (1, K) each slot's sequence id
+    first, last = np.clip(start, 0, s - 1), np.clip(end, 0, s - 1)  # an unused slot's is checked above
+    inside = (context[rows, first] & context[rows, last] & (sid[rows, first] == own) & (sid[rows, last] == own)
+              & (start <= end))
+    at_cls = (start == cls) & (end == cls)
+    return bad | (used & ~(inside | at_cls)).any(axis=1)
 
 
 def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int],
@@ -357,6 +391,8 @@ def _first_broken_task_slot(pack: Dict[str, np.ndarray], count: int, task: TaskL
             state = "unused (-1)" if ids[j] == -1 else "used (example %d)" % ids[j]
             return ("field 'example_ids' slot %d is %s, but sequences in the pack: %d (slot k - 1 holds sequence k's "
                     "example, and only it: slots 0 .. %d used, the rest -1)" % (j, state, count, count - 1))
+    if task.name == "question_answering":
+        return _first_broken_answer_slot(pack, count)
     labels = pack["labels"]
     for j in range(len(labels)):
         if labels.dtype.kind == "f":
@@ -371,6 +407,51 @@ def _first_broken_task_slot(pack: Dict[str, np.ndarray], count: int, task: TaskL
         if not task.has_labels and value != IGNORE_INDEX:
             return ("field 'labels' slot %d is %d in a split without labels (every slot %d)"
                     % (j, value, IGNORE_INDEX))
+    return None
+
+
+def _first_broken_answer_slot(pack: Dict[str, np.ndarray], count: int) -> Optional[str]:
+    """The first feature slot, offset or answer slot of a question-answering pack of `count` sequences that breaks
+    an invariant, in words."""
+    ids = pack["feature_ids"].astype(np.int64)
+    for j in range(len(ids)):
+        if (ids[j] != -1) != (j < count):
+            state = "unused (-1)" if ids[j] == -1 else "used (window %d)" % ids[j]
+            return ("field 'feature_ids' slot %d is %s, but sequences in the pack: %d (slots 0 .. %d used, the rest "
+                    "-1)" % (j, state, count, count - 1))
+    sid = pack["sequence_ids"].astype(np.int64)
+    context = context_tokens(sid, pack["token_type_ids"].astype(np.int64))
+    offsets = pack["offsets"].astype(np.int64)
+    for t in range(len(sid)):
+        used = bool(offsets[t, 0] != -1 or offsets[t, 1] != -1)
+        if used != context[t] or (used and (offsets[t, 0] == -1 or offsets[t, 1] == -1)):
+            what = ("a context token of sequence %d" % sid[t] if context[t] else "padding" if sid[t] == 0 else
+                    "not a context token of sequence %d (a question token, [CLS] or [SEP])" % sid[t])
+            return ("field 'offsets' slot %d is %s, but the token is %s (a context token has both offsets, every "
+                    "other token -1)" % (t, offsets[t].tolist(), what))
+        if used and offsets[t, 1] < offsets[t, 0]:
+            return "field 'offsets' slot %d is %s: its end is before its start" % (t, offsets[t].tolist())
+    cls = pack["cls_positions"].astype(np.int64)
+    for name in ("start_positions", "end_positions"):
+        values = pack[name].astype(np.int64)
+        for j in range(len(values)):
+            if (values[j] != IGNORE_INDEX) != (j < count):
+                state = "unused (%d)" % IGNORE_INDEX if values[j] == IGNORE_INDEX else "used (%d)" % values[j]
+                return ("field %r slot %d is %s, but sequences in the pack: %d (slots 0 .. %d used, the rest %d)"
+                        % (name, j, state, count, count - 1, IGNORE_INDEX))
+    start, end = pack["start_positions"].astype(np.int64), pack["end_positions"].astype(np.int64)
+    for j in range(count):
+        if start[j] == cls[j] and end[j] == cls[j]:
+            continue
+        for name, at in (("start_positions", start[j]), ("end_positions", end[j])):
+            if not (context[at] and sid[at] == j + 1):
+                where = ("sequence %d's [CLS] without the other position" % (j + 1) if at == cls[j] else
+                         "padding" if sid[at] == 0 else "a token of sequence %d" % sid[at] if sid[at] != j + 1
+                         else "sequence %d's question, [CLS] or [SEP]" % (j + 1))
+                return ("field %r slot %d is %d, %s: an answer is both positions on sequence %d's [CLS] (%d) or both "
+                        "on its context tokens" % (name, j, at, where, j + 1, cls[j]))
+        if start[j] > end[j]:
+            return ("field 'start_positions' slot %d is %d, after field 'end_positions' %d" % (j, start[j], end[j]))
     return None
 
 
@@ -409,6 +490,14 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
     if checksums and sha256_file(vocab_path) != manifest["vocab_checksum"]:
         raise DataError("%s: sha256 does not match manifest field 'vocab_checksum'" % vocab_path)
     check_dataset_vocab(directory, manifest)  # its size, special tokens and no token twice (cheap: always)
+    if task.name == "question_answering":  # the questions and contexts the packs' offsets point into
+        entry = manifest["task"]
+        examples = contained_path(directory, entry["examples_file"])
+        if not os.path.lexists(examples):
+            raise DataError("%s: missing (named by manifest field 'task' entry 'examples_file')" % examples)
+        check_regular(examples, DataError)
+        if checksums and sha256_file(examples) != entry["examples_sha256"]:
+            raise DataError("%s: sha256 does not match manifest field 'task' entry 'examples_sha256'" % examples)
     counts = PackCounts(manifest["max_seq_length"], manifest["max_sequences_per_pack"],
                         0 if task.is_pretraining else manifest["num_sequences"])
     block = max(1, BLOCK_TOKENS // manifest["max_seq_length"])

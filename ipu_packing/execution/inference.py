@@ -11,13 +11,12 @@ fine-tuning's evaluation and ``ipu_packing.predict`` use on CPU and GPU. The Pop
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Dict, Optional
 
 import torch
 
 from .config import ExecutionConfig
-from .runner_common import autocast
+from .runner_common import autocast, model_inputs
 
 
 class TorchInference:
@@ -29,7 +28,7 @@ class TorchInference:
         self.config = config or ExecutionConfig()
         self.device = torch.device(self.config.device) if config is not None else next(model.parameters()).device
         self.model = model.to(self.device)
-        self.inputs = tuple(inspect.signature(model.forward).parameters)
+        self.inputs = model_inputs(model)  # the batch fields forward takes (labels too: a loss when present)
 
     def __call__(self, batch: Dict[str, Any]) -> Any:
         was_training = self.model.training

@@ -337,15 +337,21 @@ class PoptorchRunner:
 
 
 class _InferenceWrapper(torch.nn.Module):
-    """Returns the model's per-slot outputs only (a classifier's logits): what an inference host call brings back."""
+    """Returns the outputs the model serves only (its SERVED fields: a classifier's logits, question answering's
+    token start and end logits): what an inference host call brings back. ``settings``: the model's keyword-only
+    settings (question answering's num_slots, K, which it takes from its labels when it has them)."""
 
-    def __init__(self, model: torch.nn.Module, inputs) -> None:
+    def __init__(self, model: torch.nn.Module, inputs, served=("logits",)) -> None:
         super().__init__()
         self.model = model
         self._inputs = tuple(inputs)
+        self._served = tuple(served)
+        self.settings: Dict[str, Any] = {}
 
     def forward(self, *fields):
-        return self.model(**dict(zip(self._inputs, fields))).logits
+        out = self.model(**dict(zip(self._inputs, fields)), **self.settings)
+        values = tuple(getattr(out, name) for name in self._served)
+        return values[0] if len(values) == 1 else values
 
 
 class PoptorchInference:
@@ -373,20 +379,34 @@ class PoptorchInference:
         if config.precision == "fp16":
             model.half()
         model.eval()
-        self.executor = poptorch.inferenceModel(_InferenceWrapper(model, self.inputs), options=self.options)
+        self.served = tuple(getattr(model, "SERVED", ("logits",)))
+        self.wrapper = _InferenceWrapper(model, self.inputs, self.served)
+        self.executor = poptorch.inferenceModel(self.wrapper, options=self.options)
 
     @property
     def packs_per_call(self) -> int:
         return int(self.config.micro_batch_size * self.config.device_iterations * self.config.replication_factor)
 
+    def _settle(self, batch) -> None:
+        """The model's keyword-only settings from the first batch: num_slots is K, the width of its slot fields (the
+        compiled graph holds it)."""
+        import inspect
+
+        params = inspect.signature(self.model.forward).parameters
+        if "num_slots" in params and "num_slots" not in self.wrapper.settings:
+            self.wrapper.settings["num_slots"] = int(torch.as_tensor(batch["example_ids"]).shape[1])
+
     def compile(self, batch) -> None:
+        self._settle(batch)
         self.executor.compile(*[torch.as_tensor(batch[k]) for k in self.inputs])
 
     def __call__(self, batch):
         from types import SimpleNamespace
 
-        logits = self.executor(*[torch.as_tensor(batch[k]) for k in self.inputs])
-        return SimpleNamespace(logits=logits, loss=None, count=None)
+        self._settle(batch)
+        got = self.executor(*[torch.as_tensor(batch[k]) for k in self.inputs])
+        values = (got,) if len(self.served) == 1 else tuple(got)
+        return SimpleNamespace(loss=None, count=None, **dict(zip(self.served, values)))
 
 
 def make_poptorch_runner(model, optimizer, config: ExecutionConfig, scheduler=None, poptorch=None,

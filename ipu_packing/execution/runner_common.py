@@ -19,8 +19,10 @@ BATCH_FIELDS = FIELDS  # the pretraining model's inputs in forward's order; shap
 
 
 def model_inputs(model: torch.nn.Module) -> Tuple[str, ...]:
-    """The batch fields ``model``'s forward takes, in its argument order (each a tensor of the batch)."""
-    return tuple(inspect.signature(model.forward).parameters)
+    """The batch fields ``model``'s forward takes, in its argument order (each a tensor of the batch); a keyword-only
+    argument is a setting, not a field (the question-answering model's num_slots)."""
+    return tuple(name for name, p in inspect.signature(model.forward).parameters.items()
+                 if p.kind is not inspect.Parameter.KEYWORD_ONLY)
 
 
 def model_metrics(model: torch.nn.Module, metrics: Optional[Sequence[str]] = None) -> Tuple[str, ...]:

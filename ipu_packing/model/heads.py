@@ -34,6 +34,8 @@ class PackedBertTaskModel(nn.Module):
     FRESH_HEAD: Tuple[str, ...] = ()
     """Weight-name prefixes ``from_pretrained`` may leave at their fresh initialisation (the head)."""
     ADD_POOLING_LAYER = True
+    SERVED: Tuple[str, ...] = ("logits",)
+    """The output fields serving brings back from the device (execution/poptorch_backend.py PoptorchInference)."""
 
     def __init__(self, config: Any, attention: Optional[str] = None) -> None:
         super().__init__()

@@ -137,6 +137,7 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
     TASK = "question_answering"
     FRESH_HEAD = ("qa_outputs.",)
     ADD_POOLING_LAYER = False  # transformers' BertForQuestionAnswering has none
+    SERVED = ("token_start_logits", "token_end_logits")  # what post-processing reads (data/task/answers.py)
 
     def __init__(self, config: Any, attention: Optional[str] = None) -> None:
         if int(getattr(config, "num_labels", 2)) != 2:
@@ -162,9 +163,11 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
         sequence_ids: torch.Tensor,
         start_positions: Optional[torch.Tensor] = None,
         end_positions: Optional[torch.Tensor] = None,
+        *,
         num_slots: Optional[int] = None,
     ) -> PackedBertQuestionAnsweringOutput:
-        """``num_slots`` (K) is needed only without labels (serving); with labels it is their width."""
+        """``num_slots`` (K) is needed only without labels (serving); with labels it is their width. It is a
+        keyword-only setting, not a batch field (the runners feed forward's other arguments from the batch)."""
         if start_positions is not None:
             if num_slots is not None and num_slots != start_positions.shape[1]:
                 raise ValueError("num_slots %d differs from the labels' K %d" % (num_slots, start_positions.shape[1]))

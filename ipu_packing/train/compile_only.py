@@ -27,7 +27,7 @@ def compile_only(
     The step is compiled for the shapes the run will feed it: the first host call's batch of the
     prepared dataset when it exists; otherwise a generated batch of the config's S and K and the M
     of the default masking recipe (Graphcore compiles on a generated batch too), with the
-    accumulation the config's packing_factor_estimate gives."""
+    accumulation the config's packing_factor_estimate gives (a question-answering config: the QA field set)."""
     from .run_plan import check_backend
 
     check_backend(config)
@@ -48,9 +48,10 @@ def compile_only(
         batch = next(iter(runner.dataloader(data.dataset, num_workers=0)))
         source = "the first batch of %s" % (data.path,)
     else:
-        batch = _generated_batch(config, accounting.execution.packs_per_loader_item)
-        source = "a generated batch (S=%d, K=%d, M=%d; no dataset at %s)" % (
-            config.data.max_seq_length, config.data.expected_sequences_per_pack, batch["mlm_positions"].shape[1],
+        batch = _generated_batch(config, accounting.execution.packs_per_loader_item, task)
+        source = "a generated batch (S=%d, K=%d%s; no dataset at %s)" % (
+            config.data.max_seq_length, config.data.expected_sequences_per_pack,
+            ", M=%d" % batch["mlm_positions"].shape[1] if "mlm_positions" in batch else ", task %s" % task.name,
             config.data.path)
     start = time.perf_counter()
     runner.compile(batch)
@@ -62,14 +63,16 @@ def compile_only(
     return {"config": config.name, "executable_cache": cache, "compile_seconds": seconds}
 
 
-def _generated_batch(config: RunConfig, packs: int) -> Dict[str, torch.Tensor]:
-    """A host call's batch of all-zero packs of the run's shapes: shapes and dtypes are all a compile sees."""
+def _generated_batch(config: RunConfig, packs: int, task) -> Dict[str, torch.Tensor]:
+    """A host call's batch of all-zero packs of the run's shapes, in the task's field set (a task compile-only can
+    build without a dataset: pretraining, question answering): shapes and dtypes are all a compile sees."""
     import numpy as np
 
-    from ipu_packing.data.format import as_batch, mlm_slots, pack_dtype
+    from ipu_packing.data.format import PRETRAINING, TaskLayout, as_batch, mlm_slots, pack_dtype
 
     S, K = config.data.max_seq_length, config.data.expected_sequences_per_pack
-    records = np.zeros(packs, dtype=pack_dtype(S, mlm_slots(S, K), K))
+    layout = PRETRAINING if task.name == "pretraining" else TaskLayout(task.name)
+    records = np.zeros(packs, dtype=pack_dtype(S, mlm_slots(S, K), K, task=layout))
     return {name: torch.from_numpy(array) for name, array in as_batch(records).items()}
 
 

@@ -2,6 +2,7 @@
 
     result = evaluate(model, data, task, batch_packs=64)
     # {"split": "validation", "examples": N, "loss": ..., "metrics": {"accuracy": ..., "f1": ...}}
+    # question answering: "examples" counts questions, "metrics": {"exact_match": ..., "f1": ...} (percent)
 
 Every pack of the split runs once, in stored order, in ``eval`` mode without gradients, on the model's device
 (a half-precision model is evaluated as a float32 copy on the CPU, where torch has no half kernels). Each used
@@ -10,11 +11,16 @@ example of the split is scored exactly once, whichever pack holds it; the metric
 (train/task_metrics.py), as transformers' ``run_glue.py`` computes them on the unpacked split. Evaluation draws
 no random number (no dropout, no shuffling), so a run resumed from a checkpoint evaluates and trains bitwise as
 an uninterrupted one.
+
+Question answering: every window (feature) is scored once the same way, and data/task/answers.py turns the token
+logits into each question's best span over its windows (run_qa.py's rule, each window's candidates among its own
+context tokens only) and scores the span's text with the official SQuAD v1.1 exact match and F1 against the
+question's gold answers from the split's examples file (data/task/questions.py, the one reader).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import torch
@@ -22,11 +28,12 @@ import torch
 from .task_metrics import task_metrics
 
 
-def collect(model: Any, dataset: Any, batch_packs: int) -> Dict[str, np.ndarray]:
-    """Run every pack of ``dataset`` through ``model`` (a torch module, or an inference runner of
-    execution/inference.py: PopTorch's compiles one batch size, to which the last batch is padded with empty
-    packs); returns {"example_ids": (N,), "logits": (N, L), "labels": (N,) or (N, L), "loss_sum": (), "count": ()}
-    over the used slots, in example order."""
+def scored_batches(model: Any, dataset: Any, batch_packs: int) -> Iterator[Tuple[Dict[str, torch.Tensor], Any, int]]:
+    """(batch of n packs (n, ...) on the CPU, the model's output for a batch whose first n rows they are, n) for
+    the packs of ``dataset`` in stored order. ``model``: a torch module (run as execution/inference.py's
+    TorchInference: eval mode, no gradients, its device; a half-precision one on the CPU as a float32 copy) or an
+    inference runner (PopTorch's compiles one batch size, to which the last batch is padded with empty packs, never
+    read back). The one loop both tasks' evaluations run."""
     from ..execution.inference import TorchInference
 
     if isinstance(model, torch.nn.Module):
@@ -35,22 +42,32 @@ def collect(model: Any, dataset: Any, batch_packs: int) -> Dict[str, np.ndarray]
             model = _float_copy(model)  # torch has no CPU kernels for several half ops
         model = TorchInference(model)
     per_call = model.packs_per_call or batch_packs
-    ids: List[np.ndarray] = []
-    logits: List[np.ndarray] = []
-    labels: List[np.ndarray] = []
-    loss_sum, count = 0.0, 0.0
     for start in range(0, len(dataset), per_call):
         rows = [dataset[i] for i in range(start, min(len(dataset), start + per_call))]
         batch = {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}  # (B, ...)
         n = len(rows)
+        padded = batch
         if model.packs_per_call and n < per_call:  # empty packs: every slot unused, never read back
-            batch = {k: torch.cat([v, torch.full((per_call - n,) + tuple(v.shape[1:]), -1 if k == "example_ids"
-                                                 else 0, dtype=v.dtype)]) for k, v in batch.items()}
-        out = model(batch)
-        used = batch["example_ids"][:n] >= 0  # (n, K)
-        ids.append(batch["example_ids"][:n][used].numpy())
+            padded = {k: torch.cat([v, torch.full((per_call - n,) + tuple(v.shape[1:]), -1 if k == "example_ids"
+                                                  else 0, dtype=v.dtype)])
+                      for k, v in batch.items()}
+        yield batch, model(padded), n
+
+
+def collect(model: Any, dataset: Any, batch_packs: int) -> Dict[str, np.ndarray]:
+    """Run every pack of ``dataset`` through ``model`` (a torch module, or an inference runner of
+    execution/inference.py: PopTorch's compiles one batch size, to which the last batch is padded with empty
+    packs); returns {"example_ids": (N,), "logits": (N, L), "labels": (N,) or (N, L), "loss_sum": (), "count": ()}
+    over the used slots, in example order."""
+    ids: List[np.ndarray] = []
+    logits: List[np.ndarray] = []
+    labels: List[np.ndarray] = []
+    loss_sum, count = 0.0, 0.0
+    for batch, out, n in scored_batches(model, dataset, batch_packs):
+        used = batch["example_ids"] >= 0  # (n, K)
+        ids.append(batch["example_ids"][used].numpy())
         logits.append(out.logits[:n].float().cpu()[used].numpy())
-        labels.append(batch["labels"][:n][used].numpy())
+        labels.append(batch["labels"][used].numpy())
         if out.loss is not None:
             loss_sum += float(out.loss) * float(out.count)
             count += float(out.count)
@@ -58,6 +75,24 @@ def collect(model: Any, dataset: Any, batch_packs: int) -> Dict[str, np.ndarray]
     order = np.argsort(example_ids, kind="stable")
     return {"example_ids": example_ids[order], "logits": np.concatenate(logits)[order] if logits else np.zeros((0, 1)),
             "labels": np.concatenate(labels)[order] if labels else np.zeros(0), "loss_sum": loss_sum, "count": count}
+
+
+QUESTION_FIELDS = ("sequence_ids", "cls_positions", "example_ids", "feature_ids", "offsets")
+"""The pack fields question-answering post-processing reads besides the logits (data/task/answers.py)."""
+
+
+def collect_answers(model: Any, dataset: Any, batch_packs: int, search: Any) -> Tuple[float, float]:
+    """Run every pack of a question-answering ``dataset`` through ``model`` (as ``collect``), each window's
+    candidate spans into ``search`` (data/task/answers.py AnswerSearch) from the token logits (B, S); returns
+    (loss summed over the start and end labels, their count)."""
+    loss_sum, count = 0.0, 0.0
+    for batch, out, n in scored_batches(model, dataset, batch_packs):
+        search.add(out.token_start_logits[:n].float().cpu().numpy(), out.token_end_logits[:n].float().cpu().numpy(),
+                   {k: batch[k].numpy() for k in QUESTION_FIELDS})
+        if out.loss is not None:
+            loss_sum += float(out.start_loss) * float(out.start_count) + float(out.end_loss) * float(out.end_count)
+            count += float(out.start_count) + float(out.end_count)
+    return loss_sum, count
 
 
 def _float_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -72,7 +107,10 @@ def _float_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def evaluate(model: torch.nn.Module, data: Any, task: Any, batch_packs: int, split: str) -> Dict[str, Any]:
     """The evaluation of ``model`` on ``data`` (a TrainingData of the task's ``split``): per-example metrics of
-    ``task``'s problem type, the mean loss per labelled sequence, how many examples were scored."""
+    ``task``'s problem type (question answering: SQuAD v1.1 exact match and F1 per question), the mean loss per
+    labelled sequence (per start and end label), how many examples were scored."""
+    if task.name == "question_answering":
+        return evaluate_questions(model, data, batch_packs, split)
     got = collect(model, data.dataset, batch_packs)
     num_labels = int(task.model_settings["num_labels"])
     duplicated = len(got["example_ids"]) - len(np.unique(got["example_ids"]))
@@ -83,4 +121,21 @@ def evaluate(model: torch.nn.Module, data: Any, task: Any, batch_packs: int, spl
             "loss": got["loss_sum"] / got["count"] if got["count"] else None, "metrics": metrics}
 
 
-__all__ = ["collect", "evaluate"]
+def evaluate_questions(model: Any, data: Any, batch_packs: int, split: str) -> Dict[str, Any]:
+    """Question answering: every window of the split scored once, each question's best span over its windows as
+    run_qa.py chooses it, its text cut from the context (the split's examples file), exact match and F1 as the
+    official SQuAD v1.1 script computes them, in percent."""
+    from ..data.task.answers import AnswerSearch, squad_metrics
+    from ..data.task.questions import read_examples
+
+    examples = read_examples(data.path, data.manifest)
+    search = AnswerSearch()
+    loss_sum, count = collect_answers(model, data.dataset, batch_packs, search)
+    predictions = search.predictions([e.context for e in examples])
+    metrics = squad_metrics({e.id: predictions[i].text for i, e in enumerate(examples)},
+                            {e.id: e.answer_texts for e in examples if e.answer_texts})
+    return {"split": split, "examples": len(examples), "loss": loss_sum / count if count else None,
+            "metrics": metrics}
+
+
+__all__ = ["QUESTION_FIELDS", "collect", "collect_answers", "evaluate", "evaluate_questions", "scored_batches"]

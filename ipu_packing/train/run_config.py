@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Tuple
 
-from ipu_packing.execution.placement import check_pipeline_depth
+from ipu_packing.execution.placement import check_pipeline_depth, plan_placement
 from ipu_packing.model.stages import layer_split
 
 from ..errors import ConfigError
@@ -168,7 +168,9 @@ class BatchAccounting:
         betas = training.betas(config.optimizer.betas, packing_factor)
         execution = dataclasses.replace(ex, gradient_accumulation=accumulation)
         try:
-            check_pipeline_depth(execution)
+            pipelined = execution.backend == "poptorch" and execution.num_stages > 1
+            check_pipeline_depth(execution, plan_placement(sum(execution.layers_per_ipu), execution,
+                                                           config.task.model_task) if pipelined else None)
         except ValueError as error:
             raise ConfigError(
                 "%s: the accumulation is training.global_batch_sequences %d / (execution.micro_batch_size %d x "

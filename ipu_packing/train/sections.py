@@ -213,15 +213,16 @@ class CheckpointConfig:
                 raise ConfigError("checkpoint.init_override: %r is not one of %s" % (item, ", ".join(allowed)))
 
 
-TASKS = ("pretraining", "classification")
+TASKS = ("pretraining", "classification", "question_answering")
 
 
 @dataclass
 class TaskConfig:
     name: str = "pretraining"
-    """What the run trains: "pretraining" (MLM and NSP on prepared text) or "classification" (a head per sequence
+    """What the run trains: "pretraining" (MLM and NSP on prepared text), "classification" (a head per sequence
     on a task dataset, `prepare --task classification`: single label, regression or multi-label, as its manifest
-    says)."""
+    says) or "question_answering" (a start and end per token, each window's answer among its own context tokens,
+    `prepare --task question_answering`: SQuAD)."""
     eval_split: str = "validation"
     """The split (under data.dir) a fine-tuning run is evaluated on, per example; "" for none."""
     eval_every_steps: int = 0
@@ -240,6 +241,12 @@ class TaskConfig:
     @property
     def fine_tuning(self) -> bool:
         return self.name != "pretraining"
+
+    @property
+    def model_task(self) -> str:
+        """The task's model as model/stages.py names it (its parts, placed by the dry run and the accounting's
+        pipeline check): pretraining, sequence_classification or question_answering."""
+        return {"classification": "sequence_classification"}.get(self.name, self.name)
 
 
 @dataclass

@@ -5,8 +5,8 @@ The loop, the run directory, checkpoints, resume, stopping and metrics are the s
 labels), which of the model output's fields are the step metrics (averaged over micro batches, replicas and
 PopRun instances, logged every step), which of them summarise the run, whether and how the run is evaluated,
 and what the export is. There are two kinds of task, pretraining (MLM + NSP) and fine-tuning (a head per
-sequence); ``task_for(config, manifest)`` gives a run's task from its config and its dataset's manifest. This
-module is the seam between them, not a plugin registry.
+sequence: classification, question answering); ``task_for(config, manifest)`` gives a run's task from its config
+and its dataset's manifest. This module is the seam between them, not a plugin registry.
 """
 
 from __future__ import annotations
@@ -100,6 +100,28 @@ def classification(task: Dict[str, Any]) -> Task:
                 model_settings=settings, problem_type=problem_type, evaluated=True)
 
 
+def _question_answering_model() -> type:
+    from ..model import PackedBertForQuestionAnswering
+
+    return PackedBertForQuestionAnswering
+
+
+QUESTION_ANSWERING = Task(
+    name="question_answering",
+    metrics=("loss", "start_accuracy", "end_accuracy"),
+    first_metrics=("loss", "start_accuracy", "end_accuracy"),
+    last_metrics=("loss", "start_accuracy", "end_accuracy"),
+    model_class=_question_answering_model,
+    export="Hugging Face BertForQuestionAnswering",
+    model_settings={"num_labels": 2},
+    evaluated=True,
+)
+"""Extractive question answering on packed windows (PackedBertForQuestionAnswering): the step metrics are the
+loss ((start + end cross-entropy) / 2 over each window's own tokens) and how often the start and the end are their
+window's argmax; the evaluation is SQuAD v1.1's exact match and F1 per question (train/evaluate.py). Its dataset
+decides nothing about the model, so compile-only builds it without one."""
+
+
 def task_for(config, manifest: Optional[Dict[str, Any]]) -> Task:
     """The task ``config`` trains on the dataset whose manifest is ``manifest`` (None: no dataset opened, as
     compile-only may run). Refuses (UserError, one line) a dataset of another task than the config's."""
@@ -110,6 +132,8 @@ def task_for(config, manifest: Optional[Dict[str, Any]]) -> Task:
             raise UserError("dataset %s is a %s dataset, but the config trains pretraining: set task.name=%s"
                             % (config.data.path, kind.get("name"), kind.get("name")))
         return PRETRAINING
+    if manifest is None and wanted == "question_answering":
+        return QUESTION_ANSWERING
     if manifest is None:
         raise UserError("task.name=%s needs its prepared dataset (%s) to know its labels: prepare it with "
                         "`python -m ipu_packing.data prepare --task %s ...`" % (wanted, config.data.path, wanted))
@@ -117,7 +141,9 @@ def task_for(config, manifest: Optional[Dict[str, Any]]) -> Task:
         raise UserError("dataset %s is not a %s dataset (%s): prepare it with `python -m ipu_packing.data prepare "
                         "--task %s ...`" % (config.data.path, wanted, "a %s dataset" % kind.get("name")
                                             if isinstance(kind, dict) else "pretraining data", wanted))
+    if wanted == "question_answering":
+        return QUESTION_ANSWERING
     return classification(kind)
 
 
-__all__ = ["PRETRAINING", "Task", "classification", "task_for"]
+__all__ = ["PRETRAINING", "QUESTION_ANSWERING", "Task", "classification", "task_for"]

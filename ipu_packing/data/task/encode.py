@@ -31,8 +31,9 @@ def start_encoder(spec: TokenizerSpec, max_seq_length: int) -> None:
     _WORKER.update(spec=spec, max_seq_length=max_seq_length, tokenizer=None)
 
 
-def build_encoder(spec: TokenizerSpec, max_seq_length: int):
-    """The fast tokenizer of `spec`, set up as BertTokenizerFast(a, b, truncation=True, max_length=S) runs it."""
+def build_encoder(spec: TokenizerSpec, max_seq_length: int, stride: int = 0, strategy: str = "longest_first"):
+    """The fast tokenizer of `spec`, set up as BertTokenizerFast(a, b, truncation=True, max_length=S) runs it (a
+    question-answering task's windows: truncation "only_second" with its doc stride, data/task/windows.py)."""
     from tokenizers.processors import TemplateProcessing
 
     tokenizer = spec.build()
@@ -42,7 +43,7 @@ def build_encoder(spec: TokenizerSpec, max_seq_length: int):
             single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
             special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
     tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=max_seq_length, stride=0, strategy="longest_first", direction="right")
+    tokenizer.enable_truncation(max_length=max_seq_length, stride=stride, strategy=strategy, direction="right")
     return tokenizer
 
 

@@ -59,12 +59,12 @@ def prepare_task(config) -> TaskResult:
     set."""
     output = os.path.abspath(config.output)
     with claim_output(output, "prepare"):  # the output is checked and held before any input is read
-        for path in _split_paths(config).values():
+        for path in split_paths(config).values():
             check_split_path(path)
         return write_atomically(output, lambda temp: _prepare_into(config, temp), "preparing")
 
 
-def _split_paths(config) -> Dict[str, str]:
+def split_paths(config) -> Dict[str, str]:
     """{split: input path} of a config with --train (the demo's are written later, into the work directory)."""
     if config.input == DEMO_INPUT:
         return {}
@@ -100,7 +100,7 @@ def _prepare_into(config, temp: str) -> TaskResult:
     lap("vocab")
     work = os.path.join(temp, "work")
     os.makedirs(work)
-    paths = _split_paths(config)
+    paths = split_paths(config)
     shown = dict(paths)
     if config.input == DEMO_INPUT:
         from .demo import write_demo_task

@@ -25,7 +25,7 @@ import hashlib
 import io
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ... import jsonin
 from ...errors import DataError, require_extra
@@ -108,6 +108,13 @@ def read_split(path: str) -> SplitTable:
     if kind == "jsonl":
         return _read_json_lines(path, text, hashlib.sha256(data).hexdigest())
     return _read_delimited(path, kind, text, hashlib.sha256(data).hexdigest())
+
+
+def read_text(path: str) -> Tuple[str, str]:
+    """(the file's text, the sha256 of its bytes): read as every split file is (a FIFO or a device refused, bad
+    UTF-8 one line naming the line and column, a leading BOM dropped)."""
+    data = _read_bytes(path)
+    return _decode(path, data), hashlib.sha256(data).hexdigest()
 
 
 def _read_bytes(path: str) -> bytes:

@@ -48,9 +48,10 @@ from .tasks import build_shard, start_tokenizer
 from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the packing phase, shared with `pack`
 
 
-TASKS = ("pretraining", "classification")
+TASKS = ("pretraining", "classification", "question_answering")
 """`prepare --task`: pretraining (a corpus -> NSP/MLM instances, this module) or a fine-tuning task (split files
--> labelled examples, data/task/preparation.py); both end in the same packing phase and pack format."""
+-> labelled examples, data/task/preparation.py; SQuAD questions -> question + context windows,
+data/task/qa_preparation.py); all end in the same packing phase and pack format."""
 
 
 @dataclass
@@ -58,14 +59,14 @@ class PrepareConfig:
     """Everything `python -m ipu_packing.data prepare` takes."""
 
     input: str
-    """Corpus: a file, a directory, a glob, or "default" (embedded corpus from the CPython install). With task
-    "classification": "default" for the embedded demo task (data/task/demo.py), else "" (the splits are train,
-    validation and test)."""
+    """Corpus: a file, a directory, a glob, or "default" (embedded corpus from the CPython install). With a task:
+    "default" for its embedded demo task (data/task/demo.py; question answering: data/task/qa_demo.py), else ""
+    (the splits are train, validation and test)."""
     output: str
     """Output directory (must not exist or be empty); gets packed/ and padded/ (a task: train/, validation/ and
     test/, each with packed/ and padded/)."""
-    max_seq_length: int = 128
-    """S."""
+    max_seq_length: Optional[int] = None
+    """S (None: 128; for question answering 384, run_qa.py's: data/task/windows.py MAX_SEQ_LENGTH)."""
     vocab: Optional[str] = None
     """vocab.txt or Hugging Face tokenizer directory, or "default" (the default corpus' vocabulary:
     DEFAULT_VOCAB_SIZE WordPiece tokens trained on it, lower-cased). None: see train_vocab."""
@@ -106,10 +107,22 @@ class PrepareConfig:
     """The label column."""
     problem_type: Optional[str] = None
     """Force single_label_classification, multi_label_classification or regression (None: inferred)."""
+    doc_stride: Optional[int] = None
+    """Question answering: context tokens two consecutive windows share (None: 128, run_qa.py's; windows.py)."""
+    max_query_length: Optional[int] = None
+    """Question answering: tokens a question is cut to, at a word boundary (None: 64, the legacy SQuAD scripts')."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise DataError("--task must be one of %s, got %r" % ("/".join(TASKS), self.task))
+        if self.max_seq_length is None:
+            from ..task import windows
+
+            self.max_seq_length = windows.MAX_SEQ_LENGTH if self.task == "question_answering" else 128
+        if self.task != "question_answering":
+            for name in ("doc_stride", "max_query_length"):
+                if getattr(self, name) is not None:
+                    raise DataError("--%s is an option of --task question_answering" % name.replace("_", "-"))
         if self.task != "pretraining":
             self._check_task()
             return
@@ -165,6 +178,20 @@ class PrepareConfig:
         if self.lower_case not in LOWER_CASE_CHOICES:
             raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
         check_pack_sizes(self.max_seq_length, self.packing.max_sequences_per_pack)
+        if self.task == "question_answering":
+            from ..task.windows import DOC_STRIDE, MAX_QUERY_LENGTH, check_window_settings
+
+            for name in ("sentence1_key", "sentence2_key", "problem_type"):
+                if getattr(self, name) is not None:
+                    raise DataError("--%s is an option of --task classification (a question-answering split has "
+                                    "id, question, context and answers)" % name.replace("_", "-"))
+            if self.label_key != "label":
+                raise DataError("--label-key is an option of --task classification")
+            if self.doc_stride is None:
+                self.doc_stride = DOC_STRIDE
+            if self.max_query_length is None:
+                self.max_query_length = MAX_QUERY_LENGTH
+            check_window_settings(self.max_seq_length, self.doc_stride, self.max_query_length)
 
     @property
     def recipe(self) -> RecipeConfig:
@@ -233,7 +260,10 @@ class PrepareResult:
 def prepare(config: PrepareConfig) -> PrepareResult:
     """Run the whole preparation (see the module notes; a task: data/task/preparation.py)."""
     if config.task != "pretraining":
-        from ..task.preparation import prepare_task
+        if config.task == "question_answering":
+            from ..task.qa_preparation import prepare_questions as prepare_task
+        else:
+            from ..task.preparation import prepare_task
 
         done = prepare_task(config)
         train = done.splits["train"]

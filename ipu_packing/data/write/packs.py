@@ -38,13 +38,14 @@ import numpy as np
 from ...packing.permutation import KeyedPermutation
 from ...packing.slots import SlotMap, length_ranks
 from ...errors import DataError
-from ..format import PRETRAINING, TaskLayout, pack_dtype
+from ..format import PRETRAINING, TOKEN_FIELDS, TaskLayout, pack_dtype
 from ..shards import check_packs, pack_facts
 from ..instance_files import (PER_INSTANCE, Instances, concat_instances, gather_instances, load_instances, ranges,
                               token_dtype)
 
 Column = Tuple[str, str, Tuple[int, ...]]
-"""A task's per-sequence column in the instance and spill files: (name, numpy type string, shape per sequence)."""
+"""A task's per-sequence (or per-token) column in the instance and spill files: (name, numpy type string, shape per
+sequence (or per token))."""
 
 
 @dataclass
@@ -73,9 +74,26 @@ class PackLayout:
         cls_positions, which the writer computes); none for pretraining, whose nsp_labels are an instance field."""
         if self.task.is_pretraining:
             return ()
+        return self._columns("K", ("cls_positions",))
+
+    @property
+    def token_columns(self) -> Tuple[Column, ...]:
+        """The task's per-token fields the instances carry as token columns (every (S, ...) field but the four
+        token fields, which the writer builds): a question-answering task's offsets; none for the others."""
+        if self.task.is_pretraining:
+            return ()
+        return self._columns("S", TOKEN_FIELDS)
+
+    @property
+    def relative(self) -> Tuple[str, ...]:
+        """The per-sequence columns an instance holds relative to its own first token (answer positions), which
+        the writer moves to the sequence's place in the pack."""
+        return tuple(f.name for f in self.task.fields if f.values == "answer_position")
+
+    def _columns(self, first: str, built: Tuple[str, ...]) -> Tuple[Column, ...]:
         shapes = self.task.shapes(self.max_seq_length, self.mlm_slots, self.max_sequences_per_pack)
         return tuple((f.name, "<f4" if f.values in ("real", "multi_hot") else "<i4", shapes[f.name][1:])
-                     for f in self.task.fields if f.shape[0] == "K" and f.name != "cls_positions")
+                     for f in self.task.fields if f.shape[0] == first and f.name not in built)
 
 
 def build_packs(instances: Instances, member_offsets: np.ndarray, layout: PackLayout, first_pack: int = 0,
@@ -135,8 +153,12 @@ def build_packs(instances: Instances, member_offsets: np.ndarray, layout: PackLa
     fill("cls_positions", k_max, counts, offset)
     if layout.task.is_pretraining:
         fill("nsp_labels", k_max, counts, instances.nsp_labels)
+    relative = layout.relative
     for name, kind, shape in layout.columns:  # a task's per-sequence fields, (K,) or (K, L): slot k - 1 for sequence k
-        fill(name, k_max, counts, instances.extra[name] if n else np.zeros((0,) + tuple(shape), kind))
+        values = instances.extra[name] if n else np.zeros((0,) + tuple(shape), kind)
+        fill(name, k_max, counts, values + offset if name in relative else values)  # answers: to the pack position
+    for name, kind, shape in layout.token_columns:  # a task's per-token fields, (S,) or (S, w)
+        fill(name, s, tokens_used, instances.token_extra[name] if n else np.zeros((0,) + tuple(shape), kind))
     within = ranges(np.zeros(n, dtype=np.int64), lengths)  # (t,) position in its sequence
     fill("position_ids", s, tokens_used, within)
     fill("token_type_ids", s, tokens_used, within >= np.repeat(instances.a_lengths, lengths))
@@ -215,6 +237,7 @@ class DatasetSpec:
     slot_map: Optional[SlotMap]  # packed: packing/slots.py's map of the plan
     order: Optional[KeyedPermutation]  # padded (K = 1): sequence i is pack order(i)
     columns: Tuple[Column, ...] = ()  # a task's per-sequence columns, carried through the spill files
+    token_columns: Tuple[Column, ...] = ()  # a task's per-token columns, likewise
 
     def __post_init__(self) -> None:
         if self.per_shard * self.max_sequences_per_pack >= 1 << 31:
@@ -244,13 +267,14 @@ class DatasetSpec:
 def dataset_spec(kind: str, layout: PackLayout, shard_bytes: int, num_packs: int, slot_map: Optional[SlotMap],
                  order: Optional[KeyedPermutation]) -> DatasetSpec:
     return DatasetSpec(kind, layout.max_sequences_per_pack, max(1, shard_bytes // layout.record_bytes), num_packs,
-                       slot_map, order, layout.columns)
+                       slot_map, order, layout.columns, layout.token_columns)
 
 
 def gather_shard(spills: Sequence[str], shard: int, spec: DatasetSpec, layout: PackLayout, path: str) -> dict:
     """Output shard `shard` of a dataset from its blocks of the spill files: check that they hold
     exactly the plan's packs, then write it (`write_shard`); returns its manifest entry."""
-    keys, instances = read_spill_blocks(spills, shard, spec.num_shards, layout.vocab_size, spec.columns)
+    keys, instances = read_spill_blocks(spills, shard, spec.num_shards, layout.vocab_size, spec.columns,
+                                        spec.token_columns)
     first, sizes = spec.shard_packs(shard)
     counts = np.bincount(keys // spec.max_sequences_per_pack, minlength=len(sizes))
     if len(counts) != len(sizes) or not np.array_equal(counts, sizes):
@@ -269,20 +293,24 @@ def gather_shard(spills: Sequence[str], shard: int, spec: DatasetSpec, layout: P
 #   key, lengths, a_lengths, nsp_labels, mlm_counts   int32 (n each)
 #   tokens (t), mlm_positions uint16 (q), mlm_labels (q)
 #   a task's columns, each in its type (n times its shape per sequence; none for pretraining)
+#   a task's token columns, each in its type (t times its shape per token; only question answering has one)
 
 _HEAD = np.dtype("<i8")
 _PER_SEQUENCE = ("key",) + PER_INSTANCE
 
 
-def _spill_arrays(n: int, t: int, q: int, tokens: np.dtype, columns: Sequence[Column] = ()):
+def _spill_arrays(n: int, t: int, q: int, tokens: np.dtype, columns: Sequence[Column] = (),
+                  token_columns: Sequence[Column] = ()):
     """(name, dtype, count) of the arrays after the index, in file order."""
     return ([(name, np.dtype("<i4"), n) for name in _PER_SEQUENCE]
             + [("tokens", tokens, t), ("mlm_positions", np.dtype("<u2"), q), ("mlm_labels", tokens, q)]
-            + [(name, np.dtype(kind), n * int(np.prod(shape, dtype=np.int64))) for name, kind, shape in columns])
+            + [(name, np.dtype(kind), n * int(np.prod(shape, dtype=np.int64))) for name, kind, shape in columns]
+            + [(name, np.dtype(kind), t * int(np.prod(shape, dtype=np.int64))) for name, kind, shape in token_columns])
 
 
 def write_spill(path: str, instances: Instances, shard_of: np.ndarray, key: np.ndarray, num_shards: int,
-                vocab_size: Optional[int], columns: Sequence[Column] = ()) -> None:
+                vocab_size: Optional[int], columns: Sequence[Column] = (), token_columns: Sequence[Column] = ()
+                ) -> None:
     """Write `instances` (one group) grouped by output shard, in the order of their key."""
     tokens = token_dtype(vocab_size)
     order = np.lexsort((key, shard_of))
@@ -295,14 +323,16 @@ def write_spill(path: str, instances: Instances, shard_of: np.ndarray, key: np.n
               "mlm_labels": ordered.mlm_labels}
     values.update({name: getattr(ordered, name) for name in PER_INSTANCE})
     values.update(ordered.extra)
+    values.update(ordered.token_extra)
     with open(path, "wb") as f:
         f.write(index.tobytes())
-        for name, dtype, _ in _spill_arrays(0, 0, 0, tokens, columns):
+        for name, dtype, _ in _spill_arrays(0, 0, 0, tokens, columns, token_columns):
             f.write(np.ascontiguousarray(values[name], dtype=dtype).tobytes())
 
 
 def read_spill_block(path: str, shard: int, num_shards: int, vocab_size: Optional[int],
-                     columns: Sequence[Column] = ()) -> Tuple[np.ndarray, Instances]:
+                     columns: Sequence[Column] = (), token_columns: Sequence[Column] = ()
+                     ) -> Tuple[np.ndarray, Instances]:
     """(key, instances) of output shard `shard` in one spill file (opened, read and closed)."""
     tokens = token_dtype(vocab_size)
     row = 3 * _HEAD.itemsize
@@ -315,15 +345,17 @@ def read_spill_block(path: str, shard: int, num_shards: int, vocab_size: Optiona
         counts = {"n": int(n1 - n0), "t": int(t1 - t0), "q": int(q1 - q0)}
         kind = {name: "n" for name in _PER_SEQUENCE}
         kind.update(tokens="t", mlm_positions="q", mlm_labels="q")
-        shapes = {name: shape for name, _, shape in columns}
-        out, extra = {}, {}
-        for name, dtype, total in _spill_arrays(n, t, q, tokens, columns):
-            if name in shapes:  # a task's column: its own type and shape, n rows of it
-                width = int(np.prod(shapes[name], dtype=np.int64))
-                size = counts["n"] * width * dtype.itemsize
-                data = os.pread(fd, size, at + starts["n"] * width * dtype.itemsize) if size else b""
-                extra[name] = np.frombuffer(data, dtype=dtype, count=counts["n"] * width).reshape(
-                    (counts["n"],) + tuple(shapes[name])).copy()
+        shapes = {name: ("n", shape) for name, _, shape in columns}
+        shapes.update({name: ("t", shape) for name, _, shape in token_columns})
+        out, extra, token_extra = {}, {}, {}
+        for name, dtype, total in _spill_arrays(n, t, q, tokens, columns, token_columns):
+            if name in shapes:  # a task's column: its own type and shape, n (or t) rows of it
+                k, shape = shapes[name]
+                width = int(np.prod(shape, dtype=np.int64))
+                size = counts[k] * width * dtype.itemsize
+                data = os.pread(fd, size, at + starts[k] * width * dtype.itemsize) if size else b""
+                (extra if k == "n" else token_extra)[name] = np.frombuffer(
+                    data, dtype=dtype, count=counts[k] * width).reshape((counts[k],) + tuple(shape)).copy()
                 at += total * dtype.itemsize
                 continue
             k = kind[name]
@@ -334,16 +366,17 @@ def read_spill_block(path: str, shard: int, num_shards: int, vocab_size: Optiona
     finally:
         os.close(fd)
     key = out.pop("key")
-    return key, Instances(**out, extra=extra)
+    return key, Instances(**out, extra=extra, token_extra=token_extra)
 
 
 def read_spill_blocks(paths: Sequence[str], shard: int, num_shards: int, vocab_size: Optional[int],
-                      columns: Sequence[Column] = ()) -> Tuple[np.ndarray, Instances]:
+                      columns: Sequence[Column] = (), token_columns: Sequence[Column] = ()
+                      ) -> Tuple[np.ndarray, Instances]:
     """(keys, instances) of output shard `shard` from every spill file, one file open at a time, in
     key order (each key exactly once, else RuntimeError)."""
     keys, parts = [], []
     for path in paths:
-        key, part = read_spill_block(path, shard, num_shards, vocab_size, columns)
+        key, part = read_spill_block(path, shard, num_shards, vocab_size, columns, token_columns)
         if len(key):
             keys.append(key)
             parts.append(part)
@@ -365,7 +398,7 @@ def scatter(paths: List[str], first: int, before: np.ndarray, spills: List[tuple
     instances = concat_instances([load_instances(path) for path in paths])
     for spill, spec in spills:
         shard, key = spec.locate(instances.lengths, first, before)
-        write_spill(spill, instances, shard, key, spec.num_shards, vocab_size, spec.columns)
+        write_spill(spill, instances, shard, key, spec.num_shards, vocab_size, spec.columns, spec.token_columns)
     for path in paths:
         os.remove(path)
 

@@ -1,0 +1,160 @@
+"""`prepare --task question_answering`: SQuAD splits -> checked questions -> windows -> the packing phase `prepare`
+and `pack` share -> OUT/train, OUT/validation (and OUT/test), each with packed/ and padded/.
+
+Order of work (the same claiming, temporary directory, worker processes and write phase as every `prepare`):
+
+1. Claim the output (write/output.py `claim_output`) and check that every split's input exists, before anything
+   is created.
+2. Load the model's tokenizer (preparation.py `task_tokenizer`: --tokenizer DIR; the demo task, `--input default`,
+   without one gets the default corpus' vocabulary).
+3. Read every split whole and check every question (data/task/questions.py): any refusal happens here, before a
+   token is made, and leaves nothing behind.
+4. Per split: cut the questions to --max-query-length and tokenize question + context into windows in the worker
+   processes (data/task/windows.py), as run_qa.py's BertTokenizerFast call makes its features, into instance files
+   with the task's columns (answer positions, example and feature ids, token offsets); number the windows over the
+   split (`shift_feature_ids`); then one plan over their lengths and the packed and padded datasets
+   (write/datasets.py `write_datasets`, the one packing phase), each with its manifest (its `task` key:
+   format.QA_TASK_MANIFEST_KEYS), the tokenizer's vocab.txt and the split's examples file (questions.py
+   `write_examples`: the questions as tokenized, the contexts, the gold answers).
+
+Same inputs, options and seed give the same bytes, whatever --workers is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..format import SPLITS, TaskLayout
+from ..vocab import TokenizerSpec
+from ..write.datasets import PackSettings, write_datasets
+from ..write.output import claim_output, write_atomically
+from ..write.workers import Workers, progress
+from .preparation import DEMO_INPUT, TaskResult, split_paths, task_tokenizer
+from .questions import QuestionSplit, read_questions, write_examples
+from .rows import check_split_path
+from .windows import CHUNK_QUESTIONS, shift_feature_ids, start_windows, window_chunk
+
+EVALUATED = ("validation",)
+"""Splits whose every question needs a gold answer (the evaluation's)."""
+
+
+def prepare_questions(config) -> TaskResult:
+    """Run the whole preparation (the module notes). `config` is text/pipeline.py's PrepareConfig with task
+    "question_answering"."""
+    output = os.path.abspath(config.output)
+    with claim_output(output, "prepare"):  # the output is checked and held before any input is read
+        for path in split_paths(config).values():
+            check_split_path(path)
+        return write_atomically(output, lambda temp: _prepare_into(config, temp), "preparing")
+
+
+def _prepare_into(config, temp: str) -> TaskResult:
+    seconds: Dict[str, float] = {}
+    clock = [time.perf_counter()]
+    start = clock[0]
+
+    def lap(name: str) -> None:  # phases of several splits add up
+        now = time.perf_counter()
+        seconds[name] = seconds.get(name, 0.0) + now - clock[0]
+        clock[0] = now
+
+    spec = task_tokenizer(config)
+    lap("vocab")
+    work = os.path.join(temp, "work")
+    os.makedirs(work)
+    paths = split_paths(config)
+    shown = dict(paths)
+    if config.input == DEMO_INPUT:
+        from .qa_demo import write_qa_demo
+
+        paths = write_qa_demo(os.path.join(work, "demo"))
+        shown = {name: "default (%s)" % os.path.basename(path) for name, path in paths.items()}
+    splits = {name: read_questions(paths[name], name, name in EVALUATED) for name in SPLITS if name in paths}
+    lap("read")
+    workers = Workers(config.packing.num_workers, start_windows,
+                      (spec, config.max_seq_length, config.doc_stride, config.max_query_length))
+    done: Dict[str, Dict[str, dict]] = {}
+    try:
+        for name, split in splits.items():
+            done[name] = _write_split(config, spec, name, split, shown[name], workers, temp, work, lap)
+    except BaseException:
+        workers.abort()
+        raise
+    workers.close()
+    shutil.rmtree(work)
+    seconds["total"] = time.perf_counter() - start
+    return TaskResult(done, seconds)
+
+
+def _write_split(config, spec: TokenizerSpec, name: str, split: QuestionSplit, shown: str, workers: Workers,
+                 temp: str, work: str, lap) -> Dict[str, dict]:
+    """One split: windows made in chunks by the workers, numbered, then packed and written into temp/<split>; its
+    manifests."""
+    examples = split.examples
+    n = len(examples)
+    paths: List[str] = []
+
+    def chunks():
+        for index, first in enumerate(range(0, n, CHUNK_QUESTIONS)):
+            paths.append(os.path.join(work, "%s-instances-%05d.npz" % (name, index)))
+            part = examples[first:first + CHUNK_QUESTIONS]
+            yield (index, first, [e.question for e in part], [e.context for e in part],
+                   [(e.answer_starts[0], e.answer_texts[0]) if e.answer_texts else (None, None) for e in part],
+                   ["%s: question %r" % (split.path, e.id) for e in part], paths[-1])
+
+    bar = progress("windows %s" % name, config.packing.progress, " chunks")
+    results: List[Tuple[np.ndarray, List[Tuple[int, str]], int]] = workers.map_bounded(
+        window_chunk, chunks(), on_result=lambda _: bar.update(1))
+    bar.close()
+    lengths = [lengths for lengths, _, _ in results]
+    firsts = np.cumsum([0] + [len(x) for x in lengths[:-1]]).tolist()
+    workers.map_bounded(shift_feature_ids, ((path, first, len(spec.vocab)) for path, first in zip(paths, firsts)
+                                            if first))
+    examples = list(examples)
+    cut = [item for _, items, _ in results for item in items]
+    for row, question in cut:  # the question as tokenized: its text is what the windows hold
+        examples[row] = dataclasses.replace(examples[row], question=question)
+    lap("tokenize")
+    entry = {
+        "name": "question_answering", "split": name, "num_examples": n,
+        "answered": sum(1 for e in examples if e.answer_texts), "max_query_length": config.max_query_length,
+        "doc_stride": config.doc_stride, "questions_truncated": len(cut),
+        "windows_without_answer": int(sum(without for _, _, without in results)), "tokenizer": spec.source,
+        "source": {"file": shown, "format": split.format, "rows": n, "sha256": split.sha256},
+    }
+
+    def describe(directory: str, kind: str) -> dict:
+        task_entry = dict(entry, **write_examples(directory, examples))
+        return {**spec.write_vocab(directory), "seed": config.packing.seed, "task": task_entry}
+
+    settings = PackSettings(max_seq_length=config.max_seq_length, vocab_size=len(spec.vocab),
+                            mlm_slots=lambda k: 0, options=config.packing, group_tokens=config.group_tokens,
+                            cls_id=spec.special_token_ids["[CLS]"],
+                            task=TaskLayout("question_answering", num_examples=n))
+    directory = os.path.join(temp, name)
+    manifests = write_datasets(paths, lengths, 0, settings, directory, workers, describe, lap)
+    shutil.rmtree(os.path.join(directory, "work"))
+    return manifests
+
+
+def qa_split_summary(name: str, output: str, packed: dict, padded: Optional[dict]) -> str:
+    """The command's line for one split: questions, windows, packs, packing factor, efficiency (and the padded
+    baseline's)."""
+    task = packed["task"]
+    return ("%s: %d questions (%d cut to %d tokens) -> %d windows (%d without the answer) -> %d packs (packing factor "
+            "%.3f, efficiency %.1f%%)%s"
+            % (os.path.join(output, name), task["num_examples"], task["questions_truncated"], task["max_query_length"],
+               packed["num_sequences"], task["windows_without_answer"], packed["num_packs"], packed["packing_factor"],
+               100 * packed["packing_efficiency"],
+               "; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"],
+                                                                   100 * padded["packing_efficiency"])
+               if padded else ""))
+
+
+__all__ = ["prepare_questions", "qa_split_summary"]
