@@ -291,7 +291,7 @@ def ipu_memory_lines(
         ("saved by Graphcore's choices (docs/model.md)", None, None),
         ("* fp16 attention mask (%s)" % ("in the stash above" if half else "fp32 model: none"), "saved_mask",
          _fmt_bytes),
-        (mlm, "saved_mlm_logits", _fmt_bytes),
+    ] + ([(mlm, "saved_mlm_logits", _fmt_bytes)] if task == "pretraining" else []) + [  # only pretraining has MLM
         ("* fused QKV: %s" % fused, "saved_fused_qkv", _fmt_bytes),
     ]
     width = 44
@@ -320,7 +320,8 @@ def ipu_memory_lines(
             % (need, e.gradient_accumulation,
                "" if e.gradient_accumulation >= need else ": TOO SMALL, PopART refuses it")
         )
-    lines.append("  not counted: code, exchange and IPU-copy buffers, matmul temporaries, MLM logits, host streams")
+    lines.append("  not counted: code, exchange and IPU-copy buffers, matmul temporaries, %s, host streams"
+                 % ("MLM logits" if task == "pretraining" else "the head's logits"))
     return lines
 
 
