@@ -1,5 +1,6 @@
 """Shared pieces of the execution tests: a tiny ipu_packing.model.PackedBertForPreTraining, synthetic packs and
-a free TCP port for a pair of gloo processes.
+a free TCP port for a pair of gloo processes; and for fine-tuning, a tiny PackedBertForSequenceClassification
+with packs in the classification field set (tests/test_execution_distributed_tasks.py).
 
 There is no stand-in: when the model package is broken, every execution test that runs a model fails.
 tests/test_model_stages.py checks what the pipeline split relies on: forward = embeddings ->
@@ -16,7 +17,8 @@ import transformers
 from torch import nn
 
 from synthetic_packs import synthetic_packs
-from ipu_packing.model import PackedBertForPreTraining
+from ipu_packing.data.format import FIELD_SETS, IGNORE_INDEX
+from ipu_packing.model import PackedBertForPreTraining, PackedBertForSequenceClassification
 
 SEQ_LEN, MAX_SEQ, MAX_MASKED = 32, 3, 6
 
@@ -46,6 +48,40 @@ def make_packs(num_packs: int, seed: int = 0, max_sequences_per_pack: int = MAX_
         num_packs, SEQ_LEN, max_sequences_per_pack, MAX_MASKED, tiny_bert_config().vocab_size,
         np.random.default_rng(seed),
     )
+
+
+def build_classifier(problem_type: str = "single_label_classification", num_labels: int = 3, num_layers: int = 2,
+                     seed: int = 0) -> nn.Module:
+    """The tiny classifier (dropout off, as build_model) from a fixed seed."""
+    torch.manual_seed(seed)
+    config = tiny_bert_config(num_layers)
+    config.num_labels = num_labels
+    config.problem_type = problem_type
+    return PackedBertForSequenceClassification(config)
+
+
+def make_classification_packs(num_packs: int, problem_type: str = "single_label_classification",
+                              num_labels: int = 3, seed: int = 0):
+    """make_packs' packs (1..MAX_SEQ sequences each, so some slots empty) in the classification field set
+    (data/format.py): cls_positions, labels (random; an empty slot's IGNORE_INDEX for classes, 0 for reals),
+    example_ids (a running count; -1 in an empty slot)."""
+    rng = np.random.default_rng(seed + 1000)
+    out, example = [], 0
+    for pack in make_packs(num_packs, seed):
+        used = pack["nsp_labels"] != IGNORE_INDEX  # (K,): slot j holds a sequence exactly when j < k
+        k = int(used.sum())
+        if problem_type == "single_label_classification":
+            labels = np.where(used, rng.integers(0, num_labels, size=used.shape), IGNORE_INDEX).astype(np.int64)
+        else:  # regression: (K,) for one label, (K, L) for more
+            shape = used.shape if num_labels == 1 else used.shape + (num_labels,)
+            values = rng.normal(size=shape).astype(np.float32)
+            labels = np.where(used.reshape(used.shape + (1,) * (values.ndim - 1)), values, 0).astype(np.float32)
+        example_ids = np.where(used, example + np.arange(len(used)), -1).astype(np.int32)
+        example += k
+        fields = {name: pack[name] for name in FIELD_SETS["classification"] if name in pack}
+        fields.update(labels=labels, example_ids=example_ids)
+        out.append(fields)
+    return out
 
 
 def free_port() -> int:
