@@ -47,6 +47,7 @@ sys.exit(main())
 ENTRY_POINTS = {
     "run_pretraining.py": ["run_pretraining.py"],
     "ipu_packing/bench/__main__.py": ["-m", "ipu_packing.bench"],
+    "ipu_packing/bench/convergence.py": ["-m", "ipu_packing.bench.convergence"],
     "ipu_packing/bench/gpu_check.py": ["-m", "ipu_packing.bench.gpu_check"],
     "ipu_packing/compare.py": ["-m", "ipu_packing.compare"],
     "ipu_packing/predict.py": ["-m", "ipu_packing.predict"],
