@@ -86,27 +86,42 @@ def task_tokenizer(config) -> TokenizerSpec:
     return train_default_vocab([sentence for document in default_documents() for sentence in document])
 
 
-def _prepare_into(config, temp: str) -> TaskResult:
-    seconds: Dict[str, float] = {}
-    clock = [time.perf_counter()]
-    start = clock[0]
+class Phases:
+    """Wall-clock seconds per phase of a task's preparation: ``lap(name)`` ends the phase ``name`` (a phase met
+    again, one per split, adds up); ``total()`` gives them all with the total."""
 
-    def lap(name: str) -> None:  # phases of several splits add up
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
         now = time.perf_counter()
-        seconds[name] = seconds.get(name, 0.0) + now - clock[0]
-        clock[0] = now
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
 
+    def total(self) -> Dict[str, float]:
+        return dict(self.seconds, total=time.perf_counter() - self.start)
+
+
+def split_inputs(config, work: str, write_demo) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """({split: input path}, {split: how the manifest names it}): the config's split files, or with ``--input
+    default`` the demo task that ``write_demo(directory)`` writes into ``work``."""
+    paths = split_paths(config)
+    if config.input != DEMO_INPUT:
+        return paths, dict(paths)
+    paths = write_demo(os.path.join(work, "demo"))
+    return paths, {name: "default (%s)" % os.path.basename(path) for name, path in paths.items()}
+
+
+def _prepare_into(config, temp: str) -> TaskResult:
+    from .demo import write_demo_task
+
+    lap = Phases()
     spec = task_tokenizer(config)
     lap("vocab")
     work = os.path.join(temp, "work")
     os.makedirs(work)
-    paths = split_paths(config)
-    shown = dict(paths)
-    if config.input == DEMO_INPUT:
-        from .demo import write_demo_task
-
-        paths = write_demo_task(os.path.join(work, "demo"))
-        shown = {name: "default (%s)" % os.path.basename(path) for name, path in paths.items()}
+    paths, shown = split_inputs(config, work, write_demo_task)
     tables = {name: read_split(paths[name]) for name in SPLITS if name in paths}
     for name, table in tables.items():
         if table.rows == 0:
@@ -138,8 +153,7 @@ def _prepare_into(config, temp: str) -> TaskResult:
         raise
     workers.close()
     shutil.rmtree(work)
-    seconds["total"] = time.perf_counter() - start
-    return TaskResult(splits, seconds)
+    return TaskResult(splits, lap.total())
 
 
 def _write_split(config, spec: TokenizerSpec, name: str, table: SplitTable, shown: str, columns: List[str],

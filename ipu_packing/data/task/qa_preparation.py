@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import time
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -35,7 +34,7 @@ from ..vocab import TokenizerSpec
 from ..write.datasets import PackSettings, write_datasets
 from ..write.output import claim_output, write_atomically
 from ..write.workers import Workers, progress
-from .preparation import DEMO_INPUT, TaskResult, split_paths, task_tokenizer
+from .preparation import Phases, TaskResult, split_inputs, split_paths, task_tokenizer
 from .questions import QuestionSplit, read_questions, write_examples
 from .rows import check_split_path
 from .windows import CHUNK_QUESTIONS, shift_feature_ids, start_windows, window_chunk
@@ -55,26 +54,14 @@ def prepare_questions(config) -> TaskResult:
 
 
 def _prepare_into(config, temp: str) -> TaskResult:
-    seconds: Dict[str, float] = {}
-    clock = [time.perf_counter()]
-    start = clock[0]
+    from .qa_demo import write_qa_demo
 
-    def lap(name: str) -> None:  # phases of several splits add up
-        now = time.perf_counter()
-        seconds[name] = seconds.get(name, 0.0) + now - clock[0]
-        clock[0] = now
-
+    lap = Phases()
     spec = task_tokenizer(config)
     lap("vocab")
     work = os.path.join(temp, "work")
     os.makedirs(work)
-    paths = split_paths(config)
-    shown = dict(paths)
-    if config.input == DEMO_INPUT:
-        from .qa_demo import write_qa_demo
-
-        paths = write_qa_demo(os.path.join(work, "demo"))
-        shown = {name: "default (%s)" % os.path.basename(path) for name, path in paths.items()}
+    paths, shown = split_inputs(config, work, write_qa_demo)
     splits = {name: read_questions(paths[name], name, name in EVALUATED) for name in SPLITS if name in paths}
     lap("read")
     workers = Workers(config.packing.num_workers, start_windows,
@@ -88,8 +75,7 @@ def _prepare_into(config, temp: str) -> TaskResult:
         raise
     workers.close()
     shutil.rmtree(work)
-    seconds["total"] = time.perf_counter() - start
-    return TaskResult(done, seconds)
+    return TaskResult(done, lap.total())
 
 
 def _write_split(config, spec: TokenizerSpec, name: str, split: QuestionSplit, shown: str, workers: Workers,
