@@ -8,6 +8,7 @@ only shapes and bookkeeping matter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -121,13 +122,32 @@ QA_DEMO_ARGS = ["--max-seq-length", "64", "--doc-stride", "16", "--max-query-len
 """The question-answering tests' demo task: short windows (most questions have several), four to a pack."""
 
 
+QA_TEST_TRAIN_QUESTIONS = 3000
+"""The tests' demo train split: the demo's first 3000 train questions (its 25,000 would make each preparation of
+the demo about ten seconds slower); the validation split follows it as in the demo (qa_demo.py, recipe step 3)."""
+
+
+@contextlib.contextmanager
+def qa_test_demo():
+    """The embedded demo question-answering task with QA_TEST_TRAIN_QUESTIONS train questions, while inside."""
+    from ipu_packing.data.task import qa_demo
+
+    full = qa_demo.TRAIN_QUESTIONS
+    qa_demo.TRAIN_QUESTIONS = QA_TEST_TRAIN_QUESTIONS
+    try:
+        yield
+    finally:
+        qa_demo.TRAIN_QUESTIONS = full
+
+
 def prepare_qa_demo_task(out: str) -> str:
-    """``prepare --task question_answering --input default`` (the embedded demo task, default vocabulary) into out,
-    with QA_DEMO_ARGS."""
+    """``prepare --task question_answering --input default`` (the embedded demo task, default vocabulary, its tests'
+    size: qa_test_demo) into out, with QA_DEMO_ARGS."""
     from ipu_packing.data.cli import main
 
-    code, _, err = captured(main, ["prepare", "--task", "question_answering", "--input", "default", "--output", out]
-                            + QA_DEMO_ARGS + ["--workers", "1", "--quiet"])
+    with qa_test_demo():
+        code, _, err = captured(main, ["prepare", "--task", "question_answering", "--input", "default", "--output",
+                                       out] + QA_DEMO_ARGS + ["--workers", "1", "--quiet"])
     assert code == 0, err
     return out
 

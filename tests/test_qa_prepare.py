@@ -15,6 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
+from app_fixtures import qa_test_demo
 from ipu_packing.data import open_dataset
 from ipu_packing.data.cli import main as data_main
 from ipu_packing.data.format import IGNORE_INDEX, SPECIAL_TOKENS
@@ -26,7 +27,8 @@ DEMO_ARGS = ["--task", "question_answering", "--input", "default", "--max-seq-le
 
 
 def _prepare(output, *extra):
-    with contextlib.redirect_stdout(io.StringIO()) as out:
+    """The demo at its tests' size (app_fixtures.qa_test_demo: 3000 train questions)."""
+    with contextlib.redirect_stdout(io.StringIO()) as out, qa_test_demo():
         code = data_main(["prepare", "--output", output] + DEMO_ARGS + list(extra))
     return code, out.getvalue()
 
@@ -40,11 +42,12 @@ def demo(tmp_path_factory):
 
 
 def test_the_demo_task_is_reproducible_and_answerable_by_matching():
-    from ipu_packing.data.task.qa_demo import BLANK, align, demo_questions
+    from ipu_packing.data.task.qa_demo import BLANK, TRAIN_QUESTIONS, VALIDATION_QUESTIONS, align, demo_questions
 
     first, second = demo_questions(), demo_questions()
     assert first == second
-    assert {name: len(rows) for name, rows in first.items()} == {"train": 3000, "validation": 300}
+    assert {name: len(rows) for name, rows in first.items()} == {"train": 25000, "validation": 300}
+    assert (TRAIN_QUESTIONS, VALIDATION_QUESTIONS) == (25000, 300)
     for rows in first.values():
         for q in rows:
             assert q["question"].count(BLANK) == 1 and q["answer"] not in q["question"].split()
@@ -52,7 +55,10 @@ def test_the_demo_task_is_reproducible_and_answerable_by_matching():
             assert align(q["question"], q["context"]) == q["answer"]
     contexts = {name: {q["context"] for q in rows} for name, rows in first.items()}
     assert not contexts["train"] & contexts["validation"]  # a passage is in one split only
-    assert len({q["id"] for rows in first.values() for q in rows}) == 3300
+    assert len({q["id"] for rows in first.values() for q in rows}) == 25300
+    with qa_test_demo():  # the tests' size: the same train questions' first 3000, then the validation split
+        small = demo_questions()
+    assert small["train"] == first["train"][:3000] and len(small["validation"]) == 300
 
 
 def test_the_demo_prepares_as_a_question_answering_task(demo):

@@ -6,13 +6,14 @@ Recipe (`demo_questions`):
 1. Passages: each standard-library file's docstring sentences (white space folded to single spaces), in order, cut
    into consecutive runs of MIN_WORDS_PER_CONTEXT to MAX_WORDS_PER_CONTEXT words (a sentence that would take a
    run past the maximum starts the next one; a run that never reaches the minimum is dropped).
-2. Up to QUESTIONS_PER_CONTEXT questions per passage (SQuAD asks several per paragraph too): among the passage's
-   sentences of MIN_QUESTION_WORDS to MAX_QUESTION_WORDS words that occur exactly once in the whole standard
-   library and hold an answer word (letters only, at least MIN_ANSWER_LETTERS of them, a whole word, not a stop
-   word (STOP_WORDS), once in the sentence, and such that the sentence with it blanked out matches one place of
-   the passage only: the question has one answer), a seeded choice of up to three, and in each a seeded choice of one
-   answer word. The question is the sentence with that word replaced by BLANK; the answer is the word, at its
-   place in the passage (answer_start: its first character in the context).
+2. Questions (SQuAD asks several per paragraph too): each of the passage's sentences of MIN_QUESTION_WORDS to
+   MAX_QUESTION_WORDS words that occurs exactly once in the whole standard library and holds an answer word
+   (letters only, at least MIN_ANSWER_LETTERS of them, a whole word, not a stop word (STOP_WORDS), once in the
+   sentence, and such that the sentence with it blanked out matches one place of the passage only: the question
+   has one answer), in passage order, gives a question for each of a seeded choice of up to ANSWERS_PER_SENTENCE
+   of its answer words (in sentence order). The question is the sentence with that word replaced by BLANK; the
+   answer is the word, at its place in the passage (answer_start: its first character in the context). A
+   question's id is module-passage-sentence-character (the answer's first character in its sentence).
 3. Splits: the passages in a seeded order; their questions fill the train split to TRAIN_QUESTIONS, then the
    following passages' the validation split to VALIDATION_QUESTIONS (a passage's questions are in one split
    only; the last passage of a split may give fewer than all of its). Seed DEMO_SEED, its own: prepare's --seed
@@ -45,12 +46,12 @@ from ...errors import DataError
 
 DEMO_SEED = 2107
 """The demo task's own seed."""
-TRAIN_QUESTIONS = 3000
+TRAIN_QUESTIONS = 25000
 VALIDATION_QUESTIONS = 300
-MIN_WORDS_PER_CONTEXT, MAX_WORDS_PER_CONTEXT = 25, 80
+MIN_WORDS_PER_CONTEXT, MAX_WORDS_PER_CONTEXT = 15, 40
 MIN_QUESTION_WORDS, MAX_QUESTION_WORDS = 6, 24
 MIN_ANSWER_LETTERS = 4
-QUESTIONS_PER_CONTEXT = 3
+ANSWERS_PER_SENTENCE = 3
 BLANK = "___"
 """What stands for the answer in a question."""
 STOP_WORDS = frozenset((
@@ -129,18 +130,17 @@ def demo_questions(seed: int = DEMO_SEED) -> Dict[str, List[Dict[str, object]]]:
             choices = [i for i, words in answerable.items() if words]
             if not choices:
                 continue
-            picked = rng.permutation(len(choices))[:QUESTIONS_PER_CONTEXT].tolist()
             questions = []
-            for j in sorted(picked):
-                i = choices[j]
+            for i in choices:
                 sentence = run[i]
                 words = answerable[i]
-                start, word = words[int(rng.integers(len(words)))]
-                at = len(" ".join(run[:i])) + (1 if i else 0) + start
-                assert context[at:at + len(word)] == word
-                questions.append({"title": module, "context": context, "question": sentence[:start] + BLANK
-                                  + sentence[start + len(word):], "answer": word, "answer_start": at,
-                                  "id": "%s-%d-%d" % (module, number, i)})
+                for k in sorted(rng.permutation(len(words))[:ANSWERS_PER_SENTENCE].tolist()):
+                    start, word = words[k]
+                    at = len(" ".join(run[:i])) + (1 if i else 0) + start
+                    assert context[at:at + len(word)] == word
+                    questions.append({"title": module, "context": context, "question": sentence[:start] + BLANK
+                                      + sentence[start + len(word):], "answer": word, "answer_start": at,
+                                      "id": "%s-%d-%d-%d" % (module, number, i, start)})
             made.append(questions)
     splits: Dict[str, List[Dict[str, object]]] = {"train": [], "validation": []}
     wanted = (("train", TRAIN_QUESTIONS), ("validation", VALIDATION_QUESTIONS))
