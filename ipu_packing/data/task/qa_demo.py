@@ -19,14 +19,17 @@ Recipe (`demo_questions`):
    only; the last passage of a split may give fewer than all of its). Seed DEMO_SEED, its own: prepare's --seed
    changes the packing only.
 
-Why a model can learn it: the question is a sentence of its own context with one word blanked out, so the answer
-is found by matching: the passage's sentence that shares the question's words, in the question's order, holds the
+Why it is learnable in principle: the question is a sentence of its own context with one word blanked out, so the
+answer is found by matching: the passage's sentence that shares the question's words, in the question's order, holds the
 answer where the question holds the blank. That is what BERT's attention does well (a token attends to the equal
 token of the other segment), and it is a skill SQuAD asks for too (many SQuAD answers sit in the sentence that
 shares the question's words); the answer is never guessable from the question alone (the blanked word is not in
 it). `align` solves it by exactly that matching (a regular expression of the question's words around the blank
 over the context): it answers every question of both splits (docs/data.md gives the command), so the questions
-are well posed; a model must learn the matching from the examples.
+are well posed; a model must learn the matching from the examples. The demo BERT (2 layers, hidden 64, 350
+pretraining steps) does not learn it within the demo config's steps: its validation exact match stays near what
+picking a random passage word gives (docs/finetuning.md, question answering, has the runs), so the demo checks the
+machinery end to end, not accuracy.
 
 The files (`write_qa_demo`) are SQuAD v1.1 JSON (train.json and validation.json, one article per standard-library
 file, one paragraph per passage); `prepare --task question_answering --input default` writes them into its work
