@@ -146,7 +146,8 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's diagnosis 
 # that ignores SIGINT (a background job of a script: the ignored disposition is inherited, and Python keeps it)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from ipu_packing.data.cli import main
-sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # prepare's workers, started by spawn or forkserver, may re-import it
+    sys.exit(main(sys.argv[1:]))
 """
 
 
