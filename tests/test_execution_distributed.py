@@ -28,9 +28,8 @@ import torch.multiprocessing as mp
 
 from ipu_packing.errors import UserError
 from ipu_packing.execution import ExecutionConfig, make_runner
-from synthetic_packs import PackDataset
 
-from execution_fixtures import build_model, free_port, make_packs
+from execution_fixtures import build_model, free_port, make_packs, train_with_sgd
 from torch_features import PIPELINING_MISSING
 from spawned import leave_after
 
@@ -41,15 +40,8 @@ ATOL = 1e-5
 
 def train(config: ExecutionConfig, num_layers: int = 2):
     """Train STEPS steps from a fixed initialisation; returns (state dict, per-step losses)."""
-    model = build_model(num_layers, seed=0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
-    runner = make_runner(model, optimizer, config, scheduler=scheduler)
-    dataset = PackDataset(make_packs(STEPS * config.global_batch_packs, seed=1))
-    losses = [runner.train_step(batch).loss for batch in runner.dataloader(dataset)]
-    assert len(losses) == STEPS
-    runner.sync_model()
-    return {k: v.detach().clone() for k, v in runner.model.state_dict().items()}, losses
+    return train_with_sgd(build_model(num_layers, seed=0), config,
+                          make_packs(STEPS * config.global_batch_packs, seed=1), STEPS)
 
 
 def _worker(rank, world, port, jobs, outdir):

@@ -28,10 +28,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from ipu_packing.execution import ExecutionConfig, make_runner
-from synthetic_packs import PackDataset
+from ipu_packing.execution import ExecutionConfig
 
-from execution_fixtures import build_classifier, free_port, make_classification_packs
+from execution_fixtures import build_classifier, free_port, make_classification_packs, train_with_sgd
 from torch_features import PIPELINING_MISSING
 from spawned import leave_after
 
@@ -47,15 +46,8 @@ PROBLEMS = {
 def train(problem: str, config: ExecutionConfig):
     """Train STEPS steps from a fixed initialisation; returns (state dict, per-step losses)."""
     problem_type, num_labels = PROBLEMS[problem]
-    model = build_classifier(problem_type, num_labels, seed=0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
-    runner = make_runner(model, optimizer, config, scheduler=scheduler)
     packs = make_classification_packs(STEPS * config.global_batch_packs, problem_type, num_labels, seed=1)
-    losses = [runner.train_step(batch).loss for batch in runner.dataloader(PackDataset(packs))]
-    assert len(losses) == STEPS
-    runner.sync_model()
-    return {k: v.detach().clone() for k, v in runner.model.state_dict().items()}, losses
+    return train_with_sgd(build_classifier(problem_type, num_labels, seed=0), config, packs, STEPS)
 
 
 def _worker(rank, world, port, jobs, outdir):

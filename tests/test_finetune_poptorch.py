@@ -16,7 +16,6 @@ from ipu_packing.data import open_dataset
 from ipu_packing.execution import ExecutionConfig
 from ipu_packing.train import load_config
 from ipu_packing.train import loop
-from ipu_packing.train.loop import execute, plan_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -48,10 +47,9 @@ def test_the_pod4_fine_tuning_step_compiles_with_the_classifier_on_the_last_ipu(
 
 def test_a_tiny_pod4_fine_tuning_run_trains_checkpoints_and_evaluates(poptorch, demo_task, tmp_path):
     run = str(tmp_path / "run")
-    summary = execute(plan_run(config(demo_task, run, "training.steps=8", "checkpoint.every_steps=4",
-                                      "execution.use_ipu_model=true", "model.hidden_dropout_prob=0.0",
-                                      "task.eval_every_steps=8"),
-                               open_dataset=open_dataset), log=lambda m: None)
+    summary = fx.train(config(demo_task, run, "training.steps=8", "checkpoint.every_steps=4",
+                              "execution.use_ipu_model=true", "model.hidden_dropout_prob=0.0",
+                              "task.eval_every_steps=8"))
     rows = fx.metrics(run)
     assert [r["step"] for r in rows] == [4, 8]  # a host call is 4 device iterations
     assert all(np.isfinite(r["loss"]) and 0.0 <= r["accuracy"] <= 1.0 for r in rows)

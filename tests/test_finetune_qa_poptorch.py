@@ -16,7 +16,6 @@ from ipu_packing.data import open_dataset
 from ipu_packing.train import load_config
 from ipu_packing.train import loop
 from ipu_packing.train.cli import finetune_main
-from ipu_packing.train.loop import execute, plan_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -72,11 +71,10 @@ def test_the_step_compiles_without_a_dataset_on_a_generated_batch(poptorch, tmp_
 
 def test_a_tiny_pod16_question_answering_run_trains_checkpoints_and_evaluates(poptorch, task_dir, tmp_path):
     run = str(tmp_path / "run")
-    summary = execute(plan_run(config(task_dir, run, "training.steps=2", "checkpoint.every_steps=2",
-                                      "execution.use_ipu_model=true", "model.hidden_dropout_prob=0.0",
-                                      "training.global_batch_sequences=128"),  # accumulation 8: enough for
-                               # question answering's 4 pipeline groups (7), not for pretraining's 5 (9)
-                               open_dataset=open_dataset), log=lambda m: None)
+    # accumulation 8: enough for question answering's 4 pipeline groups (7), not for pretraining's 5 (9)
+    summary = fx.train(config(task_dir, run, "training.steps=2", "checkpoint.every_steps=2",
+                              "execution.use_ipu_model=true", "model.hidden_dropout_prob=0.0",
+                              "training.global_batch_sequences=128"))
     rows = fx.metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(np.isfinite(r["loss"]) and 0.0 <= r["start_accuracy"] <= 1.0 for r in rows)

@@ -17,7 +17,6 @@ import torch
 import app_fixtures as fx
 from ipu_packing.data import open_dataset
 from ipu_packing.train import load_config
-from ipu_packing.train.loop import execute, plan_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -37,13 +36,9 @@ def config(task_dir, run_dir, *extra):
                        + list(extra))
 
 
-def train(cfg):
-    return execute(plan_run(cfg, open_dataset=open_dataset), log=lambda m: None)
-
-
 def test_a_run_trains_evaluates_and_exports_what_transformers_loads(task_dir, tmp_path):
     run = str(tmp_path / "run")
-    summary = train(config(task_dir, run, "training.steps=4", "task.eval_every_steps=2"))
+    summary = fx.train(config(task_dir, run, "training.steps=4", "task.eval_every_steps=2"))
     rows = fx.metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert {"loss", "start_accuracy", "end_accuracy"} <= set(rows[0]) and "mlm_loss" not in rows[0]
@@ -86,13 +81,13 @@ def test_a_run_trains_evaluates_and_exports_what_transformers_loads(task_dir, tm
 def test_a_killed_run_resumes_to_bitwise_the_same_losses_and_evaluations(task_dir, tmp_path):
     args = ["training.steps=4", "checkpoint.every_steps=2", "checkpoint.keep=4", "task.eval_every_steps=2"]
     reference = str(tmp_path / "reference")
-    train(config(task_dir, reference, *args))
+    fx.train(config(task_dir, reference, *args))
     killed = str(tmp_path / "killed")
     shutil.copytree(reference, killed)
     os.unlink(os.path.join(killed, "checkpoints", "step_0000004.pt"))  # as a kill after step 3's metrics leaves it
     shutil.rmtree(os.path.join(killed, "final"))
     os.unlink(os.path.join(killed, "summary.json"))
-    train(config(task_dir, killed, *args))
+    fx.train(config(task_dir, killed, *args))
     metrics = ("loss", "start_accuracy", "end_accuracy")
     assert fx.losses_of(killed, *metrics) == fx.losses_of(reference, *metrics)
     evaluations = [open(os.path.join(d, "eval.jsonl")).read() for d in (reference, killed)]

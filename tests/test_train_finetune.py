@@ -18,7 +18,7 @@ import app_fixtures as fx
 from ipu_packing.data import open_dataset
 from ipu_packing.train import load_config
 from ipu_packing.train.cli import finetune_main, main as pretrain_main
-from ipu_packing.train.loop import execute, plan_run
+from ipu_packing.train.loop import plan_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -34,13 +34,9 @@ def config(demo_task, run_dir, *extra):
                        + list(extra))
 
 
-def train(cfg):
-    return execute(plan_run(cfg, open_dataset=open_dataset), log=lambda m: None)
-
-
 def test_a_run_trains_evaluates_and_exports_what_transformers_loads(demo_task, tmp_path):
     run = str(tmp_path / "run")
-    summary = train(config(demo_task, run, "training.steps=6", "task.eval_every_steps=3"))
+    summary = fx.train(config(demo_task, run, "training.steps=6", "task.eval_every_steps=3"))
     rows = fx.metrics(run)
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert {"loss", "accuracy", "sequences", "packs"} <= set(rows[0]) and "mlm_loss" not in rows[0]
@@ -95,14 +91,14 @@ def test_the_evaluation_is_per_example_the_same_packed_or_one_per_row(demo_task,
 def test_a_killed_run_resumes_to_bitwise_the_same_losses_and_evaluations(demo_task, tmp_path):
     args = ["training.steps=6", "checkpoint.every_steps=2", "checkpoint.keep=4", "task.eval_every_steps=2"]
     reference = str(tmp_path / "reference")
-    train(config(demo_task, reference, *args))
+    fx.train(config(demo_task, reference, *args))
     killed = str(tmp_path / "killed")
     shutil.copytree(reference, killed)
     for name in ("step_0000004.pt", "step_0000006.pt"):  # as a kill after step 4's metrics leaves it
         os.unlink(os.path.join(killed, "checkpoints", name))
     shutil.rmtree(os.path.join(killed, "final"))
     os.unlink(os.path.join(killed, "summary.json"))
-    train(config(demo_task, killed, *args))
+    fx.train(config(demo_task, killed, *args))
     assert fx.losses_of(killed, "loss", "accuracy") == fx.losses_of(reference, "loss", "accuracy")
     evaluations = [open(os.path.join(d, "eval.jsonl")).read() for d in (reference, killed)]
     assert evaluations[0] == evaluations[1] and evaluations[0].count("\n") == 3
