@@ -57,11 +57,18 @@ class TaskResult:
 def prepare_task(config) -> TaskResult:
     """Run a task's whole preparation (the module notes). `config` is text/pipeline.py's PrepareConfig with task
     set."""
+    return prepare_into_output(config, _prepare_into)
+
+
+def prepare_into_output(config, prepare_into) -> TaskResult:
+    """Claim the output and check that every split's input exists, before anything is created; then
+    ``prepare_into(config, temp)`` writes the task's splits into a temporary directory that becomes the output
+    whole (or is removed)."""
     output = os.path.abspath(config.output)
     with claim_output(output, "prepare"):  # the output is checked and held before any input is read
         for path in split_paths(config).values():
             check_split_path(path)
-        return write_atomically(output, lambda temp: _prepare_into(config, temp), "preparing")
+        return write_atomically(output, lambda temp: prepare_into(config, temp), "preparing")
 
 
 def split_paths(config) -> Dict[str, str]:

@@ -32,11 +32,9 @@ import numpy as np
 from ..format import SPLITS, TaskLayout
 from ..vocab import TokenizerSpec
 from ..write.datasets import PackSettings, write_datasets
-from ..write.output import claim_output, write_atomically
 from ..write.workers import Workers, progress
-from .preparation import Phases, TaskResult, split_inputs, split_paths, task_tokenizer
+from .preparation import Phases, TaskResult, prepare_into_output, split_inputs, task_tokenizer
 from .questions import QuestionSplit, read_questions, write_examples
-from .rows import check_split_path
 from .windows import CHUNK_QUESTIONS, shift_feature_ids, start_windows, window_chunk
 
 EVALUATED = ("validation",)
@@ -46,11 +44,7 @@ EVALUATED = ("validation",)
 def prepare_questions(config) -> TaskResult:
     """Run the whole preparation (the module notes). `config` is text/pipeline.py's PrepareConfig with task
     "question_answering"."""
-    output = os.path.abspath(config.output)
-    with claim_output(output, "prepare"):  # the output is checked and held before any input is read
-        for path in split_paths(config).values():
-            check_split_path(path)
-        return write_atomically(output, lambda temp: _prepare_into(config, temp), "preparing")
+    return prepare_into_output(config, _prepare_into)
 
 
 def _prepare_into(config, temp: str) -> TaskResult:
