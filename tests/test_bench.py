@@ -114,3 +114,54 @@ def test_the_timed_steps_are_the_training_runner_s(monkeypatch):
     result = bench.run_bench(synthetic_histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=8)
     # a warm-up step of each layout, then every full micro batch of both layouts once
     assert rows == [4] * (2 + result.padded_rows // 4 + result.num_packs // 4)
+
+
+def test_question_answering_rows_keep_the_tokens_and_answer_inside_each_sequence():
+    padded, packed = bench.timed_layouts(bench.plan_histogram(synthetic_histogram(), 64, 3, "lpfhp"), 64, 3, 16, 100,
+                                         seed=0)
+    for layout in (padded, packed):
+        qa = bench.question_answering_layout(layout, seed=0)
+        a = qa.arrays
+        assert sorted(a) == ["cls_positions", "end_positions", "input_ids", "position_ids", "sequence_ids",
+                             "start_positions", "token_type_ids"]
+        assert (qa.sequences, qa.tokens) == (layout.sequences, layout.tokens)
+        for name in ("input_ids", "token_type_ids", "position_ids", "sequence_ids", "cls_positions"):
+            assert a[name] is layout.arrays[name]
+        spans = 0
+        for p in range(qa.rows):
+            for k in range(a["cls_positions"].shape[1]):
+                own = np.flatnonzero(a["sequence_ids"][p] == k + 1)
+                start, end = a["start_positions"][p, k], a["end_positions"][p, k]
+                if len(own) == 0:
+                    assert start == end == -100
+                    continue
+                spans += 1
+                # after the sequence's [CLS], before its last [SEP] (a sequence of 2 tokens answers at its 2nd)
+                assert own[0] < start <= end <= max(own[-1] - 1, own[0] + 1) and end - start < 30
+        assert spans == layout.sequences
+
+
+def test_question_answering_steps_are_the_qa_model_s(monkeypatch):
+    from ipu_packing.execution.runner_ddp import TorchRunner
+    from ipu_packing.model import PackedBertForQuestionAnswering
+
+    seen = []
+    original = TorchRunner.train_step
+
+    def recording(self, batch):
+        seen.append((type(self.model), sorted(batch)))
+        return original(self, batch)
+
+    monkeypatch.setattr(TorchRunner, "train_step", recording)
+    result = bench.run_bench(synthetic_histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=8,
+                             task="question_answering")
+    assert result.task == "question_answering"
+    assert {model for model, _ in seen} == {PackedBertForQuestionAnswering}
+    assert all("start_positions" in names and "mlm_labels" not in names for _, names in seen)
+    assert len(seen) == 2 + result.padded_rows // 4 + result.num_packs // 4
+
+
+def test_task_is_an_option_of_the_synthetic_mode():
+    code, out, err = run_main(["--config", "finetune_qa_demo", "--task", "question_answering"])
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--task is an option of the synthetic mode" in err

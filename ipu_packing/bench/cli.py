@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default: %(default)s: steadier timings on a shared machine; 0 = torch default)")
+    p.add_argument("--task", choices=("pretraining", "question_answering"), default="pretraining",
+                   help="synthetic mode: the model timed, pretraining's or question answering's (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=os.path.join("output", "bench", "bench.png"),
                    help="PNG path (default: %(default)s)")
@@ -88,6 +90,10 @@ def _main(argv: Optional[List[str]]) -> int:
     for name in ("input", "inputs", "train"):
         if not args.classifier and getattr(args, name) != parser.get_default(name):
             raise BenchError("--%s is an option of --classifier" % name)
+    if modes and args.task != parser.get_default("task"):
+        raise BenchError("--task is an option of the synthetic mode (--histogram or --data); --%s takes the task "
+                         "from its %s" % (modes[0], {"config": "config", "classifier": "model directory",
+                                                      "peers": "pretraining model"}[modes[0]]))
     if args.classifier:
         return main_classifier(parser, args)
     if args.config:
@@ -148,10 +154,12 @@ def _main(argv: Optional[List[str]]) -> int:
         attention=args.attention,
         seed=args.seed,
         timed_packs=args.timed_packs or None,
+        task=args.task,
         log=log,
     )
     comparison = None
-    if args.attention == "varlen":  # side by side with dense, on the same sequences (attention.py)
+    # side by side with dense, on the same sequences (attention.py)
+    if args.attention == "varlen" and args.task == "pretraining":
         comparison = run_comparison(histogram, S, args.max_sequences_per_pack, args.model, args.micro_batch_size,
                                     args.repeats, args.algorithm, args.seed, args.timed_packs or None)
     if args.plot:

@@ -42,6 +42,8 @@ class Result:
     model: Dict[str, object]
     attention: str
     torch_threads: int
+    task: str = "pretraining"
+    """The model timed: pretraining (MLM and NSP heads, LAMB) or question_answering (the QA head, AdamW)."""
     plot: Optional[str] = None
 
 
@@ -89,8 +91,8 @@ def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
 def format_result(r: Result) -> str:
     return "\n".join(
         [
-            "model %s (hidden %d, %d layers, vocab %d), attention %s, micro batch %d, %d torch threads, %d repeats"
-            % (r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"], r.model["vocab_size"],
+            "%s model %s (hidden %d, %d layers, vocab %d), attention %s, micro batch %d, %d torch threads, %d repeats"
+            % (r.task, r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"], r.model["vocab_size"],
                r.attention, r.micro_batch_size, r.torch_threads, r.repeats),
             "plan: %d sequences -> %d packs (K=%d, %s): theoretical speed-up %.3fx"
             % (r.plan_sequences, r.plan_packs, r.max_sequences_per_pack, r.packing_algorithm,

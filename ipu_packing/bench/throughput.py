@@ -1,6 +1,8 @@
-"""Throughput of packed against padded pretraining: same model, same sequences, one run.
+"""Throughput of packed against padded training: same model, same sequences, one run.
 
     python -m ipu_packing.bench --histogram ../shared/data/wikipedia_512_histogram.json --max-seq-length 512
+    python -m ipu_packing.bench --histogram ../shared/data/squad_1_1_384_histogram.json --max-seq-length 384 \
+        --task question_answering
     python -m ipu_packing.bench --data output/data/demo_128 [--json] [--plot output/bench/bench.png]
     python -m ipu_packing.bench --config demo_512 [section.key=value ...] [--steps N] [--json] [--plot PNG]
 
@@ -17,8 +19,10 @@ What it does:
    instances of data/random_instances.py, masked as the data recipe counts), then lays exactly these
    sequences out twice in the pack format of the data package: padded (one sequence per row, K = 1) and
    packed.
-3. Runs full training steps (forward, backward, LAMB update) of one PackedBertForPreTraining through the
-   runner training uses (``make_runner(...).train_step``, torch backend), over every row of each layout,
+3. Runs full training steps (forward, backward, LAMB update) of one PackedBertForPreTraining (with `--task
+   question_answering`: of one PackedBertForQuestionAnswering with AdamW, fine-tuning's optimizer, each
+   sequence given an answer span of its own, `question_answering_layout`) through the runner training uses
+   (``make_runner(...).train_step``, torch backend), over every row of each layout,
    `--micro-batch-size` rows per step, with the padded and packed steps interleaved in proportion so both
    see the same machine load (the machine may be shared), and repeats that `--repeats` times; per-row
    times are the median over repeats.
@@ -59,7 +63,7 @@ class Layout:
 
     @property
     def sequences(self) -> int:
-        return int((self.arrays["nsp_labels"] != IGNORE_INDEX).sum())
+        return int(self.arrays["sequence_ids"].max(axis=1).sum())  # a row's sequences are numbered 1..k
 
     @property
     def tokens(self) -> int:
@@ -127,6 +131,27 @@ def timed_layouts(plan, S: int, K: int, timed_packs: Optional[int], vocab_size: 
     return padded, packed
 
 
+def question_answering_layout(layout: Layout, seed: int) -> Layout:
+    """The same rows as question-answering rows (data/format.py's question_answering fields the model reads): the
+    four token fields and cls_positions as they are, and a seeded answer span inside each sequence's own tokens
+    (between its [CLS] and its last token, at most 30 tokens long) in start_positions and end_positions;
+    IGNORE_INDEX in an empty slot. The values change no timing; the model's per-sequence softmax and loss run
+    over every sequence as in training."""
+    rng = np.random.default_rng(seed + 2)
+    cls = layout.arrays["cls_positions"]  # (P, K)
+    counts = np.stack([(layout.arrays["sequence_ids"] == k + 1).sum(axis=1) for k in range(cls.shape[1])], axis=1)
+    present = counts > 0
+    first = cls + 1
+    last = cls + np.maximum(counts - 2, 1)  # the token before the sequence's final [SEP]
+    start = first + (rng.random(cls.shape) * (last - first + 1)).astype(np.int64)
+    end = np.minimum(start + rng.integers(0, 30, size=cls.shape), last)
+    arrays = {name: layout.arrays[name] for name in ("input_ids", "token_type_ids", "position_ids", "sequence_ids",
+                                                      "cls_positions")}
+    arrays["start_positions"] = np.where(present, start, IGNORE_INDEX).astype(np.int64)
+    arrays["end_positions"] = np.where(present, end, IGNORE_INDEX).astype(np.int64)
+    return Layout(layout.name, arrays)
+
+
 # -- timing ------------------------------------------------------------------------------------
 
 
@@ -162,13 +187,14 @@ def run_bench(
     attention: Optional[str] = None,
     seed: int = 0,
     timed_packs: Optional[int] = 128,
+    task: str = "pretraining",
     log=lambda message: None,
 ) -> Result:
     import torch
     import transformers
 
     from ipu_packing.execution import ExecutionConfig, make_runner
-    from ipu_packing.model import PackedBertForPreTraining
+    from ipu_packing.model import PackedBertForPreTraining, PackedBertForQuestionAnswering
     from ipu_packing.train.optim import LAMB, parameter_groups
 
     model_kwargs = dict(MODEL_PRESETS[model_preset])
@@ -176,6 +202,10 @@ def run_bench(
     plan = plan_histogram(histogram, S, K, algorithm)
     plan_theoretical = plan.theoretical_speedup
     padded, packed = timed_layouts(plan, S, K, timed_packs, model_kwargs["vocab_size"], seed)
+    if task == "question_answering":
+        padded, packed = (question_answering_layout(layout, seed) for layout in (padded, packed))
+    elif task != "pretraining":
+        raise BenchError("--task %s: the synthetic bench times pretraining or question_answering" % (task,))
     if min(padded.rows, packed.rows) < micro_batch_size:
         raise BenchError("--micro-batch-size %d is more than the %d timed packs" % (micro_batch_size, packed.rows))
     log(
@@ -186,10 +216,14 @@ def run_bench(
     )
 
     torch.manual_seed(seed)
-    model = PackedBertForPreTraining(transformers.BertConfig(**model_kwargs), attention=attention)
+    model_cls = PackedBertForQuestionAnswering if task == "question_answering" else PackedBertForPreTraining
+    model = model_cls(transformers.BertConfig(**model_kwargs), attention=attention)
     model.train()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = LAMB(parameter_groups(model, 0.01), lr=1e-4)
+    if task == "question_answering":  # fine-tuning's optimizer
+        optimizer = torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-4)
+    else:
+        optimizer = LAMB(parameter_groups(model, 0.01), lr=1e-4)
     # one step = one micro batch, on this process's CPU, through the runner training uses
     runner = make_runner(model, optimizer, ExecutionConfig(backend="torch", device="cpu",
                                                            micro_batch_size=micro_batch_size))
@@ -239,6 +273,7 @@ def run_bench(
         micro_batch_size=micro_batch_size,
         repeats=repeats,
         model=dict(model_kwargs, preset=model_preset),
+        task=task,
         attention=model.attention_implementation if hasattr(model, "attention_implementation") else str(attention),
         torch_threads=torch.get_num_threads(),
     )
