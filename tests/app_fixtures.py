@@ -123,21 +123,26 @@ QA_DEMO_ARGS = ["--max-seq-length", "64", "--doc-stride", "16", "--max-query-len
 
 
 QA_TEST_TRAIN_QUESTIONS = 3000
-"""The tests' demo train split: the demo's first 3000 train questions (its 25,000 would make each preparation of
-the demo about ten seconds slower); the validation split follows it as in the demo (qa_demo.py, recipe step 3)."""
+"""The tests' demo train split: 3000 train questions (the demo's 20,000 would make each preparation of the demo
+several seconds slower); the validation split follows it as in the demo (qa_demo.py, recipe step 3)."""
+QA_TEST_WORDS_PER_CONTEXT = (15, 40)
+"""The tests' demo passages: 15 to 40 words, so that at QA_DEMO_ARGS' S=64 most questions have several windows and
+a pack holds windows of several questions (the demo's passages of 6 to 24 words mostly fit one window)."""
 
 
 @contextlib.contextmanager
 def qa_test_demo():
-    """The embedded demo question-answering task with QA_TEST_TRAIN_QUESTIONS train questions, while inside."""
+    """The embedded demo question-answering task's recipe with QA_TEST_TRAIN_QUESTIONS train questions on passages of
+    QA_TEST_WORDS_PER_CONTEXT words, while inside."""
     from ipu_packing.data.task import qa_demo
 
-    full = qa_demo.TRAIN_QUESTIONS
+    full = qa_demo.TRAIN_QUESTIONS, qa_demo.MIN_WORDS_PER_CONTEXT, qa_demo.MAX_WORDS_PER_CONTEXT
     qa_demo.TRAIN_QUESTIONS = QA_TEST_TRAIN_QUESTIONS
+    qa_demo.MIN_WORDS_PER_CONTEXT, qa_demo.MAX_WORDS_PER_CONTEXT = QA_TEST_WORDS_PER_CONTEXT
     try:
         yield
     finally:
-        qa_demo.TRAIN_QUESTIONS = full
+        qa_demo.TRAIN_QUESTIONS, qa_demo.MIN_WORDS_PER_CONTEXT, qa_demo.MAX_WORDS_PER_CONTEXT = full
 
 
 def prepare_qa_demo_task(out: str) -> str:

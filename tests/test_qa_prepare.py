@@ -27,7 +27,7 @@ DEMO_ARGS = ["--task", "question_answering", "--input", "default", "--max-seq-le
 
 
 def _prepare(output, *extra):
-    """The demo at its tests' size (app_fixtures.qa_test_demo: 3000 train questions)."""
+    """The demo at its tests' size (app_fixtures.qa_test_demo: 3000 train questions, passages of 15 to 40 words)."""
     with contextlib.redirect_stdout(io.StringIO()) as out, qa_test_demo():
         code = data_main(["prepare", "--output", output] + DEMO_ARGS + list(extra))
     return code, out.getvalue()
@@ -46,8 +46,8 @@ def test_the_demo_task_is_reproducible_and_answerable_by_matching():
 
     first, second = demo_questions(), demo_questions()
     assert first == second
-    assert {name: len(rows) for name, rows in first.items()} == {"train": 25000, "validation": 300}
-    assert (TRAIN_QUESTIONS, VALIDATION_QUESTIONS) == (25000, 300)
+    assert {name: len(rows) for name, rows in first.items()} == {"train": 20000, "validation": 300}
+    assert (TRAIN_QUESTIONS, VALIDATION_QUESTIONS) == (20000, 300)
     for rows in first.values():
         for q in rows:
             assert q["question"].count(BLANK) == 1 and q["answer"] not in q["question"].split()
@@ -55,10 +55,17 @@ def test_the_demo_task_is_reproducible_and_answerable_by_matching():
             assert align(q["question"], q["context"]) == q["answer"]
     contexts = {name: {q["context"] for q in rows} for name, rows in first.items()}
     assert not contexts["train"] & contexts["validation"]  # a passage is in one split only
-    assert len({q["id"] for rows in first.values() for q in rows}) == 25300
-    with qa_test_demo():  # the tests' size: the same train questions' first 3000, then the validation split
-        small = demo_questions()
-    assert small["train"] == first["train"][:3000] and len(small["validation"]) == 300
+    assert len({q["id"] for rows in first.values() for q in rows}) == 20300
+    with qa_test_demo():  # the tests' size: 3000 train questions and the validation split, on longer passages
+        small, again = demo_questions(), demo_questions()
+    assert small == again and {name: len(rows) for name, rows in small.items()} == {"train": 3000, "validation": 300}
+    for name, rows in small.items():
+        for q in rows:
+            assert align(q["question"], q["context"]) == q["answer"]
+        words = [len(c.split()) for c in {q["context"] for q in rows}]
+        assert 15 <= min(words) and max(words) <= 40 and max(words) > 24, name
+    words = [len(q["context"].split()) for rows in first.values() for q in rows]
+    assert 6 <= min(words) and max(words) <= 24
 
 
 def test_the_demo_prepares_as_a_question_answering_task(demo):
