@@ -24,10 +24,12 @@ $(STAMP): requirements.txt
 # `make test`: every test, on both cores. First the tests not marked serial on 2 pytest-xdist workers, then those
 # marked serial in one process: each of them starts several processes itself (gloo/torchrun pairs, PopRun stand-in
 # instances, forkserver probes, worker pools), which would fight the other worker for the two cores (pytest.ini).
-# Both passes run; the target fails when either did, with that pass's status.
+# Both passes run; the target fails when either did, with that pass's status. The serial pass collects only the
+# modules that write "pytest.mark.serial" (SERIAL_MODULES; tests/conftest.py refuses a serial test elsewhere).
+SERIAL_MODULES = $(shell grep -l "pytest.mark.serial" tests/test_*.py)
 test: $(STAMP)
 	@$(PY) -m pytest -q -n 2 -m "not serial"; parallel=$$?; \
-	$(PY) -m pytest -q -m serial; serial=$$?; \
+	$(PY) -m pytest -q -m serial $(SERIAL_MODULES); serial=$$?; \
 	if [ $$parallel -ne 0 ]; then exit $$parallel; fi; exit $$serial
 
 # `make test-fast`: a developer's loop, the tests not marked slow (@pytest.mark.slow, from measured durations),

@@ -162,6 +162,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = modules.setdefault(item.nodeid.split("::")[0], [len(modules), False])
         module[1] = module[1] or item.get_closest_marker("slow") is not None
+    serial_modules = set()
+    for item in items:  # make test's serial pass collects only the modules whose text marks a test serial
+        if item.get_closest_marker("serial") is not None and str(item.path) not in serial_modules:
+            if "pytest.mark.serial" not in item.path.read_text(encoding="utf-8"):
+                raise pytest.UsageError("%s is marked serial without 'pytest.mark.serial' in its module: make test's "
+                                        "serial pass would not collect it" % item.nodeid)
+            serial_modules.add(str(item.path))
     order = {item.nodeid: i for i, item in enumerate(items)}
     items.sort(key=lambda item: (not modules[item.nodeid.split("::")[0]][1],
                                  modules[item.nodeid.split("::")[0]][0], order[item.nodeid]))
