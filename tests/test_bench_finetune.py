@@ -1,5 +1,6 @@
 """bench --config on a fine-tuning config: both layouts of the task's prepared train split, the same examples
-(matched by example_ids), timed through the config's runner. Speed is reported, never asserted."""
+(matched by example_ids; question-answering windows by feature_ids), timed through the config's runner. Speed is
+reported, never asserted."""
 
 from __future__ import annotations
 
@@ -57,6 +58,42 @@ def test_both_layouts_time_the_same_examples_of_the_task(demo_task):
     # the padded steps: 24 sequences each, one per row; the packed ones: packs holding about as many
     assert r["padded"]["sequences"] == r["padded"]["rows"] == 2 * 24
     assert r["packed"]["rows"] < r["packed"]["sequences"]
+
+
+TINY_QA_TASK = TINY_TASK[:5] + ["data.max_seq_length=64", "data.max_sequences_per_pack=4",
+                                "execution.micro_batch_size=4", "training.global_batch_sequences=8",
+                                "checkpoint.init_from=null"]
+"""finetune_qa_demo at tiny sizes on the QA demo task prepared at S=64, K=4 (conftest's qa_demo_task), from
+scratch."""
+
+
+def test_question_answering_layouts_time_the_same_windows(qa_demo_task):
+    from ipu_packing.bench.config_finetune import sequence_labels
+
+    code, out, err = run_main(["--config", "finetune_qa_demo", "--steps", "2", "--json",
+                               "data.dir=%s" % qa_demo_task] + TINY_QA_TASK)
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["task"] == "question_answering" and (r["max_seq_length"], r["max_sequences_per_pack"]) == (64, 4)
+    # the ids are windows' (feature_ids), each once, each with its padded row
+    assert r["num_sequences"] == r["padded_rows"] == len(r["example_ids"]) == len(set(r["example_ids"]))
+    assert r["padded"]["sequences"] == r["padded"]["rows"] == 2 * 8
+    assert r["packed"]["rows"] < r["packed"]["sequences"]
+    # an answer is compared from its window's own [CLS]: the same window's labels in both layouts
+    packed = open_dataset(os.path.join(qa_demo_task, "train", "packed"), as_tensors=False)
+    padded = open_dataset(os.path.join(qa_demo_task, "train", "padded"), as_tensors=False)
+    row_of = {int(padded[i]["feature_ids"][0]): i for i in range(len(padded))}
+    shifted = 0
+    for i in range(len(packed)):
+        record = packed[i]
+        for k, f in enumerate(record["feature_ids"]):
+            if f >= 0:
+                row = padded[row_of[int(f)]]
+                assert np.array_equal(sequence_labels(record, k), sequence_labels(row, 0))
+                moved = record["start_positions"][k] != row["start_positions"][0]
+                shifted += int(record["cls_positions"][k] > 0 and moved)
+    assert shifted > 0  # the positions themselves differ between the layouts: the comparison must shift them
+
 
 def test_a_histogram_is_refused_for_a_fine_tuning_config(demo_task, tmp_path):
     histogram = tmp_path / "h.json"

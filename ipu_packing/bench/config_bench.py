@@ -15,9 +15,10 @@ What it does:
    run's first epoch, as many as N optimizer steps of both layouts need (with ``--histogram``, packs of a
    histogram plan with random tokens instead). It lays exactly these sequences out twice with the data
    package's builder (format.pack_sequences): as the dataset packs them, and one per row (K = 1). A
-   fine-tuning config (task.name=classification) takes both layouts' prepared records of its task's split
-   instead: the packs of DIR/<split>/packed in first-epoch order and the same examples' rows of
-   DIR/<split>/padded, matched by example_ids (config_finetune.py); ``--histogram`` is refused.
+   fine-tuning config (task.name classification or question_answering) takes both layouts' prepared records
+   of its task's split instead: the packs of DIR/<split>/packed in first-epoch order and the same examples'
+   rows of DIR/<split>/padded, matched by example_ids (a question-answering window's by feature_ids;
+   config_finetune.py); ``--histogram`` is refused.
 3. Builds each layout's model, optimizer and schedule as training does, and its runner with the same
    ``make_runner`` the training loop uses: torch on CPU or CUDA, DDP or pipeline stages under
    ``torchrun``, poptorch on IPUs. ``runner.compile`` is timed apart (``compile_seconds``: the poptorch
@@ -324,8 +325,9 @@ def format_config_result(r: Dict[str, Any]) -> str:
            r["batch_accounting"]),
     ]
     if r.get("task"):
-        lines.append("task %s: the packs' examples one per row from %s (matched by example_ids)"
-                     % (r["task"], r["padded_source"]))
+        lines.append("task %s: the packs' sequences one per row from %s (matched by %s)"
+                     % (r["task"], r["padded_source"],
+                        "feature_ids" if r["task"] == "question_answering" else "example_ids"))
     lines += [
         "%-7s %8s %11s %12s %13s %12s %12s"
         % ("layout", "steps", "seq/step", "s/step", "sequences/s", "tokens/s", "compile s"),

@@ -1,12 +1,13 @@
-"""``bench --config`` on a fine-tuning config (task.name=classification): both layouts' rows from the task's
-prepared train split, the same examples in each.
+"""``bench --config`` on a fine-tuning config (task.name classification or question_answering): both layouts' rows
+from the task's prepared train split, the same examples (a question-answering task's: windows) in each.
 
 - packed: the packs of DIR/<split>/packed in the order of the run's first epoch (TrainingData.epoch_order, as
   the training loop orders them), as many as the warm-up call and the timed calls of the packed layout need,
   and more until their examples also fill the padded layout's calls;
 - padded: the examples of exactly these packs, in pack and slot order, each as its own row of
-  DIR/<split>/padded (the row whose ``example_ids`` names it; prepare wrote both layouts of the split in one
-  run). Each row's tokens are checked against its sequence in the pack.
+  DIR/<split>/padded (the row whose ``example_ids``, for question answering ``feature_ids``, names it; prepare
+  wrote both layouts of the split in one run). Each row's tokens and labels are checked against its sequence in
+  the pack (an answer's start and end counted from the sequence's own [CLS]).
 
 Both are the prepared records themselves (nothing is laid out again), so each layout is timed on what its own
 training run would read. Each layout's timed calls take rows from the front of this one stream of examples:
@@ -60,16 +61,28 @@ def sequence_tokens(record: Dict[str, np.ndarray], slot: int) -> np.ndarray:
     return np.asarray(record["input_ids"][start:start + length])
 
 
+def sequence_labels(record: Dict[str, np.ndarray], slot: int) -> np.ndarray:
+    """The labels of the sequence in ``slot``: its class or targets (classification), or its answer's start and end
+    counted from its own [CLS] (question answering: the pack holds them as positions in the row)."""
+    if "start_positions" in record:
+        cls = int(record["cls_positions"][slot])
+        return np.asarray([int(record["start_positions"][slot]) - cls, int(record["end_positions"][slot]) - cls])
+    return np.asarray(record["labels"][slot])
+
+
 def task_layouts(config, packed, padded, packed_rows: int, padded_rows: int
                  ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], Dict[str, Any]]:
     """(packed rows, padded rows, source): the module docstring's two layouts of the same examples, at least
     ``packed_rows`` packs and ``padded_rows`` examples; every example of the chosen packs has its padded row."""
-    records, examples = [], []  # examples: (pack, slot, example id) in pack and slot order
+    from ipu_packing.data.format import task_layout
+
+    unique = task_layout(packed.manifest).unique_ids  # a classification example's row, a QA window's
+    records, examples = [], []  # examples: (pack, slot, unique id) in pack and slot order
     for index in packed.epoch_order(config.training.seed, 0):
         if len(records) >= packed_rows and len(examples) >= padded_rows:
             break
         record = packed.dataset[int(index)]
-        ids = np.asarray(record["example_ids"])
+        ids = np.asarray(record[unique])
         examples.extend((len(records), k, int(e)) for k, e in enumerate(ids) if e >= 0)
         records.append(record)
     if len(records) < packed_rows or len(examples) < padded_rows:
@@ -78,9 +91,9 @@ def task_layouts(config, packed, padded, packed_rows: int, padded_rows: int
             "--steps of both layouts; lower --steps" % (packed.path, packed.num_packs, packed.num_sequences,
                                                         packed_rows, padded_rows))
     wanted = {e for _, _, e in examples}
-    row_of = {}  # example id -> its padded row
+    row_of = {}  # unique id -> its padded row
     for i in range(len(padded.dataset)):
-        e = int(padded.dataset[i]["example_ids"][0])
+        e = int(padded.dataset[i][unique][0])
         if e in wanted:
             row_of[e] = i
             if len(row_of) == len(wanted):
@@ -92,7 +105,7 @@ def task_layouts(config, packed, padded, packed_rows: int, padded_rows: int
                              % (e, packed.path, padded.path))
         row = padded.dataset[row_of[e]]
         if not (np.array_equal(sequence_tokens(row, 0), sequence_tokens(records[p], k))
-                and np.array_equal(row["labels"][0], records[p]["labels"][k])):
+                and np.array_equal(sequence_labels(row, 0), sequence_labels(records[p], k))):
             raise BenchError("example %d has other tokens or labels in %s than in %s: prepare both layouts in one "
                              "`prepare --task` run" % (e, padded.path, packed.path))
         rows.append(row)
@@ -102,4 +115,4 @@ def task_layouts(config, packed, padded, packed_rows: int, padded_rows: int
         "example_ids": [e for _, _, e in examples]}
 
 
-__all__ = ["open_task_data", "sequence_tokens", "task_layouts"]
+__all__ = ["open_task_data", "sequence_labels", "sequence_tokens", "task_layouts"]
