@@ -352,3 +352,18 @@ def test_option_faults_are_one_line(argv, words, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_guess_levels_count_what_a_guess_can_pick():
+    from ipu_packing.data.task.qa_demo import guess_levels
+
+    questions = [
+        # content words of the passage: Parse, header, fields, strictly (4); not in the question: header
+        {"context": "Parse the header fields strictly.", "question": "Parse the ___ fields strictly.",
+         "answer": "header"},
+        # content words: Return, value, cache (3), none absent from the question but the answer
+        {"context": "Return the value from a cache.", "question": "Return the value from a ___.", "answer": "cache"},
+    ]
+    anywhere, absent = guess_levels(questions)
+    assert anywhere == pytest.approx((100 / 4 + 100 / 3) / 2)
+    assert absent == pytest.approx(100.0)
