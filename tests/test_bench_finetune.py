@@ -41,7 +41,7 @@ def test_both_layouts_time_the_same_examples_of_the_task(demo_task):
                               + TINY_TASK)
     assert code == 0, err
     r = json.loads(out)
-    assert r["task"] == "classification"
+    assert r["task"] == "classification" and r["matched_by"] == "example_ids"
     assert r["source"] == os.path.join(demo_task, "train", "packed")
     assert r["padded_source"] == os.path.join(demo_task, "train", "padded")
     assert (r["max_seq_length"], r["max_sequences_per_pack"], r["steps"]) == (64, 6, 2)
@@ -75,6 +75,7 @@ def test_question_answering_layouts_time_the_same_windows(qa_demo_task):
     assert code == 0, err
     r = json.loads(out)
     assert r["task"] == "question_answering" and (r["max_seq_length"], r["max_sequences_per_pack"]) == (64, 4)
+    assert r["matched_by"] == "feature_ids"
     # the ids are windows' (feature_ids), each once, each with its padded row
     assert r["num_sequences"] == r["padded_rows"] == len(r["example_ids"]) == len(set(r["example_ids"]))
     assert r["padded"]["sequences"] == r["padded"]["rows"] == 2 * 8

@@ -311,7 +311,8 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
                         / summaries[2 * j]["sequences_per_second"]} for j in range(len(configs))],
     }
     if fine_tuning:  # pretraining's result keeps exactly its keys
-        result.update(task=task.name, padded_source=source["padded_source"], example_ids=source["example_ids"])
+        result.update(task=task.name, padded_source=source["padded_source"], example_ids=source["example_ids"],
+                      matched_by=source["matched_by"])
     return result
 
 
@@ -326,8 +327,7 @@ def format_config_result(r: Dict[str, Any]) -> str:
     ]
     if r.get("task"):
         lines.append("task %s: the packs' sequences one per row from %s (matched by %s)"
-                     % (r["task"], r["padded_source"],
-                        "feature_ids" if r["task"] == "question_answering" else "example_ids"))
+                     % (r["task"], r["padded_source"], r["matched_by"]))
     lines += [
         "%-7s %8s %11s %12s %13s %12s %12s"
         % ("layout", "steps", "seq/step", "s/step", "sequences/s", "tokens/s", "compile s"),

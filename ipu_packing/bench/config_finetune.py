@@ -111,7 +111,7 @@ def task_layouts(config, packed, padded, packed_rows: int, padded_rows: int
         rows.append(row)
     names = packed.dataset.fields
     return stack(records, names), stack(rows, names), {
-        "source": packed.path, "padded_source": padded.path, "examples": len(examples),
+        "source": packed.path, "padded_source": padded.path, "examples": len(examples), "matched_by": unique,
         "example_ids": [e for _, _, e in examples]}
 
 
