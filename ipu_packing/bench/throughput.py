@@ -202,10 +202,11 @@ def run_bench(
     plan = plan_histogram(histogram, S, K, algorithm)
     plan_theoretical = plan.theoretical_speedup
     padded, packed = timed_layouts(plan, S, K, timed_packs, model_kwargs["vocab_size"], seed)
-    if task == "question_answering":
-        padded, packed = (question_answering_layout(layout, seed) for layout in (padded, packed))
-    elif task != "pretraining":
+    if task not in ("pretraining", "question_answering"):
         raise BenchError("--task %s: the synthetic bench times pretraining or question_answering" % (task,))
+    qa = task == "question_answering"  # the QA head and fine-tuning's optimizer; else MLM/NSP and LAMB
+    if qa:
+        padded, packed = (question_answering_layout(layout, seed) for layout in (padded, packed))
     if min(padded.rows, packed.rows) < micro_batch_size:
         raise BenchError("--micro-batch-size %d is more than the %d timed packs" % (micro_batch_size, packed.rows))
     log(
@@ -216,14 +217,11 @@ def run_bench(
     )
 
     torch.manual_seed(seed)
-    model_cls = PackedBertForQuestionAnswering if task == "question_answering" else PackedBertForPreTraining
+    model_cls = PackedBertForQuestionAnswering if qa else PackedBertForPreTraining
     model = model_cls(transformers.BertConfig(**model_kwargs), attention=attention)
     model.train()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    if task == "question_answering":  # fine-tuning's optimizer
-        optimizer = torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-4)
-    else:
-        optimizer = LAMB(parameter_groups(model, 0.01), lr=1e-4)
+    optimizer = (torch.optim.AdamW if qa else LAMB)(parameter_groups(model, 0.01), lr=1e-4)
     # one step = one micro batch, on this process's CPU, through the runner training uses
     runner = make_runner(model, optimizer, ExecutionConfig(backend="torch", device="cpu",
                                                            micro_batch_size=micro_batch_size))

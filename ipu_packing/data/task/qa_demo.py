@@ -99,6 +99,11 @@ def _runs(sentences: List[str]) -> List[List[str]]:
     return runs
 
 
+def _content_word(word: str) -> bool:
+    """Whether a word (letters only) can be an answer: at least MIN_ANSWER_LETTERS letters, not a stop word."""
+    return len(word) >= MIN_ANSWER_LETTERS and word.lower() not in STOP_WORDS
+
+
 def _answer_words(sentence: str, context: str) -> List[Tuple[int, str]]:
     """(first character, word) of each word of `sentence` that may be an answer in `context` (recipe step 2)."""
     found = [(m.start(), m.group()) for m in _WORD.finditer(sentence)]
@@ -110,7 +115,7 @@ def _answer_words(sentence: str, context: str) -> List[Tuple[int, str]]:
         before = sentence[start - 1] if start else " "
         after = sentence[start + len(word)] if start + len(word) < len(sentence) else " "
         whole = not (before.isalnum() or before in "_.'-") and not (after.isalnum() or after in "_'-")
-        if (whole and len(word) >= MIN_ANSWER_LETTERS and word.lower() not in STOP_WORDS and counts[word] == 1
+        if (whole and _content_word(word) and counts[word] == 1
                 and _one_place(sentence[:start], sentence[start + len(word):], context)):
             out.append((start, word))
     return out
@@ -198,8 +203,7 @@ def guess_levels(questions: List[Dict[str, object]]) -> Tuple[float, float]:
     """
     anywhere, absent = [], []
     for q in questions:
-        words = {w for w in _WORD.findall(str(q["context"]))
-                 if len(w) >= MIN_ANSWER_LETTERS and w.lower() not in STOP_WORDS}
+        words = {w for w in _WORD.findall(str(q["context"])) if _content_word(w)}
         rest = words - set(_WORD.findall(str(q["question"])))
         anywhere.append(100.0 * (str(q["answer"]) in words) / max(1, len(words)))
         absent.append(100.0 * (str(q["answer"]) in rest) / max(1, len(rest)))
