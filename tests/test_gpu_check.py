@@ -123,3 +123,29 @@ def test_cuda_mode_without_cuda_is_one_line_exit_2(tmp_path):
     assert err.count("\n") == 1 and err.startswith("error: torch ")
     assert "sees no CUDA device" in err and "--cpu" in err
     assert not output.exists()
+
+
+def minimal_report(peers):
+    machine = dict(device_name="CPU (x86_64)", torch="2", transformers="4", python="3", load_before=[0.0, 0.0, 0.0],
+                   load_after=[0.0, 0.0, 0.0])
+    return dict(mode="cpu", started="now", steps=4, seconds=1.0, machine=machine, training=[],
+                data=dict(dir="d", max_seq_length=128), peers=peers, failures=[])
+
+
+def test_a_skipped_peers_run_is_reported_with_its_command():
+    spec = gpu_check.PeersSpec("large", 256, 16, 3, "bf16", 200.0)
+    mode = gpu_check.MODES["cuda"]
+    reason = gpu_check.skip_reason(spec, mode, left=150.0)
+    assert reason == "150 s of the 480 s budget left, 200 s wanted"
+    entry = gpu_check.skipped_peers(spec, mode, 512, "hist.json", reason)
+    assert entry["command"].startswith("python -m ipu_packing.bench --peers --histogram hist.json --max-seq-length 512")
+    markdown = gpu_check.format_markdown(minimal_report([entry]))
+    assert "## Peers, large: `%s`" % entry["command"] in markdown
+    assert "skipped: 150 s of the 480 s budget left, 200 s wanted" in markdown
+
+
+def test_the_cpu_modes_peers_run_whatever_the_load():
+    # a busy machine spends the CPU mode's budget on training; its one peers run is part of the check all the same
+    (spec,) = gpu_check.MODES["cpu"].peers
+    assert gpu_check.skip_reason(spec, gpu_check.MODES["cpu"], left=-600.0) is None
+    assert gpu_check.skip_reason(gpu_check.MODES["cuda"].peers[1], gpu_check.MODES["cuda"], left=199.0) is not None
