@@ -98,7 +98,7 @@ class Mode:
 MODES = {
     "cuda": Mode("cuda", "cuda", os.path.join("output", "data", "demo_512"), 512, 8, 480.0, 150.0,
                  [PeersSpec("base", 256, 16, 5, "bf16", 0.0), PeersSpec("large", 256, 16, 3, "bf16", 200.0)]),
-    "cpu": Mode("cpu", "cpu", os.path.join("output", "data", "demo_128"), 128, 4, 120.0, 120.0,
+    "cpu": Mode("cpu", "cpu", os.path.join("output", "data", "demo_128"), 128, 4, 600.0, 120.0,
                 [PeersSpec("tiny", 8, 4, 1, "bf16")], ["execution.device=cpu"]),
 }
 
