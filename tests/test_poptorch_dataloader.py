@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 
 import pytest
 import torch
@@ -138,6 +139,18 @@ def test_each_iteration_starts_the_dataset_again(poptorch):
     assert _rows(b.clone() for b in loader) == whole  # stopped early: the worker is reset
 
 
+def _wait_gone(pid: int) -> None:
+    """Until the process is gone (its parent, the forkserver, reaps it)."""
+    deadline = time.monotonic() + 120.0
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    raise AssertionError("worker %d still there after 120 s" % pid)
+
+
 def test_a_worker_that_dies_gives_poptorch_s_errors(poptorch):
     opts = _options(poptorch, replicas=1, accumulation=1, iterations=1)
     Mode = poptorch.DataLoaderMode
@@ -147,6 +160,14 @@ def test_a_worker_that_dies_gives_poptorch_s_errors(poptorch):
     loader = poptorch.DataLoader(opts, sd.Broken(8, exit_at=5), batch_size=2, mode=Mode.Async)
     batches = iter(loader)
     assert next(batches).tolist() == [[0], [1]]
+    with pytest.raises(AssertionError, match="An error occurred in the data fetcher"):
+        for _ in batches:
+            pass
+    # the same when the worker is gone before the host asks for the rest: the command finds its pipe closed
+    loader = poptorch.DataLoader(opts, sd.Broken(8, exit_at=5), batch_size=2, mode=Mode.Async)
+    batches = iter(loader)
+    assert next(batches).tolist() == [[0], [1]]
+    _wait_gone(loader._accessor.worker_pid)
     with pytest.raises(AssertionError, match="An error occurred in the data fetcher"):
         for _ in batches:
             pass

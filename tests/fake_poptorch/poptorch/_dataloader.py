@@ -312,6 +312,15 @@ class _AsynchronousWorker:
         self._process.join()
         self._command_pipe.close()
 
+    def _send(self, command: "_HostCommand") -> None:
+        """A command to the worker; a worker that has died already is the same fetcher error as one that dies
+        while the host waits for its element (whether the pipe is still open then is a race)."""
+        try:
+            self._command_pipe.send(command)
+        except (BrokenPipeError, OSError):
+            self._process.join()
+            raise AssertionError("An error occurred in the data fetcher")
+
     def _receive(self):
         try:
             return pickle.loads(self._data_pipe.recv_bytes())
@@ -323,12 +332,12 @@ class _AsynchronousWorker:
         if self._worker_started and not self._was_used:
             return
         if self._was_used and (not self._eof or not self._load_indefinitely):
-            self._command_pipe.send(_HostCommand.ResetIterator)
+            self._send(_HostCommand.ResetIterator)
             self.releaseElement()
             while self._receive()[0] != "reset":  # elements and an end of file sent before the reset
                 pass
         self._eof = False
-        self._command_pipe.send(_HostCommand.StartIterating)
+        self._send(_HostCommand.StartIterating)
         self._was_used = False
         self._worker_started = True
 
