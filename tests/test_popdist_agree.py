@@ -280,8 +280,10 @@ def test_a_fresh_start_takes_instance_0_s_weights_through_horovod(popdist, horov
 
 @pytest.fixture
 def no_horovod(popdist, monkeypatch):
+    """Without horovod.torch; the instances wait for each other up to 60 s (a busy machine starts them seconds
+    apart), a test of the wait running out sets its own."""
     pds.without_horovod(monkeypatch)
-    monkeypatch.setenv("IPU_PACKING_RENDEZVOUS_TIMEOUT", "2")
+    monkeypatch.setenv("IPU_PACKING_RENDEZVOUS_TIMEOUT", "60")
 
 
 @pytest.mark.serial
@@ -308,7 +310,9 @@ def test_without_horovod_a_shared_run_directory_checks_the_start_and_logs_instan
 
 @pytest.mark.serial
 @pytest.mark.slow
-def test_without_horovod_unshared_run_directories_stop_every_instance(popdist, no_horovod, data_dir, tmp_path):
+def test_without_horovod_unshared_run_directories_stop_every_instance(popdist, no_horovod, data_dir, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setenv("IPU_PACKING_RENDEZVOUS_TIMEOUT", "2")  # each instance waits for one that never comes
     runs = [str(tmp_path / ("host%d" % i) / "run") for i in range(2)]
     outcomes = pds.poprun(popdist, 2, REPLICAS, 2, lambda i: _command(
         ["--config", "demo"] + _overrides(data_dir, runs[i], 2)))
