@@ -21,15 +21,19 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	touch $(STAMP)
 
-# `make test`: every test, on both cores. First the tests not marked serial on 2 pytest-xdist workers, then those
-# marked serial in one process: each of them starts several processes itself (gloo/torchrun pairs, PopRun stand-in
-# instances, forkserver probes, worker pools), which would fight the other worker for the two cores (pytest.ini).
-# Both passes run; the target fails when either did, with that pass's status. The serial pass collects only the
-# modules that write "pytest.mark.serial" (SERIAL_MODULES; tests/conftest.py refuses a serial test elsewhere).
+# `make test`: every test, on both cores. The tests not marked serial run on 2 pytest-xdist workers while those
+# marked serial run beside them in one process (their output is held in a file and printed after): each serial test
+# starts several processes itself (gloo/torchrun pairs, PopRun stand-in instances, forkserver probes, worker pools)
+# and spends much of its time waiting on them, so a third process on the two cores fills the time the xdist pass
+# leaves idle; none of them depends on the machine being quiet (pytest.ini). Both passes run; the target fails when
+# either did, with that pass's status. The serial pass collects only the modules that write "pytest.mark.serial"
+# (SERIAL_MODULES; tests/conftest.py refuses a serial test elsewhere).
 SERIAL_MODULES = $(shell grep -l "pytest.mark.serial" tests/test_*.py)
 test: $(STAMP)
-	@$(PY) -m pytest -q -n 2 -m "not serial"; parallel=$$?; \
-	$(PY) -m pytest -q -m serial $(SERIAL_MODULES); serial=$$?; \
+	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+	$(PY) -m pytest -q -p no:cacheprovider -m serial $(SERIAL_MODULES) >"$$log" 2>&1 & pid=$$!; \
+	$(PY) -m pytest -q -n 2 -m "not serial"; parallel=$$?; \
+	wait $$pid; serial=$$?; echo "--- the serial tests, run beside the others:"; cat "$$log"; \
 	if [ $$parallel -ne 0 ]; then exit $$parallel; fi; exit $$serial
 
 # `make test-fast`: a developer's loop, the tests not marked slow (@pytest.mark.slow, from measured durations),
