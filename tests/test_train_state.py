@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 
 import pytest
 
@@ -232,3 +233,43 @@ def test_a_checkpoint_with_wrong_field_types_is_refused_naming_the_field(tmp_pat
     torch.save({"step": 2, "model": {}, "data": {"epoch": -1, "step_in_epoch": 0}}, path)
     with pytest.raises(UserError, match="data.epoch"):
         fx.load(path)
+
+
+def _flip_a_bit_of_tensor_data(path):
+    """One bit flipped in the middle of the largest tensor's bytes of a torch checkpoint; returns that record."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name, extra = struct.unpack("<HH", f.read(4))
+        at = info.header_offset + 30 + name + extra + info.file_size // 2
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x10]))
+    return info.filename
+
+
+@pytest.mark.parametrize("use", ["resume", "init_from"])
+def test_one_flipped_bit_in_a_checkpoints_tensor_data_is_refused_naming_the_file(use, tiny_run, data_dir, tmp_path,
+                                                                                  capsys):
+    run = str(tmp_path / "run")
+    shutil.copytree(tiny_run, run)
+    for name in ("summary.json", os.path.join("checkpoints", "step_0000004.pt")):  # as a kill after step 3 leaves it
+        os.unlink(os.path.join(run, name))
+    shutil.rmtree(os.path.join(run, "final"))
+    damaged = os.path.join(run, "checkpoints", "step_0000002.pt")
+    record = _flip_a_bit_of_tensor_data(damaged)
+    TrainingState.from_dict(torch.load(damaged, weights_only=True), damaged)  # torch alone reads it without a word
+    target = run if use == "resume" else str(tmp_path / "phase2")
+    extra = [] if use == "resume" else ["checkpoint.init_from=%s" % damaged]
+    before = fx.snapshot(str(tmp_path))
+    code = main(fx.tiny_run_args(data_dir, target, *extra))
+    err = capsys.readouterr()[1]
+    assert code == 2 and err == ("error: checkpoint %s fails its checksum at record %s (Bad CRC-32 for file %r): the "
+                                 "file is damaged; resume from another checkpoint or restore it\n"
+                                 % (damaged, record, record)), err
+    assert fx.snapshot(str(tmp_path)) == before

@@ -65,6 +65,7 @@ class TrainingState:
 
         if not os.path.isfile(path):
             raise UserError("checkpoint not found: %s" % (path,))
+        verify_checksums(path)
         try:
             raw = load_tensors(path)
         except Exception as exc:  # a truncated or foreign file, or a pickle that wants to run code
@@ -109,6 +110,37 @@ class TrainingState:
         checkpoint has fewer processes' (a run resumed on more processes than it was saved from)."""
         per_rank = self.rng_per_rank or [self.rng]
         return per_rank[rank] if rank < len(per_rank) else self.rng
+
+
+# ---- the checksums of a file ---------------------------------------------------------------------------------
+
+
+def verify_checksums(path: str) -> None:
+    """Refuse (UserError, one line naming the file and the damaged record) a checkpoint whose bytes are not those
+    written: ``torch.save`` writes a zip archive whose every record (the pickle, each tensor's storage) carries the
+    CRC-32 of its bytes, computed as it was written; every record is read back and checked against it, so one
+    flipped bit anywhere in the data is refused (CRC-32 detects every error of up to 3 bits). A file that is not
+    such an archive (truncated, or saved without the zip format) has no checksums and is refused as unreadable."""
+    import zipfile
+
+    from ..fsutil import open_regular
+
+    with open_regular(path, "rb", error=UserError) as f:
+        try:
+            archive = zipfile.ZipFile(f)
+        except (zipfile.BadZipFile, EOFError, OSError) as exc:
+            raise UserError("checkpoint %s is unreadable or not a plain tensor checkpoint (not a torch zip archive "
+                            "with checksums: %s)" % (path, one_line(exc)[:160]))
+        with archive:
+            for info in archive.infolist():
+                try:
+                    with archive.open(info) as member:
+                        while member.read(1 << 24):
+                            pass
+                except (zipfile.BadZipFile, EOFError, OSError, NotImplementedError) as exc:
+                    raise UserError("checkpoint %s fails its checksum at record %s (%s): the file is damaged; resume "
+                                    "from another checkpoint or restore it" % (path, info.filename,
+                                                                               one_line(exc)[:120]))
 
 
 # ---- the values of a state ----------------------------------------------------------------------------------
@@ -209,4 +241,4 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-__all__ = ["TrainingState", "non_finite_tensors", "rng_state", "set_rng_state"]
+__all__ = ["TrainingState", "non_finite_tensors", "rng_state", "set_rng_state", "verify_checksums"]
