@@ -138,3 +138,47 @@ def test_a_finished_fine_tuning_run_is_not_rewritten(demo_task, tmp_path, capsys
     assert finetune_main(argv) == 0
     assert "already finished at step 2" in capsys.readouterr()[0]
     assert {name: os.stat(os.path.join(run, name)).st_mtime_ns for name in os.listdir(run)} == before
+
+
+def test_a_second_sigterm_during_an_evaluation_names_the_checkpoint_and_the_resume_evaluates_again(
+        demo_task, tmp_path, monkeypatch):
+    """Two SIGTERMs during the evaluation after step 2 (its checkpoint written): the line names that checkpoint, and
+    the resumed run evaluates step 2 before training on, so eval.jsonl is the uninterrupted run's."""
+    import signal
+
+    from ipu_packing.signals import Stopped
+    from ipu_packing.train import evaluate as evaluate_module
+
+    args = ["training.steps=4", "checkpoint.every_steps=2", "checkpoint.keep=4", "task.eval_every_steps=2",
+            "checkpoint.export=false"]
+    reference = str(tmp_path / "reference")
+    fx.train(config(demo_task, reference, *args))
+    run = str(tmp_path / "run")
+    evaluate = evaluate_module.evaluate
+
+    def signalled(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(*a, **k)
+
+    def outside_the_loop(signum, frame):
+        raise RuntimeError("SIGTERM reached the test's own handler")
+
+    monkeypatch.setattr(evaluate_module, "evaluate", signalled)
+    previous = signal.signal(signal.SIGTERM, outside_the_loop)
+    try:
+        with pytest.raises(Stopped) as stopped:
+            fx.train(config(demo_task, run, *args))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    checkpoint = os.path.join(run, "checkpoints", "step_0000002.pt")
+    assert stopped.value.exit_code == 143 and stopped.value.line == (
+        "stopped by a second SIGTERM during the evaluation after step 2; the last checkpoint is %s; resume with the "
+        "same command (it runs that evaluation again)" % checkpoint)
+    assert os.path.isfile(checkpoint) and not os.path.exists(os.path.join(run, "eval.jsonl"))
+    monkeypatch.setattr(evaluate_module, "evaluate", evaluate)
+    fx.train(config(demo_task, run, *args))
+    evaluations = [open(os.path.join(d, "eval.jsonl")).read() for d in (reference, run)]
+    assert evaluations[0] == evaluations[1] and [json.loads(line)["step"] for line in evaluations[0].splitlines()] \
+        == [2, 4]
+    assert fx.losses_of(run, "loss", "accuracy") == fx.losses_of(reference, "loss", "accuracy")

@@ -15,7 +15,10 @@
   Resuming from it loses no step and is bitwise the uninterrupted run on CPU (tests/test_train_guard.py). A
   second signal while that checkpoint is written waits for the write; a second signal before it (a step that
   hangs) stops at once, abandoning the step in flight: the last checkpoint is then the previous one, and the
-  line says which. A signal after the last step lets the run finish (export, summary.json) and then reports it.
+  line says which. A second signal during an evaluation stops at once too, naming the last checkpoint, which
+  exists (the step's checkpoint is written before its evaluation); any stop there (a second signal, a kill)
+  loses only the evaluation, which the resumed run runs first. A signal after the last step lets the run finish
+  (export, summary.json) and then reports it.
   DataLoader workers ignore both signals (``signals.ignore_stop_signals``): a signal sent to the whole process
   group, as ``timeout`` and Slurm's ``scancel`` send it, reaches the main process, which stops them.
 - **The dataset changing under the run.** The shards are memory-mapped; a shard shrunk in place makes the next
@@ -61,6 +64,7 @@ class StepGuard:
         self._step = 0
         self._last_saved = None  # type: Optional[str]
         self._saving = False
+        self._evaluating = False
         self._handlers = None  # type: Any
 
     def __enter__(self) -> "StepGuard":
@@ -108,6 +112,10 @@ class StepGuard:
             return
         if self._saving:
             return  # the checkpoint being written completes; the stop follows it
+        if self._evaluating:
+            raise Stopped(signum, "stopped by a second %s during the evaluation after step %d; the last checkpoint "
+                          "is %s; resume with the same command (it runs that evaluation again)"
+                          % (signal_name(signum), self._step, self._last_saved or "none (none was written yet)"))
         raise Stopped(signum, "stopped by a second %s before step %d ended: that step is lost; the last checkpoint "
                       "is %s; resume with the same command"
                       % (signal_name(signum), self._step + 1, self._last_saved or "none (none was written yet)"))
@@ -120,6 +128,20 @@ class StepGuard:
             yield
         finally:
             self._saving = False
+
+    def saved(self, step: int, checkpoint: Optional[str]) -> None:
+        """The checkpoint of ``step`` exists: from here on a stop names it."""
+        self._step, self._last_saved = step, checkpoint
+
+    @contextlib.contextmanager
+    def evaluating(self, step: int) -> Iterator[None]:
+        """While the evaluation after ``step`` runs: a second signal stops at once, naming the last checkpoint and
+        saying the evaluation is run again on resume (train/loop.py `resume_evaluation`)."""
+        self._step, self._evaluating = step, True
+        try:
+            yield
+        finally:
+            self._evaluating = False
 
     def stopped(self, step: int, checkpoint: Optional[str], finished: bool = False) -> Stopped:
         """The exception that ends the run after the checkpoint of ``step`` was written."""

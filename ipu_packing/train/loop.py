@@ -125,6 +125,8 @@ def train(plan: RunPlan, runner, log: Callable[[str], None]) -> Dict[str, Any]:
             shown=plan.task.last_metrics, log=log)) as logger:
         if progress.step < total:
             guard.check_data(progress.step, last_saved)
+            with guard.evaluating(progress.step):
+                resume_evaluation(plan, runner, progress.step, log)
         while progress.step < total:
             for batch in epoch_batches(plan, runner, progress):
                 record = train_step(plan, runner, batch, progress, first=not history, last_saved=last_saved)
@@ -136,10 +138,12 @@ def train(plan: RunPlan, runner, log: Callable[[str], None]) -> Dict[str, Any]:
                 if stopping or checkpoint_due(progress.step, calls, config.checkpoint.every_steps, total):
                     with guard.saving():
                         last_saved = save_state(plan, runner, progress, record, last_saved)
+                    guard.saved(progress.step, last_saved)
                 if stopping:
                     raise guard.stopped(progress.step, last_saved)
                 if evaluation_due(plan, progress.step, calls):
-                    evaluate_now(plan, runner, progress.step, log)
+                    with guard.evaluating(progress.step):
+                        evaluate_now(plan, runner, progress.step, log)
                 if progress.step >= total:
                     break
                 guard.check_data(progress.step, last_saved)
@@ -266,6 +270,20 @@ def evaluate_now(plan: RunPlan, runner, step: int, log: Callable[[str], None]) -
     log("evaluation at step %d on %s (%d examples): %s" % (step, result["split"], result["examples"], ", ".join(
         "%s %s" % (k, "%.4f" % v if isinstance(v, float) else v) for k, v in sorted(result["metrics"].items()))))
     return record
+
+
+def resume_evaluation(plan: RunPlan, runner, step: int, log: Callable[[str], None]) -> None:
+    """A resumed run whose checkpoint's step was due an evaluation that eval.jsonl lacks (the run was stopped
+    during it, by a second signal or a kill) evaluates first. Every process agrees (``runner.agree``: the writer
+    decides from eval.jsonl), since evaluating syncs the model on all of them."""
+    if plan.resume_state is None or not evaluation_due(plan, step, plan.accounting.execution.optimizer_steps_per_call):
+        return
+    missing = runner.is_writer and not any(
+        r.get("step") == step for r in plan.run_dir.read_metrics(RunDirectory.EVAL))
+    if runner.agree(int(missing)):
+        log("the evaluation after step %d is missing from %s (the run was stopped during it): running it first"
+            % (step, RunDirectory.EVAL))
+        evaluate_now(plan, runner, step, log)
 
 
 def check_finite_loss(loss: float, step: int, last_saved: Optional[str]) -> None:
