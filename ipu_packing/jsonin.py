@@ -11,7 +11,7 @@ than MAX_DEPTH levels as a ValueError before json sees the text; none of our fil
 from __future__ import annotations
 
 import json
-from typing import Any, Type, Union
+from typing import Any, List, Tuple, Type, Union
 
 from .errors import InputError
 
@@ -57,6 +57,14 @@ def loads(data: Union[str, bytes], max_depth: int = MAX_DEPTH) -> Any:
         if at >= 0:
             raise TooDeep("nested too deeply: more than %d levels of arrays and objects" % max_depth, text, at)
     return json.loads(text)
+
+
+def jsonl_lines(text: str) -> List[Tuple[int, str]]:
+    """(line number from 1, line) of each non-blank line of JSON Lines ``text``, the one way every JSON Lines
+    file is cut into records: at ``\\n`` only. U+2028, U+2029, U+0085 and the other characters that
+    ``str.splitlines`` also breaks at are characters of a record's strings (a context may hold them), and a
+    ``\\r`` before the ``\\n`` is white space JSON ignores."""
+    return [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
 
 
 def load(handle: Any, max_depth: int = MAX_DEPTH) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, List, Tuple
+from typing import Any, Iterable, List, Tuple
 
 WARNINGS = "warnings"
 
@@ -55,6 +55,12 @@ def dumps(value: Any, **kwargs: Any) -> str:
     return json.dumps(clean, allow_nan=False, **kwargs)
 
 
+def jsonl_text(records: Iterable[Any], ensure_ascii: bool = True) -> str:
+    """JSON Lines: each record by ``dumps`` (keys sorted, never NaN), one a line, each line ended by ``\\n``:
+    the one writer of every JSON Lines file (jsonin.jsonl_lines reads them back)."""
+    return "".join(dumps(record, sort_keys=True, ensure_ascii=ensure_ascii) + "\n" for record in records)
+
+
 def _plain(item: Any) -> Any:
     """numpy scalars and arrays as Python numbers and lists (json cannot write them), else ``item``."""
     kind = type(item).__module__
@@ -68,4 +74,4 @@ def _spelling(x: float) -> str:
     return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
 
 
-__all__ = ["WARNINGS", "dumps", "finite"]
+__all__ = ["WARNINGS", "dumps", "finite", "jsonl_text"]

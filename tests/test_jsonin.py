@@ -36,3 +36,17 @@ def test_a_lower_limit_is_the_callers_choice():
     assert jsonin.loads("[[[1]]]", max_depth=3) == [[[1]]]
     with pytest.raises(jsonin.TooDeep):
         jsonin.loads("[[[[1]]]]", max_depth=3)
+
+
+BREAKS = ["\u2028", "\u2029", "\u0085", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c"]
+"""Characters str.splitlines breaks a line at, besides \\n and \\r."""
+
+
+@pytest.mark.parametrize("ensure_ascii", [True, False])
+def test_json_lines_are_cut_at_newlines_only(ensure_ascii):
+    from ipu_packing.jsonout import jsonl_text
+
+    records = [{"context": "a%sb" % ch, "n": i} for i, ch in enumerate(BREAKS)] + [{"context": "crlf", "n": -1}]
+    text = jsonl_text(records, ensure_ascii=ensure_ascii).replace('"n": -1}\n', '"n": -1}\r\n') + "\n\n"
+    assert [jsonin.loads(line) for _, line in jsonin.jsonl_lines(text)] == records
+    assert [n for n, _ in jsonin.jsonl_lines(text)] == list(range(1, len(records) + 1))

@@ -95,3 +95,38 @@ def test_a_killed_run_resumes_to_bitwise_the_same_losses_and_evaluations(task_di
     ref, res = fx.load(fx.latest(reference)), fx.load(fx.latest(killed))
     for key, value in ref.model.items():
         assert torch.equal(value, res.model[key]), key
+
+
+def _task_copy(task_dir, tmp_path, edit):
+    """The demo task copied, its validation split's examples file rewritten by ``edit`` (checksum updated)."""
+    root = str(tmp_path / "task")
+    shutil.copytree(task_dir, root)
+    fx.rewrite_examples(os.path.join(root, "validation", "packed"), edit)
+    return root
+
+
+def test_contexts_holding_line_separators_are_evaluated(task_dir, tmp_path):
+    """U+2028, U+0085, U+2029 and U+001C in a context are characters of its examples file's rows, not line ends:
+    the run evaluates every question and finishes."""
+    root = _task_copy(task_dir, tmp_path, fx.line_breaks_in_contexts)
+    run = str(tmp_path / "run")
+    summary = fx.train(config(root, run, "training.steps=2", "checkpoint.export=false"))
+    assert summary["evaluation"]["examples"] == fx.num_questions(task_dir, "validation")
+    assert [r["step"] for r in fx.read_jsonl(os.path.join(run, "eval.jsonl"))] == [2]
+
+
+def test_an_examples_row_without_answers_is_refused_before_the_first_step(task_dir, tmp_path):
+    from ipu_packing.errors import DataError
+    from ipu_packing.train.loop import plan_run
+
+    def without_answers(rows):
+        del rows[2]["answers"]
+        return rows
+
+    root = _task_copy(task_dir, tmp_path, without_answers)
+    run = str(tmp_path / "run")
+    with pytest.raises(DataError) as refused:
+        plan_run(config(root, run, "training.steps=2"), open_dataset=open_dataset)
+    assert str(refused.value) == "%s:3: has no 'answers' (every example holds id, question, context, answers)" % (
+        os.path.join(root, "validation", "packed", "examples.jsonl"))
+    assert not os.path.exists(run)

@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-from app_fixtures import qa_test_demo
+from app_fixtures import line_breaks_in_contexts, qa_test_demo, rewrite_examples
 from ipu_packing.data import open_dataset
 from ipu_packing.data.cli import main as data_main
 from ipu_packing.data.format import IGNORE_INDEX, SPECIAL_TOKENS
@@ -221,6 +221,54 @@ def test_a_changed_examples_file_is_refused(demo, tmp_path):
     os.remove(os.path.join(directory, "examples.jsonl"))
     with pytest.raises(DataError, match="examples.jsonl: missing"):
         open_dataset(directory)
+
+
+def test_contexts_holding_line_separators_are_read_back_whole(demo, tmp_path, capsys):
+    from ipu_packing.data.task.questions import read_examples
+
+    directory = str(tmp_path / "packed")
+    shutil.copytree(os.path.join(demo[0], "validation", "packed"), directory)
+    rewrite_examples(directory, line_breaks_in_contexts)
+    examples = read_examples(directory)
+    assert len(examples) == 300
+    assert [ch in examples[i].context for i, ch in enumerate(["\u2028", "\u0085", "\u2029", "\x1c"])] == [True] * 4
+    assert data_main(["inspect", directory]) == 0
+    assert "every row checked" in capsys.readouterr().out
+
+
+def _without(key, row_index=7):
+    def edit(rows):
+        del rows[row_index][key]
+        return rows
+    return edit
+
+
+def _answers_as_a_list(rows):
+    rows[3]["answers"] = [rows[3]["answers"]]
+    return rows
+
+
+def _answer_elsewhere(rows):
+    rows[5]["answers"]["answer_start"] = [rows[5]["answers"]["answer_start"][0] + 1]
+    return rows
+
+
+EXAMPLE_ROWS = [
+    ("no-answers", _without("answers"), "examples.jsonl:8: has no 'answers'"),
+    ("no-context", _without("context"), "examples.jsonl:8: has no 'context'"),
+    ("answers-a-list", _answers_as_a_list, "examples.jsonl:4: 'answers' should be"),
+    ("answer-not-at-its-start", _answer_elsewhere, "examples.jsonl:6: answer"),
+]
+
+
+@pytest.mark.parametrize("name, edit, words", EXAMPLE_ROWS, ids=[r[0] for r in EXAMPLE_ROWS])
+def test_inspect_checks_every_row_of_the_examples_file(name, edit, words, demo, tmp_path, capsys):
+    directory = str(tmp_path / "packed")
+    shutil.copytree(os.path.join(demo[0], "validation", "packed"), directory)
+    rewrite_examples(directory, edit)
+    assert data_main(["inspect", directory]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: %s" % os.path.join(directory, words)) and err.count("\n") == 1, err
 
 
 def test_the_writer_refuses_a_question_answering_shard_that_breaks_an_invariant(tmp_path):

@@ -236,17 +236,21 @@ def _inspect(args: argparse.Namespace) -> None:
     print("  padded efficiency        %.2f%% (one sequence per row)" % (100 * padded_efficiency))
     print("  speed-up over padded     %.4fx (rows: %d padded / %d packs)" % (n / float(max(1, p)), n, p))
     if "task" in manifest:
-        _inspect_task(manifest)
+        _inspect_task(args.directory, manifest)
         return
     print("  masked tokens            %d (%.2f per sequence, %d slots per pack)"
           % (manifest["num_masked_tokens"], manifest["num_masked_tokens"] / float(max(1, n)), manifest["mlm_slots"]))
 
 
-def _inspect_task(manifest: dict) -> None:
-    """A task dataset's task: its problem, labels and their balance, source and truncation."""
+def _inspect_task(directory: str, manifest: dict) -> None:
+    """A task dataset's task: its problem, labels and their balance, source and truncation; a question-answering
+    dataset's examples file read and every row checked, as its evaluation reads it."""
     task, n = manifest["task"], manifest["num_sequences"]
     print("task:")
     if task["name"] == "question_answering":
+        from .task.questions import read_examples
+
+        read_examples(directory, manifest)
         print("  %-24s question_answering, %s split, %d questions (%d with an answer) in %d windows from %s (%s, "
               "sha256 %s)" % ("task", task["split"], task["num_examples"], task["answered"], n, task["source"]["file"],
                               task["source"]["format"], task["source"]["sha256"][:12]))
@@ -255,7 +259,8 @@ def _inspect_task(manifest: dict) -> None:
         print("  %-24s %d (%.2f%%) point at their [CLS]: the answer is not wholly inside"
               % ("windows without answer", task["windows_without_answer"],
                  100.0 * task["windows_without_answer"] / max(1, n)))
-        print("  %-24s %s (sha256 %s)" % ("examples file", task["examples_file"], task["examples_sha256"][:12]))
+        print("  %-24s %s (sha256 %s; every row checked)" % ("examples file", task["examples_file"],
+                                                             task["examples_sha256"][:12]))
         return
     print("  %-24s %s, %s split, %d examples from %s (%s, sha256 %s)"
           % ("task", task["name"], task["split"], n, task["source"]["file"], task["source"]["format"],

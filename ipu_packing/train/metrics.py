@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -104,7 +103,7 @@ class MetricsLogger:
 
     def log(self, record: StepRecord) -> None:
         if self._jsonl is not None:
-            self._jsonl.write(jsonout.dumps(record.to_dict(), sort_keys=True) + "\n")  # NaN: null + warnings
+            self._jsonl.write(jsonout.jsonl_text([record.to_dict()]))  # NaN: null + warnings
             self._jsonl.flush()
         if self.writer is not None:
             for key, value in record.to_dict().items():
@@ -214,8 +213,8 @@ def repair_jsonl(path: str, last_step: int, log=print) -> int:
                 % (path, len(raw)))
             continue
         if record["step"] <= last_step:
-            kept.append(json.dumps(record, sort_keys=True) + "\n")
-    text = "".join(kept)
+            kept.append(record)
+    text = jsonout.jsonl_text(kept)
     if text.encode("utf-8") != original:  # unchanged: not rewritten
         atomic_write_text(path, text)
     return len(kept)

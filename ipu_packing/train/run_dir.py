@@ -268,15 +268,16 @@ class RunDirectory:
     def append_evaluation(self, record: Dict[str, Any]) -> None:
         """One evaluation's line at the end of eval.jsonl (flushed: a kill leaves the lines before it whole)."""
         with open(self.file(self.EVAL), "a", encoding="utf-8") as f:
-            f.write(jsonout.dumps(record, sort_keys=True) + "\n")
+            f.write(jsonout.jsonl_text([record]))
 
     def read_metrics(self, name: str = METRICS) -> List[Dict[str, Any]]:
         """The records of metrics.jsonl, or of eval.jsonl (none when it is absent)."""
         path = self.file(name)
         if not os.path.lexists(path):
             return []
-        with open_regular(path, "r", encoding="utf-8", error=UserError) as f:
-            return [jsonin.loads(line) for line in f if line.strip()]
+        with open_regular(path, "rb", error=UserError) as f:
+            text = f.read().decode("utf-8")
+        return [jsonin.loads(line) for _, line in jsonin.jsonl_lines(text)]
 
     def export(self, save: Callable[[str], None]) -> str:
         """final/, written whole by ``save(directory)`` into a temporary directory (umask applied) and renamed into

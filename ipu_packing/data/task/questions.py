@@ -35,7 +35,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ... import jsonin
+from ... import jsonin, jsonout
 from ...errors import DataError
 from ...fsutil import contained_path, open_regular
 from .rows import SplitTable, read_split, read_text, split_format
@@ -203,8 +203,8 @@ def _example(where: str, qid: Any, question: Any, context: Any, texts: Sequence[
 
 
 def examples_text(examples: Sequence[QAExample]) -> bytes:
-    """The examples file's bytes: one JSON object a line, keys sorted, UTF-8."""
-    return "".join(json.dumps(e.to_json(), ensure_ascii=False, sort_keys=True) + "\n" for e in examples).encode()
+    """The examples file's bytes: one JSON object a line, keys sorted, UTF-8 (jsonout.jsonl_text)."""
+    return jsonout.jsonl_text((e.to_json() for e in examples), ensure_ascii=False).encode()
 
 
 def write_examples(directory: str, examples: Sequence[QAExample]) -> Dict[str, str]:
@@ -215,9 +215,32 @@ def write_examples(directory: str, examples: Sequence[QAExample]) -> Dict[str, s
     return {"examples_file": EXAMPLES_FILE, "examples_sha256": hashlib.sha256(data).hexdigest()}
 
 
+def _stored_example(where: str, line: str) -> QAExample:
+    """One line of an examples file, checked as a split's row is (``_example``): DataError starting with
+    `where` (the file and line)."""
+    try:
+        row = jsonin.loads(line)
+    except ValueError as error:  # JSONDecodeError, TooDeep
+        raise DataError("%s: not valid JSON (%s)" % (where, getattr(error, "msg", error)))
+    if not isinstance(row, dict):
+        raise DataError("%s: should be an object with id, question, context, answers, got %s"
+                        % (where, type(row).__name__))
+    missing = [key for key in COLUMNS if key not in row]
+    if missing:
+        raise DataError("%s: has no %s (every example holds %s)" % (where, ", ".join(map(repr, missing)),
+                                                                      ", ".join(COLUMNS)))
+    answers = row["answers"]
+    if not isinstance(answers, dict) or not isinstance(answers.get("text"), list) or not isinstance(
+            answers.get("answer_start"), list):
+        raise DataError("%s: 'answers' should be {\"text\": [...], \"answer_start\": [...]}, got %s"
+                        % (where, _shown(answers)))
+    return _example(where, row["id"], row["question"], row["context"], answers["text"], answers["answer_start"])
+
+
 def read_examples(directory: str, manifest: Optional[Mapping[str, Any]] = None) -> List[QAExample]:
     """The examples of a question-answering dataset directory (its manifest's task.examples_file), checked against
-    the manifest's sha256 and count: DataError naming the file otherwise. `manifest`: the directory's, already read
+    the manifest's sha256 and count, and every row as a split's row is checked: DataError naming the file (and
+    line) otherwise. `manifest`: the directory's, already read
     (else it is read here)."""
     if manifest is None:
         from ..format import read_manifest
@@ -235,11 +258,8 @@ def read_examples(directory: str, manifest: Optional[Mapping[str, Any]] = None) 
     if hashlib.sha256(data).hexdigest() != task["examples_sha256"]:
         raise DataError("%s: sha256 does not match manifest field 'task' entry 'examples_sha256'" % path)
     examples = []
-    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
-        row = jsonin.loads(line)
-        answers = row["answers"]
-        examples.append(QAExample(row["id"], row["question"], row["context"], tuple(answers["text"]),
-                                  tuple(answers["answer_start"])))
+    for number, line in jsonin.jsonl_lines(data.decode("utf-8")):  # at "\n" only: a context may hold U+2028
+        examples.append(_stored_example("%s:%d" % (path, number), line))
     if len(examples) != task["num_examples"]:
         raise DataError("%s: holds %d examples, manifest field 'task' entry 'num_examples' says %d"
                         % (path, len(examples), task["num_examples"]))

@@ -180,9 +180,7 @@ def _read_json_lines(path: str, text: str, digest: str) -> SplitTable:
     known = set()
     objects: List[Dict[str, Any]] = []
     lines: List[int] = []
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
+    for number, line in jsonin.jsonl_lines(text):
         try:
             value = jsonin.loads(line)
         except ValueError as error:  # JSONDecodeError, TooDeep
