@@ -110,6 +110,7 @@ _OS_CAUSES = {
     errno.ENOSPC: "no space left on device",
     errno.EDQUOT: "disk quota exceeded",
     errno.EROFS: "read-only file system",
+    errno.EFBIG: "file too large (the file-size limit, `ulimit -f`, or the file system's)",
     errno.EACCES: "permission denied",
     errno.EMFILE: "too many open files (raise `ulimit -n`)",
 }

@@ -269,12 +269,43 @@ def atomic_write_json(path: str, value: Any, indent: Optional[int] = 2) -> None:
     atomic_write_text(path, json.dumps(value, indent=indent, sort_keys=True) + "\n")
 
 
+class _Recorded:
+    """A binary file whose ``write`` remembers the OSError it raised: a writer that calls it from C++ (``torch.save``)
+    may report the failure as its own RuntimeError ("unexpected pos ...") instead."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+        self.error = None  # type: Optional[OSError]
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
 def atomic_write_with(path: str, write: Callable[[IO[bytes]], Any]) -> None:
     """``write(f)`` into ``path`` through ``atomic_open`` (binary): for writers that take a file object, e.g.
-    ``atomic_write_with(png, lambda f: figure.savefig(f, format="png"))``. The old file stays whole until the
-    new one is complete; a symlink at ``path`` is replaced, never written through."""
-    with atomic_open(path, "wb") as f:
-        write(f)
+    ``atomic_write_with(png, lambda f: figure.savefig(f, format="png"))`` or ``torch.save``. The old file stays whole
+    until the new one is complete; a symlink at ``path`` is replaced, never written through. A write the system
+    refused (a full disk, the file-size limit) is raised as that OSError naming ``path``, whatever the writer
+    made of it, and nothing of the new file is left."""
+    recorded = None  # type: Optional[_Recorded]
+    try:
+        with atomic_open(path, "wb") as f:
+            recorded = _Recorded(f)
+            write(recorded)  # type: ignore[arg-type]
+    except Exception as exc:
+        error = recorded.error if recorded is not None else None
+        if error is None or exc is error:
+            if isinstance(exc, OSError) and not exc.filename:
+                raise OSError(exc.errno, exc.strerror or str(exc), path) from None
+            raise
+        raise OSError(error.errno, error.strerror or str(error), path) from None
 
 
 def sha256_file(path: str, chunk: int = 1 << 22) -> str:

@@ -72,10 +72,19 @@ def load(handle: Any, max_depth: int = MAX_DEPTH) -> Any:
     return loads(handle.read(), max_depth)
 
 
-def load_path(path: str, max_depth: int = MAX_DEPTH, error: Type[Exception] = InputError) -> Any:
+MAX_FILE_BYTES = 1 << 28
+"""Largest JSON file read (256 MiB): a config.json, an index or a tokenizer.json is a few MB at most."""
+
+
+def load_path(path: str, max_depth: int = MAX_DEPTH, error: Type[Exception] = InputError,
+              max_bytes: int = MAX_FILE_BYTES) -> Any:
     """``loads`` of the file a user named at ``path``, opened through ``fsutil.open_regular``: a FIFO or a
-    device is refused at once as ``error`` (one line) instead of blocking or reading without end."""
+    device is refused at once as ``error`` (one line) instead of blocking or reading without end, and a file
+    larger than ``max_bytes`` is refused without reading it whole."""
     from .fsutil import open_regular
 
     with open_regular(path, "rb", error=error) as f:
-        return loads(f.read(), max_depth)
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise error("%s: larger than %d bytes: not a JSON file this program reads" % (path, max_bytes))
+    return loads(data, max_depth)

@@ -210,9 +210,33 @@ def test_a_full_disk_while_checkpointing_is_one_line(ws, capsys, monkeypatch):
     code = train_main(["--config", "demo"] + TINY + ["data.dir=%s" % ws["data"], "checkpoint.output_dir=%s" % run,
                                                       "training.steps=1", "checkpoint.export=false"])
     out, err = capsys.readouterr()
-    assert code == 2 and err == "error: no space left on device\n", err
     checkpoints = os.path.join(run, "checkpoints")
+    assert code == 2 and err == "error: no space left on device: %s\n" % os.path.join(checkpoints, "step_0000001.pt"), \
+        err
     assert not os.path.isdir(checkpoints) or os.listdir(checkpoints) == []  # no temporary left behind
+
+
+def test_a_checkpoint_beyond_the_file_size_limit_is_one_line_and_nothing_half_written(ws, capsys):
+    """A real limit (RLIMIT_FSIZE, as `ulimit -f` sets it; Python ignores SIGXFSZ, so the write fails with EFBIG
+    inside torch.save's own writer): one line naming the checkpoint, no file left in checkpoints/."""
+    import resource
+
+    run = os.path.join(ws["root"], "runs", "file-size-limit")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    limit = 64 * 1024  # the tiny model's checkpoint is larger; config.json and the lock are smaller
+    if hard != resource.RLIM_INFINITY and hard < limit:
+        pytest.skip("the hard file-size limit is below %d bytes" % limit)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        code = train_main(["--config", "demo"] + TINY + ["data.dir=%s" % ws["data"], "checkpoint.output_dir=%s" % run,
+                                                          "training.steps=1", "checkpoint.export=false"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    out, err = capsys.readouterr()
+    checkpoints = os.path.join(run, "checkpoints")
+    assert code == 2 and err == "error: file too large (the file-size limit, `ulimit -f`, or the file system's): %s\n" \
+        % os.path.join(checkpoints, "step_0000001.pt"), err
+    assert os.listdir(checkpoints) == []  # neither the checkpoint nor its temporary
 
 
 def test_inspect_into_a_closed_pipe_is_silent(ws):

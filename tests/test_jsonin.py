@@ -38,6 +38,16 @@ def test_a_lower_limit_is_the_callers_choice():
         jsonin.loads("[[[[1]]]]", max_depth=3)
 
 
+def test_a_json_file_larger_than_the_bound_is_refused_without_reading_it_whole(tmp_path):
+    from ipu_packing.errors import InputError
+
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"pad": "' + b" " * 2000 + b'"}')
+    assert jsonin.load_path(str(path), max_bytes=4096) == {"pad": " " * 2000}
+    with pytest.raises(InputError, match="config.json: larger than 1024 bytes"):
+        jsonin.load_path(str(path), max_bytes=1024)
+
+
 BREAKS = ["\u2028", "\u2029", "\u0085", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c"]
 """Characters str.splitlines breaks a line at, besides \\n and \\r."""
 

@@ -89,9 +89,8 @@ def _index_shards(directory: str, path: str) -> List[str]:
     from ..fsutil import contained_path
 
     try:
-        with open(path, "r", encoding="utf-8") as handle:
-            index = jsonin.load(handle)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+        index = jsonin.load_path(path)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting, not a regular file
         raise InputError("%s is not a JSON index: %s" % (path, one_line(exc)[:200]))
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
@@ -197,8 +196,7 @@ def read_config(directory: str, fused_qkv: Any = None) -> Any:
     config_path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(config_path):
         raise FileNotFoundError("no %s in %s (a transformers BERT directory is expected)" % (CONFIG_NAME, directory))
-    with open(config_path, "r", encoding="utf-8") as handle:
-        check_config_values(config_path, jsonin.load(handle))
+    check_config_values(config_path, jsonin.load_path(config_path))
     config = BertConfig.from_json_file(config_path)
     if fused_qkv is not None:
         setattr(config, FUSED_QKV_ATTRIBUTE, fused_qkv)

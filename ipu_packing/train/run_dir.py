@@ -43,8 +43,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .. import jsonin, jsonout
 from ..errors import UserError, one_line
-from ..fsutil import (atomic_open, atomic_write_text, fsync_directory, make_temp_dir, open_lock_file, open_regular,
-                      remove_stale_temporaries)
+from ..fsutil import (atomic_write_text, atomic_write_with, fsync_directory, make_temp_dir, open_lock_file,
+                      open_regular, remove_stale_temporaries)
 from .fingerprint import Difference, describe
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -110,8 +110,7 @@ class RunDirectory:
                                  % (int(state.step), len(bad), bad[0]))
         directory = self.file(self.CHECKPOINTS)
         path = os.path.join(directory, "step_%07d.pt" % int(state.step))
-        with atomic_open(path, "wb") as f:
-            torch.save(state.to_dict(), f)
+        atomic_write_with(path, lambda f: torch.save(state.to_dict(), f))  # refused: one line, nothing left
         for old in self.checkpoints()[:-keep]:
             os.unlink(old)
         fsync_directory(directory)
