@@ -19,6 +19,15 @@ writes into it, and a device (``/dev/zero``, ``/dev/urandom``) never ends; both 
 line, as is a directory. A lock file is opened only through ``open_lock_file``: never through a symlink
 (``O_NOFOLLOW``), and never unless it is a regular file of one link, so writing the holder's name into it
 cannot truncate another file.
+
+Every output the program writes (predict's ``--output`` file, a run directory, prepare's and pack's
+``--output`` directory, the export inside a run directory) is checked by one rule, ``check_output``, before
+any work: an output is absent, or a regular file, or a directory that is empty or that this program made
+(the caller's ``ours``: a run directory is recognised by its lock and its layout). Anything else is refused
+in one line: a symlink (where it points is not ours to replace), a device, a FIFO, a socket, a file or
+directory the same command reads (``reading``: the input itself, the model directory being served or
+anything inside it, a directory that holds one of them), and a directory holding other files. A parent that
+exists and is not a directory is refused too.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import hashlib
 import os
 import stat
 import tempfile
-from typing import IO, Any, Callable, Iterator, Optional, Type
+from typing import IO, Any, Callable, Iterator, Optional, Sequence, Type
 
 from .errors import InputError
 
@@ -259,6 +268,57 @@ def open_lock_file(path: str, error: Type[Exception] = InputError) -> int:
     except BaseException:
         os.close(fd)
         raise
+
+
+def _identity(path: str) -> Optional[Any]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _inside(path: str, directory: str) -> bool:
+    real, root = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([real, root]) == root
+
+
+def check_output(path: str, what: str, directory: bool = False, reading: Sequence[str] = (),
+                 ours: Optional[Callable[[str], bool]] = None, error: Type[Exception] = InputError) -> None:
+    """Refuse (as ``error``, one line naming ``what`` and ``path``) an output the program must not replace; the
+    one rule of every output (module docstring). ``directory``: the output is a directory (else a file);
+    ``reading``: the files and directories the same command reads; ``ours(path)``: whether an existing,
+    non-empty directory is one this program made (without it, only an empty directory is taken)."""
+    where = "%s %s" % (what, path)
+    if os.path.islink(path):
+        raise error("%s: is a symlink (to %s): name the %s itself (refusing to write through it or replace it)"
+                    % (where, os.readlink(path), "directory" if directory else "file"))
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise error("%s: its parent %s is not a directory" % (where, parent))
+    for source in reading:
+        if not source or not os.path.lexists(source):
+            continue
+        same = _identity(path) is not None and _identity(path) == _identity(source)
+        relation = ("is" if same else "is inside" if os.path.isdir(source) and _inside(path, source)
+                    else "holds" if directory and _inside(source, path) else None)
+        if relation:
+            raise error("%s: %s %s, which this command reads (refusing to overwrite an input): choose another "
+                        "output" % (where, relation, source))
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if directory:
+        if not stat.S_ISDIR(info.st_mode):
+            raise error("%s: exists and is %s, not a directory (refusing to overwrite)"
+                        % (where, file_kind(info.st_mode)))
+        if os.listdir(path) and not (ours is not None and ours(path)):
+            raise error("%s: directory exists and is not empty, and holds files this program did not make "
+                        "(refusing to overwrite): choose another or an empty directory" % (where,))
+    elif not stat.S_ISREG(info.st_mode):
+        raise error("%s: exists and is %s, not a regular file (refusing to replace it)"
+                    % (where, file_kind(info.st_mode)))
 
 
 def atomic_write_json(path: str, value: Any, indent: Optional[int] = 2) -> None:

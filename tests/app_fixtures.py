@@ -196,6 +196,36 @@ def train(config, **kwargs):
     return execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None, **kwargs)
 
 
+# ---- a transformers classifier ------------------------------------------------------------------------------
+
+CLASSIFIER_WORDS = ("the loop runs a task socket server mail header test case event thread lock queue request http "
+                    "message assert mock fixture async await selector protocol transport").split()
+"""The words of hf_classifier's vocabulary."""
+
+
+def hf_classifier(directory, num_labels, problem_type, seed=0):
+    """A transformers BertForSequenceClassification (random weights) and a BertTokenizerFast, saved."""
+    import torch
+    import transformers
+
+    words = sorted(set(CLASSIFIER_WORDS))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + [c for c in "abcdefghijklmnopqrstuvwxyz"
+                                                                       if c not in words]
+    os.makedirs(directory)
+    with open(os.path.join(directory, "vocab.txt"), "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    tokenizer = transformers.BertTokenizerFast(os.path.join(directory, "vocab.txt"), do_lower_case=True)
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+                                     num_labels=num_labels, problem_type=problem_type,
+                                     id2label={i: "label_%d" % i for i in range(num_labels)},
+                                     label2id={"label_%d" % i: i for i in range(num_labels)})
+    transformers.BertForSequenceClassification(config).save_pretrained(directory)
+    return directory
+
+
 # ---- a question-answering dataset's examples file -------------------------------------------------------
 
 def rewrite_examples(directory, edit):

@@ -12,38 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from app_fixtures import CLASSIFIER_WORDS as WORDS, hf_classifier
 from ipu_packing.predict import Predictor, main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-WORDS = ("the loop runs a task socket server mail header test case event thread lock queue request http message "
-         "assert mock fixture async await selector protocol transport").split()
-
-
 def sentence(rng, low=3, high=30):
     return " ".join(rng.choice(WORDS, size=int(rng.integers(low, high))))
-
-
-def hf_classifier(directory, num_labels, problem_type, seed=0):
-    """A transformers BertForSequenceClassification (random weights) and a BertTokenizerFast, saved."""
-    import transformers
-
-    words = sorted(set(WORDS))
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + [c for c in "abcdefghijklmnopqrstuvwxyz"
-                                                                       if c not in words]
-    os.makedirs(directory)
-    with open(os.path.join(directory, "vocab.txt"), "w") as f:
-        f.write("\n".join(vocab) + "\n")
-    tokenizer = transformers.BertTokenizerFast(os.path.join(directory, "vocab.txt"), do_lower_case=True)
-    tokenizer.save_pretrained(directory)
-    torch.manual_seed(seed)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
-                                     num_labels=num_labels, problem_type=problem_type,
-                                     id2label={i: "label_%d" % i for i in range(num_labels)},
-                                     label2id={"label_%d" % i: i for i in range(num_labels)})
-    transformers.BertForSequenceClassification(config).save_pretrained(directory)
-    return directory
 
 
 def pipeline_scores(directory, inputs):
@@ -135,3 +110,4 @@ def test_bad_input_is_one_line(args, words, tmp_path, capsys):
     err = capsys.readouterr()[1]
     assert err.startswith("error: ") and err.count("\n") == 1 and words in err, err
     assert not os.path.exists(str(tmp_path / "out.jsonl"))
+

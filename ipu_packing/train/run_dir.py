@@ -10,9 +10,15 @@
     RUN/run.lock                          held by the process that trains in the directory
     RUN/forced_changes.jsonl              what each ``checkpoint.resume=force`` changed, one line each
     RUN/config.before_step_NNNNNNN.json   the config a forced resume replaced
+    RUN/.instances/                       where PopRun instances without horovod meet (execution/poprun_group.py)
 
 ``RunDirectory`` is the only code that spells these names. What it guarantees:
 
+- Only its own directory is written (`check_target`, before any work, by fsutil.check_output's rule): the
+  directory is absent, empty, or a run directory this program made (`made_here`: it holds run.lock or
+  checkpoints/, and no name outside the layout above). A model directory, a directory of the user's files, a
+  file, a symlink, or a directory that is or holds the dataset or model the run reads is refused in one line,
+  and nothing in it is touched.
 - One run per directory: an advisory ``flock`` on run.lock for as long as the run lives (the kernel drops it
   when its holder exits for any reason, SIGKILL included), opened without following a symlink. The file holds
   the holder's pid and host, so a second run is refused naming them.
@@ -39,12 +45,12 @@ import os
 import re
 import shutil
 import socket
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import jsonin, jsonout
 from ..errors import UserError, one_line
-from ..fsutil import (atomic_write_text, atomic_write_with, fsync_directory, make_temp_dir, open_lock_file,
-                      open_regular, remove_stale_temporaries)
+from ..fsutil import (atomic_write_text, atomic_write_with, check_output, fsync_directory, make_temp_dir,
+                      open_lock_file, open_regular, remove_stale_temporaries)
 from .fingerprint import Difference, describe
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -70,10 +76,34 @@ class RunDirectory:
     SUMMARY = "summary.json"
     LOCK = "run.lock"
     FORCED = "forced_changes.jsonl"
+    INSTANCES = ".instances"
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock_fd = None  # type: Optional[int]
+
+    _OWN_NAME = re.compile(r"^(config\.json|metrics\.jsonl|eval\.jsonl|tensorboard|checkpoints|final|final\.old|"
+                           r"summary\.json|run\.lock|forced_changes\.jsonl|config\.before_step_\d+\.json|"
+                           r"\..+\.tmp|\.final\..+|\.instances)$")
+    """Every name a run directory holds (the layout above, with the temporaries of its atomic writes)."""
+
+    @classmethod
+    def made_here(cls, path: str) -> bool:
+        """Whether the directory ``path`` is a run directory this program made: its run.lock (taken before
+        anything else is written), its checkpoints/ or the PopRun instances' meeting place, and no name outside the
+        layout."""
+        try:
+            names = os.listdir(path)
+        except OSError:
+            return False
+        marked = bool({cls.LOCK, cls.CHECKPOINTS, cls.INSTANCES} & set(names))
+        return marked and all(cls._OWN_NAME.match(name) for name in names)
+
+    def check_target(self, reading: Sequence[str] = ()) -> None:
+        """Refuse (UserError, one line) a directory this run must not write into (fsutil.check_output: the rule of
+        every output): ``reading``, the dataset and model directories the run reads."""
+        check_output(self.path, "checkpoint.output_dir", directory=True, reading=reading, ours=self.made_here,
+                     error=UserError)
 
     def file(self, name: str) -> str:
         """The path of one of the names above inside the directory."""

@@ -94,6 +94,9 @@ def check_backend(config: RunConfig) -> None:
 def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunPlan:
     """Check every input, then build model, optimizer and schedule. Writes nothing."""
     check_backend(config)
+    run_dir = RunDirectory(config.run_dir)
+    run_dir.check_target([config.data.path, config.data.split_path(config.task.eval_split) if config.task.eval_split
+                          else "", config.checkpoint.init_from])  # before anything is read
     config = with_init_architecture(config)  # a phase-1 Hugging Face directory's architecture
     data = read_training_data(config.data.path)
     check_data_matches(config, data)
@@ -112,7 +115,6 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
     accounting = config.batch_accounting(data.packing_factor)
     steps_per_epoch = _steps_per_epoch(data, accounting)
 
-    run_dir = RunDirectory(config.run_dir)
     resume_path = run_dir.resume_point(config.checkpoint.resume)
     state = TrainingState.load(resume_path) if resume_path else None
     fingerprint = recorded_fingerprint(data, accounting)

@@ -17,19 +17,14 @@ import os
 import shutil
 from typing import Callable, Iterator, TypeVar
 
+from ... import fsutil
 from ...fsutil import fsync_tree, make_temp_dir, open_lock_file, replace_durably
 from ...errors import DataError
 
 
 def check_output(path: str) -> None:
-    if os.path.islink(path):
-        raise DataError("%s: is a symlink (to %s): name the directory itself (refusing to write through it)"
-                        % (path, os.readlink(path)))
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise DataError("%s: exists and is not a directory (refusing to overwrite)" % path)
-        if os.listdir(path):
-            raise DataError("%s: directory exists and is not empty (refusing to overwrite)" % path)
+    """`path` refused unless absent or an empty directory (fsutil.check_output, the rule of every output)."""
+    fsutil.check_output(path, "--output", directory=True, error=DataError)
 
 
 _TEMP_MARK = ".tmp-"
