@@ -40,7 +40,6 @@ context).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -108,6 +107,7 @@ class Predictor:
                             % (max_seq_length, model.config.max_position_embeddings))
         if device == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: torch sees no CUDA device")
+        check_finite_weights(model, directory)
         model.to(torch.device(device)).eval()
         return cls(model, tokenizer, max_seq_length, max_sequences_per_pack, batch_packs, execution)
 
@@ -188,6 +188,7 @@ class Predictor:
         """One record per input, in input order: the top label and its score and every label's score
         (classification), or the output (regression)."""
         scores = self.scores(self.logits(texts))
+        check_finite_scores(scores, "input")
         out = []
         if self.problem_type == "regression":
             for i, row in enumerate(scores):
@@ -201,19 +202,41 @@ class Predictor:
         return out
 
 
+def check_finite_weights(model: Any, directory: str) -> None:
+    """Refuse (UserError, one line) a model whose weights hold inf or NaN: its scores would not be numbers."""
+    from .train.state import non_finite_tensors
+
+    bad = non_finite_tensors(model.state_dict())
+    if bad:
+        raise UserError("--model %s: %d weights hold inf or NaN (first: %s): its scores would not be numbers"
+                        % (directory, len(bad), bad[0]))
+
+
+def check_finite_scores(scores: np.ndarray, what: str) -> None:
+    """Refuse (UserError, one line naming the first) scores that are not finite numbers: JSON has no NaN, and a
+    score that is not a number is no prediction."""
+    bad = np.flatnonzero(~np.isfinite(scores).reshape(len(scores), -1).all(axis=1)) if len(scores) else []
+    if len(bad):
+        raise UserError("the model's scores of %d %ss are not finite numbers (first: %s %d): nothing was written"
+                        % (len(bad), what, what, int(bad[0])))
+
+
 QA_ARCHITECTURE = "BertForQuestionAnswering"
+MIN_SEQ_LENGTH = 3
+"""The shortest S: [CLS], one token and [SEP]."""
 
 
 def model_architecture(directory: str) -> str:
     """The first of config.json's architectures in a model directory ("" when it names none)."""
-    from .jsonin import loads
+    from .jsonin import load_path
 
     path = os.path.join(directory, "config.json")
-    try:
-        with open(path, "rb") as f:
-            value = loads(f.read().decode("utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+    if not os.path.lexists(path):
         return ""  # from_pretrained names what is wrong with the directory
+    try:
+        value = load_path(path, error=UserError)  # a FIFO or a device refused at once, the size bounded
+    except (ValueError, RecursionError):
+        return ""  # not JSON: from_pretrained names what is wrong with it
     names = value.get("architectures") if isinstance(value, dict) else None
     return str(names[0]) if isinstance(names, list) and names else ""
 
@@ -276,6 +299,7 @@ class QuestionAnswerer:
                             % (max_seq_length, model.config.max_position_embeddings))
         if device == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: torch sees no CUDA device")
+        check_finite_weights(model, directory)
         model.to(torch.device(device)).eval()
         return cls(model, tokenizer, max_seq_length, doc_stride, max_query_length, max_sequences_per_pack,
                    batch_packs, execution)
@@ -333,6 +357,7 @@ class QuestionAnswerer:
     def predict(self, examples: Sequence[Tuple[str, str, str]]) -> List[Dict[str, Any]]:
         """(id, question, context) each -> {"id", "prediction_text"} each, in input order."""
         answers = self.answers([q for _, q, _ in examples], [c for _, _, c in examples])
+        check_finite_scores(np.asarray([answer.score for answer in answers], np.float64), "question")
         return [{"id": qid, "prediction_text": answer.text} for (qid, _, _), answer in zip(examples, answers)]
 
 
@@ -402,12 +427,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def command(argv: Optional[List[str]]) -> int:
-    from .fsutil import atomic_write_text
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before any work, numbers out of range and an output this command must not replace
+    (fsutil.check_output: the input, the model directory or anything in it, a device, a FIFO, a symlink, a
+    directory)."""
+    from .fsutil import check_output
 
+    for name in ("max_seq_length", "batch_packs", "doc_stride", "max_query_length"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError("--%s must be a positive integer, got %d" % (name.replace("_", "-"), value))
+    if args.max_seq_length is not None and args.max_seq_length < MIN_SEQ_LENGTH:
+        raise UserError("--max-seq-length must be at least %d ([CLS], a token, [SEP]), got %d"
+                        % (MIN_SEQ_LENGTH, args.max_seq_length))
+    check_output(args.output, "--output", reading=[args.input, args.model, args.config or ""])
+
+
+def write_records(path: str, records: List[Dict[str, Any]]) -> None:
+    """The output file: one JSON object a line (jsonout.jsonl_text), written atomically."""
+    from .fsutil import atomic_write_text
+    from .jsonout import jsonl_text
+
+    atomic_write_text(path, jsonl_text(records))
+
+
+def command(argv: Optional[List[str]]) -> int:
     args = build_parser().parse_args(argv)
-    if os.path.isdir(args.output):
-        raise UserError("--output %s is a directory" % (args.output,))
+    check_arguments(args)
     execution = None
     if args.config:
         from .train import load_config
@@ -417,18 +463,19 @@ def command(argv: Optional[List[str]]) -> int:
         raise UserError("overrides (%s) need --config" % (args.overrides[0],))
     if model_architecture(args.model) == QA_ARCHITECTURE:
         answerer = QuestionAnswerer.from_pretrained(
-            args.model, args.max_seq_length or 384, args.doc_stride, args.max_query_length,
-            args.max_sequences_per_pack, args.batch_packs, args.device, execution=execution)
+            args.model, 384 if args.max_seq_length is None else args.max_seq_length, args.doc_stride,
+            args.max_query_length, args.max_sequences_per_pack, args.batch_packs, args.device, execution=execution)
         records = answerer.predict(read_questions_input(args.input))
-        atomic_write_text(args.output, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        write_records(args.output, records)
         print("answered %d questions of %s with %s -> %s" % (len(records), args.input, args.model, args.output),
               file=sys.stderr)
         return 0
-    predictor = Predictor.from_pretrained(args.model, args.max_seq_length or 128, args.max_sequences_per_pack,
-                                          args.batch_packs, args.device, execution=execution)
+    predictor = Predictor.from_pretrained(args.model, 128 if args.max_seq_length is None else args.max_seq_length,
+                                          args.max_sequences_per_pack, args.batch_packs, args.device,
+                                          execution=execution)
     inputs = read_inputs(args.input, args.sentence1_key, args.sentence2_key, args.label_key)
     records = predictor.predict(inputs)
-    atomic_write_text(args.output, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    write_records(args.output, records)
     print("predicted %d inputs of %s with %s -> %s" % (len(records), args.input, args.model, args.output),
           file=sys.stderr)
     return 0

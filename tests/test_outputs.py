@@ -1,7 +1,8 @@
 """Nothing of the user's overwritten (fsutil.check_output, the one rule of every output): an output is absent, a
-regular file, or a directory that is empty or that this program made. A run directory (checkpoint.output_dir) that
-is anything else (a model directory, a directory of the user's files, a symlink, a file, the dataset) is refused in
-one line `error: ...`, exit status 2, before any work, and the path is left exactly as it was."""
+regular file, or a directory that is empty or that this program made. predict's --output and a run directory
+(checkpoint.output_dir) that is anything else (a FIFO, a device, a symlink, the input itself, the model directory
+being read or a file in it, a model directory, a directory of the user's files, the dataset) is refused in one line
+`error: ...`, exit status 2, before any work, and the path is left exactly as it was."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import stat
 import pytest
 
 import app_fixtures as fx
+from ipu_packing import predict
 from ipu_packing.train.cli import main as train_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,6 +53,87 @@ def classifier(tmp_path_factory):
     """A transformers classifier directory (random weights, its tokenizer): what predict serves."""
     root = tmp_path_factory.mktemp("outputs")
     return fx.hf_classifier(str(root / "model"), 2, "single_label_classification")
+
+
+# -- predict --output ----------------------------------------------------------------------------------------
+
+
+def _fifo(tmp_path, model, source):
+    path = str(tmp_path / "out.jsonl")
+    os.mkfifo(path)
+    return path
+
+
+def _device(tmp_path, model, source):
+    path = str(tmp_path / "null")
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # what /dev/null is
+    except (PermissionError, OSError):
+        pytest.skip("cannot make a device node here")
+    return path
+
+
+def _symlink_out(tmp_path, model, source):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "precious.txt").write_text("precious\n")
+    os.symlink(str(tmp_path / "elsewhere" / "precious.txt"), str(tmp_path / "out.jsonl"))
+    return str(tmp_path / "out.jsonl")
+
+
+def _the_input(tmp_path, model, source):
+    return source
+
+
+def _model_config(tmp_path, model, source):
+    return os.path.join(model, "config.json")
+
+
+def _new_file_in_model(tmp_path, model, source):
+    return os.path.join(model, "predictions.jsonl")
+
+
+def _a_directory(tmp_path, model, source):
+    (tmp_path / "out").mkdir()
+    return str(tmp_path / "out")
+
+
+PREDICT_ROWS = [
+    ("fifo", _fifo, "a FIFO"),
+    ("device", _device, "a character device"),
+    ("symlink-pointing-out", _symlink_out, "is a symlink"),
+    ("the-input-itself", _the_input, "which this command reads"),
+    ("the-models-config", _model_config, "which this command reads"),
+    ("a-new-file-in-the-model-directory", _new_file_in_model, "is inside"),
+    ("a-directory", _a_directory, "a directory"),
+]
+
+
+@pytest.mark.parametrize("name, make, words", PREDICT_ROWS, ids=[r[0] for r in PREDICT_ROWS])
+def test_predict_refuses_an_output_it_must_not_replace(name, make, words, classifier, tmp_path, capsys, monkeypatch):
+    model = str(tmp_path / "model")
+    shutil.copytree(classifier, model)
+    source = str(tmp_path / "inputs.tsv")
+    with open(source, "w") as f:
+        f.write("sentence1\nthe loop runs\n")
+    output = make(tmp_path, model, source)
+    before = state_of(str(tmp_path))
+    calls = []
+    monkeypatch.setattr(predict.Predictor, "from_pretrained", classmethod(lambda *a, **k: calls.append(a)))
+    assert predict.main(["--model", model, "--input", source, "--output", output]) == 2
+    one_line(capsys.readouterr()[1], "--output %s" % output, words)
+    assert calls == []  # refused before any work
+    assert state_of(str(tmp_path)) == before
+
+
+def test_predict_replaces_its_own_earlier_output(classifier, tmp_path, capsys):
+    source = str(tmp_path / "inputs.tsv")
+    with open(source, "w") as f:
+        f.write("sentence1\nthe loop runs\nmail server\n")
+    output = str(tmp_path / "out.jsonl")
+    with open(output, "w") as f:
+        f.write("an earlier output\n")
+    assert predict.main(["--model", classifier, "--input", source, "--output", output]) == 0
+    assert [line.count('"index"') for line in open(output)] == [1, 1]
 
 
 # -- checkpoint.output_dir -----------------------------------------------------------------------------------

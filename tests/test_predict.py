@@ -97,7 +97,12 @@ def test_the_command_writes_one_line_per_input_in_order(tmp_path, capsys):
     (["--max-sequences-per-pack", "0"], "--max-sequences-per-pack must be in [1, 255]"),
     (["--max-seq-length", "1000"], "exceeds the model's max_position_embeddings"),
     (["--input", "nowhere.tsv"], "nowhere.tsv"),
-], ids=["no model", "K", "S", "no input"])
+    (["--batch-packs", "0"], "--batch-packs must be a positive integer, got 0"),
+    (["--batch-packs", "-1"], "--batch-packs must be a positive integer, got -1"),
+    (["--max-seq-length", "-5"], "--max-seq-length must be a positive integer, got -5"),
+    (["--max-seq-length", "0"], "--max-seq-length must be a positive integer, got 0"),
+    (["--max-seq-length", "2"], "--max-seq-length must be at least 3"),
+], ids=["no model", "K", "S", "no input", "batch 0", "batch -1", "S -5", "S 0", "S 2"])
 def test_bad_input_is_one_line(args, words, tmp_path, capsys):
     directory = hf_classifier(str(tmp_path / "model"), 2, "single_label_classification")
     source = tmp_path / "inputs.tsv"
@@ -111,3 +116,30 @@ def test_bad_input_is_one_line(args, words, tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and words in err, err
     assert not os.path.exists(str(tmp_path / "out.jsonl"))
 
+
+def test_a_model_whose_weights_hold_nan_is_refused_and_nothing_written(tmp_path, capsys):
+    """NaN weights give NaN scores, which JSON cannot hold: one line naming a weight, no output file."""
+    from safetensors.torch import load_file, save_file
+
+    directory = hf_classifier(str(tmp_path / "model"), 2, "single_label_classification")
+    weights = os.path.join(directory, "model.safetensors")
+    state = load_file(weights)
+    name = sorted(k for k in state if k.endswith("classifier.weight"))[0]
+    state[name] = torch.full_like(state[name], float("nan"))
+    save_file(state, weights, metadata={"format": "pt"})
+    source = tmp_path / "inputs.tsv"
+    source.write_text("sentence1\nthe loop runs\n")
+    out = str(tmp_path / "out.jsonl")
+    assert main(["--model", directory, "--input", str(source), "--output", out]) == 2
+    err = capsys.readouterr()[1]
+    assert err.startswith("error: --model %s: 1 weights hold inf or NaN (first: classifier.weight)" % directory), err
+    assert err.count("\n") == 1 and not os.path.exists(out)
+
+
+def test_scores_that_are_not_finite_are_refused():
+    from ipu_packing.errors import UserError
+    from ipu_packing.predict import check_finite_scores
+
+    check_finite_scores(np.array([[0.5, 0.5], [1.0, 0.0]]), "input")
+    with pytest.raises(UserError, match=r"scores of 2 inputs are not finite numbers \(first: input 1\)"):
+        check_finite_scores(np.array([[0.5, 0.5], [np.nan, 0.5], [0.1, np.inf]]), "input")

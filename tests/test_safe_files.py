@@ -149,6 +149,18 @@ def json_file(make):
     return row
 
 
+def model_file(name, make):
+    """A model directory (predict --model) whose file `name` is replaced: what predict reads before the model."""
+    def row(tmp_path, prepared):
+        from ipu_packing.predict import model_architecture
+
+        directory = tmp_path / "model"
+        directory.mkdir()
+        path = make(str(directory / name))
+        return outcome(lambda: model_architecture(str(directory)), path)
+    return row
+
+
 def config_file(make):
     def row(tmp_path, prepared):
         from ipu_packing.train.strict_yaml import yaml_load_file
@@ -284,10 +296,12 @@ ROWS = [
     ("compare-summary-fifo", compare_input("summary.json", fifo), "FIFO"),
     ("json-file-fifo", json_file(fifo), "FIFO"),
     ("config-file-fifo", config_file(fifo), "FIFO"),
+    ("model-config-fifo", model_file("config.json", fifo), "FIFO"),
     # readers: a device
     ("histogram-urandom", histogram(".npy", lambda p: device(p, "/dev/urandom")), "character device"),
     ("vocab-file-urandom", prepare_vocab(lambda p: device(p, "/dev/urandom")), "character device"),
     ("manifest-dev-null", dataset_file("manifest.json", lambda p: device(p, "/dev/null")), "character device"),
+    ("model-config-dev-null", model_file("config.json", lambda p: device(p, "/dev/null")), "character device"),
     ("compare-config-dev-null", compare_input("config.json", lambda p: device(p, "/dev/null")), "character device"),
     ("compare-summary-directory", compare_input("summary.json", lambda p: os.remove(p) or os.mkdir(p) or p),
      "a directory"),
