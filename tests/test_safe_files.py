@@ -161,6 +161,19 @@ def model_file(name, make):
     return row
 
 
+def weight_shard(make):
+    """A transformers directory whose weight index names a shard `make` replaces (read_state_dict)."""
+    def row(tmp_path, prepared):
+        from ipu_packing.model.pretrained import read_state_dict
+
+        directory = tmp_path / "model"
+        directory.mkdir()
+        (directory / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"w": "shard-1.bin"}}))
+        path = make(str(directory / "shard-1.bin"))
+        return outcome(lambda: read_state_dict(str(directory)), path)
+    return row
+
+
 def config_file(make):
     def row(tmp_path, prepared):
         from ipu_packing.train.strict_yaml import yaml_load_file
@@ -297,6 +310,7 @@ ROWS = [
     ("json-file-fifo", json_file(fifo), "FIFO"),
     ("config-file-fifo", config_file(fifo), "FIFO"),
     ("model-config-fifo", model_file("config.json", fifo), "FIFO"),
+    ("model-weight-shard-fifo", weight_shard(fifo), "FIFO"),
     # readers: a device
     ("histogram-urandom", histogram(".npy", lambda p: device(p, "/dev/urandom")), "character device"),
     ("vocab-file-urandom", prepare_vocab(lambda p: device(p, "/dev/urandom")), "character device"),

@@ -46,6 +46,10 @@ _BIAS = "cls.predictions.bias"
 
 
 def _read_weight_file(path: str) -> Dict[str, torch.Tensor]:
+    from ..errors import InputError
+    from ..fsutil import check_regular
+
+    check_regular(path, InputError)  # a FIFO would block the reader, a device never end
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
