@@ -93,7 +93,7 @@ ROWS = [
         "train.jsonl": _jsonl([{"sentence1": "the loop", "label": ["a", "b"]}, {"sentence1": "x", "label": ["c"]}]),
         "dev.jsonl": _jsonl([{"sentence1": "the mail", "label": ["a", "z"]}])}, [],
      ["dev.jsonl:1", "column 'label'", "'z' is not one of the train split's 3 label names"]),
-    ("class-id-past-the-classes", {"train.csv": "sentence1,label\nthe loop,0\nthe mail,2\n",
+    ("class-id-past-the-classes", {"train.csv": "sentence1,label\nthe loop,0\nthe mail,2\nthe task,1\n",
                                    "dev.csv": "sentence1,label\nthe mail,1\nthe task,3\n"}, [],
      ["dev.csv:3", "column 'label'", "class 3 is outside the train split's classes 0 .. 2"]),
     ("negative-class", {"train.csv": "sentence1,label\nthe loop,0\nthe mail,-2\n",
@@ -279,3 +279,15 @@ def test_run_glue_takes_the_first_two_non_label_columns_without_sentence1(tmp_pa
     table = _table(tmp_path, "v.tsv", "sentence1\tsentence2\tlabel\na\tb\tyes\n")
     assert text_columns(table, None, None, "label") == ["sentence1", "sentence2"]
     assert text_columns(table, "sentence2", None, "label") == ["sentence2"]
+
+
+def test_integer_classes_that_are_not_0_to_l_are_mapped_in_sorted_order(tmp_path):
+    """run_glue.py's label_list: the distinct integers sorted; 0 and 2 are two classes, not three."""
+    train = _table(tmp_path, "train.csv", "sentence1,label\na,2\nb,0\nc,2\n")
+    labels = infer_labels(train, "label")
+    assert (labels.num_labels, labels.names) == (2, ["0", "2"])
+    assert encode_labels(train, "label", labels, "train").labels.tolist() == [1, 0, 1]
+    dev = _table(tmp_path, "dev.csv", "sentence1,label\na,1\n")
+    with pytest.raises(DataError, match=r"dev.csv:2: column 'label': class 1 is not one of the train split's "
+                                        r"classes \('0', '2'\)"):
+        encode_labels(dev, "label", labels, "validation")

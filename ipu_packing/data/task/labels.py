@@ -9,8 +9,9 @@ Labels (`infer_labels` on the train split, `encode_labels` on every split with t
 
     class names       single-label; the classes are the names sorted (run_glue sorts its label_list), ids by
                       that order, the names in the manifest
-    integers          single-label; class ids kept as they are, num_labels = the largest + 1 (names: a datasets
-                      ClassLabel's, else none)
+    integers          single-label; the classes are the distinct integers sorted (run_glue's label_list): 0 .. L - 1
+                      are kept as they are (names: a datasets ClassLabel's, else none); any other set (1 .. 5,
+                      0 and 2) is mapped to ids by that order, the integers the names
     numbers           regression (a float anywhere in the column, as run_glue reads a float column), num_labels 1
     lists of numbers  regression with num_labels = their length (all of one length)
     lists of names    multi-label: multi-hot over the sorted union of the train split's names
@@ -113,6 +114,9 @@ class LabelMap:
     by_name: bool
     """Single-label: the labels are names (True) or class ids (False). Multi-label: lists of names (True) or 0/1
     lists (False)."""
+    class_values: Optional[List[int]] = None
+    """Single-label integer classes that are not 0 .. L - 1: the integers by id (run_glue's sorted label_list);
+    None where each integer is its own id."""
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -254,11 +258,14 @@ def _single_label(table: SplitTable, column: str, kinds: List[Tuple[str, Any]],
             raise DataError("%s: class %d is past the column's %d class names" % (table.where(row, column), top,
                                                                                   len(class_names)))
         return LabelMap(SINGLE, len(class_names), list(class_names), False)
-    if top < 1:
-        raise DataError("%s: the train split has one class (0): a classifier needs two or more (or "
-                        "--problem-type regression)" % table.where(0, column))
-    _check_num_labels(table, column, top + 1, "classes")
-    return LabelMap(SINGLE, top + 1, None, False)
+    present = sorted(set(value for _, value in kinds))
+    if len(present) < 2:
+        raise DataError("%s: the train split has one class (%d): a classifier needs two or more (or "
+                        "--problem-type regression)" % (table.where(0, column), present[0]))
+    _check_num_labels(table, column, len(present), "classes")
+    if present == list(range(len(present))):
+        return LabelMap(SINGLE, len(present), None, False)
+    return LabelMap(SINGLE, len(present), [str(v) for v in present], False, present)
 
 
 def _check_num_labels(table: SplitTable, column: str, count: int, what: str) -> None:
@@ -349,6 +356,11 @@ def _encode_one(table: SplitTable, column: str, row: int, kind: str, value: Any,
         if kind != "int":
             raise DataError("%s: %s is not a class id (an integer, as the train split's labels are)"
                             % (where, _shown(raw)))
+        if labels.class_values is not None:
+            if str(value) not in index:
+                raise DataError("%s: class %d is not one of the train split's classes (%s)"
+                                % (where, value, _listed(labels.names or [])))
+            return index[str(value)]
         if not 0 <= value < labels.num_labels:
             raise DataError("%s: class %d is outside the train split's classes 0 .. %d"
                             % (where, value, labels.num_labels - 1))
