@@ -4,8 +4,9 @@ A Hugging Face BertForPreTraining directory states the model it holds in config.
 (sections.INIT_ARCHITECTURE_KEYS: activation, LayerNorm eps, sizes, vocabulary, token types, positions) is
 taken from there when a run is planned (`with_init_architecture`: planning reads the file, the config object
 does not), so that a phase 2 started from
-bert-large-uncased keeps its `layer_norm_eps` 1e-12 and `hidden_act` instead of the YAML's. A `model:` value
-that disagrees is refused, naming the key and both values, unless `checkpoint.init_override` lists it.
+bert-large-uncased keeps its `layer_norm_eps` 1e-12 and `hidden_act` instead of those a `base:` config gives. A
+`model:` value the user sets (the named config file's own, or the command line's) that disagrees is refused, naming
+the key and both values, unless `checkpoint.init_override` lists it.
 
 Before the weights load, the source's vocabulary must be the dataset's (`check_init_from`): the directory's
 vocab.txt, or the vocab_sha256 one of our checkpoints records; `checkpoint.init_override=[vocab]` starts
@@ -54,8 +55,10 @@ def _show(value: Any) -> str:
 
 def with_init_architecture(config):
     """``config`` with the architecture of checkpoint.init_from when it is a Hugging Face directory (a new config
-    object, checked again); a key the config sets to another value is a ConfigError unless
-    checkpoint.init_override lists it (then the config's value stays). Anything else as it was (a step
+    object, checked again): config.json's values replace those a `base:` config gives (a model from scratch's),
+    so no `model.*` key need be typed; a key the user sets (the config file's own or the command line's,
+    ``RunConfig.explicit_model_keys``) to another value is a ConfigError unless checkpoint.init_override lists it
+    (then the config's value stays). Anything else as it was (a step
     checkpoint states no architecture apart from its tensors' shapes, which loading checks)."""
     import dataclasses
 
@@ -71,7 +74,7 @@ def with_init_architecture(config):
     for key in INIT_ARCHITECTURE_KEYS:
         if "model." + key in checkpoint.init_override:
             continue
-        if key in model and model[key] != stated[key]:
+        if key in config.explicit_model_keys and key in model and model[key] != stated[key]:
             disagree.append("model.%s is %s in the config but %s in its config.json"
                             % (key, _show(model[key]), _show(stated[key])))
         out[key] = stated[key]

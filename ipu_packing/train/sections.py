@@ -187,8 +187,9 @@ class CheckpointConfig:
     init_from: Optional[str] = None
     """Phase-1 weights: a Hugging Face BERT directory (config.json + weights) or one of our
     checkpoints (a step_*.pt file or a run directory). Only the model weights are taken; from a
-    Hugging Face directory the architecture too (INIT_ARCHITECTURE_KEYS, from its config.json: a
-    `model:` value that disagrees is refused, naming both). Its vocabulary (the directory's vocab.txt,
+    Hugging Face directory the architecture too (INIT_ARCHITECTURE_KEYS, from its config.json, over
+    the values a `base:` config gives; a `model:` value the user sets that disagrees is refused, naming
+    both). Its vocabulary (the directory's vocab.txt,
     or the vocab_sha256 a checkpoint records) must be the dataset's. Weights the source lacks (e.g. a
     BertModel without the pretraining heads) keep their fresh initialisation; loading says which."""
     init_override: List[str] = field(default_factory=list)

@@ -1,0 +1,96 @@
+"""The user's own model taken as it is: a run that starts from a transformers-saved BERT (phase 2's and fine-tuning's
+checkpoint.init_from) takes its architecture from its config.json (a vocabulary and a layer_norm_eps of its own,
+with no `model.*` key typed: the values a shipped `base:` config gives a model from scratch give way); a value the
+user sets and that differs is still refused, naming both."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+import app_fixtures as fx
+import model_fixtures as mf
+from ipu_packing.data import open_dataset
+from ipu_packing.data.cli import main as data_main
+from ipu_packing.train import ConfigError, load_config
+from ipu_packing.train.loader import resolve_config_path
+from ipu_packing.train.loop import execute, plan_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+RUN = ["execution.micro_batch_size=4", "training.global_batch_sequences=16", "logging.progress_bar=false",
+       "logging.tensorboard=false", "training.steps=1", "checkpoint.every_steps=0"]
+
+
+def _task_rows(n, seed):
+    words = ["the loop", "a mail", "the socket", "a header", "the server", "a test case"]
+    return "".join("%s %s\t%s\n" % (words[(i * 7 + seed) % 6], words[i % 6], "good" if (i + seed) % 3 else "bad")
+                   for i in range(n))
+
+
+def prepare_task(root, tokenizer, files, *options):
+    """`prepare --task classification` of the split files ``files`` ({"train": text, "dev": text, ...}) written
+    under ``root``, with ``tokenizer``: (exit code, stdout, stderr, the output directory)."""
+    argv = ["prepare", "--task", "classification", "--tokenizer", tokenizer, "--output", str(root / "task"),
+            "--max-seq-length", "32", "--max-sequences-per-pack", "4", "--workers", "1"]
+    for split, text in files.items():
+        (root / ("%s.tsv" % split)).write_text(text, encoding="utf-8")
+        argv += ["--%s" % {"dev": "validation"}.get(split, split), str(root / ("%s.tsv" % split))]
+    code, out, err = fx.captured(data_main, argv + list(options))
+    return code, out, err, str(root / "task")
+
+
+@pytest.fixture(scope="module")
+def own_model_task(tmp_path_factory):
+    """A transformers BertForPreTraining with its own 28-token vocabulary and eps 1e-7, and a classification task
+    prepared with its tokenizer: (model directory, task root)."""
+    root = tmp_path_factory.mktemp("own")
+    model = mf.save_hf_bert(str(root / "bert"))
+    files = {name: "sentence1\tlabel\n" + _task_rows(n, len(name)) for name, n in (("train", 48), ("dev", 16))}
+    code, _, err, task = prepare_task(root, model, files, "--quiet")
+    assert code == 0, err
+    return model, task
+
+
+def test_fine_tuning_from_a_transformers_bert_takes_its_vocabulary_and_eps(own_model_task, tmp_path):
+    model, task = own_model_task
+    run = str(tmp_path / "run")
+    plan = plan_run(load_config("finetune_demo", RUN + ["data.dir=%s" % task, "checkpoint.init_from=%s" % model,
+                                                        "checkpoint.output_dir=%s" % run, "data.max_seq_length=32",
+                                                        "data.max_sequences_per_pack=4"]), open_dataset=open_dataset)
+    config = plan.model.config
+    assert (config.vocab_size, config.layer_norm_eps, config.hidden_size) == (28, 1e-7, 32)
+    assert plan.model.bert.embeddings.LayerNorm.eps == 1e-7
+    execute(plan, log=lambda m: None)
+    with open(os.path.join(run, "final", "config.json")) as f:
+        exported = json.load(f)
+    assert (exported["vocab_size"], exported["layer_norm_eps"]) == (28, 1e-7)
+
+
+def test_phase_2_from_a_transformers_bert_takes_its_vocabulary_and_eps(data_dir, tmp_path):
+    model = mf.save_hf_bert(str(tmp_path / "bert"), words=["w%d" % i for i in range(59)])  # the data's 64 ids
+    shutil.copyfile(os.path.join(data_dir, "packed", "vocab.txt"), os.path.join(model, "vocab.txt"))
+    plan = plan_run(load_config("demo_512", RUN + ["data.dir=%s" % data_dir, "data.max_seq_length=32",
+                                                   "checkpoint.init_from=%s" % model,
+                                                   "checkpoint.output_dir=%s" % str(tmp_path / "run")]),
+                    open_dataset=open_dataset)
+    assert (plan.model.config.vocab_size, plan.model.config.layer_norm_eps) == (64, 1e-7)
+
+
+@pytest.mark.parametrize("where", ["command line", "config file"])
+def test_a_value_the_user_sets_that_differs_is_refused(data_dir, tmp_path, where):
+    model = mf.save_hf_bert(str(tmp_path / "bert"), words=["w%d" % i for i in range(59)])
+    shutil.copyfile(os.path.join(data_dir, "packed", "vocab.txt"), os.path.join(model, "vocab.txt"))
+    extra = ["data.dir=%s" % data_dir, "data.max_seq_length=32", "checkpoint.init_from=%s" % model]
+    if where == "command line":
+        name = "demo_512"
+        extra.append("model.layer_norm_eps=1e-5")
+    else:
+        name = str(tmp_path / "mine.yaml")
+        with open(name, "w") as f:
+            f.write("base: %s\nmodel:\n  layer_norm_eps: 1.0e-5\n" % resolve_config_path("demo_512"))
+    with pytest.raises(ConfigError, match=r"model.layer_norm_eps is 1e-05 in the config but 1e-07 in its config.json"):
+        plan_run(load_config(name, RUN + extra), open_dataset=open_dataset)
