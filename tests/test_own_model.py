@@ -94,3 +94,56 @@ def test_a_value_the_user_sets_that_differs_is_refused(data_dir, tmp_path, where
             f.write("base: %s\nmodel:\n  layer_norm_eps: 1.0e-5\n" % resolve_config_path("demo_512"))
     with pytest.raises(ConfigError, match=r"model.layer_norm_eps is 1e-05 in the config but 1e-07 in its config.json"):
         plan_run(load_config(name, RUN + extra), open_dataset=open_dataset)
+
+
+def _classifier(tmp_path, names):
+    """A transformers BertForSequenceClassification with the task's vocabulary whose labels are ``names`` by id
+    (None: saved without names, transformers' LABEL_0, LABEL_1)."""
+    fields = {"num_labels": 2} if names is None else {"id2label": dict(enumerate(names)),
+                                                     "label2id": {n: i for i, n in enumerate(names)}}
+    return mf.save_hf_bert(str(tmp_path / "classifier"), cls="BertForSequenceClassification", seed=5, **fields)
+
+
+# (id, the classifier's labels by id, extra overrides, the dataset's rows of the classifier ("bad", "good") taken
+# from these rows of its own, or the words of the refusal)
+HEADS = [
+    ("same-names-other-order", ["good", "bad"], [], [1, 0]),
+    ("same-order", ["bad", "good"], [], [0, 1]),
+    ("names-in-capitals", ["GOOD", "BAD"], [], [1, 0]),
+    ("saved-without-names", None, [], [0, 1]),
+    ("other-names", ["negative", "positive"], [], "labels (negative, positive) are not the dataset's (bad, good)"),
+    ("three-labels", ["bad", "good", "neutral"], [], "labels (bad, good, neutral) are not the dataset's"),
+    ("other-names-head-replaced", ["negative", "positive"], ["task.replace_head=true"], None),
+]
+
+
+@pytest.mark.parametrize("name, names, extra, expected", HEADS, ids=[h[0] for h in HEADS])
+def test_a_classifiers_labels_go_through_its_label2id(own_model_task, tmp_path, capsys, name, names, extra, expected):
+    import torch
+    from safetensors.torch import load_file
+
+    from ipu_packing.errors import UserError
+
+    _, task = own_model_task
+    source = _classifier(tmp_path, names)
+    theirs = load_file(os.path.join(source, "model.safetensors"))
+    config = load_config("finetune_demo", RUN + extra + [
+        "data.dir=%s" % task, "checkpoint.init_from=%s" % source, "checkpoint.output_dir=%s" % str(tmp_path / "run"),
+        "data.max_seq_length=32", "data.max_sequences_per_pack=4"])
+    if isinstance(expected, str):
+        with pytest.raises(UserError, match="task.replace_head=true") as info:
+            plan_run(config, open_dataset=open_dataset)
+        assert expected in str(info.value) and "\n" not in str(info.value)
+        assert not os.path.exists(str(tmp_path / "run"))
+        return
+    capsys.readouterr()
+    model = plan_run(config, open_dataset=open_dataset).model
+    (line,) = capsys.readouterr().out.splitlines()
+    assert model.config.id2label == {0: "bad", 1: "good"}
+    if expected is None:  # a new head: transformers' initialisation, named fresh
+        assert "initialised fresh: classifier.weight, classifier.bias" in line, line
+        assert not torch.equal(model.classifier.weight, theirs["classifier.weight"])
+        return
+    assert torch.equal(model.classifier.weight, theirs["classifier.weight"][expected])
+    assert torch.equal(model.classifier.bias, theirs["classifier.bias"][expected])
+    assert ("rows mapped" in line) == (expected != [0, 1]), line

@@ -18,7 +18,7 @@ weights were initialised fresh.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -132,8 +132,9 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
     if is_hf_dir(source):
         from ipu_packing.model.pretrained import load_weights
 
+        rows, fresh, mapped = classifier_rows(config, model, source)
         try:
-            loaded, missing, unexpected = load_weights(model, source)
+            loaded, missing, unexpected = load_weights(model, source, rows, fresh)
         except ValueError as exc:
             overridden = [item for item in config.checkpoint.init_override if item.startswith("model.")]
             raise UserError("checkpoint.init_from does not fit the model config: %s%s"
@@ -148,7 +149,7 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
                 "not used: %s" % (len(loaded), source,
                                   bert.num_hidden_layers, bert.hidden_size, bert.num_attention_heads,
                                   bert.intermediate_size, bert.vocab_size, bert.hidden_act, bert.layer_norm_eps,
-                                  _names(missing), _names(unexpected)))
+                                  _names(missing), _names(unexpected))) + mapped
     else:
         path = source
         if os.path.isdir(source):
@@ -166,6 +167,46 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
     if _first_process():
         print(line, flush=True)
     return line
+
+
+def classifier_rows(config, model: torch.nn.Module, source: str) -> Tuple[Dict[str, List[int]], Tuple[str, ...], str]:
+    """How a Hugging Face directory's classifier goes into a fine-tuning model, as run_glue.py takes it: through the
+    directory's label2id. (rows to take by tensor, prefixes left fresh, what the load line adds). The same label
+    names in another order: the classifier's rows are taken in the dataset's order (a dataset of integer classes
+    without names: the names "0", "1", ...); a head saved without names (transformers' LABEL_i) with as many labels:
+    as it is; anything else (other names, another number of labels) is refused in one line unless
+    task.replace_head starts a new classifier."""
+    from ipu_packing.model.pretrained import head_labels
+
+    raw = jsonin.load_path(os.path.join(source, "config.json"), error=ConfigError)
+    architectures = raw.get("architectures") if isinstance(raw, dict) else None
+    if not config.task.fine_tuning or config.task.name != "classification" or not isinstance(architectures, list) \
+            or "BertForSequenceClassification" not in architectures:
+        return {}, (), ""
+    if config.task.replace_head:
+        return {}, ("classifier.",), "; classifier replaced (task.replace_head)"
+    theirs = head_labels(raw)
+    ours_count = int(model.config.num_labels)
+    ours = head_labels({"id2label": model.config.id2label}) or [str(i) for i in range(ours_count)]  # class ids
+    their_count = len(theirs) if theirs is not None else len(raw.get("id2label") or {}) or 2
+    if theirs is None and their_count == ours_count:  # a head saved without names: its ids are the dataset's
+        return {}, (), ""
+    if theirs is not None and sorted(theirs) != sorted(ours):
+        lowered = [name.lower() for name in theirs]  # run_glue.py compares the model's names lower-cased
+        if sorted(lowered) == sorted(ours) and len(set(lowered)) == len(lowered):
+            theirs = lowered
+    if theirs is not None and sorted(theirs) == sorted(ours):
+        if theirs == ours:
+            return {}, (), ""
+        order = [theirs.index(name) for name in ours]
+        return ({"classifier.weight": order, "classifier.bias": order}, (),
+                "; classifier rows mapped to the dataset's labels through its label2id (%s)"
+                % ", ".join("%s: %d -> %d" % (name, order[i], i) for i, name in enumerate(ours)))
+
+    raise UserError("checkpoint.init_from %s: its classifier's labels (%s) are not the dataset's (%s); set "
+                    "task.replace_head=true to start a new classifier (transformers' ignore_mismatched_sizes)"
+                    % (source, ", ".join(theirs) if theirs is not None else "%d without names" % their_count,
+                       ", ".join(ours)))
 
 
 def check_state_shapes(model: torch.nn.Module, state: Dict[str, torch.Tensor], source: str) -> None:

@@ -230,6 +230,11 @@ class TaskConfig:
     """Evaluate every N optimizer steps; 0: only at the end (a fine-tuning run always evaluates at its end)."""
     eval_batch_packs: int = 64
     """Packs per forward pass of the evaluation."""
+    replace_head: bool = False
+    """Start a new classifier where checkpoint.init_from's classifier does not fit the dataset's labels (its
+    label2id names other labels, or another number of them): transformers' ignore_mismatched_sizes. Without it
+    such a head is refused; the same names in another order are always mapped through its label2id, as
+    run_glue.py maps them."""
 
     def __post_init__(self) -> None:
         _choice("task.name", self.name, TASKS)
