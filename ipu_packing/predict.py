@@ -10,7 +10,9 @@ one's labels and scores out; or questions on contexts in, each one's answer out;
     # [{"index": 0, "label": "mail", "score": 0.93, "scores": {"concurrency": 0.01, ...}}, ...]
 
 ``DIR`` is any transformers BERT classifier directory (BertForSequenceClassification: this project's fine-tuning
-export, or one transformers saved) with its tokenizer (tokenizer.json and/or vocab.txt). The inputs are read as
+export, or one transformers saved) with its tokenizer (tokenizer.json and/or vocab.txt, read with
+tokenizer_config.json's options as transformers reads them; a tokenizer larger than the model's embeddings is
+refused in one line naming both sizes, a smaller one said on stderr). The inputs are read as
 ``prepare --task`` reads a split (CSV, TSV, JSON Lines; Parquet and datasets directories with the datasets
 extra; run_glue.py's columns, a label column ignored), tokenized with the model's own tokenizer as transformers'
 ``BertTokenizerFast(a, b, truncation=True, max_length=S)`` does, packed by the same planner into the one pack
@@ -103,6 +105,7 @@ class Predictor:
                                                                              strict=True)
             except (OSError, ValueError, KeyError) as exc:
                 raise UserError("--model %s is not a BERT classifier directory (%s)" % (directory, exc))
+        _check_tokenizer_size(tokenizer, model, directory)
         if max_seq_length > int(model.config.max_position_embeddings):
             raise UserError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
                             % (max_seq_length, model.config.max_position_embeddings))
@@ -271,6 +274,7 @@ class QuestionAnswerer:
                 model = PackedBertForQuestionAnswering.from_pretrained(directory, attention=attention, strict=True)
             except (OSError, ValueError, KeyError) as exc:
                 raise UserError("--model %s is not a BERT question-answering directory (%s)" % (directory, exc))
+        _check_tokenizer_size(tokenizer, model, directory)
         if max_seq_length > int(model.config.max_position_embeddings):
             raise UserError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
                             % (max_seq_length, model.config.max_position_embeddings))
@@ -357,6 +361,16 @@ class Packs:
         import torch
 
         return {name: torch.from_numpy(np.ascontiguousarray(array[i])) for name, array in self.arrays.items()}
+
+
+def _check_tokenizer_size(tokenizer: Any, model: Any, directory: str) -> None:
+    """The model directory's tokenizer against its embeddings (data/vocab.py tokenizer_fit): larger is refused in
+    one line naming both sizes; smaller is said on stderr."""
+    from .data.vocab import tokenizer_fit
+
+    note = tokenizer_fit(len(tokenizer.vocab), int(model.config.vocab_size), "--model %s" % (directory,))
+    if note:
+        print("note: " + note, file=sys.stderr)
 
 
 def _fastest_attention(device: str, max_seq_length: int, execution: Any = None) -> str:

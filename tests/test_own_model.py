@@ -147,3 +147,22 @@ def test_a_classifiers_labels_go_through_its_label2id(own_model_task, tmp_path, 
     assert torch.equal(model.classifier.weight, theirs["classifier.weight"][expected])
     assert torch.equal(model.classifier.bias, theirs["classifier.bias"][expected])
     assert ("rows mapped" in line) == (expected != [0, 1]), line
+
+
+@pytest.mark.parametrize("rows, words, code", [
+    (20, "error: --model {}: its tokenizer has 28 tokens, but the model's embeddings hold 20 (config.json vocab_size): "
+         "ids 20 .. 27 have no embedding row", 2),
+    (32, "note: --model {}: its tokenizer has 28 tokens, fewer than the model's 32 embedding rows (config.json "
+         "vocab_size): rows 28 .. 31 are never used", 0),
+], ids=["tokenizer-larger", "tokenizer-smaller"])
+def test_predict_checks_the_tokenizer_against_the_embeddings(tmp_path, capsys, rows, words, code):
+    from ipu_packing.predict import main
+
+    model = mf.save_hf_bert(str(tmp_path / "model"), cls="BertForSequenceClassification", vocab_size=rows)
+    source = tmp_path / "inputs.tsv"
+    source.write_text("sentence1\nthe loop\na mail\n")
+    out = str(tmp_path / "out.jsonl")
+    assert main(["--model", model, "--input", str(source), "--output", out, "--max-seq-length", "32"]) == code
+    err = capsys.readouterr().err
+    assert words.format(model) in err.splitlines(), err
+    assert os.path.exists(out) == (code == 0)
