@@ -382,12 +382,15 @@ def _fastest_attention(device: str, max_seq_length: int, execution: Any = None) 
 
 def read_inputs(path: str, sentence1_key: Optional[str], sentence2_key: Optional[str],
                 label_key: str = "label") -> List[Text]:
-    """The texts (or pairs) of an input file, as ``prepare --task`` reads a split (run_glue.py's columns)."""
-    from .data.task.labels import text_columns, texts
+    """The texts (or pairs) of an input file, as ``prepare --task`` reads a split (run_glue.py's columns); says on
+    stderr which columns it reads."""
+    from .data.task.labels import describe_columns, text_columns, texts
     from .data.task.rows import read_split
 
     table = read_split(path)
     columns = text_columns(table, sentence1_key, sentence2_key, label_key)
+    print("%s: %s" % (path, describe_columns(columns, label_key if label_key in table.columns else None,
+                                             "(not read)")), file=sys.stderr)
     values = [texts(table, column) for column in columns]
     return list(values[0]) if len(values) == 1 else list(zip(values[0], values[1]))
 

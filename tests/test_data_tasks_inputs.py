@@ -291,3 +291,45 @@ def test_integer_classes_that_are_not_0_to_l_are_mapped_in_sorted_order(tmp_path
     with pytest.raises(DataError, match=r"dev.csv:2: column 'label': class 1 is not one of the train split's "
                                         r"classes \('0', '2'\)"):
         encode_labels(dev, "label", labels, "validation")
+
+
+# (header, the text columns read): run_glue.py's task_to_keys for each GLUE task's columns, an id/idx column never
+# a text, and run_glue's first-two rule otherwise
+COLUMNS = [
+    ("id\ttext", ["text"]),
+    ("ID\ttext", ["text"]),
+    ("sentence\tlabel\tidx", ["sentence"]),  # SST-2, CoLA
+    ("idx\tsentence\tlabel", ["sentence"]),
+    ("premise\thypothesis\tlabel\tidx", ["premise", "hypothesis"]),  # MNLI
+    ("hypothesis\tpremise\tlabel\tidx", ["premise", "hypothesis"]),
+    ("question1\tquestion2\tlabel\tidx", ["question1", "question2"]),  # QQP
+    ("question\tsentence\tlabel\tidx", ["question", "sentence"]),  # QNLI
+    ("sentence\tquestion\tlabel\tidx", ["question", "sentence"]),
+    ("idx\tsentence1\tsentence2\tlabel", ["sentence1", "sentence2"]),  # MRPC, STS-B, RTE, WNLI
+    ("label\tsentence", ["sentence"]),
+    ("id\tquery\tdocument\tlabel", ["query", "document"]),
+]
+
+
+@pytest.mark.parametrize("header, expected", COLUMNS, ids=[c[0].replace("\t", ",") for c in COLUMNS])
+def test_text_columns_follow_run_glues_task_keys_and_never_take_an_id(header, expected, tmp_path):
+    row = "\t".join("1" if name.lower() in ("id", "idx", "label") else "some text" for name in header.split("\t"))
+    table = _table(tmp_path, "t.tsv", header + "\n" + row + "\n")
+    assert text_columns(table, None, None, "label") == expected
+
+
+def test_only_id_columns_are_no_text(tmp_path):
+    table = _table(tmp_path, "t.tsv", "idx\tlabel\n1\tx\n")
+    with pytest.raises(DataError, match=r"t.tsv:1: no text column \(columns: idx, label; the label column is "
+                                        r"'label', and id/idx columns number the rows\)"):
+        text_columns(table, None, None, "label")
+
+
+def test_prepare_says_which_columns_it_read(tokenizer, tmp_path, capsys):
+    train = "sentence\tlabel\tidx\nthe loop\ta\t0\nthe mail\tb\t1\n"
+    _write(tmp_path / "train.tsv", train)
+    _write(tmp_path / "dev.tsv", train)
+    assert data_main(["prepare", "--task", "classification", "--train", str(tmp_path / "train.tsv"), "--validation",
+                      str(tmp_path / "dev.tsv"), "--tokenizer", tokenizer, "--output", str(tmp_path / "task"),
+                      "--max-seq-length", "16", "--workers", "1", "--quiet"]) == 0
+    assert "  columns: text 'sentence', pair none, label 'label'" in capsys.readouterr().out.splitlines()

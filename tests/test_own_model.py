@@ -166,3 +166,18 @@ def test_predict_checks_the_tokenizer_against_the_embeddings(tmp_path, capsys, r
     err = capsys.readouterr().err
     assert words.format(model) in err.splitlines(), err
     assert os.path.exists(out) == (code == 0)
+
+
+def test_predict_says_which_columns_it_read_and_never_scores_an_id(tmp_path, capsys):
+    from ipu_packing.predict import Predictor, main
+
+    model = mf.save_hf_bert(str(tmp_path / "model"), cls="BertForSequenceClassification")
+    texts = ["the loop", "a mail header", "the socket server"]
+    source = tmp_path / "inputs.tsv"
+    source.write_text("id\ttext\n" + "".join("%d\t%s\n" % (i + 1, t) for i, t in enumerate(texts)))
+    out = tmp_path / "out.jsonl"
+    assert main(["--model", model, "--input", str(source), "--output", str(out), "--max-seq-length", "32"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "%s: columns: text 'text', pair none, label none" % source in err, err
+    expected = Predictor.from_pretrained(model, max_seq_length=32).predict(texts)  # the texts alone, not ("1", text)
+    assert [json.loads(line)["scores"] for line in out.read_text().splitlines()] == [r["scores"] for r in expected]

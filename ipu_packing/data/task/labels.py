@@ -1,9 +1,11 @@
 """Columns and labels of a classification task, as transformers' run_glue.py decides them, checked row by row.
 
 Columns (`text_columns`): --sentence1-key (default "sentence1") and, where the input has it, --sentence2-key
-(default "sentence2"). Where the default sentence1 is absent and no key was given, run_glue's rule: the first two
-columns other than the label column (one, if there is only one). The validation and test splits use the train
-split's columns.
+(default "sentence2"). Where the default sentence1 is absent and no key was given: the columns of a GLUE task as
+run_glue.py's task_to_keys names them (GLUE_TASK_KEYS: premise and hypothesis, question1 and question2, question
+and sentence, or sentence alone), else run_glue's rule: the first two columns other than the label column (one, if
+there is only one). An `id` or `idx` column (ID_COLUMNS) is never taken for a text: it numbers the rows. The
+validation and test splits use the train split's columns; `describe_columns` says in one line which were read.
 
 Labels (`infer_labels` on the train split, `encode_labels` on every split with the train split's LabelMap):
 
@@ -54,6 +56,25 @@ _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
 # columns
 
 
+GLUE_TASK_KEYS = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
+                  "qqp": ("question1", "question2"), "stsb": ("sentence1", "sentence2"),
+                  "mnli": ("premise", "hypothesis"), "qnli": ("question", "sentence"),
+                  "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2")}
+"""run_glue.py's task_to_keys: each GLUE task's text column and pair column (None: single sentences)."""
+
+ID_COLUMNS = ("id", "idx")
+"""Columns that number the rows (GLUE's idx, a file's id): never a text, whatever their position."""
+
+
+def _glue_columns(columns: Sequence[str]) -> Optional[List[str]]:
+    """The text columns of the GLUE task whose keys the columns hold (pairs before single sentences), or None."""
+    keys = sorted(set(GLUE_TASK_KEYS.values()), key=lambda k: (k[1] is None, k))
+    for first, second in keys:
+        if first in columns and (second is None or second in columns):
+            return [first] if second is None else [first, second]
+    return None
+
+
 def text_columns(table: SplitTable, sentence1_key: Optional[str], sentence2_key: Optional[str],
                  label_key: str) -> List[str]:
     """The train split's text column(s) (run_glue's rule, see the module notes); DataError naming a missing one."""
@@ -62,10 +83,13 @@ def text_columns(table: SplitTable, sentence1_key: Optional[str], sentence2_key:
         if sentence2_key is not None:
             raise DataError("%s: --sentence2-key %s needs --sentence1-key (no column 'sentence1'; columns: %s)"
                             % (table.header_where(), sentence2_key, ", ".join(columns)))
-        others = [c for c in columns if c != label_key]
+        others = [c for c in columns if c != label_key and c.lower() not in ID_COLUMNS]
+        glue = _glue_columns(others)
+        if glue is not None:
+            return glue
         if not others:
-            raise DataError("%s: no text column (columns: %s; the label column is %r)"
-                            % (table.header_where(), ", ".join(columns), label_key))
+            raise DataError("%s: no text column (columns: %s; the label column is %r, and %s columns number the "
+                            "rows)" % (table.header_where(), ", ".join(columns), label_key, "/".join(ID_COLUMNS)))
         return others[:2]
     first = sentence1_key or "sentence1"
     second = sentence2_key or "sentence2"
@@ -73,6 +97,15 @@ def text_columns(table: SplitTable, sentence1_key: Optional[str], sentence2_key:
         if given and name not in columns:
             raise DataError("%s: no column %r (columns: %s)" % (table.header_where(), name, ", ".join(columns)))
     return [first, second] if second in columns and second != first else [first]
+
+
+def describe_columns(columns: Sequence[str], label: Optional[str], what: str = "") -> str:
+    """The line that says which columns were read: "columns: text 'sentence1', pair 'sentence2', label 'label'"
+    (pair none for single texts; label none where there is none; ``what`` follows "label" where given, e.g.
+    "(not read)")."""
+    return "columns: text %r, pair %s, label %s%s" % (
+        columns[0], repr(columns[1]) if len(columns) > 1 else "none", repr(label) if label else "none",
+        " " + what if what and label else "")
 
 
 def check_columns(table: SplitTable, names: Sequence[str]) -> None:
