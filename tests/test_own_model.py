@@ -46,10 +46,11 @@ def prepare_task(root, tokenizer, files, *options):
 @pytest.fixture(scope="module")
 def own_model_task(tmp_path_factory):
     """A transformers BertForPreTraining with its own 28-token vocabulary and eps 1e-7, and a classification task
-    prepared with its tokenizer: (model directory, task root)."""
+    prepared with its tokenizer (a test split without labels): (model directory, task root)."""
     root = tmp_path_factory.mktemp("own")
     model = mf.save_hf_bert(str(root / "bert"))
     files = {name: "sentence1\tlabel\n" + _task_rows(n, len(name)) for name, n in (("train", 48), ("dev", 16))}
+    files["test"] = "sentence1\n" + "".join(row.split("\t")[0] + "\n" for row in _task_rows(8, 3).splitlines())
     code, _, err, task = prepare_task(root, model, files, "--quiet")
     assert code == 0, err
     return model, task
@@ -181,3 +182,20 @@ def test_predict_says_which_columns_it_read_and_never_scores_an_id(tmp_path, cap
     assert "%s: columns: text 'text', pair none, label none" % source in err, err
     expected = Predictor.from_pretrained(model, max_seq_length=32).predict(texts)  # the texts alone, not ("1", text)
     assert [json.loads(line)["scores"] for line in out.read_text().splitlines()] == [r["scores"] for r in expected]
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("data.split=test", "(the test split) has no labels, so it cannot be trained on: set data.split=train"),
+    ("task.eval_split=test", "(the test split) has no labels, so it cannot be evaluated: set task.eval_split="),
+])
+def test_a_split_without_labels_is_neither_trained_on_nor_evaluated(own_model_task, tmp_path, setting, words):
+    from ipu_packing.train.cli import finetune_main
+
+    model, task = own_model_task
+    run = str(tmp_path / "run")
+    code, out, err = fx.captured(finetune_main, ["--config", "finetune_demo"] + RUN + [
+        "data.dir=%s" % task, "checkpoint.init_from=%s" % model, "checkpoint.output_dir=%s" % run,
+        "data.max_seq_length=32", "data.max_sequences_per_pack=4", setting])
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: dataset "), err
+    assert words in err and "ipu-packing-predict" in err, err
+    assert not os.path.exists(run)

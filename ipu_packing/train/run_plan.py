@@ -23,7 +23,7 @@ from .model_section import MODEL_DEFAULTS
 from .phase1 import check_init_from, load_init_from, with_init_architecture
 from .run_dir import RunDirectory
 from .state import TrainingState
-from .task import Task, task_for
+from .task import Task, check_labelled, task_for
 
 
 @dataclass
@@ -98,10 +98,12 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
     data = read_training_data(config.data.path)
     check_data_matches(config, data)
     task = task_for(config, data.manifest)
+    check_labelled(data.manifest, data.path, "data.split")
     eval_data = None
     if task.evaluated and config.task.eval_split:
         eval_data = read_training_data(config.data.split_path(config.task.eval_split))
         check_data_matches(config, eval_data)
+        check_labelled(eval_data.manifest, eval_data.path, "task.eval_split")
         if eval_data.manifest.get("task", {}).get("labels") != data.manifest["task"].get("labels"):
             raise UserError("dataset %s has other labels than %s: prepare both splits in one `prepare --task` run"
                             % (eval_data.path, data.path))
