@@ -30,13 +30,13 @@ transformers saved; chosen by its config.json's architectures):
     # one {"id": ..., "prediction_text": ...} per question, in input order
 
 The input is SQuAD v1.1 JSON, or JSON Lines (Parquet, datasets) with run_qa.py's columns id, question and context
-(answers, when present, are read and ignored), read and checked by data/task/questions.py as ``prepare --task
-question_answering`` reads a split; each question + context is cut into windows exactly as prepare cuts them
-(data/task/windows.py: run_qa.py's BertTokenizerFast call, questions over max_query_length tokens cut at a word
-boundary), the windows packed by the same planner and pack builder, scored by the same loop as the evaluation
-(train/evaluate.collect_answers), and each question's answer chosen by data/task/answers.py (run_qa.py's n-best rule
-per window among its own context tokens, the best span over the question's windows, its text cut from the
-context).
+(answers, when present, are ignored: neither read nor checked), read and checked by data/task/questions.py as
+``prepare --task question_answering`` reads a split; each question + context is cut into windows exactly as
+prepare cuts them (data/task/windows.py: run_qa.py's BertTokenizerFast call, questions over max_query_length tokens
+cut at a word boundary), the windows packed by the same planner and pack builder, scored by the same loop as the
+evaluation (train/evaluate.collect_answers), and each question's answer chosen by data/task/answers.py (run_qa.py's
+n-best rule per window among its own context tokens, the best span over the question's windows, its text cut from
+the context).
 """
 
 from __future__ import annotations

@@ -99,6 +99,13 @@ ROWS = [
     ("negative-class", {"train.csv": "sentence1,label\nthe loop,0\nthe mail,-2\n",
                         "dev.csv": "sentence1,label\nthe mail,1\n"}, [],
      ["train.csv:3", "column 'label'", "negative"]),
+    ("regression-beyond-float32", {"train.csv": "sentence1,label\nthe loop,0.5\nthe mail,1e39\n",
+                                   "dev.csv": "sentence1,label\nthe mail,1.0\n"}, [],
+     ["train.csv:3", "column 'label'", "'1e39' is beyond float32's range"]),
+    ("regression-list-beyond-float32-in-validation", {
+        "train.jsonl": _jsonl([{"sentence1": "the loop", "label": [0.5, 1.0]}]),
+        "dev.jsonl": _jsonl([{"sentence1": "the mail", "label": [0.5, 1.0]}, {"sentence1": "a", "label": [-4e38, 0]}])},
+     [], ["dev.jsonl:2", "column 'label'", "[-4e+38, 0] is beyond float32's range"]),
     ("name-where-numbers-in-validation", {"train.csv": "sentence1,label\nthe loop,0.5\nthe mail,1.5\n",
                                           "dev.csv": "sentence1,label\nthe mail,high\n"}, [],
      ["dev.csv:2", "column 'label'", "'high' is not a number"]),

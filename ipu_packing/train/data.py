@@ -82,11 +82,26 @@ class TrainingData:
         }
 
 
-def read_training_data(path: str) -> TrainingData:
+def prepare_hint(config) -> str:
+    """The `prepare` command that makes the data ``config`` trains on: pretraining's (PREPARE_HINT), or a fine-tuning
+    task's (`prepare --task NAME` with the config's data directory, S and K, the tokenizer of checkpoint.init_from
+    where it names one)."""
+    task = config.task.name
+    if task == "pretraining":
+        return PREPARE_HINT
+    tokenizer = config.checkpoint.init_from or "MODEL_DIR"
+    extra = " --doc-stride 128" if task == "question_answering" else ""
+    return ("python -m ipu_packing.data prepare --task %s --train FILE --validation FILE --tokenizer %s --output %s "
+            "--max-seq-length %d%s --max-sequences-per-pack %d"
+            % (task, tokenizer, config.data.dir, config.data.max_seq_length, extra, config.data.max_sequences_per_pack))
+
+
+def read_training_data(path: str, hint: str = PREPARE_HINT) -> TrainingData:
     """Read DIR/manifest.json through the data package's one reader (format.read_manifest: every key and
-    type checked; cheap, no shard is touched). `open_shards` then opens the data."""
+    type checked; cheap, no shard is touched). `open_shards` then opens the data. ``hint``: the command a missing
+    dataset is made with (prepare_hint)."""
     if not os.path.isfile(os.path.join(path, MANIFEST)):
-        raise UserError("dataset not found: %s has no manifest.json (prepare it with: %s)" % (path, PREPARE_HINT))
+        raise UserError("dataset not found: %s has no manifest.json (prepare it with: %s)" % (path, hint))
     try:
         manifest = read_manifest(path)
     except DataError as error:

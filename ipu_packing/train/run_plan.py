@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..errors import ConfigError, UserError, one_line
 from .build import Built, build
 from .run_config import BatchAccounting, RunConfig
-from .data import TrainingData, check_data_matches, open_shards, read_training_data
+from .data import TrainingData, check_data_matches, open_shards, prepare_hint, read_training_data
 from .fingerprint import Difference, check_fixed, recorded_fingerprint, refuse_or_force, resume_differences
 from .model_section import MODEL_DEFAULTS
 from .phase1 import check_init_from, load_init_from, with_init_architecture
@@ -95,13 +95,13 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
     """Check every input, then build model, optimizer and schedule. Writes nothing."""
     check_backend(config)
     config = with_init_architecture(config)  # a phase-1 Hugging Face directory's architecture
-    data = read_training_data(config.data.path)
+    data = read_training_data(config.data.path, prepare_hint(config))
     check_data_matches(config, data)
     task = task_for(config, data.manifest)
     check_labelled(data.manifest, data.path, "data.split")
     eval_data = None
     if task.evaluated and config.task.eval_split:
-        eval_data = read_training_data(config.data.split_path(config.task.eval_split))
+        eval_data = read_training_data(config.data.split_path(config.task.eval_split), prepare_hint(config))
         check_data_matches(config, eval_data)
         check_labelled(eval_data.manifest, eval_data.path, "task.eval_split")
         if eval_data.manifest.get("task", {}).get("labels") != data.manifest["task"].get("labels"):

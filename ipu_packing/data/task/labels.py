@@ -414,6 +414,7 @@ def _encode_one(table: SplitTable, column: str, row: int, kind: str, value: Any,
     if labels.shape == ():  # regression, one target
         if kind not in ("int", "float"):
             raise DataError("%s: %s is not a number, as the train split's labels are" % (where, _shown(raw)))
+        _check_float32(where, raw, [value])
         return float(value)
     if kind != "numbers":
         raise DataError("%s: %s is not a list of %d numbers, as the train split's labels are"
@@ -423,7 +424,18 @@ def _encode_one(table: SplitTable, column: str, row: int, kind: str, value: Any,
                         % (where, len(value), "" if len(value) == 1 else "s", labels.num_labels))
     if problem == MULTI and any(v not in (0.0, 1.0) for v in value):
         raise DataError("%s: %s is not a multi-hot list of 0 and 1" % (where, _shown(raw)))
+    _check_float32(where, raw, value)
     return np.asarray(value, dtype=np.float32)
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_float32(where: str, raw: Any, values: Sequence[float]) -> None:
+    """A regression target the packs' float32 holds: beyond about 3.4e38 it would become infinite."""
+    if any(abs(float(v)) > _FLOAT32_MAX for v in values):
+        raise DataError("%s: %s is beyond float32's range (the labels are float32: at most %.4g in magnitude)"
+                        % (where, _shown(raw), _FLOAT32_MAX))
 
 
 def _listed(names: Sequence[str], most: int = 8) -> str:
