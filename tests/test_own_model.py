@@ -199,3 +199,33 @@ def test_a_split_without_labels_is_neither_trained_on_nor_evaluated(own_model_ta
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: dataset "), err
     assert words in err and "ipu-packing-predict" in err, err
     assert not os.path.exists(run)
+
+
+def test_a_classifier_with_its_labels_in_another_order_scores_as_transformers_does(own_model_task, tmp_path):
+    """End to end: fine-tuned for one step at lr 1e-12 from a classifier whose label2id orders the labels otherwise,
+    the export gives each validation text transformers' scores for each label name (by index, every name's score
+    went to the other name)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from ipu_packing.predict import Predictor
+
+    _, task = own_model_task
+    source = _classifier(tmp_path, ["good", "bad"])
+    run = str(tmp_path / "run")
+    execute(plan_run(load_config("finetune_demo", RUN + [
+        "data.dir=%s" % task, "checkpoint.init_from=%s" % source, "checkpoint.output_dir=%s" % run,
+        "data.max_seq_length=32", "data.max_sequences_per_pack=4", "optimizer.lr=1e-12"]), open_dataset=open_dataset),
+        log=lambda m: None)
+    texts = [row.split("\t")[0] for row in _task_rows(16, 3).splitlines()]
+    ours = Predictor.from_pretrained(os.path.join(run, "final"), max_seq_length=32).predict(texts)
+    model = transformers.BertForSequenceClassification.from_pretrained(source).eval()
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(source)
+    with torch.no_grad():
+        probabilities = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits.softmax(-1).numpy()
+    theirs = [{model.config.id2label[i]: float(p[i]) for i in range(2)} for p in probabilities]
+    for mine, want in zip(ours, theirs):
+        assert sorted(mine["scores"]) == ["bad", "good"]
+        np.testing.assert_allclose([mine["scores"][n] for n in ("bad", "good")], [want["bad"], want["good"]],
+                                   atol=1e-5)
