@@ -203,8 +203,8 @@ def test_a_split_without_labels_is_neither_trained_on_nor_evaluated(own_model_ta
 
 def test_a_classifier_with_its_labels_in_another_order_scores_as_transformers_does(own_model_task, tmp_path):
     """End to end: fine-tuned for one step at lr 1e-12 from a classifier whose label2id orders the labels otherwise,
-    the export gives each validation text transformers' scores for each label name (by index, every name's score
-    went to the other name)."""
+    the export gives each validation text transformers' scores for each label name (taken by index, each name would
+    get the other name's score)."""
     import numpy as np
     import torch
     import transformers
