@@ -229,3 +229,25 @@ def test_a_classifier_with_its_labels_in_another_order_scores_as_transformers_do
         assert sorted(mine["scores"]) == ["bad", "good"]
         np.testing.assert_allclose([mine["scores"][n] for n in ("bad", "good")], [want["bad"], want["good"]],
                                    atol=1e-5)
+
+
+def test_a_model_whose_embeddings_outnumber_its_tokenizer_fine_tunes_as_it_is(tmp_path, capsys):
+    """A transformers BERT with 32 embedding rows beside its 28-token vocabulary (padded embeddings): the dataset
+    made with its tokenizer trains on it, the load line says which rows are never used, and the export keeps both."""
+    model = mf.save_hf_bert(str(tmp_path / "bert"), vocab_size=32)
+    files = {name: "sentence1\tlabel\n" + _task_rows(n, len(name)) for name, n in (("train", 24), ("dev", 8))}
+    code, _, err, task = prepare_task(tmp_path, model, files, "--quiet")
+    assert code == 0, err
+    run = str(tmp_path / "run")
+    capsys.readouterr()
+    plan = plan_run(load_config("finetune_demo", RUN + ["data.dir=%s" % task, "checkpoint.init_from=%s" % model,
+                                                        "checkpoint.output_dir=%s" % run, "data.max_seq_length=32",
+                                                        "data.max_sequences_per_pack=4"]), open_dataset=open_dataset)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.endswith("its tokenizer has 28 tokens, fewer than the model's 32 embedding rows (config.json "
+                         "vocab_size): rows 28 .. 31 are never used"), line
+    execute(plan, log=lambda m: None)
+    with open(os.path.join(run, "final", "config.json")) as f:
+        assert json.load(f)["vocab_size"] == 32
+    with open(os.path.join(run, "final", "vocab.txt")) as f:
+        assert len(f.read().splitlines()) == 28

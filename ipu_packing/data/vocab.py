@@ -463,10 +463,15 @@ def write_export_tokenizer(directory: str, manifest: Mapping[str, Any], model_ma
     return written
 
 
-def check_vocab_size(path: str, vocab_size: int, what: str = "the model") -> List[str]:
+def check_vocab_size(path: str, vocab_size: int, what: str = "the model", fewer_allowed: bool = False) -> List[str]:
     """The tokens of the vocab.txt at `path`, refused in one line unless there are `vocab_size` of them (the rows
-    of `what`'s embedding): an export or a phase-1 directory whose vocabulary is not the model's."""
+    of `what`'s embedding): an export or a phase-1 directory whose vocabulary is not the model's. `fewer_allowed`:
+    fewer tokens than rows are the model's own too (a model directory whose embeddings were padded past its
+    tokenizer; tokenizer_fit), more are refused."""
     tokens = read_vocab(path)
+    if fewer_allowed:
+        tokenizer_fit(len(tokens), int(vocab_size), path)
+        return tokens
     if len(tokens) != int(vocab_size):
         raise DataError("%s holds %d tokens, but %s has vocab_size %d (its embedding rows): not its vocabulary"
                         % (path, len(tokens), what, int(vocab_size)))

@@ -150,6 +150,10 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
                                   bert.num_hidden_layers, bert.hidden_size, bert.num_attention_heads,
                                   bert.intermediate_size, bert.vocab_size, bert.hidden_act, bert.layer_norm_eps,
                                   _names(missing), _names(unexpected))) + mapped
+        if data.vocab_size < bert.vocab_size:
+            from ..data.vocab import tokenizer_fit
+
+            line += "; dataset %s" % (tokenizer_fit(data.vocab_size, bert.vocab_size, data.path),)
     else:
         path = source
         if os.path.isdir(source):
