@@ -10,7 +10,9 @@ one's labels and scores out; or questions on contexts in, each one's answer out;
     # [{"index": 0, "label": "mail", "score": 0.93, "scores": {"concurrency": 0.01, ...}}, ...]
 
 ``DIR`` is any transformers BERT classifier directory (BertForSequenceClassification: this project's fine-tuning
-export, or one transformers saved) with its tokenizer (tokenizer.json and/or vocab.txt). The inputs are read as
+export, or one transformers saved) with its tokenizer (tokenizer.json and/or vocab.txt, read with
+tokenizer_config.json's options as transformers reads them; a tokenizer larger than the model's embeddings is
+refused in one line naming both sizes, a smaller one said on stderr). The inputs are read as
 ``prepare --task`` reads a split (CSV, TSV, JSON Lines; Parquet and datasets directories with the datasets
 extra; run_glue.py's columns, a label column ignored), tokenized with the model's own tokenizer as transformers'
 ``BertTokenizerFast(a, b, truncation=True, max_length=S)`` does, packed by the same planner into the one pack
@@ -28,13 +30,13 @@ transformers saved; chosen by its config.json's architectures):
     # one {"id": ..., "prediction_text": ...} per question, in input order
 
 The input is SQuAD v1.1 JSON, or JSON Lines (Parquet, datasets) with run_qa.py's columns id, question and context
-(answers, when present, are read and ignored), read and checked by data/task/questions.py as ``prepare --task
-question_answering`` reads a split; each question + context is cut into windows exactly as prepare cuts them
-(data/task/windows.py: run_qa.py's BertTokenizerFast call, questions over max_query_length tokens cut at a word
-boundary), the windows packed by the same planner and pack builder, scored by the same loop as the evaluation
-(train/evaluate.collect_answers), and each question's answer chosen by data/task/answers.py (run_qa.py's n-best rule
-per window among its own context tokens, the best span over the question's windows, its text cut from the
-context).
+(answers, when present, are ignored: neither read nor checked), read and checked by data/task/questions.py as
+``prepare --task question_answering`` reads a split; each question + context is cut into windows exactly as
+prepare cuts them (data/task/windows.py: run_qa.py's BertTokenizerFast call, questions over max_query_length tokens
+cut at a word boundary), the windows packed by the same planner and pack builder, scored by the same loop as the
+evaluation (train/evaluate.collect_answers), and each question's answer chosen by data/task/answers.py (run_qa.py's
+n-best rule per window among its own context tokens, the best span over the question's windows, its text cut from
+the context).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class Predictor:
                                                                              strict=True)
             except (OSError, ValueError, KeyError) as exc:
                 raise UserError("--model %s is not a BERT classifier directory (%s)" % (directory, exc))
+        _check_tokenizer_size(tokenizer, model, directory)
         if max_seq_length > int(model.config.max_position_embeddings):
             raise UserError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
                             % (max_seq_length, model.config.max_position_embeddings))
@@ -294,6 +297,7 @@ class QuestionAnswerer:
                 model = PackedBertForQuestionAnswering.from_pretrained(directory, attention=attention, strict=True)
             except (OSError, ValueError, KeyError) as exc:
                 raise UserError("--model %s is not a BERT question-answering directory (%s)" % (directory, exc))
+        _check_tokenizer_size(tokenizer, model, directory)
         if max_seq_length > int(model.config.max_position_embeddings):
             raise UserError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
                             % (max_seq_length, model.config.max_position_embeddings))
@@ -384,6 +388,16 @@ class Packs:
         return {name: torch.from_numpy(np.ascontiguousarray(array[i])) for name, array in self.arrays.items()}
 
 
+def _check_tokenizer_size(tokenizer: Any, model: Any, directory: str) -> None:
+    """The model directory's tokenizer against its embeddings (data/vocab.py tokenizer_fit): larger is refused in
+    one line naming both sizes; smaller is said on stderr."""
+    from .data.vocab import tokenizer_fit
+
+    note = tokenizer_fit(len(tokenizer.vocab), int(model.config.vocab_size), "--model %s" % (directory,))
+    if note:
+        print("note: " + note, file=sys.stderr)
+
+
 def _fastest_attention(device: str, max_seq_length: int, execution: Any = None) -> str:
     from .execution import ExecutionConfig
     from .train.model_section import resolve_attention
@@ -393,12 +407,15 @@ def _fastest_attention(device: str, max_seq_length: int, execution: Any = None) 
 
 def read_inputs(path: str, sentence1_key: Optional[str], sentence2_key: Optional[str],
                 label_key: str = "label") -> List[Text]:
-    """The texts (or pairs) of an input file, as ``prepare --task`` reads a split (run_glue.py's columns)."""
-    from .data.task.labels import text_columns, texts
+    """The texts (or pairs) of an input file, as ``prepare --task`` reads a split (run_glue.py's columns); says on
+    stderr which columns it reads."""
+    from .data.task.labels import describe_columns, text_columns, texts
     from .data.task.rows import read_split
 
     table = read_split(path)
     columns = text_columns(table, sentence1_key, sentence2_key, label_key)
+    print("%s: %s" % (path, describe_columns(columns, label_key if label_key in table.columns else None,
+                                             "(not read)")), file=sys.stderr)
     values = [texts(table, column) for column in columns]
     return list(values[0]) if len(values) == 1 else list(zip(values[0], values[1]))
 

@@ -195,3 +195,32 @@ def gather_reference(groups, batch, hf_out, hf_inputs):
                 slot += 1
             row_of += 1
     return mlm_ref, nsp_ref
+
+
+OWN_WORDS = ["the", "a", "loop", "task", "mail", "header", "socket", "server", "test", "case", "good", "bad", "##s",
+             ".", ",", "caf", "##e", "cafe", "au", "lait", "\u4e2d", "\u6587", "\u4e2d\u6587"]
+"""The words of the tests' own small vocabulary (save_hf_bert): ASCII words, an accent-free "cafe" and two CJK
+characters that are tokens alone and together."""
+
+
+def save_hf_bert(directory: str, cls: str = "BertForPreTraining", words: Sequence[str] = OWN_WORDS,
+                 tokenizer_config: Dict = None, seed: int = 0, **fields) -> str:
+    """A tiny transformers BERT (``cls`` of transformers) saved by its own save_pretrained into ``directory``, with a
+    vocabulary and a layer_norm_eps of its own (the special tokens, then ``words``; eps 1e-7, hidden 32, 2 layers,
+    64 positions unless ``fields`` say otherwise), its vocab.txt and, where given, its tokenizer_config.json."""
+    import json
+    import os
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(words)
+    settings = dict(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=64, layer_norm_eps=1e-7, hidden_act="gelu")
+    settings.update(fields)
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls)(transformers.BertConfig(**settings))
+    model.save_pretrained(directory)
+    with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(token + "\n" for token in vocab))
+    if tokenizer_config is not None:
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(tokenizer_config, f)
+    return directory

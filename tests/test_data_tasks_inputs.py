@@ -93,12 +93,19 @@ ROWS = [
         "train.jsonl": _jsonl([{"sentence1": "the loop", "label": ["a", "b"]}, {"sentence1": "x", "label": ["c"]}]),
         "dev.jsonl": _jsonl([{"sentence1": "the mail", "label": ["a", "z"]}])}, [],
      ["dev.jsonl:1", "column 'label'", "'z' is not one of the train split's 3 label names"]),
-    ("class-id-past-the-classes", {"train.csv": "sentence1,label\nthe loop,0\nthe mail,2\n",
+    ("class-id-past-the-classes", {"train.csv": "sentence1,label\nthe loop,0\nthe mail,2\nthe task,1\n",
                                    "dev.csv": "sentence1,label\nthe mail,1\nthe task,3\n"}, [],
      ["dev.csv:3", "column 'label'", "class 3 is outside the train split's classes 0 .. 2"]),
     ("negative-class", {"train.csv": "sentence1,label\nthe loop,0\nthe mail,-2\n",
                         "dev.csv": "sentence1,label\nthe mail,1\n"}, [],
      ["train.csv:3", "column 'label'", "negative"]),
+    ("regression-beyond-float32", {"train.csv": "sentence1,label\nthe loop,0.5\nthe mail,1e39\n",
+                                   "dev.csv": "sentence1,label\nthe mail,1.0\n"}, [],
+     ["train.csv:3", "column 'label'", "'1e39' is beyond float32's range"]),
+    ("regression-list-beyond-float32-in-validation", {
+        "train.jsonl": _jsonl([{"sentence1": "the loop", "label": [0.5, 1.0]}]),
+        "dev.jsonl": _jsonl([{"sentence1": "the mail", "label": [0.5, 1.0]}, {"sentence1": "a", "label": [-4e38, 0]}])},
+     [], ["dev.jsonl:2", "column 'label'", "[-4e+38, 0] is beyond float32's range"]),
     ("name-where-numbers-in-validation", {"train.csv": "sentence1,label\nthe loop,0.5\nthe mail,1.5\n",
                                           "dev.csv": "sentence1,label\nthe mail,high\n"}, [],
      ["dev.csv:2", "column 'label'", "'high' is not a number"]),
@@ -279,3 +286,57 @@ def test_run_glue_takes_the_first_two_non_label_columns_without_sentence1(tmp_pa
     table = _table(tmp_path, "v.tsv", "sentence1\tsentence2\tlabel\na\tb\tyes\n")
     assert text_columns(table, None, None, "label") == ["sentence1", "sentence2"]
     assert text_columns(table, "sentence2", None, "label") == ["sentence2"]
+
+
+def test_integer_classes_that_are_not_0_to_l_are_mapped_in_sorted_order(tmp_path):
+    """run_glue.py's label_list: the distinct integers sorted; 0 and 2 are two classes, not three."""
+    train = _table(tmp_path, "train.csv", "sentence1,label\na,2\nb,0\nc,2\n")
+    labels = infer_labels(train, "label")
+    assert (labels.num_labels, labels.names) == (2, ["0", "2"])
+    assert encode_labels(train, "label", labels, "train").labels.tolist() == [1, 0, 1]
+    dev = _table(tmp_path, "dev.csv", "sentence1,label\na,1\n")
+    with pytest.raises(DataError, match=r"dev.csv:2: column 'label': class 1 is not one of the train split's "
+                                        r"classes \('0', '2'\)"):
+        encode_labels(dev, "label", labels, "validation")
+
+
+# (header, the text columns read): run_glue.py's task_to_keys for each GLUE task's columns, an id/idx column never
+# a text, and run_glue's first-two rule otherwise
+COLUMNS = [
+    ("id\ttext", ["text"]),
+    ("ID\ttext", ["text"]),
+    ("sentence\tlabel\tidx", ["sentence"]),  # SST-2, CoLA
+    ("idx\tsentence\tlabel", ["sentence"]),
+    ("premise\thypothesis\tlabel\tidx", ["premise", "hypothesis"]),  # MNLI
+    ("hypothesis\tpremise\tlabel\tidx", ["premise", "hypothesis"]),
+    ("question1\tquestion2\tlabel\tidx", ["question1", "question2"]),  # QQP
+    ("question\tsentence\tlabel\tidx", ["question", "sentence"]),  # QNLI
+    ("sentence\tquestion\tlabel\tidx", ["question", "sentence"]),
+    ("idx\tsentence1\tsentence2\tlabel", ["sentence1", "sentence2"]),  # MRPC, STS-B, RTE, WNLI
+    ("label\tsentence", ["sentence"]),
+    ("id\tquery\tdocument\tlabel", ["query", "document"]),
+]
+
+
+@pytest.mark.parametrize("header, expected", COLUMNS, ids=[c[0].replace("\t", ",") for c in COLUMNS])
+def test_text_columns_follow_run_glues_task_keys_and_never_take_an_id(header, expected, tmp_path):
+    row = "\t".join("1" if name.lower() in ("id", "idx", "label") else "some text" for name in header.split("\t"))
+    table = _table(tmp_path, "t.tsv", header + "\n" + row + "\n")
+    assert text_columns(table, None, None, "label") == expected
+
+
+def test_only_id_columns_are_no_text(tmp_path):
+    table = _table(tmp_path, "t.tsv", "idx\tlabel\n1\tx\n")
+    with pytest.raises(DataError, match=r"t.tsv:1: no text column \(columns: idx, label; the label column is "
+                                        r"'label', and id/idx columns number the rows\)"):
+        text_columns(table, None, None, "label")
+
+
+def test_prepare_says_which_columns_it_read(tokenizer, tmp_path, capsys):
+    train = "sentence\tlabel\tidx\nthe loop\ta\t0\nthe mail\tb\t1\n"
+    _write(tmp_path / "train.tsv", train)
+    _write(tmp_path / "dev.tsv", train)
+    assert data_main(["prepare", "--task", "classification", "--train", str(tmp_path / "train.tsv"), "--validation",
+                      str(tmp_path / "dev.tsv"), "--tokenizer", tokenizer, "--output", str(tmp_path / "task"),
+                      "--max-seq-length", "16", "--workers", "1", "--quiet"]) == 0
+    assert "  columns: text 'sentence', pair none, label 'label'" in capsys.readouterr().out.splitlines()

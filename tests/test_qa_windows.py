@@ -220,3 +220,51 @@ def test_a_long_question_is_cut_at_a_word_boundary_to_the_query_length(prepared)
                                                             add_special_tokens=False)["input_ids"][:len(tokens)]
     assert examples["q-short"].question == original["q-short"]
     assert ds.manifest["task"]["questions_truncated"] == 1
+
+
+CAFE = "Cafe\u0301"  # "Café" with a decomposed accent: "e" then U+0301 COMBINING ACUTE ACCENT
+ACCENTED = [
+    ("decomposed-then-more", "The %s au lait is hot." % CAFE, CAFE),
+    ("decomposed-in-a-longer-answer", "The %s au lait is hot." % CAFE, "The %s" % CAFE),
+    ("decomposed-at-the-end", "We met at the %s" % CAFE, CAFE),
+    ("composed", "The Caf\u00e9 au lait is hot.", "Caf\u00e9"),
+    ("decomposed-inside", "The Cafe\u0301s au lait.", "Cafe\u0301s"),
+]
+
+
+@pytest.mark.parametrize("lower_case", [True, False], ids=["uncased", "cased"])
+def test_a_perfect_model_scores_1_on_answers_near_combining_characters(lower_case):
+    """The labels of an answer that ends on a decomposed accent are its own tokens (an uncased tokenizer strips the
+    accent: no token's offsets hold it), and the span a model puts its logits on is cut with the accent: a model
+    whose start and end logits peak at the labels scores exact match 100."""
+    import numpy as np
+
+    from ipu_packing.data.task.answers import AnswerSearch, squad_metrics
+    from ipu_packing.data.task.windows import build_window_tokenizers, window_examples
+    from ipu_packing.data.vocab import TokenizerSpec
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "where", "?", "the", "cafe", "au", "lait", "is", "hot", ".",
+             "we", "met", "at", "##s", "caf", "##e", "Cafe", "The", "We", "Caf", "##\u00e9", "##e\u0301"]
+    spec = TokenizerSpec(vocab, lower_case)
+    pair, _ = build_window_tokenizers(spec, 32, 8)
+    contexts = [context for _, context, _ in ACCENTED]
+    answers = [(context.index(text), text) for _, context, text in ACCENTED]
+    tokens, lengths, _, starts, ends, owner, offsets = window_examples(
+        pair, 2, ["where?"] * len(contexts), contexts, answers, "test")
+    n, width = len(lengths), int(lengths.max())
+    packs = {"sequence_ids": np.zeros((n, width), np.int32), "cls_positions": np.zeros((n, 1), np.int32),
+             "example_ids": owner[:, None], "feature_ids": np.arange(n, dtype=np.int32)[:, None],
+             "offsets": np.full((n, width, 2), -1, np.int32)}
+    start_logits, end_logits = np.zeros((n, width)), np.zeros((n, width))
+    first = np.cumsum(lengths) - lengths
+    for w in range(n):
+        packs["sequence_ids"][w, :lengths[w]] = 1
+        packs["offsets"][w, :lengths[w]] = offsets[first[w]:first[w] + lengths[w]]
+        start_logits[w, starts[w]], end_logits[w, ends[w]] = 10.0, 10.0  # the labels: a perfect model
+    search = AnswerSearch()
+    search.add(start_logits, end_logits, packs)
+    predictions = search.predictions(contexts)
+    assert [predictions[i].text for i in range(len(contexts))] == [text for _, _, text in ACCENTED]
+    gold = {name: [text] for name, _, text in ACCENTED}
+    got = {name: predictions[i].text for i, (name, _, _) in enumerate(ACCENTED)}
+    assert squad_metrics(got, gold) == {"exact_match": 100.0, "f1": 100.0}

@@ -161,6 +161,7 @@ def _prepare(args: argparse.Namespace) -> None:
         print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
         return
     if result.splits:
+        from .task.labels import describe_columns
         from .task.preparation import split_summary
 
         task = packed["task"]
@@ -168,6 +169,7 @@ def _prepare(args: argparse.Namespace) -> None:
             args.output, seconds["total"], task["name"], task["problem_type"], task["num_labels"],
             " (%s)" % ", ".join(task["labels"]) if task["labels"] and len(task["labels"]) <= 8 else "",
             packed["max_seq_length"], packed["max_sequences_per_pack"]))
+        print("  " + describe_columns(task["text_columns"], task["label_column"]))
         for name, manifests in result.splits.items():
             print("  " + split_summary(name, args.output, manifests["packed"], manifests.get("padded")))
         print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))

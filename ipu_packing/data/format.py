@@ -542,6 +542,8 @@ SPLITS = ("train", "validation", "test")
 OPTIONAL_MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
     "strip_accents": (bool, "whether the tokenizer stripped accents; absent: exactly when it lower-cased (the "
                             "BertNormalizer rule every vocabulary-built tokenizer follows; data/vocab.py)"),
+    "tokenize_chinese_chars": (bool, "whether the tokenizer split CJK ideographs into words of one character; "
+                                     "absent: it did (transformers' default)"),
 }
 """Keys a manifest may hold (checked like MANIFEST_KEYS where present): written only where the value says
 something the others do not, so a dataset made before a key existed opens as it did."""

@@ -5,9 +5,10 @@ All of them end up as a fast (Rust) `tokenizers.Tokenizer` that encodes whole ba
 at once, plus the vocabulary as a list of tokens (id = index) that is copied into every prepared
 dataset as vocab.txt, so the application can rebuild the tokenizer from the data directory alone.
 
-Lower-casing follows the tokenizer: a Hugging Face directory says so in tokenizer.json (its
-normalizer) or tokenizer_config.json (`do_lower_case`, and `strip_accents` beside a vocab.txt, as transformers'
-BertTokenizer reads them); a bare vocab.txt is treated as uncased when
+Lower-casing follows the tokenizer, read with every option transformers reads: a Hugging Face directory says so in
+tokenizer_config.json (`do_lower_case`, `strip_accents`, `tokenize_chinese_chars`, as transformers' BertTokenizer
+reads them beside a vocab.txt, and as BertTokenizerFast rebuilds tokenizer.json's BertNormalizer from them) or in
+tokenizer.json's normalizer where there is no tokenizer_config.json; a bare vocab.txt is treated as uncased when
 none of its ordinary tokens holds an upper-case letter (bert-base-uncased) and as cased otherwise
 (bert-base-cased). `--lower-case yes|no` overrides the guess for a bare vocab.txt and chooses for a
 trained vocabulary (auto: lower-cased); against a tokenizer.json that says otherwise it is refused.
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import itertools
 import os
 import re
@@ -71,6 +73,9 @@ class TokenizerSpec:
     strip_accents: Optional[bool] = None
     """Whether the tokenizer strips accents; None: exactly when lower-casing (BertNormalizer's rule, which
     every tokenizer built from a vocabulary follows). A tokenizer.json's own normalizer decides it."""
+    tokenize_chinese_chars: bool = True
+    """Whether CJK ideographs are split into words of one character (BertNormalizer's handle_chinese_chars,
+    transformers' tokenize_chinese_chars)."""
 
     def __post_init__(self) -> None:
         index = {}
@@ -109,6 +114,8 @@ class TokenizerSpec:
                   "do_lower_case": bool(self.do_lower_case), "special_token_ids": self.special_token_ids}
         if self.accents_stripped != bool(self.do_lower_case):
             fields["strip_accents"] = self.accents_stripped
+        if not self.tokenize_chinese_chars:
+            fields["tokenize_chinese_chars"] = False
         return fields
 
     def continuation_mask(self) -> np.ndarray:
@@ -133,7 +140,8 @@ class TokenizerSpec:
         if self.tokenizer_json is not None:
             return Tokenizer.from_str(self.tokenizer_json)
         vocab = {t: i for i, t in enumerate(self.vocab)}
-        return BertWordPieceTokenizer(vocab, lowercase=self.do_lower_case, strip_accents=self.strip_accents)._tokenizer
+        return BertWordPieceTokenizer(vocab, lowercase=self.do_lower_case, strip_accents=self.strip_accents,
+                                      handle_chinese_chars=self.tokenize_chinese_chars)._tokenizer
 
 
 class BatchEncoder:
@@ -350,14 +358,18 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
             if difference:
                 raise DataError("%s: tokenizer.json and vocab.txt disagree: %s (the ids prepare writes would mean "
                                 "other tokens to one of them)" % (path, difference))
-        lower = _json_lowercase(data.get("normalizer"))
+        if os.path.lexists(config_path):
+            text = _with_config_normalizer(data, config, text)
+            tokenizer = Tokenizer.from_str(text)
+        lower = _json_lowercase(jsonin.loads(text).get("normalizer"))
         if lower is None:
             lower = bool(config.get("do_lower_case", False))
         if forced is not None and forced != lower:
             raise DataError("--lower-case %s disagrees with %s, whose normalizer %s lower-case (leave out "
                             "--lower-case: a tokenizer.json decides its own casing)"
                             % (lower_case, json_path, "does" if lower else "does not"))
-        return TokenizerSpec(vocab, lower, tokenizer_json=text, source=path, strip_accents=_strips_accents(tokenizer))
+        return TokenizerSpec(vocab, lower, tokenizer_json=text, source=path, strip_accents=_strips_accents(tokenizer),
+                             tokenize_chinese_chars=_splits_chinese(tokenizer))
     if os.path.lexists(vocab_path):
         vocab = _read_vocab_file(vocab_path)
         lower = config.get("do_lower_case")
@@ -366,7 +378,9 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
         if lower is None:
             lower = _guess_lower_case(vocab)
         strip = config.get("strip_accents")  # transformers' BertTokenizer reads it (null: as it lower-cases)
-        return TokenizerSpec(vocab, bool(lower), source=path, strip_accents=strip if isinstance(strip, bool) else None)
+        chinese = config.get("tokenize_chinese_chars", True)  # and this (default true)
+        return TokenizerSpec(vocab, bool(lower), source=path, strip_accents=strip if isinstance(strip, bool) else None,
+                             tokenize_chinese_chars=chinese is not False)
     raise DataError("%s: directory holds neither tokenizer.json nor vocab.txt" % path)
 
 
@@ -412,8 +426,8 @@ HF_SPECIAL_TOKEN_NAMES = {"[PAD]": "pad_token", "[UNK]": "unk_token", "[CLS]": "
                           "[MASK]": "mask_token"}
 
 
-def hf_tokenizer_files(do_lower_case: bool, model_max_length: int,
-                       strip_accents: Optional[bool] = None) -> Dict[str, dict]:
+def hf_tokenizer_files(do_lower_case: bool, model_max_length: int, strip_accents: Optional[bool] = None,
+                       tokenize_chinese_chars: bool = True) -> Dict[str, dict]:
     """tokenizer_config.json and special_tokens_map.json of a transformers BertTokenizer (or its fast twin)
     that tokenizes as `TokenizerSpec.build()` does for a vocabulary: BertNormalizer (clean text, split
     CJK characters, strip accents when `strip_accents` (None: only when lower-casing), lower-case when
@@ -422,7 +436,7 @@ def hf_tokenizer_files(do_lower_case: bool, model_max_length: int,
     (`tokenizer_options`): an uncased tokenizer.json that kept accents must not strip them in the export."""
     special = {HF_SPECIAL_TOKEN_NAMES[token]: token for token in SPECIAL_TOKENS}
     config = dict(special, tokenizer_class="BertTokenizer", do_lower_case=bool(do_lower_case),
-                  do_basic_tokenize=True, tokenize_chinese_chars=True,
+                  do_basic_tokenize=True, tokenize_chinese_chars=bool(tokenize_chinese_chars),
                   strip_accents=None if strip_accents is None else bool(strip_accents),
                   model_max_length=int(model_max_length), clean_up_tokenization_spaces=True)
     return {"tokenizer_config.json": config, "special_tokens_map.json": special}
@@ -449,22 +463,65 @@ def write_export_tokenizer(directory: str, manifest: Mapping[str, Any], model_ma
     return written
 
 
-def check_vocab_size(path: str, vocab_size: int, what: str = "the model") -> List[str]:
+def check_vocab_size(path: str, vocab_size: int, what: str = "the model", fewer_allowed: bool = False) -> List[str]:
     """The tokens of the vocab.txt at `path`, refused in one line unless there are `vocab_size` of them (the rows
-    of `what`'s embedding): an export or a phase-1 directory whose vocabulary is not the model's."""
+    of `what`'s embedding): an export or a phase-1 directory whose vocabulary is not the model's. `fewer_allowed`:
+    fewer tokens than rows are the model's own too (a model directory whose embeddings were padded past its
+    tokenizer; tokenizer_fit), more are refused."""
     tokens = read_vocab(path)
+    if fewer_allowed:
+        tokenizer_fit(len(tokens), int(vocab_size), path)
+        return tokens
     if len(tokens) != int(vocab_size):
         raise DataError("%s holds %d tokens, but %s has vocab_size %d (its embedding rows): not its vocabulary"
                         % (path, len(tokens), what, int(vocab_size)))
     return tokens
 
 
+def tokenizer_fit(tokens: int, vocab_size: int, what: str) -> Optional[str]:
+    """A tokenizer of ``tokens`` ids beside a model of ``vocab_size`` embedding rows (``what``, e.g. "--model DIR"):
+    None where they are equal; one line saying so where the tokenizer is smaller (the last rows are never used: a
+    model whose embeddings were padded, or another tokenizer); a DataError naming both sizes where it is larger (its
+    last ids would have no row)."""
+    if tokens > vocab_size:
+        raise DataError("%s: its tokenizer has %d tokens, but the model's embeddings hold %d (config.json "
+                        "vocab_size): ids %d .. %d have no embedding row"
+                        % (what, tokens, vocab_size, vocab_size, tokens - 1))
+    if tokens < vocab_size:
+        return ("%s: its tokenizer has %d tokens, fewer than the model's %d embedding rows (config.json vocab_size): "
+                "rows %d .. %d are never used" % (what, tokens, vocab_size, tokens, vocab_size - 1))
+    return None
+
+
 def tokenizer_options(manifest: Mapping[str, Any]) -> Dict[str, bool]:
-    """{do_lower_case, strip_accents} of the tokenizer that made a dataset, from its manifest (strip_accents
-    where recorded, else as it lower-cased): the keyword arguments of `hf_tokenizer_files` besides
-    model_max_length."""
+    """{do_lower_case, strip_accents, tokenize_chinese_chars} of the tokenizer that made a dataset, from its
+    manifest (strip_accents where recorded, else as it lower-cased; tokenize_chinese_chars where recorded, else
+    true): the keyword arguments of `hf_tokenizer_files` besides model_max_length."""
     lower = bool(manifest["do_lower_case"])
-    return {"do_lower_case": lower, "strip_accents": bool(manifest.get("strip_accents", lower))}
+    return {"do_lower_case": lower, "strip_accents": bool(manifest.get("strip_accents", lower)),
+            "tokenize_chinese_chars": bool(manifest.get("tokenize_chinese_chars", True))}
+
+
+def _with_config_normalizer(data: Dict[str, Any], config: Mapping[str, Any], text: str) -> str:
+    """tokenizer.json's text with its BertNormalizer rebuilt from tokenizer_config.json, as transformers'
+    BertTokenizerFast does: where the normalizer's lowercase, strip_accents or handle_chinese_chars differ from the
+    config's do_lower_case, strip_accents or tokenize_chinese_chars (each with BertTokenizerFast's default where the
+    config is silent: true, null, true), all three become the config's. Another normalizer is kept as it is."""
+    normalizer = data.get("normalizer")
+    if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
+        return text
+    wanted = {"lowercase": config.get("do_lower_case", True), "strip_accents": config.get("strip_accents"),
+              "handle_chinese_chars": config.get("tokenize_chinese_chars", True)}
+    if all(normalizer.get(key, value) == value for key, value in wanted.items()):
+        return text
+    return json.dumps(dict(data, normalizer=dict(normalizer, **wanted)), ensure_ascii=False)
+
+
+def _splits_chinese(tokenizer: Any) -> bool:
+    """Whether a tokenizers.Tokenizer's normalizer puts spaces around a CJK ideograph (BertNormalizer's
+    handle_chinese_chars)."""
+    normalizer = tokenizer.normalizer
+    return normalizer is not None and normalizer.normalize_str("\u4e2d\u6587") != "\u4e2d\u6587"
 
 
 def _strips_accents(tokenizer: Any) -> bool:

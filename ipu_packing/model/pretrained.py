@@ -273,13 +273,38 @@ def _copy_weights(model: Any, state: Dict[str, torch.Tensor], source: str):
             [key for key in state if key not in own])
 
 
-def load_weights(model: Any, directory: str) -> Tuple[List[str], List[str], List[str]]:
+def load_weights(model: Any, directory: str, rows: Any = None,
+                 fresh: Tuple[str, ...] = ()) -> Tuple[List[str], List[str], List[str]]:
     """Copy the weights of a transformers-format directory into an existing ``model``, not strictly:
     returns (loaded, missing, unexpected) tensor names, in transformers' layout and without tied aliases:
     those copied, the model's tensors the directory lacks (left as they were: their fresh initialisation)
     and the directory's tensors the model has no place for (not used). A tensor of another shape is a
-    ValueError naming it."""
-    return _copy_weights(model, normalize_keys(read_state_dict(directory)), directory)
+    ValueError naming it. ``rows`` ({tensor name: row indices}): those tensors' rows taken in that order (a
+    classifier's rows mapped to the dataset's label ids); ``fresh``: name prefixes whose tensors are not taken
+    (a head the user replaces: they keep their initialisation and count as missing)."""
+    state = normalize_keys(read_state_dict(directory))
+    for key in [key for key in state if key.startswith(tuple(fresh))] if fresh else ():
+        del state[key]
+    for key, order in (rows or {}).items():
+        if key in state:
+            state[key] = state[key][torch.as_tensor(list(order), dtype=torch.long)]
+    return _copy_weights(model, state, directory)
+
+
+def head_labels(config: Any) -> Any:
+    """The label names of a config.json's classifier by id (its id2label), or None where they are transformers'
+    defaults (LABEL_0, LABEL_1, ...: no names, as a model saved without labels has)."""
+    id2label = config.get("id2label") if isinstance(config, dict) else None
+    if not isinstance(id2label, dict) or not id2label:
+        return None
+    try:
+        by_id = {int(key): str(value) for key, value in id2label.items()}
+    except (TypeError, ValueError):
+        return None
+    names = [by_id.get(i) for i in range(len(by_id))]
+    if None in names or names == ["LABEL_%d" % i for i in range(len(names))]:
+        return None
+    return names
 
 
 def export_state_dict(model: Any) -> Dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 
 from .build import build
 from .run_config import RunConfig
-from .data import check_data_matches, open_shards, read_training_data
+from .data import check_data_matches, open_shards, prepare_hint, read_training_data
 from .phase1 import with_init_architecture
 from .task import task_for
 
@@ -34,7 +34,7 @@ def compile_only(
     config = with_init_architecture(config)
     data = None
     if os.path.isfile(os.path.join(config.data.path, "manifest.json")):
-        data = open_shards(read_training_data(config.data.path), open_dataset)
+        data = open_shards(read_training_data(config.data.path, prepare_hint(config)), open_dataset)
         check_data_matches(config, data)
     accounting = config.batch_accounting(data.packing_factor if data is not None
                                          else config.data.packing_factor_estimate)

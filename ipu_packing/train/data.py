@@ -82,11 +82,26 @@ class TrainingData:
         }
 
 
-def read_training_data(path: str) -> TrainingData:
+def prepare_hint(config) -> str:
+    """The `prepare` command that makes the data ``config`` trains on: pretraining's (PREPARE_HINT), or a fine-tuning
+    task's (`prepare --task NAME` with the config's data directory, S and K, the tokenizer of checkpoint.init_from
+    where it names one)."""
+    task = config.task.name
+    if task == "pretraining":
+        return PREPARE_HINT
+    tokenizer = config.checkpoint.init_from or "MODEL_DIR"
+    extra = " --doc-stride 128" if task == "question_answering" else ""
+    return ("python -m ipu_packing.data prepare --task %s --train FILE --validation FILE --tokenizer %s --output %s "
+            "--max-seq-length %d%s --max-sequences-per-pack %d"
+            % (task, tokenizer, config.data.dir, config.data.max_seq_length, extra, config.data.max_sequences_per_pack))
+
+
+def read_training_data(path: str, hint: str = PREPARE_HINT) -> TrainingData:
     """Read DIR/manifest.json through the data package's one reader (format.read_manifest: every key and
-    type checked; cheap, no shard is touched). `open_shards` then opens the data."""
+    type checked; cheap, no shard is touched). `open_shards` then opens the data. ``hint``: the command a missing
+    dataset is made with (prepare_hint)."""
     if not os.path.isfile(os.path.join(path, MANIFEST)):
-        raise UserError("dataset not found: %s has no manifest.json (prepare it with: %s)" % (path, PREPARE_HINT))
+        raise UserError("dataset not found: %s has no manifest.json (prepare it with: %s)" % (path, hint))
     try:
         manifest = read_manifest(path)
     except DataError as error:
@@ -135,6 +150,17 @@ def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
     return data
 
 
+def embeddings_from_model(config) -> bool:
+    """Whether the model's vocab_size is a model directory's (checkpoint.init_from's config.json, taken as it is):
+    its embeddings may hold more rows than its tokenizer, and so the dataset, has tokens (a model whose embeddings
+    were padded); the rows past the vocabulary are never used."""
+    from .run_dir import is_hf_dir
+
+    source = config.checkpoint.init_from
+    return bool(source) and config.architecture_taken and "model.vocab_size" not in config.checkpoint.init_override \
+        and is_hf_dir(source)
+
+
 def check_data_matches(config, data: TrainingData) -> None:
     """The dataset must have been built for this model: same S, K, vocabulary size."""
     if data.max_seq_length != config.data.max_seq_length:
@@ -153,7 +179,7 @@ def check_data_matches(config, data: TrainingData) -> None:
             % (data.path, data.max_sequences_per_pack, config.data.layout, config.data.expected_sequences_per_pack)
         )
     model_vocab = config.model_value("vocab_size")
-    if data.vocab_size != model_vocab:
+    if data.vocab_size != model_vocab and not (data.vocab_size < model_vocab and embeddings_from_model(config)):
         raise UserError(
             "dataset %s was built with a vocabulary of %d tokens, but model.vocab_size is %d (another vocabulary)"
             % (data.path, data.vocab_size, model_vocab)
@@ -179,19 +205,21 @@ def check_data_matches(config, data: TrainingData) -> None:
 DATA_TOKEN_TYPES = 2
 
 
-def write_tokenizer_files(directory: str, data: TrainingData, positions: int, vocab_size: int) -> None:
+def write_tokenizer_files(directory: str, data: TrainingData, positions: int, vocab_size: int,
+                          fewer_allowed: bool = False) -> None:
     """Beside an export's config.json: the dataset's vocab.txt, tokenizer_config.json and special_tokens_map.json
     (data/vocab.py write_export_tokenizer: the casing and accents the dataset was made with, model_max_length =
     ``positions``), so that transformers' AutoTokenizer gives the ids `prepare` gave. The copied vocab.txt must
     still be the dataset's by content (a vocabulary changed while the run trained would map the ids to other
-    words) and hold the model's ``vocab_size`` tokens: refused in one line otherwise."""
+    words) and hold the model's ``vocab_size`` tokens (``fewer_allowed``: at most that many, embeddings_from_model):
+    refused in one line otherwise."""
     from ipu_packing.data.vocab import check_vocab_size, write_export_tokenizer
 
     if data.vocab_path is None:
         return
     target = os.path.join(directory, "vocab.txt")
     shutil.copyfile(data.vocab_path, target)
-    check_vocab_size(target, vocab_size, "the exported model")
+    check_vocab_size(target, vocab_size, "the exported model", fewer_allowed)
     write_export_tokenizer(directory, data.manifest, positions)
 
 

@@ -25,7 +25,7 @@ import os
 import re
 import sys
 import typing
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 from .run_config import RunConfig
@@ -109,15 +109,20 @@ def resolve_config_path(name_or_path: str) -> str:
 def load_config(name_or_path: str = DEFAULT_CONFIG, overrides: Sequence[str] = ()) -> RunConfig:
     """Parse configs/NAME.yaml (or a path) plus dotted `key=value` overrides into a RunConfig."""
     path = resolve_config_path(name_or_path)
-    raw = _read_with_bases(path, seen=())
+    raw, own_model = _read_with_bases(path, seen=())
+    explicit = list(own_model)
     for item in overrides:
-        _apply_override(raw, item)
+        key = _apply_override(raw, item)
+        if key.startswith("model.") and key[len("model."):] not in explicit:
+            explicit.append(key[len("model."):])
     name = os.path.splitext(os.path.basename(path))[0]
-    return config_from_dict(raw, name=name)
+    return config_from_dict(raw, name=name, explicit_model_keys=tuple(explicit))
 
 
-def config_from_dict(raw: Dict[str, Any], name: str = "custom") -> RunConfig:
-    """Build a RunConfig from an already merged dict (no `base`)."""
+def config_from_dict(raw: Dict[str, Any], name: str = "custom",
+                     explicit_model_keys: Optional[Tuple[str, ...]] = None) -> RunConfig:
+    """Build a RunConfig from an already merged dict (no `base`). ``explicit_model_keys``: the `model:` keys the
+    user set (load_config: the named file's own and the command line's; None: every key of the dict's)."""
     from ipu_packing.execution import ExecutionConfig
 
     raw = dict(raw)
@@ -138,6 +143,7 @@ def config_from_dict(raw: Dict[str, Any], name: str = "custom") -> RunConfig:
             model=model,
             execution_spec=execution,
             explicit_execution_keys=tuple(execution_raw),
+            explicit_model_keys=tuple(model) if explicit_model_keys is None else tuple(explicit_model_keys),
             **sections
         )
     except ConfigError:
@@ -146,7 +152,8 @@ def config_from_dict(raw: Dict[str, Any], name: str = "custom") -> RunConfig:
         raise ConfigError(str(exc))
 
 
-def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
+def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Tuple[Dict[str, Any], Tuple[str, ...]]:
+    """The file merged over its `base:` chain, and the `model:` keys the file itself sets (not its bases')."""
     real = os.path.realpath(path)
     if real in seen:
         raise ConfigError("config %s extends itself (base cycle)" % (path,))
@@ -162,8 +169,9 @@ def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
         if key != "base" and value is not None and not isinstance(value, dict):
             raise ConfigError("config section %r in %s must be a mapping" % (key, path))
     base = raw.pop("base", None)
+    own_model = tuple(raw.get("model") or ())
     if base is None:
-        return raw
+        return raw, own_model
     if not isinstance(base, str):
         raise ConfigError("base in %s must be a config name, got %r" % (path, base))
     if os.sep not in base and not base.endswith((".yaml", ".yml")):
@@ -172,15 +180,16 @@ def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Dict[str, Any]:
         base_path = os.path.join(os.path.dirname(path), base)
     if not os.path.lexists(base_path):
         raise ConfigError("base config %r of %s not found (%s)" % (base, path, base_path))
-    merged = _read_with_bases(base_path, seen + (real,))
+    merged, _ = _read_with_bases(base_path, seen + (real,))
     for key, value in raw.items():
         section = dict(merged.get(key) or {})
         section.update(value or {})
         merged[key] = section
-    return merged
+    return merged, own_model
 
 
-def _apply_override(raw: Dict[str, Any], item: str) -> None:
+def _apply_override(raw: Dict[str, Any], item: str) -> str:
+    """Apply one `section.key=value`; returns "section.key"."""
     if "=" not in item:
         raise ConfigError("override %r must look like section.key=value" % (shown(item),))
     key, _, text = item.partition("=")
@@ -194,6 +203,7 @@ def _apply_override(raw: Dict[str, Any], item: str) -> None:
     target = dict(raw.get(section) or {})
     target[name] = value
     raw[section] = target
+    return "%s.%s" % (section, name)
 
 
 def _build(section: str, cls: type, raw: Dict[str, Any]):

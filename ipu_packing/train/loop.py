@@ -36,7 +36,7 @@ import torch
 from ..errors import TrainingError, UserError, one_line
 from .compile_only import compile_only
 from .run_config import RunConfig
-from .data import batch_rows, write_tokenizer_files
+from .data import batch_rows, embeddings_from_model, write_tokenizer_files
 from .guard import StepGuard
 from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
 from .run_dir import NonFiniteState, RunDirectory
@@ -315,7 +315,7 @@ def finish(plan: RunPlan, runner, history: List[StepRecord], last_saved: Optiona
 
         def save(directory: str) -> None:
             runner.model.save_pretrained(directory)
-            write_tokenizer_files(directory, plan.data, positions, vocab)
+            write_tokenizer_files(directory, plan.data, positions, vocab, embeddings_from_model(plan.config))
 
         summary["export"] = plan.run_dir.export(save)
         log("exported the final model (%s) to %s" % (plan.task.export, summary["export"]))

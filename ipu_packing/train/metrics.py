@@ -87,13 +87,14 @@ class MetricsLogger:
         self.shown = tuple(shown)
         self.writer = None
         if logging_config.tensorboard:
-            try:
-                from ..errors import require_extra
+            from ..errors import MissingExtra, one_line, require_extra
 
+            try:
                 writer = require_extra("torch.utils.tensorboard", "logging.tensorboard").SummaryWriter
                 self.writer = writer(tensorboard_dir, purge_step=start_step + 1)
             except Exception as exc:  # tensorboard is optional (e.g. a Poplar SDK venv without it)
-                log("note: TensorBoard logging off (%s)" % (type(exc).__name__,))
+                cause = str(exc) if isinstance(exc, MissingExtra) else "%s: %s" % (type(exc).__name__, one_line(exc))
+                log("note: TensorBoard logging off (%s; or set logging.tensorboard=false)" % (cause[:300],))
         self.bar = None
         if logging_config.progress_bar:
             from tqdm import tqdm

@@ -4,8 +4,9 @@ A Hugging Face BertForPreTraining directory states the model it holds in config.
 (sections.INIT_ARCHITECTURE_KEYS: activation, LayerNorm eps, sizes, vocabulary, token types, positions) is
 taken from there when a run is planned (`with_init_architecture`: planning reads the file, the config object
 does not), so that a phase 2 started from
-bert-large-uncased keeps its `layer_norm_eps` 1e-12 and `hidden_act` instead of the YAML's. A `model:` value
-that disagrees is refused, naming the key and both values, unless `checkpoint.init_override` lists it.
+bert-large-uncased keeps its `layer_norm_eps` 1e-12 and `hidden_act` instead of those a `base:` config gives. A
+`model:` value the user sets (the named config file's own, or the command line's) that disagrees is refused, naming
+the key and both values, unless `checkpoint.init_override` lists it.
 
 Before the weights load, the source's vocabulary must be the dataset's (`check_init_from`): the directory's
 vocab.txt, or the vocab_sha256 one of our checkpoints records; `checkpoint.init_override=[vocab]` starts
@@ -17,7 +18,7 @@ weights were initialised fresh.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -54,8 +55,10 @@ def _show(value: Any) -> str:
 
 def with_init_architecture(config):
     """``config`` with the architecture of checkpoint.init_from when it is a Hugging Face directory (a new config
-    object, checked again); a key the config sets to another value is a ConfigError unless
-    checkpoint.init_override lists it (then the config's value stays). Anything else as it was (a step
+    object, checked again): config.json's values replace those a `base:` config gives (a model from scratch's),
+    so no `model.*` key need be typed; a key the user sets (the config file's own or the command line's,
+    ``RunConfig.explicit_model_keys``) to another value is a ConfigError unless checkpoint.init_override lists it
+    (then the config's value stays). Anything else as it was (a step
     checkpoint states no architecture apart from its tensors' shapes, which loading checks)."""
     import dataclasses
 
@@ -71,7 +74,7 @@ def with_init_architecture(config):
     for key in INIT_ARCHITECTURE_KEYS:
         if "model." + key in checkpoint.init_override:
             continue
-        if key in model and model[key] != stated[key]:
+        if key in config.explicit_model_keys and key in model and model[key] != stated[key]:
             disagree.append("model.%s is %s in the config but %s in its config.json"
                             % (key, _show(model[key]), _show(stated[key])))
         out[key] = stated[key]
@@ -129,8 +132,9 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
     if is_hf_dir(source):
         from ipu_packing.model.pretrained import load_weights
 
+        rows, fresh, mapped = classifier_rows(config, model, source)
         try:
-            loaded, missing, unexpected = load_weights(model, source)
+            loaded, missing, unexpected = load_weights(model, source, rows, fresh)
         except ValueError as exc:
             overridden = [item for item in config.checkpoint.init_override if item.startswith("model.")]
             raise UserError("checkpoint.init_from does not fit the model config: %s%s"
@@ -145,7 +149,11 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
                 "not used: %s" % (len(loaded), source,
                                   bert.num_hidden_layers, bert.hidden_size, bert.num_attention_heads,
                                   bert.intermediate_size, bert.vocab_size, bert.hidden_act, bert.layer_norm_eps,
-                                  _names(missing), _names(unexpected)))
+                                  _names(missing), _names(unexpected))) + mapped
+        if data.vocab_size < bert.vocab_size:
+            from ..data.vocab import tokenizer_fit
+
+            line += "; dataset %s" % (tokenizer_fit(data.vocab_size, bert.vocab_size, data.path),)
     else:
         path = source
         if os.path.isdir(source):
@@ -163,6 +171,46 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
     if _first_process():
         print(line, flush=True)
     return line
+
+
+def classifier_rows(config, model: torch.nn.Module, source: str) -> Tuple[Dict[str, List[int]], Tuple[str, ...], str]:
+    """How a Hugging Face directory's classifier goes into a fine-tuning model, as run_glue.py takes it: through the
+    directory's label2id. (rows to take by tensor, prefixes left fresh, what the load line adds). The same label
+    names in another order: the classifier's rows are taken in the dataset's order (a dataset of integer classes
+    without names: the names "0", "1", ...); a head saved without names (transformers' LABEL_i) with as many labels:
+    as it is; anything else (other names, another number of labels) is refused in one line unless
+    task.replace_head starts a new classifier."""
+    from ipu_packing.model.pretrained import head_labels
+
+    raw = jsonin.load_path(os.path.join(source, "config.json"), error=ConfigError)
+    architectures = raw.get("architectures") if isinstance(raw, dict) else None
+    if not config.task.fine_tuning or config.task.name != "classification" or not isinstance(architectures, list) \
+            or "BertForSequenceClassification" not in architectures:
+        return {}, (), ""
+    if config.task.replace_head:
+        return {}, ("classifier.",), "; classifier replaced (task.replace_head)"
+    theirs = head_labels(raw)
+    ours_count = int(model.config.num_labels)
+    ours = head_labels({"id2label": model.config.id2label}) or [str(i) for i in range(ours_count)]  # class ids
+    their_count = len(theirs) if theirs is not None else len(raw.get("id2label") or {}) or 2
+    if theirs is None and their_count == ours_count:  # a head saved without names: its ids are the dataset's
+        return {}, (), ""
+    if theirs is not None and sorted(theirs) != sorted(ours):
+        lowered = [name.lower() for name in theirs]  # run_glue.py compares the model's names lower-cased
+        if sorted(lowered) == sorted(ours) and len(set(lowered)) == len(lowered):
+            theirs = lowered
+    if theirs is not None and sorted(theirs) == sorted(ours):
+        if theirs == ours:
+            return {}, (), ""
+        order = [theirs.index(name) for name in ours]
+        return ({"classifier.weight": order, "classifier.bias": order}, (),
+                "; classifier rows mapped to the dataset's labels through its label2id (%s)"
+                % ", ".join("%s: %d -> %d" % (name, order[i], i) for i, name in enumerate(ours)))
+
+    raise UserError("checkpoint.init_from %s: its classifier's labels (%s) are not the dataset's (%s); set "
+                    "task.replace_head=true to start a new classifier (transformers' ignore_mismatched_sizes)"
+                    % (source, ", ".join(theirs) if theirs is not None else "%d without names" % their_count,
+                       ", ".join(ours)))
 
 
 def check_state_shapes(model: torch.nn.Module, state: Dict[str, torch.Tensor], source: str) -> None:

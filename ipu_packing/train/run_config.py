@@ -47,6 +47,11 @@ class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     explicit_execution_keys: Tuple[str, ...] = ()
     """Keys the `execution:` section set explicitly (for checks only)."""
+    explicit_model_keys: Tuple[str, ...] = ()
+    """The `model:` keys the user set: in the config file named (not inherited through `base:`) or on the command
+    line. Where the run starts from a model directory (checkpoint.init_from), its config.json's architecture
+    replaces the others (the values a `base:` config gives a model trained from scratch); one of these that differs
+    is refused (train/phase1.py ``with_init_architecture``)."""
     architecture_taken: bool = False
     """Whether checkpoint.init_from's architecture was taken (phase1.with_init_architecture): until then, a key the
     config leaves out may come from a phase-1 directory, so the checks that need it wait for planning."""
@@ -75,7 +80,7 @@ class RunConfig:
 
     def _known(self, key: str) -> Any:
         """``model_value(key)``, or None while a phase-1 directory may still state it."""
-        if self.checkpoint.init_from and not self.architecture_taken and key not in self.model:
+        if self.checkpoint.init_from and not self.architecture_taken and key not in self.explicit_model_keys:
             return None
         return self.model_value(key)
 

@@ -187,8 +187,9 @@ class CheckpointConfig:
     init_from: Optional[str] = None
     """Phase-1 weights: a Hugging Face BERT directory (config.json + weights) or one of our
     checkpoints (a step_*.pt file or a run directory). Only the model weights are taken; from a
-    Hugging Face directory the architecture too (INIT_ARCHITECTURE_KEYS, from its config.json: a
-    `model:` value that disagrees is refused, naming both). Its vocabulary (the directory's vocab.txt,
+    Hugging Face directory the architecture too (INIT_ARCHITECTURE_KEYS, from its config.json, over
+    the values a `base:` config gives; a `model:` value the user sets that disagrees is refused, naming
+    both). Its vocabulary (the directory's vocab.txt,
     or the vocab_sha256 a checkpoint records) must be the dataset's. Weights the source lacks (e.g. a
     BertModel without the pretraining heads) keep their fresh initialisation; loading says which."""
     init_override: List[str] = field(default_factory=list)
@@ -229,6 +230,11 @@ class TaskConfig:
     """Evaluate every N optimizer steps; 0: only at the end (a fine-tuning run always evaluates at its end)."""
     eval_batch_packs: int = 64
     """Packs per forward pass of the evaluation."""
+    replace_head: bool = False
+    """Start a new classifier where checkpoint.init_from's classifier does not fit the dataset's labels (its
+    label2id names other labels, or another number of them): transformers' ignore_mismatched_sizes. Without it
+    such a head is refused; the same names in another order are always mapped through its label2id, as
+    run_glue.py maps them."""
 
     def __post_init__(self) -> None:
         _choice("task.name", self.name, TASKS)

@@ -146,4 +146,23 @@ def task_for(config, manifest: Optional[Dict[str, Any]]) -> Task:
     return classification(kind)
 
 
-__all__ = ["PRETRAINING", "QUESTION_ANSWERING", "Task", "classification", "task_for"]
+def check_labelled(manifest: Dict[str, Any], path: str, use: str) -> None:
+    """Refuse (UserError, one line) to train on or evaluate a split without labels (a test split prepared without a
+    label column, or a question-answering split without answers): its labels are placeholders, so training would
+    learn nothing and an evaluation would score against nothing. ``use`` names the setting that chose it."""
+    task = manifest.get("task")
+    if not isinstance(task, dict):
+        return
+    if task.get("name") == "question_answering":
+        unlabelled = int(task.get("answered", 1)) == 0
+    else:
+        unlabelled = not task.get("has_labels", True)
+    if unlabelled:
+        raise UserError("dataset %s (the %s split) has no labels, so it cannot be %s: %s; predict its examples with "
+                        "`ipu-packing-predict --model DIR --input FILE --output FILE.jsonl` instead"
+                        % (path, task.get("split", "?"), "trained on" if use == "data.split" else "evaluated",
+                           "set data.split=train" if use == "data.split"
+                           else "set task.eval_split=validation, or task.eval_split= for none"))
+
+
+__all__ = ["PRETRAINING", "QUESTION_ANSWERING", "Task", "check_labelled", "classification", "task_for"]

@@ -3,8 +3,10 @@
     task_metrics("single_label_classification", predictions, labels, num_labels)
     # {"accuracy": ..., "f1": ..., "matthews_correlation": ...}
 
-- single label: accuracy; F1 (binary F1 of label 1 with two labels, as GLUE reports it for MRPC and QQP; macro F1
-  above two); Matthews correlation (GLUE's CoLA metric). ``predictions``: (N, L) logits or probabilities.
+- single label: accuracy; F1 (binary F1 of label 1 with two labels, as GLUE reports it for MRPC and QQP; above two,
+  macro F1 over the classes that occur among the labels and the predictions: scikit-learn's default, so a class
+  the split never holds nor predicts is not counted as an F1 of 0); Matthews correlation (GLUE's CoLA metric).
+  ``predictions``: (N, L) logits or probabilities.
 - regression: Pearson and Spearman correlation (GLUE's STS-B metrics) and the mean squared error. ``predictions``:
   (N,) or (N, L) scores.
 - multi label: subset accuracy (every label right), micro and macro F1 over the labels with a 0.5 threshold on the
@@ -46,11 +48,10 @@ def task_metrics(problem_type: str, predictions: np.ndarray, labels: np.ndarray,
         labels = labels.astype(np.int64)
         average = "binary" if num_labels == 2 else "macro"
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # sklearn warns where a class never occurs; the value is still defined
+            warnings.simplefilter("ignore")  # sklearn warns where a class is never predicted; the value is defined
             return {
                 "accuracy": float(accuracy_score(labels, chosen)),
-                "f1": float(f1_score(labels, chosen, average=average, labels=list(range(num_labels))
-                                     if average == "macro" else None, zero_division=0)),
+                "f1": float(f1_score(labels, chosen, average=average, zero_division=0)),
                 "matthews_correlation": float(matthews_corrcoef(labels, chosen)),
             }
     if problem_type == "regression":

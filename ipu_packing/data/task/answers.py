@@ -13,7 +13,9 @@ whose start and end are both context tokens of the window (offsets not -1: never
 end >= start and at most max_answer_length tokens long, scored start_logit + end_logit. A question's candidates from
 all of its windows, in window order, are sorted by score (stable: on a tie the earlier window, start and end of
 run_qa.py's loop win), its best n_best_size kept, and the first is its prediction: the context's characters from the
-start token's first to the end token's last (the offsets). A question with no candidate at all gets the empty text
+start token's first to the end token's last (the offsets), and the combining marks that follow that last character
+(`marks_end`: an uncased tokenizer strips a decomposed accent, so no token's offsets hold it, but it belongs to the
+letter before it: "Cafe\u0301" is cut whole, not as "Cafe"). A question with no candidate at all gets the empty text
 (run_qa.py writes the word "empty" there; no SQuAD answer is either).
 
 Exact match and F1 are the official SQuAD v1.1 evaluation script's (evaluate-v1.1.py): each text normalised (lower
@@ -28,6 +30,7 @@ from __future__ import annotations
 import collections
 import re
 import string
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -52,6 +55,14 @@ class Prediction:
     start_char: int
     end_char: int
     """The span's characters in the context, [start_char, end_char)."""
+
+
+def marks_end(text: str, end: int) -> int:
+    """``end`` moved past the combining marks (unicodedata.combining) that follow it in ``text``: a span's end that
+    takes the accents of its last letter along."""
+    while end < len(text) and unicodedata.combining(text[end]):
+        end += 1
+    return end
 
 
 def window_candidates(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray,
@@ -118,6 +129,7 @@ class AnswerSearch:
                 out[example] = Prediction("", 0.0, -1, 0, 0)
                 continue
             score, feature, start, end = best[0]
+            end = marks_end(context, end)
             out[example] = Prediction(context[start:end], score, feature, start, end)
         return out
 

@@ -1,16 +1,19 @@
 """Columns and labels of a classification task, as transformers' run_glue.py decides them, checked row by row.
 
 Columns (`text_columns`): --sentence1-key (default "sentence1") and, where the input has it, --sentence2-key
-(default "sentence2"). Where the default sentence1 is absent and no key was given, run_glue's rule: the first two
-columns other than the label column (one, if there is only one). The validation and test splits use the train
-split's columns.
+(default "sentence2"). Where the default sentence1 is absent and no key was given: the columns of a GLUE task as
+run_glue.py's task_to_keys names them (GLUE_TASK_KEYS: premise and hypothesis, question1 and question2, question
+and sentence, or sentence alone), else run_glue's rule: the first two columns other than the label column (one, if
+there is only one). An `id` or `idx` column (ID_COLUMNS) is never taken for a text: it numbers the rows. The
+validation and test splits use the train split's columns; `describe_columns` says in one line which were read.
 
 Labels (`infer_labels` on the train split, `encode_labels` on every split with the train split's LabelMap):
 
     class names       single-label; the classes are the names sorted (run_glue sorts its label_list), ids by
                       that order, the names in the manifest
-    integers          single-label; class ids kept as they are, num_labels = the largest + 1 (names: a datasets
-                      ClassLabel's, else none)
+    integers          single-label; the classes are the distinct integers sorted (run_glue's label_list): 0 .. L - 1
+                      are kept as they are (names: a datasets ClassLabel's, else none); any other set (1 .. 5,
+                      0 and 2) is mapped to ids by that order, the integers the names
     numbers           regression (a float anywhere in the column, as run_glue reads a float column), num_labels 1
     lists of numbers  regression with num_labels = their length (all of one length)
     lists of names    multi-label: multi-hot over the sorted union of the train split's names
@@ -53,6 +56,25 @@ _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
 # columns
 
 
+GLUE_TASK_KEYS = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
+                  "qqp": ("question1", "question2"), "stsb": ("sentence1", "sentence2"),
+                  "mnli": ("premise", "hypothesis"), "qnli": ("question", "sentence"),
+                  "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2")}
+"""run_glue.py's task_to_keys: each GLUE task's text column and pair column (None: single sentences)."""
+
+ID_COLUMNS = ("id", "idx")
+"""Columns that number the rows (GLUE's idx, a file's id): never a text, whatever their position."""
+
+
+def _glue_columns(columns: Sequence[str]) -> Optional[List[str]]:
+    """The text columns of the GLUE task whose keys the columns hold (pairs before single sentences), or None."""
+    keys = sorted(set(GLUE_TASK_KEYS.values()), key=lambda k: (k[1] is None, k))
+    for first, second in keys:
+        if first in columns and (second is None or second in columns):
+            return [first] if second is None else [first, second]
+    return None
+
+
 def text_columns(table: SplitTable, sentence1_key: Optional[str], sentence2_key: Optional[str],
                  label_key: str) -> List[str]:
     """The train split's text column(s) (run_glue's rule, see the module notes); DataError naming a missing one."""
@@ -61,10 +83,13 @@ def text_columns(table: SplitTable, sentence1_key: Optional[str], sentence2_key:
         if sentence2_key is not None:
             raise DataError("%s: --sentence2-key %s needs --sentence1-key (no column 'sentence1'; columns: %s)"
                             % (table.header_where(), sentence2_key, ", ".join(columns)))
-        others = [c for c in columns if c != label_key]
+        others = [c for c in columns if c != label_key and c.lower() not in ID_COLUMNS]
+        glue = _glue_columns(others)
+        if glue is not None:
+            return glue
         if not others:
-            raise DataError("%s: no text column (columns: %s; the label column is %r)"
-                            % (table.header_where(), ", ".join(columns), label_key))
+            raise DataError("%s: no text column (columns: %s; the label column is %r, and %s columns number the "
+                            "rows)" % (table.header_where(), ", ".join(columns), label_key, "/".join(ID_COLUMNS)))
         return others[:2]
     first = sentence1_key or "sentence1"
     second = sentence2_key or "sentence2"
@@ -72,6 +97,15 @@ def text_columns(table: SplitTable, sentence1_key: Optional[str], sentence2_key:
         if given and name not in columns:
             raise DataError("%s: no column %r (columns: %s)" % (table.header_where(), name, ", ".join(columns)))
     return [first, second] if second in columns and second != first else [first]
+
+
+def describe_columns(columns: Sequence[str], label: Optional[str], what: str = "") -> str:
+    """The line that says which columns were read: "columns: text 'sentence1', pair 'sentence2', label 'label'"
+    (pair none for single texts; label none where there is none; ``what`` follows "label" where given, e.g.
+    "(not read)")."""
+    return "columns: text %r, pair %s, label %s%s" % (
+        columns[0], repr(columns[1]) if len(columns) > 1 else "none", repr(label) if label else "none",
+        " " + what if what and label else "")
 
 
 def check_columns(table: SplitTable, names: Sequence[str]) -> None:
@@ -113,6 +147,9 @@ class LabelMap:
     by_name: bool
     """Single-label: the labels are names (True) or class ids (False). Multi-label: lists of names (True) or 0/1
     lists (False)."""
+    class_values: Optional[List[int]] = None
+    """Single-label integer classes that are not 0 .. L - 1: the integers by id (run_glue's sorted label_list);
+    None where each integer is its own id."""
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -254,11 +291,14 @@ def _single_label(table: SplitTable, column: str, kinds: List[Tuple[str, Any]],
             raise DataError("%s: class %d is past the column's %d class names" % (table.where(row, column), top,
                                                                                   len(class_names)))
         return LabelMap(SINGLE, len(class_names), list(class_names), False)
-    if top < 1:
-        raise DataError("%s: the train split has one class (0): a classifier needs two or more (or "
-                        "--problem-type regression)" % table.where(0, column))
-    _check_num_labels(table, column, top + 1, "classes")
-    return LabelMap(SINGLE, top + 1, None, False)
+    present = sorted(set(value for _, value in kinds))
+    if len(present) < 2:
+        raise DataError("%s: the train split has one class (%d): a classifier needs two or more (or "
+                        "--problem-type regression)" % (table.where(0, column), present[0]))
+    _check_num_labels(table, column, len(present), "classes")
+    if present == list(range(len(present))):
+        return LabelMap(SINGLE, len(present), None, False)
+    return LabelMap(SINGLE, len(present), [str(v) for v in present], False, present)
 
 
 def _check_num_labels(table: SplitTable, column: str, count: int, what: str) -> None:
@@ -349,6 +389,11 @@ def _encode_one(table: SplitTable, column: str, row: int, kind: str, value: Any,
         if kind != "int":
             raise DataError("%s: %s is not a class id (an integer, as the train split's labels are)"
                             % (where, _shown(raw)))
+        if labels.class_values is not None:
+            if str(value) not in index:
+                raise DataError("%s: class %d is not one of the train split's classes (%s)"
+                                % (where, value, _listed(labels.names or [])))
+            return index[str(value)]
         if not 0 <= value < labels.num_labels:
             raise DataError("%s: class %d is outside the train split's classes 0 .. %d"
                             % (where, value, labels.num_labels - 1))
@@ -369,6 +414,7 @@ def _encode_one(table: SplitTable, column: str, row: int, kind: str, value: Any,
     if labels.shape == ():  # regression, one target
         if kind not in ("int", "float"):
             raise DataError("%s: %s is not a number, as the train split's labels are" % (where, _shown(raw)))
+        _check_float32(where, raw, [value])
         return float(value)
     if kind != "numbers":
         raise DataError("%s: %s is not a list of %d numbers, as the train split's labels are"
@@ -378,7 +424,18 @@ def _encode_one(table: SplitTable, column: str, row: int, kind: str, value: Any,
                         % (where, len(value), "" if len(value) == 1 else "s", labels.num_labels))
     if problem == MULTI and any(v not in (0.0, 1.0) for v in value):
         raise DataError("%s: %s is not a multi-hot list of 0 and 1" % (where, _shown(raw)))
+    _check_float32(where, raw, value)
     return np.asarray(value, dtype=np.float32)
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_float32(where: str, raw: Any, values: Sequence[float]) -> None:
+    """A regression target the packs' float32 holds: beyond about 3.4e38 it would become infinite."""
+    if any(abs(float(v)) > _FLOAT32_MAX for v in values):
+        raise DataError("%s: %s is beyond float32's range (the labels are float32: at most %.4g in magnitude)"
+                        % (where, _shown(raw), _FLOAT32_MAX))
 
 
 def _listed(names: Sequence[str], most: int = 8) -> str:

@@ -83,7 +83,8 @@ class QuestionSplit:
 def read_questions(path: str, split: str, evaluated: bool, answers_column: bool = True) -> QuestionSplit:
     """Every example of the split input at `path` (module notes), checked; DataError naming the file and the line,
     row or question for anything wrong. `evaluated`: every question must have an answer. `answers_column` False:
-    a table may leave out the answers column (questions to answer: id, question, context)."""
+    questions to answer (predict): their id, question and context are read, and answers, where the input has them,
+    are ignored (neither read nor checked: a wrong answer_start is no fault of a question to answer)."""
     kind = split_format(path)
     if kind in ("csv", "tsv"):
         raise DataError("%s: a question-answering split is SQuAD JSON, JSON Lines (.jsonl), Parquet or a datasets "
@@ -97,7 +98,7 @@ def read_questions(path: str, split: str, evaluated: bool, answers_column: bool 
             except ValueError:  # not one JSON value: JSON Lines, read below
                 value = None
             if isinstance(value, dict) and "data" in value:
-                squad = _squad_examples(path, value)
+                squad = _squad_examples(path, value, answers_column)
                 kind = "squad"
     if squad is None:
         table = read_split(path)
@@ -119,8 +120,8 @@ def read_questions(path: str, split: str, evaluated: bool, answers_column: bool 
     return QuestionSplit(path, kind, digest, examples)
 
 
-def _squad_examples(path: str, value: Dict[str, Any]) -> List[QAExample]:
-    """SQuAD JSON -> its questions in file order."""
+def _squad_examples(path: str, value: Dict[str, Any], with_answers: bool = True) -> List[QAExample]:
+    """SQuAD JSON -> its questions in file order (without `with_answers`, each without its answers)."""
     data = value["data"]
     if not isinstance(data, list):
         raise DataError("%s: 'data' should be a list of articles, got %s" % (path, type(data).__name__))
@@ -139,7 +140,7 @@ def _squad_examples(path: str, value: Dict[str, Any]) -> List[QAExample]:
                 if not isinstance(qa, dict):
                     raise DataError("%s question %d: should be an object with id, question, answers" % (here, q))
                 name = "%s: question %r (article %d paragraph %d)" % (path, qa.get("id", q), a, p)
-                answers = qa.get("answers")
+                answers = qa.get("answers") if with_answers else []
                 if not isinstance(answers, list) or not all(isinstance(x, dict) for x in answers):
                     raise DataError("%s: 'answers' should be a list of {text, answer_start}" % name)
                 texts = [x.get("text") for x in answers]
@@ -150,8 +151,8 @@ def _squad_examples(path: str, value: Dict[str, Any]) -> List[QAExample]:
 
 def _table_examples(table: SplitTable, answers_column: bool = True) -> List[QAExample]:
     """run_qa.py's columns of a JSON Lines, Parquet or datasets split -> its questions in row order (without
-    `answers_column`, a table without answers holds questions without answers)."""
-    with_answers = answers_column or "answers" in table.columns
+    `answers_column`, questions without answers: an answers column is not read)."""
+    with_answers = answers_column
     for column in COLUMNS if with_answers else COLUMNS[:3]:
         if column not in table.columns:
             raise DataError("%s: no column %r (columns: %s): a question-answering split has %s (run_qa.py's, as "

@@ -18,7 +18,10 @@ characters lie wholly inside the window's context, start is the window's last co
 before the answer's first character and end the first context token ending at or after its last; otherwise (the
 answer outside the window, or only partly inside it, or no answer) both are the window's [CLS], position 0.
 run_qa.py's own loop can step past the context onto the final [SEP] when the answer starts on the window's last
-context token (its "edge case" comment); here the search stays inside the context, so that label is that token.
+context token (its "edge case" comment); here the search stays inside the context, so that label is that token. The
+answer's last character is its last one that is not a combining mark: an uncased tokenizer strips decomposed accents,
+so no token's offsets hold them ("Cafe\u0301" is the token "cafe" at 0..4), and counting the mark would make the
+end the next token ("Cafe\u0301 au"); the prediction takes such marks back (answers.py `marks_end`).
 
 Offsets: each context token's [start, end) characters in its context (the tokenizer's offset mapping, as
 return_offsets_mapping gives it); -1 for every other token. The instances carry start_positions and end_positions
@@ -29,6 +32,7 @@ per-token column. Tokenizing is deterministic, so the chunks do not depend on th
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -109,7 +113,10 @@ def answer_positions(sequence_ids: Sequence[Optional[int]], offsets: Sequence[Tu
     if answer_start is None or answer_text is None or not context:
         return 0, 0
     first, last = context[0], context[-1]
-    start_char, end_char = answer_start, answer_start + len(answer_text)
+    length = len(answer_text)
+    while length > 1 and unicodedata.combining(answer_text[length - 1]):  # a trailing accent: no token's, maybe
+        length -= 1
+    start_char, end_char = answer_start, answer_start + length
     if not (offsets[first][0] <= start_char and offsets[last][1] >= end_char):
         return 0, 0
     t = first
