@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", type=int, default=1024, help="with --classifier: texts timed (default: %(default)s)")
     p.add_argument("--train", action="store_true", help="with --classifier: fine-tuning steps (AdamW) instead of "
                    "inference")
+    p.add_argument("--table", action="store_true", help="with --classifier: serving, then fine-tuning steps, each "
+                   "contender against every transformers layout (the peer table of docs/results.md)")
     return p
 
 
