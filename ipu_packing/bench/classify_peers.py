@@ -267,21 +267,27 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             hf_optimizer, our_optimizer = adamw(hf, torch), adamw(ours, torch)
             from ipu_packing.execution.dry_run import micro_batches_per_pass
 
-            runners = {}
+            runners: Dict[int, Any] = {}
+
+            def runner_for(packs_a_step: int):
+                """The runner of a step of ``packs_a_step`` micro batches of 1 pack (the last step may be short)."""
+                if packs_a_step not in runners:
+                    ex = ExecutionConfig(backend="torch", device="cpu", micro_batch_size=1,
+                                         gradient_accumulation=packs_a_step)
+                    ex = dataclasses.replace(ex, micro_batches_per_pass=micro_batches_per_pass(ours.config, ex, S))
+                    runners[packs_a_step] = make_runner(ours, our_optimizer, ex)
+                return runners[packs_a_step]
+
             for name, packs_a_step in steps.items():
-                ex = ExecutionConfig(backend="torch", device="cpu", micro_batch_size=1,
-                                     gradient_accumulation=packs_a_step)
-                ex = dataclasses.replace(ex, micro_batches_per_pass=micro_batches_per_pass(ours.config, ex, S))
-                runners[name] = make_runner(ours, our_optimizer, ex)
-                passes[name] = ex.pass_sizes
+                passes[name] = runner_for(packs_a_step).config.pass_sizes
 
             def hf_step(batch):
                 hf_optimizer.zero_grad(set_to_none=True)
                 hf(**batch).loss.backward()
                 hf_optimizer.step()
 
-            def our_step(runner):
-                return lambda batch: runner.train_step(batch)
+            def our_step(batch):
+                runner_for(int(batch["input_ids"].shape[0])).train_step(batch)
 
             ours_padded, ours_packed = [[{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.arrays.items()}
                                          for p in batches] for batches in (ours_padded, ours_packed)]
@@ -289,8 +295,8 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             entries = [Entry("transformers padded", hf_padded, hf_step, n, hf_padded_tokens),
                        Entry("transformers dynamic", hf_dynamic, hf_step, n, hf_dynamic_tokens),
                        Entry("transformers grouped", hf_grouped, hf_step, n, hf_grouped_tokens),
-                       Entry("ours padded", ours_padded, our_step(runners["ours padded"]), n, ours_padded_tokens),
-                       Entry("ours packed", ours_packed, our_step(runners["ours packed"]), n, ours_packed_tokens)]
+                       Entry("ours padded", ours_padded, our_step, n, ours_padded_tokens),
+                       Entry("ours packed", ours_packed, our_step, n, ours_packed_tokens)]
             restore = [(hf, {k: v.clone() for k, v in hf.state_dict().items()}),
                        (ours, {k: v.clone() for k, v in ours.state_dict().items()})]
         else:

@@ -175,7 +175,8 @@ class PackedBertModel(nn.Module):
         """Mask from (B, S) ``sequence_ids`` in the form this model's layers take (see ``attention.py``):
         dense: (B, 1, S, S) additive, in the model's dtype (fp16 for a ``.half()`` model: half the bytes of
         an fp32 mask, stashed on every pipeline stage; as transformers' get_extended_attention_mask, whose
-        dtype is the first parameter's); sdpa: bool (B, 1, S, S); flex: a ``BlockMask``."""
+        dtype is the first parameter's); sdpa: the dense one (cast to the query's dtype where autocast changed
+        it); flex: a ``BlockMask``."""
         dtype = self.embeddings.word_embeddings.weight.dtype
         return build_mask(self.attention_implementation, sequence_ids, dtype)
 
