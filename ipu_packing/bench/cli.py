@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=sorted(MODEL_PRESETS), default=None,
                    help="BERT size (default: tiny; with --classifier: the directory's architecture)")
     p.add_argument("--attention", default=None,
-                   help="model attention implementation (dense, sdpa, ...; default: the model's); with --config, "
+                   help="model attention implementation (dense, sdpa, ...; default: a training config's `auto` for "
+                   "S on this CPU: sdpa below S=256, varlen from it); with --config, "
                    "one or more separated by commas, each timed with both layouts, interleaved")
     p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
     p.add_argument("--threads", type=int, default=1,
