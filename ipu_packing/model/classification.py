@@ -186,8 +186,8 @@ class PackedBertForSequenceClassification(PackedBertTaskModel):
         num_slots = cls_positions.shape[1]
         h, in_use = self.encode(input_ids, token_type_ids, position_ids, sequence_ids,
                                 lambda ids: slots_in_use(ids, num_slots))  # (B, S, H), (B, K)
-        return self.heads(h, in_use, cls_positions, labels, self.bert.pooler, self.dropout, self.classifier,
-                          loss_groups)
+        grouped = (loss_groups,) if loss_groups != 1 else ()  # the default keeps the heads' call as it always was
+        return self.heads(h, in_use, cls_positions, labels, self.bert.pooler, self.dropout, self.classifier, *grouped)
 
     @classmethod
     def from_pretrained(

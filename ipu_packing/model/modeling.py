@@ -369,7 +369,8 @@ class PackedBertForPreTraining(nn.Module):
         """``loss_groups``: the batch's rows are that many micro batches of one step (equal, consecutive), each
         loss and accuracy their micro batches' means averaged (a keyword-only setting, not a batch field)."""
         h = self.bert(input_ids, token_type_ids, position_ids, sequence_ids)  # (B, S, H)
-        return self.pretraining_heads(h, mlm_positions, mlm_labels, cls_positions, nsp_labels, loss_groups)
+        grouped = (loss_groups,) if loss_groups != 1 else ()  # the default keeps the heads' call as it always was
+        return self.pretraining_heads(h, mlm_positions, mlm_labels, cls_positions, nsp_labels, *grouped)
 
     # -- transformers-format checkpoints (see pretrained.py) --------------------------------------------
 

@@ -181,7 +181,8 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
         k = int(num_slots)
         h, own = self.encode(input_ids, token_type_ids, position_ids, sequence_ids,
                              lambda ids: slot_membership(ids, k))  # (B, S, H), (B, K, S)
-        return self.heads(h, own, start_positions, end_positions, self.qa_outputs, loss_groups)
+        grouped = (loss_groups,) if loss_groups != 1 else ()  # the default keeps the heads' call as it always was
+        return self.heads(h, own, start_positions, end_positions, self.qa_outputs, *grouped)
 
     @classmethod
     def from_pretrained(
