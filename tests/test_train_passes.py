@@ -55,6 +55,7 @@ KINDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_one_pass_of_micro_batches_computes_what_one_pass_each_does(name):
     cls, fields, kind = KINDS[name]
@@ -120,3 +121,20 @@ def test_a_micro_batch_of_one_pack_at_a_high_packing_factor_runs_the_step_in_one
     a, b = (fx.losses_of(str(tmp_path / name), "loss", "accuracy") for name in ("merged", "one_each"))
     assert len(a) == 3 and [x for row in a for x in row] == pytest.approx([x for row in b for x in row], rel=1e-5)
     assert merged["evaluation"]["metrics"] == pytest.approx(separate["evaluation"]["metrics"], rel=1e-5)
+
+
+def test_the_dry_run_says_how_a_step_runs_and_on_the_ipu_what_its_static_micro_batch_costs():
+    from ipu_packing.train.cli import finetune_main, main
+
+    dry = ["--config", "finetune_demo", "--dry-run", "execution.micro_batch_size=1",
+           "data.packing_factor_estimate=4.72"]
+    code, out, err = fx.captured(finetune_main, dry)
+    assert code == 0, err
+    assert "passes: a replica's step (7 micro batches of 1 pack = 7 packs) runs as 1 pass of 7 micro batches" in out
+    code, out, err = fx.captured(finetune_main, dry + ["execution.pass_memory_mb=0"])
+    assert code == 0 and "runs as 7 passes of 1 micro batch (execution.pass_memory_mb 0)" in out
+    code, out, err = fx.captured(main, ["--config", "bert_base_512_pod16", "--dry-run"])
+    assert code == 0, err
+    assert "runs as 256 passes of 1 micro batch (the IPU's static micro batch)" in out
+    assert "static micro batch (IPU): 8 packs, ~16.0 sequences at factor 2.000; a packed step runs 256 micro batches " \
+           "of it (the padded layout 512)" in out
