@@ -252,8 +252,10 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
         n = len(texts)
         factor = n / float(len(packed_packs))
         steps = {"ours padded": B, "ours packed": B}  # packs a call
-        if train:  # a step of B sequences: the batch accounting of micro batch 1, global batch B (run_config.py)
-            steps["ours packed"] = max(1, int(np.floor(B / factor + 0.5)))
+        if train:  # a step of B sequences: the training app's batch accounting of micro batch 1, global batch B
+            from ipu_packing.train.sections import TrainingConfig
+
+            steps["ours packed"] = TrainingConfig(global_batch_sequences=B).gradient_accumulation(1, 1, factor)
         ours_padded, ours_padded_tokens = pack_batches(padded_packs, steps["ours padded"], our_labels)
         ours_packed, ours_packed_tokens = pack_batches(packed_packs, steps["ours packed"], our_labels)
         entries: List[Entry] = []

@@ -90,7 +90,7 @@ def _main(argv: Optional[List[str]]) -> int:
     modes = [name for name in ("peers", "config", "classifier") if getattr(args, name)]
     if len(modes) > 1:
         raise BenchError("--%s and --%s are two modes of the bench: give one" % tuple(modes[:2]))
-    for name in ("input", "inputs", "train"):
+    for name in ("input", "inputs", "train", "table"):
         if not args.classifier and getattr(args, name) != parser.get_default(name):
             raise BenchError("--%s is an option of --classifier" % name)
     if modes and args.task != parser.get_default("task"):
