@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 OUT    := output
 
 # `make pretrain`: the embedded default corpus prepared at S=128 (skipped when already there), then
-# the demo config. `make bench`: packed vs padded throughput (BENCH_ARGS replaces the data option, see bench:).
+# the demo config. `make bench`: packed vs padded throughput (BENCH_DATA: the lengths, BENCH_ARGS adds options).
 DEMO_DATA  := $(OUT)/data/demo_128
 DEMO_512   := $(OUT)/data/demo_512
 BENCH_ARGS ?=
@@ -98,11 +98,13 @@ finetune: $(STAMP) $(FT_DATA)/train/packed/manifest.json $(FT_TEXT)/test.tsv
 
 # `make bench`: the synthetic bench (bench/throughput.py: training steps of random tokens, packed and one a row,
 # interleaved) on the lengths of the embedded default corpus at S=512 (output/data/demo_512, prepared first when
-# absent), with the shipped attention default. BENCH_ARGS replaces `--data ...`: e.g. BENCH_ARGS="--histogram
-# ../shared/data/wikipedia_512_histogram.json" for Wikipedia's lengths, the histogram the paper published (in
-# graphcore/examples, folder tutorials/blogs_code/packedBERT; docs/usage.md, Data beside the checkout).
+# absent), with the shipped attention default; BENCH_ARGS adds options (e.g. --json). BENCH_DATA="--histogram
+# ../shared/data/wikipedia_512_histogram.json" times Wikipedia's lengths instead, the histogram the paper published
+# (in graphcore/examples, folder tutorials/blogs_code/packedBERT; docs/usage.md, Data beside the checkout).
+BENCH_DATA ?= --data $(DEMO_512)
+
 bench: $(STAMP) $(DEMO_512)/packed/manifest.json
-	$(PY) -m ipu_packing.bench $(or $(BENCH_ARGS),--data $(DEMO_512))
+	$(PY) -m ipu_packing.bench $(BENCH_DATA) $(BENCH_ARGS)
 
 # `make gpu-check`: the one prepared command for the day a GPU is lent, within 8 minutes on one H200
 # (ipu_packing/bench/gpu_check.py says what it records): demo_512_cuda trained with each attention under bf16,
