@@ -13,12 +13,12 @@ one's labels and scores out; or questions on contexts in, each one's answer out;
 export, or one transformers saved) with its tokenizer (tokenizer.json and/or vocab.txt). The inputs are read as
 ``prepare --task`` reads a split (CSV, TSV, JSON Lines; Parquet and datasets directories with the datasets
 extra; run_glue.py's columns, a label column ignored), tokenized with the model's own tokenizer as transformers'
-``BertTokenizerFast(a, b, truncation=True, max_length=S)`` does, packed by the same planner into the one pack
-format (K sequences per pack, up to 32 at short S), run through the packed model in eval mode, and unpacked back to
-input order by each sequence's example id. The scores are what transformers' ``text-classification`` pipeline
-returns for each input alone (its ``top_k=None`` scores): a softmax over the labels for single-label
-classification, a sigmoid for multi-label (and for a single output without a problem type), the raw output for
-regression. One JSON object per input in the output file, in input order.
+``BertTokenizerFast(a, b, truncation=True, max_length=S)`` does, packed by the planner (LPFHP: SERVING_PLANNER) into
+the one pack format (K sequences per pack, up to 32 at short S), run through the packed model in eval mode, and
+unpacked back to input order by each sequence's example id. The scores are what transformers'
+``text-classification`` pipeline returns for each input alone (its ``top_k=None`` scores): a softmax over the
+labels for single-label classification, a sigmoid for multi-label (and for a single output without a problem type),
+the raw output for regression. One JSON object per input in the output file, in input order.
 
 Question answering (``DIR`` a BertForQuestionAnswering directory: this project's question-answering export, or one
 transformers saved; chosen by its config.json's architectures):
