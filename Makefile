@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 OUT    := output
 
 # `make pretrain`: the embedded default corpus prepared at S=128 (skipped when already there), then
-# the demo config. `make bench`: packed vs padded throughput (BENCH_ARGS adds options).
+# the demo config. `make bench`: packed vs padded throughput (BENCH_DATA: the lengths, BENCH_ARGS adds options).
 DEMO_DATA  := $(OUT)/data/demo_128
 DEMO_512   := $(OUT)/data/demo_512
 BENCH_ARGS ?=
@@ -55,11 +55,12 @@ pretrain: $(STAMP) $(DEMO_DATA)/packed/manifest.json
 # then ipu_packing.compare on the two run directories (a finished run is reused, not retrained), then the
 # interleaved throughput of the same config through the same runner (bench --config: both layouts see the
 # same machine load, which two runs one after the other do not).
-# `make compare ATTENTION=varlen` (or sdpa): the packed run trains with model.packed_attention=$(ATTENTION)
-# into output/runs/demo_512_$(ATTENTION), against the same padded+dense baseline; bench --config then runs
-# both layouts with that attention.
-ATTENTION ?= dense
-ifeq ($(ATTENTION),dense)
+# Both runs train with the configs' attention, `auto` (varlen at S=512 on CPU: train/model_section.py).
+# `make compare ATTENTION=dense` (or sdpa, varlen): the packed run trains with model.packed_attention=$(ATTENTION)
+# into output/runs/demo_512_$(ATTENTION), against the same padded run (auto); bench --config then runs both
+# layouts with that attention.
+ATTENTION ?= auto
+ifeq ($(ATTENTION),auto)
 COMPARE_NAME := demo_512
 COMPARE_ARGS :=
 else
@@ -99,8 +100,15 @@ finetune: $(STAMP) $(FT_DATA)/train/packed/manifest.json $(FT_TEXT)/test.tsv
 	$(PY) -m ipu_packing.predict --model $(OUT)/runs/finetune_demo/final --input $(FT_TEXT)/test.tsv --output $(OUT)/predictions/finetune_demo_test.jsonl
 	$(PY) -m ipu_packing.bench --config finetune_demo --steps 20
 
-bench: $(STAMP)
-	$(PY) -m ipu_packing.bench $(BENCH_ARGS)
+# `make bench`: the synthetic bench (bench/throughput.py: training steps of random tokens, packed and one a row,
+# interleaved) on the lengths of the embedded default corpus at S=512 (output/data/demo_512, prepared first when
+# absent), with the shipped attention default; BENCH_ARGS adds options (e.g. --json). BENCH_DATA="--histogram
+# ../shared/data/wikipedia_512_histogram.json" times Wikipedia's lengths instead, the histogram the paper published
+# (in graphcore/examples, folder tutorials/blogs_code/packedBERT; docs/usage.md, Data beside the checkout).
+BENCH_DATA ?= --data $(DEMO_512)
+
+bench: $(STAMP) $(DEMO_512)/packed/manifest.json
+	$(PY) -m ipu_packing.bench $(BENCH_DATA) $(BENCH_ARGS)
 
 # `make gpu-check`: the one prepared command for the day a GPU is lent, within 8 minutes on one H200
 # (ipu_packing/bench/gpu_check.py says what it records): demo_512_cuda trained with each attention under bf16,

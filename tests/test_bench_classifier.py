@@ -64,7 +64,7 @@ def test_every_contender_scores_the_same_texts(classifier, train):
                               + (["--train"] if train else []))
     assert code == 0, err
     r = json.loads(out)
-    names = ["transformers padded", "transformers grouped", "ours padded", "ours packed"]
+    names = ["transformers padded", "transformers dynamic", "transformers grouped", "ours padded", "ours packed"]
     if not train:
         names += ["transformers pipeline", "ours predict"]
     assert [row["name"] for row in r["rows"]] == names
@@ -74,7 +74,17 @@ def test_every_contender_scores_the_same_texts(classifier, train):
     assert rows["transformers padded"]["calls"] == rows["ours padded"]["calls"] == 5  # 40 rows, 8 a call
     assert rows["transformers padded"]["computed_tokens"] == rows["ours padded"]["computed_tokens"] == 40 * 64
     assert r["packs"] == rows["ours packed"]["computed_tokens"] // 64 < 40
-    assert rows["transformers grouped"]["computed_tokens"] < 40 * 64
+    grouped, dynamic = rows["transformers grouped"]["computed_tokens"], rows["transformers dynamic"]["computed_tokens"]
+    assert max(grouped, dynamic) < 40 * 64
+    if not train:  # sorted by length: no more padding than in input order
+        assert grouped <= dynamic
+    assert rows["transformers dynamic"]["ratio_dynamic"] == rows["transformers grouped"]["ratio_grouped"] == 1.0
+    assert rows["ours packed"]["sequences_per_row"] == pytest.approx(r["packing_factor"]) and r["packing_factor"] > 1
+    if train:  # a step of 8 sequences: 8 rows padded, round(8 / packing factor) packs, each step one pass
+        steps = r["packs_per_step"]
+        assert steps["ours padded"] == 8 and steps["ours packed"] == max(1, int(8 / r["packing_factor"] + 0.5))
+        assert r["passes"] == {name: [packs] for name, packs in steps.items()}
+        assert rows["ours packed"]["calls"] == -(-r["packs"] // steps["ours packed"])
     assert r["mode"] == ("classifier-train" if train else "classifier-inference")
     assert r["torch_threads"] == 1 and len(r["load_before"]) == 3
     if train:
@@ -83,17 +93,38 @@ def test_every_contender_scores_the_same_texts(classifier, train):
         assert r["max_logit_difference"] < 1e-5
 
 
+def test_the_table_times_pairs_serving_then_fine_tuning(classifier, tmp_path):
+    directory, texts = classifier
+    with open(texts) as f:
+        lines = f.read().splitlines()[1:]
+    pairs = str(tmp_path / "pairs.tsv")
+    with open(pairs, "w") as f:
+        f.write("sentence1\tsentence2\n" + "".join("%s\t%s\n" % (a, b) for a, b in zip(lines, lines[1:] + lines[:1])))
+    code, out, err = run_main(["--classifier", directory, "--input", pairs, "--max-seq-length", "64",
+                               "--max-sequences-per-pack", "8", "--micro-batch-size", "8", "--repeats", "1", "--table",
+                               "--json"])
+    assert code == 0, err
+    serving, training = json.loads(out)
+    assert (serving["mode"], training["mode"]) == ("classifier-inference", "classifier-train")
+    assert serving["pairs"] and training["pairs"] and serving["max_logit_difference"] < 1e-5  # token types too
+    single = json.loads(run_main(["--classifier", directory, "--input", texts, "--max-seq-length", "64",
+                                  "--max-sequences-per-pack", "8", "--repeats", "1", "--json"])[1])
+    assert serving["real_tokens"] > single["real_tokens"] and serving["packs"] > single["packs"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["--classifier", "{dir}", "--config", "demo"], "two modes of the bench"),
     (["--classifier", "{dir}", "--histogram", "h.json"], "--histogram does not apply with --classifier"),
     (["--classifier", "{dir}", "--inputs", "0"], "--inputs must be >= 1"),
+    (["--classifier", "{dir}", "--table", "--train"], "--table times serving and fine-tuning steps: leave out --train"),
     (["--classifier", "{dir}", "--plot", "x.png"], "--plot is not an option of --classifier"),
     (["--classifier", "{missing}"], "is not a directory"),
     (["--classifier", "{dir}", "--input", "{missing}"], "is not a file"),
     (["--inputs", "5"], "--inputs is an option of --classifier"),
     (["--train"], "--train is an option of --classifier"),
-], ids=["with --config", "with --histogram", "no inputs", "a plot", "no directory", "no input file",
-        "--inputs alone", "--train alone"])
+    (["--table"], "--table is an option of --classifier"),
+], ids=["with --config", "with --histogram", "no inputs", "--table with --train", "a plot", "no directory",
+        "no input file", "--inputs alone", "--train alone", "--table alone"])
 def test_a_bad_option_is_one_line(classifier, tmp_path, args, words):
     directory, _ = classifier
     argv = [a.format(dir=directory, missing=str(tmp_path / "absent")) for a in args]

@@ -77,6 +77,9 @@ def _max_diff(a, b):
 def distributed_runs(tmp_path_factory):
     jobs = [
         ("ddp", dict(micro_batch_size=MICRO, gradient_accumulation=2, replication_factor=2)),
+        # each replica's 2 micro batches in one pass (the model's loss_groups) under DDP
+        ("ddp_passes", dict(micro_batch_size=MICRO, gradient_accumulation=2, replication_factor=2,
+                            micro_batches_per_pass=2)),
         ("gpipe", dict(micro_batch_size=MICRO, gradient_accumulation=4, layers_per_ipu=[1, 1])),
         ("1f1b", dict(micro_batch_size=MICRO, gradient_accumulation=4, layers_per_ipu=[1, 1],
                       pipeline_schedule="1f1b")),
@@ -92,7 +95,7 @@ def single_process():
     return train(ExecutionConfig(micro_batch_size=MICRO, gradient_accumulation=4))
 
 
-@pytest.mark.parametrize("name", ["ddp", "gpipe", "1f1b"])
+@pytest.mark.parametrize("name", ["ddp", "ddp_passes", "gpipe", "1f1b"])
 @pytest.mark.serial
 @pytest.mark.slow
 def test_two_processes_match_one(distributed_runs, single_process, name):

@@ -166,7 +166,7 @@ def test_attention_choice_by_argument_or_config():
     config.packed_attention = "sdpa"
     model = PackedBertForPreTraining(config)
     assert model.attention_implementation == "sdpa"
-    assert model.bert.get_attention_mask(torch.ones(1, 4, dtype=torch.long)).dtype == torch.bool
+    assert model.bert.get_attention_mask(torch.ones(1, 4, dtype=torch.long)).dtype == torch.float32  # additive
     assert PackedBertForPreTraining(config, attention="dense").attention_implementation == "dense"
     with pytest.raises(ValueError, match="attention must be one of"):
         PackedBertForPreTraining(tiny_config(), attention="sparse")

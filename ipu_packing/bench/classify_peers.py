@@ -1,7 +1,11 @@
 """Sequence classification, ours against transformers, on the same texts: inference, or fine-tuning steps.
 
     python -m ipu_packing.bench --classifier DIR [--input FILE] [--inputs 1024] [--max-seq-length 128] \\
-        [--max-sequences-per-pack 32] [--micro-batch-size 32] [--repeats 3] [--model PRESET] [--train] [--json]
+        [--max-sequences-per-pack 32] [--micro-batch-size 32] [--repeats 3] [--model PRESET] [--train | --table]
+        [--json]
+
+``--table`` runs serving, then fine-tuning steps, one after the other in one command (a list of both results with
+``--json``): the peer table of docs/results.md.
 
 ``DIR`` is a transformers BERT directory with its tokenizer: a classifier (this project's fine-tuning export,
 e.g. output/runs/finetune_demo/final) or a pretraining export (output/runs/demo/final: the classification head
@@ -17,7 +21,9 @@ tokenized once, as ``BertTokenizerFast(text, truncation=True, max_length=S)``.
 Inference contenders (eval mode, no gradients, fp32; ``--micro-batch-size`` B rows a call):
 
 - ``transformers padded``: ``BertForSequenceClassification`` on B inputs a call, in input order, each row padded
-  to S (attention mask over the real tokens);
+  to S (attention mask over the real tokens): run_glue.py's default (``pad_to_max_length``, max_seq_length 128);
+- ``transformers dynamic``: B inputs a call in input order, each batch padded to its longest (run_glue.py's
+  ``--pad_to_max_length False``: the data collator's dynamic padding);
 - ``transformers grouped``: the inputs sorted by length, longest first, B a call, each batch padded to its
   longest (the best a padded model can do on a known set of inputs);
 - ``ours padded`` and ``ours packed``: the predictor's own packs of the inputs (``Predictor.packs``: K=1, and K
@@ -28,20 +34,25 @@ Inference contenders (eval mode, no gradients, fp32; ``--micro-batch-size`` B ro
   ``ours predict`` (``Predictor.predict``: tokenize, pack, forward, unpack, scores).
 
 ``--train``: fine-tuning steps instead (train mode, AdamW with peers.py's ``ADAMW`` settings, the same initial
-weights restored before the timed passes): ``transformers padded`` and ``transformers grouped`` (the Trainer's
-``group_by_length`` order, peer_batches.length_grouped_order; each batch padded to its longest), and ``ours
-padded`` and ``ours packed`` (the predictor's packs with each example's label, stepped by ``make_runner``'s
-``train_step``). The labels: the demo task's (its label names in sorted order, modulo the model's labels), or
-seeded random ones for ``--input``.
+weights restored before the timed passes), every step of B sequences: ``transformers padded``, ``transformers
+dynamic`` and ``transformers grouped`` (the Trainer's ``group_by_length`` order, peer_batches.length_grouped_order;
+each batch padded to its longest), and ``ours padded`` and ``ours packed`` (the predictor's packs with each
+example's label, stepped by ``make_runner``'s ``train_step`` with the training app's batch accounting for a config
+naming a micro batch of 1 pack and a global batch of B sequences: B micro batches of one row padded, round(B /
+packing factor) of one pack packed, each step run in the passes ExecutionConfig ``pass_sizes`` gives). The labels:
+the demo task's (its label names in sorted order, modulo the model's labels), or seeded random ones for
+``--input``. ``--input`` may hold pairs (sentence1 and sentence2), tokenized as pairs by both sides.
 
 Every contender's calls are interleaved in proportion in one process (peers.py's rule), ``--repeats`` times;
 its seconds are the median over repeats. Reported: sequences/s per contender and its ratio to ``transformers
-padded``, computed tokens (rows x row length), the largest logit difference of ours packed from transformers
+padded``, sequences per row (the packing factor of ours packed), computed tokens (rows x row length), the
+largest logit difference of ours packed from transformers
 padded (inference), and ``os.getloadavg()`` before and after. Speed is reported, never asserted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -117,22 +128,28 @@ def hf_model(work: str, torch):
     return model, str(getattr(model.config, "_attn_implementation", None) or "eager")
 
 
-def hf_batches(encoded: Sequence[Sequence[int]], order: Sequence[int], B: int, S: Optional[int], labels=None):
+def hf_batches(encoded: Sequence[Sequence[int]], order: Sequence[int], B: int, S: Optional[int], labels=None,
+               token_types: Optional[Sequence[Sequence[int]]] = None):
     """transformers' inputs: ``order`` cut into batches of B, each row padded to S (None: the batch's longest);
-    returns (batches of int64 tensors, computed tokens)."""
+    ``token_types``: each input's token type ids (pairs; None: all 0). Returns (batches of int64 tensors, computed
+    tokens)."""
     import torch
 
     batches, computed = [], 0
     for start in range(0, len(order), B):
-        chunk = [encoded[i] for i in order[start:start + B]]
-        L = S or max(len(e) for e in chunk)
+        chunk = list(order[start:start + B])
+        L = S or max(len(encoded[i]) for i in chunk)
         ids = np.zeros((len(chunk), L), np.int64)
         mask = np.zeros((len(chunk), L), np.int64)
-        for r, e in enumerate(chunk):
+        types = np.zeros((len(chunk), L), np.int64)
+        for r, i in enumerate(chunk):
+            e = encoded[i]
             ids[r, :len(e)] = e
             mask[r, :len(e)] = 1
+            if token_types is not None:
+                types[r, :len(e)] = token_types[i]
         batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
-                 "token_type_ids": torch.zeros_like(torch.from_numpy(ids))}
+                 "token_type_ids": torch.from_numpy(types)}
         if labels is not None:
             batch["labels"] = torch.as_tensor([int(labels[i]) for i in order[start:start + B]], dtype=torch.long)
         batches.append(batch)
@@ -213,7 +230,11 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
         # one model for both of our layouts (as one model serves any K)
         padded.model = packed.model
         ours = packed.model
-        encoded = [list(e) for e in tokenizer(texts, truncation=True, max_length=S)["input_ids"]]
+        pairs = isinstance(texts[0], tuple)
+        tokenized = (tokenizer([a for a, _ in texts], [b for _, b in texts], truncation=True, max_length=S) if pairs
+                     else tokenizer(texts, truncation=True, max_length=S))
+        encoded = [list(e) for e in tokenized["input_ids"]]
+        token_types = [list(t) for t in tokenized["token_type_ids"]] if pairs else None
         lengths = [len(e) for e in encoded]
         in_order = list(range(len(texts)))
         padded_packs, packed_packs = padded.packs(texts), packed.packs(texts)
@@ -225,21 +246,42 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             grouped_order = length_grouped_order(lengths, B, seed)
         else:
             grouped_order = sorted(in_order, key=lambda i: -lengths[i])
-        hf_padded, hf_padded_tokens = hf_batches(encoded, in_order, B, S, hf_used)
-        hf_grouped, hf_grouped_tokens = hf_batches(encoded, grouped_order, B, None, hf_used)
-        ours_padded, ours_padded_tokens = pack_batches(padded_packs, B, our_labels)
-        ours_packed, ours_packed_tokens = pack_batches(packed_packs, B, our_labels)
+        hf_padded, hf_padded_tokens = hf_batches(encoded, in_order, B, S, hf_used, token_types)
+        hf_dynamic, hf_dynamic_tokens = hf_batches(encoded, in_order, B, None, hf_used, token_types)
+        hf_grouped, hf_grouped_tokens = hf_batches(encoded, grouped_order, B, None, hf_used, token_types)
         n = len(texts)
+        factor = n / float(len(packed_packs))
+        steps = {"ours padded": B, "ours packed": B}  # packs a call
+        if train:  # a step of B sequences: the training app's batch accounting of micro batch 1, global batch B
+            from ipu_packing.train.sections import TrainingConfig
+
+            steps["ours packed"] = TrainingConfig(global_batch_sequences=B).gradient_accumulation(1, 1, factor)
+        ours_padded, ours_padded_tokens = pack_batches(padded_packs, steps["ours padded"], our_labels)
+        ours_packed, ours_packed_tokens = pack_batches(packed_packs, steps["ours packed"], our_labels)
         entries: List[Entry] = []
         restore: List[Tuple[Any, Dict[str, Any]]] = []
+        passes: Dict[str, List[int]] = {}
         if train:
             from ipu_packing.execution import ExecutionConfig, make_runner
 
             hf.train()
             ours.train()
             hf_optimizer, our_optimizer = adamw(hf, torch), adamw(ours, torch)
-            runner = make_runner(ours, our_optimizer, ExecutionConfig(backend="torch", device="cpu",
-                                                                      micro_batch_size=B))
+            from ipu_packing.execution.dry_run import micro_batches_per_pass
+
+            runners: Dict[int, Any] = {}
+
+            def runner_for(packs_a_step: int):
+                """The runner of a step of ``packs_a_step`` micro batches of 1 pack (the last step may be short)."""
+                if packs_a_step not in runners:
+                    ex = ExecutionConfig(backend="torch", device="cpu", micro_batch_size=1,
+                                         gradient_accumulation=packs_a_step)
+                    ex = dataclasses.replace(ex, micro_batches_per_pass=micro_batches_per_pass(ours.config, ex, S))
+                    runners[packs_a_step] = make_runner(ours, our_optimizer, ex)
+                return runners[packs_a_step]
+
+            for name, packs_a_step in steps.items():
+                passes[name] = runner_for(packs_a_step).config.pass_sizes
 
             def hf_step(batch):
                 hf_optimizer.zero_grad(set_to_none=True)
@@ -247,12 +289,13 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
                 hf_optimizer.step()
 
             def our_step(batch):
-                runner.train_step(batch)
+                runner_for(int(batch["input_ids"].shape[0])).train_step(batch)
 
             ours_padded, ours_packed = [[{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.arrays.items()}
                                          for p in batches] for batches in (ours_padded, ours_packed)]
 
             entries = [Entry("transformers padded", hf_padded, hf_step, n, hf_padded_tokens),
+                       Entry("transformers dynamic", hf_dynamic, hf_step, n, hf_dynamic_tokens),
                        Entry("transformers grouped", hf_grouped, hf_step, n, hf_grouped_tokens),
                        Entry("ours padded", ours_padded, our_step, n, ours_padded_tokens),
                        Entry("ours packed", ours_packed, our_step, n, ours_packed_tokens)]
@@ -271,10 +314,12 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             pipe = transformers.pipeline("text-classification", model=hf, tokenizer=tokenizer, top_k=None,
                                          device="cpu", batch_size=B)
             entries = [Entry("transformers padded", hf_padded, hf_forward, n, hf_padded_tokens),
+                       Entry("transformers dynamic", hf_dynamic, hf_forward, n, hf_dynamic_tokens),
                        Entry("transformers grouped", hf_grouped, hf_forward, n, hf_grouped_tokens),
                        Entry("ours padded", ours_padded, lambda p: collect(ours, p, B), n, ours_padded_tokens),
                        Entry("ours packed", ours_packed, lambda p: collect(ours, p, B), n, ours_packed_tokens),
-                       Entry("transformers pipeline", [texts], lambda t: pipe(t), n, 0),
+                       Entry("transformers pipeline", [[{"text": a, "text_pair": b} for a, b in texts] if pairs
+                                                        else texts], lambda t: pipe(t), n, 0),
                        Entry("ours predict", [texts], packed.predict, n, 0)]
         log("%d inputs (%d tokens, mean length %.1f) at S=%d: %d padded rows, %d packs (K<=%d); %s"
             % (n, sum(lengths), float(np.mean(lengths)), S, len(texts), len(packed_packs), K,
@@ -303,10 +348,14 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             median = statistics.median(per_repeat[i])
             rows.append({"name": e.name, "calls": len(e.batches), "sequences": e.sequences,
                          "computed_tokens": e.computed_tokens, "seconds": per_repeat[i],
-                         "sequences_per_second": e.sequences / median})
-        baseline = [row["sequences_per_second"] for row in rows if row["name"] == BASELINE][0]
+                         "sequences_per_second": e.sequences / median,
+                         "sequences_per_row": factor if e.name == "ours packed" else (
+                             None if not e.computed_tokens else 1.0)})
+        speed = {row["name"]: row["sequences_per_second"] for row in rows}
         for row in rows:
-            row["ratio"] = row["sequences_per_second"] / baseline
+            row["ratio"] = row["sequences_per_second"] / speed[BASELINE]
+            row["ratio_dynamic"] = row["sequences_per_second"] / speed["transformers dynamic"]
+            row["ratio_grouped"] = row["sequences_per_second"] / speed["transformers grouped"]
         config = hf.config
         return {
             "mode": "classifier-train" if train else "classifier-inference", "classifier": directory,
@@ -315,7 +364,9 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
                       "num_labels": num_labels},
             "inputs": n, "real_tokens": int(sum(lengths)), "mean_length": float(np.mean(lengths)),
             "max_seq_length": S, "max_sequences_per_pack": K, "packs": int(len(packed_packs)),
-            "packing_factor": n / float(len(packed_packs)), "micro_batch_size": B, "repeats": repeats,
+            "packing_factor": factor, "micro_batch_size": B, "repeats": repeats, "pairs": pairs,
+            "packs_per_step": steps if train else None, "passes": passes or None,
+            "packed_over_padded": speed["ours packed"] / speed["ours padded"],
             "seed": seed, "rows": rows, "ours_attention": str(getattr(ours, "attention_implementation", "")),
             "transformers_attention": hf_attention, "max_logit_difference": logit_difference,
             "optimizer": dict(ADAMW, name="AdamW") if train else None,
@@ -343,14 +394,24 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
     if r["max_logit_difference"] is not None:
         lines.append("largest |logit| difference, ours packed against transformers padded: %.2e"
                      % r["max_logit_difference"])
-    lines.append("%-22s %6s %10s %10s %13s" % ("contender", "calls", "seq/s", "vs HF pad", "computed tok"))
+    if r.get("packs_per_step"):
+        lines.append("steps of %d sequences: ours padded %d micro batches of 1 row in passes %s, ours packed %d of 1 "
+                     "pack in passes %s" % (r["micro_batch_size"], r["packs_per_step"]["ours padded"],
+                                            r["passes"]["ours padded"], r["packs_per_step"]["ours packed"],
+                                            r["passes"]["ours packed"]))
+    lines.append("ours packed / ours padded: %.2fx at packing factor %.2f (%.0f%% of it)"
+                 % (r["packed_over_padded"], r["packing_factor"], 100 * r["packed_over_padded"] / r["packing_factor"]))
+    lines.append("%-22s %6s %10s %9s %9s %9s %8s %13s" % ("contender", "calls", "seq/s", "vs HF pad", "vs dyn",
+                                                          "vs group", "seq/row", "computed tok"))
     for row in r["rows"]:
-        lines.append("%-22s %6d %10.1f %9.2fx %13s" % (row["name"], row["calls"], row["sequences_per_second"],
-                                                      row["ratio"], row["computed_tokens"] or "-"))
+        per_row = row.get("sequences_per_row")
+        lines.append("%-22s %6d %10.1f %8.2fx %8.2fx %8.2fx %8s %13s" % (
+            row["name"], row["calls"], row["sequences_per_second"], row["ratio"], row["ratio_dynamic"],
+            row["ratio_grouped"], "-" if per_row is None else "%.2f" % per_row, row["computed_tokens"] or "-"))
     return "\n".join(lines)
 
 
-CLASSIFIER_OPTIONS = ("classifier", "input", "inputs", "train", "max_seq_length", "max_sequences_per_pack",
+CLASSIFIER_OPTIONS = ("classifier", "input", "inputs", "train", "table", "max_seq_length", "max_sequences_per_pack",
                       "micro_batch_size", "repeats", "model", "threads", "seed", "json", "help", "plot")
 """bench's options that --classifier takes (--plot: only its default; nothing is drawn)."""
 
@@ -385,16 +446,20 @@ def main_classifier(parser, args) -> int:
         if not os.path.isfile(args.input):
             raise BenchError("--input %s is not a file" % (args.input,))
         texts = read_inputs(args.input, None, None)
-        if texts and isinstance(texts[0], tuple):
-            raise BenchError("--input %s holds pairs: --classifier times single texts" % (args.input,))
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.table and args.train:
+        raise BenchError("--table times serving and fine-tuning steps: leave out --train")
     log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
-    result = run_classifier_peers(args.classifier, texts, args.inputs, S, K, B, args.repeats, args.model,
-                                  args.train, args.seed, log)
-    print(jsonout.dumps(result, sort_keys=True) if args.json else format_classifier_peers(result))
+    modes = (False, True) if args.table else (args.train,)
+    results = [run_classifier_peers(args.classifier, texts, args.inputs, S, K, B, args.repeats, args.model,
+                                    train, args.seed, log) for train in modes]
+    if args.json:
+        print(jsonout.dumps(results if args.table else results[0], sort_keys=True))
+    else:
+        print("\n\n".join(format_classifier_peers(r) for r in results))
     return 0
 
 __all__ = ["format_classifier_peers", "main_classifier", "run_classifier_peers"]

@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=sorted(MODEL_PRESETS), default=None,
                    help="BERT size (default: tiny; with --classifier: the directory's architecture)")
     p.add_argument("--attention", default=None,
-                   help="model attention implementation (dense, sdpa, ...; default: the model's); with --config, "
+                   help="model attention implementation (dense, sdpa, ...; default: a training config's `auto` for "
+                   "S on this CPU: sdpa below S=256, varlen from it); with --config, "
                    "one or more separated by commas, each timed with both layouts, interleaved")
     p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
     p.add_argument("--threads", type=int, default=1,
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", type=int, default=1024, help="with --classifier: texts timed (default: %(default)s)")
     p.add_argument("--train", action="store_true", help="with --classifier: fine-tuning steps (AdamW) instead of "
                    "inference")
+    p.add_argument("--table", action="store_true", help="with --classifier: serving, then fine-tuning steps, each "
+                   "contender against every transformers layout (the peer table of docs/results.md)")
     return p
 
 
@@ -87,7 +90,7 @@ def _main(argv: Optional[List[str]]) -> int:
     modes = [name for name in ("peers", "config", "classifier") if getattr(args, name)]
     if len(modes) > 1:
         raise BenchError("--%s and --%s are two modes of the bench: give one" % tuple(modes[:2]))
-    for name in ("input", "inputs", "train"):
+    for name in ("input", "inputs", "train", "table"):
         if not args.classifier and getattr(args, name) != parser.get_default(name):
             raise BenchError("--%s is an option of --classifier" % name)
     if modes and args.task != parser.get_default("task"):

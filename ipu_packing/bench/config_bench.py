@@ -268,8 +268,9 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
         layout.compile_seconds = time.perf_counter() - start
         layout.warmup_seconds = layout.call(layout.batches[0])[0]
         layout.release()
-        log("%s: compile %.2f s, warm-up call %.2f s; %s" % (layout.name, layout.compile_seconds,
-                                                             layout.warmup_seconds, layout.accounting.describe()))
+        log("%s: compile %.2f s, warm-up call %.2f s; %s; %s" % (
+            layout.name, layout.compile_seconds, layout.warmup_seconds, layout.accounting.describe(),
+            layout.accounting.describe_passes()))
     for i in range(calls):  # padded, packed, padded, packed, ... (of each attention in turn)
         for layout in layouts:
             layout.attach()

@@ -216,6 +216,10 @@ def run_bench(
            padded.sequences, padded.tokens, S, padded.rows / float(packed.rows))
     )
 
+    if attention is None:  # the shipped default, `auto`, as a training config on this CPU resolves it
+        from ipu_packing.train.model_section import resolve_attention
+
+        attention = resolve_attention({}, ExecutionConfig(device="cpu"), S)
     torch.manual_seed(seed)
     model_cls = PackedBertForQuestionAnswering if qa else PackedBertForPreTraining
     model = model_cls(transformers.BertConfig(**model_kwargs), attention=attention)

@@ -6,6 +6,10 @@ Vocabulary (used the same way in PopTorch and in PyTorch):
 - *micro batch*: packs one replica pushes through the model at once (poptorch DataLoader ``batch_size``);
 - *gradient accumulation*: micro batches per replica per optimizer step, as run (the application divides
   the accumulation it would use for unpacked data by the packing factor before building the runner);
+- *pass*: one forward and backward on the torch backend (one stage): consecutive micro batches of a replica's
+  step that fit ``pass_memory_mb`` together run as one pass, each micro batch's loss still its own mean and the
+  step's gradient the mean of theirs, so the update is the same as one pass per micro batch (``pass_sizes``);
+  poptorch and pipelines run one micro batch at a time;
 - *replication*: data-parallel copies of the model, all hosts together (poptorch: ``replicationFactor`` times
   the instances; the DDP world size);
 - *instance*: one host process of a PopRun launch, driving ``replication_factor / num_instances`` replicas;
@@ -49,6 +53,14 @@ class ExecutionConfig:
     """Packs per replica per micro batch (a pack with K=1 is one padded sequence)."""
     gradient_accumulation: int = 1
     """Micro batches per replica per optimizer step, as run (already adjusted for packing)."""
+    pass_memory_mb: int = 4096
+    """torch backend, one stage: the activation memory (MiB, estimated from the model's sizes:
+    dry_run.training_activation_bytes) one pass may take; a replica's step runs its micro batches in as few
+    passes as fit, at least one micro batch a pass. The update does not depend on it (each micro batch keeps its
+    own loss mean); 0 runs one micro batch a pass. poptorch and pipelines ignore it."""
+    micro_batches_per_pass: int = 1
+    """At most this many micro batches per pass, as run (derived from ``pass_memory_mb`` by the training
+    application's batch accounting, as ``gradient_accumulation`` is; 1: one pass per micro batch)."""
     replication_factor: int = 1
     """Data-parallel replicas over all instances (PopRun's ``--num-replicas``), or the DDP world size. Each
     PopRun instance runs ``local_replicas`` of them (its poptorch replicationFactor)."""
@@ -165,7 +177,7 @@ class ExecutionConfig:
                 "execution.pipeline_schedule must be one of %s, got %r" % (PIPELINE_SCHEDULES, self.pipeline_schedule)
             )
         for name in ("micro_batch_size", "gradient_accumulation", "replication_factor", "device_iterations",
-                     "num_instances"):
+                     "num_instances", "micro_batches_per_pass"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError("execution.%s must be an integer >= 1, got %r" % (name, value))
@@ -190,6 +202,8 @@ class ExecutionConfig:
         for p in self.available_memory_proportion:
             if not 0.0 < p <= 1.0:
                 raise ConfigError("execution.available_memory_proportion values must be in (0, 1], got %r" % p)
+        if isinstance(self.pass_memory_mb, bool) or not isinstance(self.pass_memory_mb, int) or self.pass_memory_mb < 0:
+            raise ConfigError("execution.pass_memory_mb must be an integer >= 0, got %r" % (self.pass_memory_mb,))
         if not float(self.loss_scaling) > 0.0:
             raise ConfigError("execution.loss_scaling must be > 0, got %r" % (self.loss_scaling,))
         if self.compile_only and self.use_ipu_model:
@@ -248,6 +262,20 @@ class ExecutionConfig:
     def packs_per_replica_step(self) -> int:
         """Packs one replica consumes per optimizer step: micro batch x accumulation."""
         return self.micro_batch_size * self.gradient_accumulation
+
+    @property
+    def merges_micro_batches(self) -> bool:
+        """Whether this backend and split may run several micro batches in one pass (torch, one stage)."""
+        return self.backend == "torch" and self.num_stages == 1 and self.pass_memory_mb > 0
+
+    @property
+    def pass_sizes(self) -> List[int]:
+        """Micro batches in each pass of a replica's optimizer step, in order: the accumulation split as evenly as
+        ``micro_batches_per_pass`` allows (7 by at most 3: 3, 2, 2); one each where micro batches are not merged."""
+        most = self.micro_batches_per_pass if self.merges_micro_batches else 1
+        passes = -(-self.gradient_accumulation // most)
+        share, extra = divmod(self.gradient_accumulation, passes)
+        return [share + (1 if i < extra else 0) for i in range(passes)]
 
     @property
     def global_batch_packs(self) -> int:

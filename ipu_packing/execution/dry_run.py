@@ -116,6 +116,27 @@ def layer_activation_elements(model_config, micro_batch: int, seq_len: int) -> T
     return kept, kept + 2 * B * N * S * S
 
 
+def training_activation_bytes(model_config, micro_batch: int, seq_len: int, value_bytes: int) -> float:
+    """Activation bytes of a training pass without recomputation (estimate): every encoder layer's ``kept``
+    activations live until its backward, and the last layer's ``peak`` (``layer_activation_elements``), at
+    ``value_bytes`` a value. The heads' logits are not counted."""
+    kept, peak = layer_activation_elements(model_config, micro_batch, seq_len)
+    return float(value_bytes * (kept * max(0, model_config.num_hidden_layers - 1) + peak))
+
+
+def micro_batches_per_pass(model_config, execution: ExecutionConfig, seq_len: int) -> int:
+    """How many of a replica's micro batches one pass runs together on the torch backend: as many as the step
+    has whose activations (``training_activation_bytes``, 2 bytes a value under fp16/bf16) fit
+    ``execution.pass_memory_mb``, at least 1; 1 where micro batches are not merged (ExecutionConfig
+    ``merges_micro_batches``)."""
+    if not execution.merges_micro_batches:
+        return 1
+    value_bytes = 4 if execution.precision == "fp32" else 2
+    one = training_activation_bytes(model_config, execution.micro_batch_size, seq_len, value_bytes)
+    fit = int(execution.pass_memory_mb * 2**20 // max(one, 1.0))
+    return max(1, min(execution.gradient_accumulation, fit))
+
+
 def activation_bytes(
     model_config, execution: ExecutionConfig, plan: List[Placement], seq_len: int
 ) -> Tuple[List[float], List[float], List[int]]:
@@ -137,7 +158,7 @@ def activation_bytes(
     n = execution.num_stages
     stash, live, depth = [0.0] * n, [0.0] * n, [1] * n
     if n == 1:
-        live[0] = float(b * (kept * max(0, model_config.num_hidden_layers - 1) + peak))
+        live[0] = training_activation_bytes(model_config, B, S, b)
         return stash, live, depth
     groups = pipeline_groups(plan)
     for (ipu, modules), d in zip(groups, stash_depths(len(groups))):

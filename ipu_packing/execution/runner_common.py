@@ -243,10 +243,19 @@ def step_slices(num_items: int, step_packs: int, part_packs: int, part: int) -> 
 def micro_batches(batch, micro: int, count: int, device: torch.device,
                   fields: Sequence[str] = BATCH_FIELDS) -> List[Dict[str, torch.Tensor]]:
     """``count`` micro batches of ``micro`` rows of each of ``fields`` (the model's inputs), on ``device``."""
-    return [
-        {k: torch.as_tensor(batch[k])[i * micro : (i + 1) * micro].to(device) for k in fields}
-        for i in range(count)
-    ]
+    return passes(batch, micro, [1] * count, device, fields)
+
+
+def passes(batch, micro: int, sizes: Sequence[int], device: torch.device,
+           fields: Sequence[str] = BATCH_FIELDS) -> List[Dict[str, torch.Tensor]]:
+    """The batch's rows in consecutive passes of ``sizes[i]`` micro batches of ``micro`` rows each (ExecutionConfig
+    ``pass_sizes``): each of ``fields`` (the model's inputs), on ``device``."""
+    out, start = [], 0
+    for size in sizes:
+        end = start + size * micro
+        out.append({k: torch.as_tensor(batch[k])[start:end].to(device) for k in fields})
+        start = end
+    return out
 
 
 def autocast(config, device: torch.device):

@@ -1,6 +1,9 @@
 """``TorchRunner``: the packed model in one process, or DistributedDataParallel with one replica per process
-(``torchrun``; gloo on CPU, NCCL on CUDA). Gradient accumulation runs the micro batches with DDP's
-``no_sync`` until the last one; the step's gradient is the mean of the micro batches' (and replicas')."""
+(``torchrun``; gloo on CPU, NCCL on CUDA). Gradient accumulation runs the step's micro batches in passes
+(ExecutionConfig ``pass_sizes``: several micro batches in one forward and backward where they fit
+``execution.pass_memory_mb``), with DDP's ``no_sync`` until the last pass; each micro batch's loss is its own
+mean (the model's ``loss_groups``) and the step's gradient the mean of the micro batches' (and replicas'), however
+the passes fall."""
 
 from __future__ import annotations
 
@@ -19,9 +22,9 @@ from .runner_common import (
     init_distributed,
     ignoring_workers,
     metrics_from,
-    micro_batches,
     model_inputs,
     model_metrics,
+    passes,
     unscale,
 )
 
@@ -67,14 +70,17 @@ class TorchRunner(TorchProcessRunner):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(len(self.metrics), dtype=torch.float64)
-        for i, part in enumerate(micro_batches(batch, cfg.micro_batch_size, accumulation, self.device, self.inputs)):
-            last = i == accumulation - 1
+        sizes = cfg.pass_sizes
+        for i, (size, part) in enumerate(zip(sizes, passes(batch, cfg.micro_batch_size, sizes, self.device,
+                                                           self.inputs))):
+            last = i == len(sizes) - 1
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
+            settings = {"loss_groups": size} if size > 1 else {}  # one micro batch: the model's own mean
             with sync:
                 with autocast(cfg, self.device):
-                    out = self._forward(**part)
-                (out.loss.float() * (scale / accumulation)).backward()
-            sums += torch.stack([getattr(out, k).detach().double().cpu() for k in self.metrics])
+                    out = self._forward(**part, **settings)
+                (out.loss.float() * (scale * size / accumulation)).backward()
+            sums += torch.stack([getattr(out, k).detach().double().cpu() for k in self.metrics]) * size
         unscale(self.model.parameters(), scale)
         self.optimizer.step()
         if self.scheduler is not None:

@@ -15,8 +15,11 @@ Implementations (chosen per model, see ``resolve_attention``):
   extended mask Graphcore's ``.half()`` model uses (see ``MASK_VALUE``). ``MASK_VALUE`` is finite and exact
   in fp16, and ``exp(MASK_VALUE)`` underflows to exactly 0 in every float format, so masked keys contribute
   exactly nothing.
-- ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` (torch >= 2.0) with a boolean mask
-  (B, 1, S, S), True = attend.
+- ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` (torch >= 2.0) with the dense path's
+  additive mask (B, 1, S, S), cast to the query's dtype where autocast changed it. Not a boolean mask: SDPA
+  turns a boolean mask into an additive one in every layer (a ``where`` over (B, 1, S, S)); built once per
+  batch, the packed classifier's forward on the demo task's 1,024 texts took 0.615 s against 0.750 s (six
+  interleaved calls each, one thread), with bitwise the same logits.
 - ``"flex"``: FlexAttention (``torch.nn.attention.flex_attention``, torch >= 2.5) with a block-sparse
   ``BlockMask`` built from ``sequence_ids``; imported lazily, so older torch never sees it. It has no
   attention-probability dropout, so training with ``attention_probs_dropout_prob > 0`` is refused. A
@@ -134,7 +137,7 @@ def build_mask(implementation: str, sequence_ids: torch.Tensor, dtype: torch.dty
     if implementation == "dense":
         return dense_mask(sequence_ids, dtype)
     if implementation == "sdpa":
-        return same_sequence(sequence_ids)
+        return dense_mask(sequence_ids, dtype)
     if implementation == "flex":
         return flex_block_mask(sequence_ids)
     if implementation == "varlen":
@@ -293,7 +296,7 @@ def attend(
         return torch.matmul(probs.to(value.dtype), value)  # (B, N, S, D)
     if implementation == "sdpa":
         p = dropout.p if dropout.training else 0.0
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=p)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(query.dtype), dropout_p=p)
     if implementation == "flex":
         if dropout.training and dropout.p > 0.0:
             raise ValueError(

@@ -35,6 +35,8 @@ from .modeling import IGNORE_INDEX
 from .per_sequence import (
     binary_cross_entropy_with_logits,
     gather_positions,
+    group_means,
+    group_sums,
     loss_dtype,
     mean_loss_and_accuracy,
     slots_in_use,
@@ -91,9 +93,11 @@ class SequenceClassificationHeads(nn.Module):
         pooler: nn.Module,
         dropout: nn.Module,
         classifier: nn.Module,
+        groups: int = 1,
     ) -> PackedBertSequenceClassifierOutput:
         """h (B, S, H), in_use (B, K) bool (slots.slots_in_use), cls_positions (B, K), labels as the module
-        docstring says (or None)."""
+        docstring says (or None); ``groups``: the rows are that many micro batches, each loss and accuracy
+        the mean of theirs (per_sequence.mean_loss_and_accuracy)."""
         pooled = pooler(gather_positions(h, cls_positions, in_use))  # (B, K, H)
         logits = classifier(dropout(pooled))  # (B, K, L)
         dtype = loss_dtype(logits)
@@ -104,7 +108,7 @@ class SequenceClassificationHeads(nn.Module):
             labels = labels.long()
             valid = in_use & (labels != IGNORE_INDEX)  # (B, K)
             targets = torch.where(valid, labels, torch.full_like(labels, IGNORE_INDEX))
-            loss, accuracy, count = mean_loss_and_accuracy(logits, targets, valid)
+            loss, accuracy, count = mean_loss_and_accuracy(logits, targets, valid, groups)
             return PackedBertSequenceClassifierOutput(loss, logits, accuracy, count)
         if kind not in PROBLEM_TYPES:
             raise ValueError("problem_type must be one of %s or None, got %r" % (PROBLEM_TYPES, kind))
@@ -120,13 +124,18 @@ class SequenceClassificationHeads(nn.Module):
             binary_cross_entropy_with_logits(work, targets))  # (B, K, L)
         weight = in_use.unsqueeze(-1).to(dtype)  # (B, K, 1)
         count = in_use.sum().to(dtype)
-        elements = (count * self.num_labels).clamp(min=1.0)
-        loss = (per_label * weight).sum() / elements
+        if groups > 1:
+            elements = group_sums(weight, groups) * self.num_labels  # per micro batch
+            loss = group_means(group_sums(per_label * weight, groups), elements)
+        else:
+            elements = (count * self.num_labels).clamp(min=1.0)
+            loss = (per_label * weight).sum() / elements
         if kind == "regression":
             accuracy = torch.zeros((), dtype=dtype, device=logits.device)
         else:
             agree = ((work > 0) == (targets > 0.5)).to(dtype)  # (B, K, L)
-            accuracy = (agree * weight).sum() / elements
+            accuracy = (group_means(group_sums(agree * weight, groups), elements) if groups > 1
+                        else (agree * weight).sum() / elements)
         return PackedBertSequenceClassifierOutput(loss, logits, accuracy, count)
 
 
@@ -169,11 +178,16 @@ class PackedBertForSequenceClassification(PackedBertTaskModel):
         sequence_ids: torch.Tensor,
         cls_positions: torch.Tensor,
         labels: Optional[torch.Tensor] = None,
+        *,
+        loss_groups: int = 1,
     ) -> PackedBertSequenceClassifierOutput:
+        """``loss_groups``: the rows are that many micro batches of one step (equal, consecutive), the loss and
+        accuracy their micro batches' means averaged (a keyword-only setting, not a batch field)."""
         num_slots = cls_positions.shape[1]
         h, in_use = self.encode(input_ids, token_type_ids, position_ids, sequence_ids,
                                 lambda ids: slots_in_use(ids, num_slots))  # (B, S, H), (B, K)
-        return self.heads(h, in_use, cls_positions, labels, self.bert.pooler, self.dropout, self.classifier)
+        grouped = (loss_groups,) if loss_groups != 1 else ()  # the default keeps the heads' call as it always was
+        return self.heads(h, in_use, cls_positions, labels, self.bert.pooler, self.dropout, self.classifier, *grouped)
 
     @classmethod
     def from_pretrained(

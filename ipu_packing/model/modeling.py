@@ -175,7 +175,8 @@ class PackedBertModel(nn.Module):
         """Mask from (B, S) ``sequence_ids`` in the form this model's layers take (see ``attention.py``):
         dense: (B, 1, S, S) additive, in the model's dtype (fp16 for a ``.half()`` model: half the bytes of
         an fp32 mask, stashed on every pipeline stage; as transformers' get_extended_attention_mask, whose
-        dtype is the first parameter's); sdpa: bool (B, 1, S, S); flex: a ``BlockMask``."""
+        dtype is the first parameter's); sdpa: the dense one (cast to the query's dtype where autocast changed
+        it); flex: a ``BlockMask``."""
         dtype = self.embeddings.word_embeddings.weight.dtype
         return build_mask(self.attention_implementation, sequence_ids, dtype)
 
@@ -234,12 +235,14 @@ class BertPreTrainingHeads(nn.Module):
         mlm_labels: torch.Tensor,
         cls_positions: torch.Tensor,
         nsp_labels: torch.Tensor,
+        groups: int = 1,
     ) -> "PackedBertOutput":
         """Final hidden states (B, S, H), the pooler (kept at ``bert.pooler``, transformers' name) and the
         label fields -> ``PackedBertOutput``.
 
         Pooler + NSP head at each sequence's [CLS] (``cls_positions``, (B, K)); MLM transform + tied decoder
-        only at ``mlm_positions`` (B, M), never over all S tokens; losses and accuracies over valid slots.
+        only at ``mlm_positions`` (B, M), never over all S tokens; losses and accuracies over valid slots (each
+        of ``groups`` micro batches' own, then their mean: per_sequence.mean_loss_and_accuracy).
         """
         mlm_labels = mlm_labels.long()
         nsp_labels = nsp_labels.long()
@@ -250,8 +253,8 @@ class BertPreTrainingHeads(nn.Module):
         pooled = pooler(gather_positions(h, cls_positions, nsp_valid))  # (B, K, H)
         nsp_logits = self.seq_relationship(pooled)  # (B, K, 2)
 
-        mlm_loss, mlm_accuracy, mlm_count = mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid)
-        nsp_loss, nsp_accuracy, nsp_count = mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid)
+        mlm_loss, mlm_accuracy, mlm_count = mean_loss_and_accuracy(mlm_logits, mlm_labels, mlm_valid, groups)
+        nsp_loss, nsp_accuracy, nsp_count = mean_loss_and_accuracy(nsp_logits, nsp_labels, nsp_valid, groups)
         return PackedBertOutput(
             loss=mlm_loss + nsp_loss,
             mlm_loss=mlm_loss,
@@ -344,10 +347,11 @@ class PackedBertForPreTraining(nn.Module):
         mlm_labels: torch.Tensor,
         cls_positions: torch.Tensor,
         nsp_labels: torch.Tensor,
+        groups: int = 1,
     ) -> PackedBertOutput:
         """Final hidden states (B, S, H) and the label fields -> ``PackedBertOutput``: ``self.cls`` with the
         pooler (one module call, so a pipeline block on ``cls`` holds every op of the heads)."""
-        return self.cls(h, self.bert.pooler, mlm_positions, mlm_labels, cls_positions, nsp_labels)
+        return self.cls(h, self.bert.pooler, mlm_positions, mlm_labels, cls_positions, nsp_labels, groups)
 
     def forward(
         self,
@@ -359,9 +363,14 @@ class PackedBertForPreTraining(nn.Module):
         mlm_labels: torch.Tensor,
         cls_positions: torch.Tensor,
         nsp_labels: torch.Tensor,
+        *,
+        loss_groups: int = 1,
     ) -> PackedBertOutput:
+        """``loss_groups``: the batch's rows are that many micro batches of one step (equal, consecutive), each
+        loss and accuracy their micro batches' means averaged (a keyword-only setting, not a batch field)."""
         h = self.bert(input_ids, token_type_ids, position_ids, sequence_ids)  # (B, S, H)
-        return self.pretraining_heads(h, mlm_positions, mlm_labels, cls_positions, nsp_labels)
+        grouped = (loss_groups,) if loss_groups != 1 else ()  # the default keeps the heads' call as it always was
+        return self.pretraining_heads(h, mlm_positions, mlm_labels, cls_positions, nsp_labels, *grouped)
 
     # -- transformers-format checkpoints (see pretrained.py) --------------------------------------------
 

@@ -35,9 +35,11 @@ def loss_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
 
 
-def mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
+def mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, groups: int = 1):
     """Mean cross-entropy and accuracy over valid slots (0 when none) and their count: scalars in
-    ``loss_dtype(logits)``.
+    ``loss_dtype(logits)``. ``groups`` > 1 (the rows of ``groups`` micro batches of a step in one pass, in order,
+    the same number of rows each): each group's mean over its own valid slots, then the mean of the groups'
+    (``group_means``), which is what a step accumulating those micro batches one by one computes.
 
     fp16/bf16 logits: each slot's loss is taken in the logits' dtype and only those (B*M,) losses are cast to
     float32 and summed, so no float32 copy of the (B*M, V) logits (nor a float32 log-softmax of them, kept
@@ -47,6 +49,13 @@ def mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: to
     (autocast's own cast). float32/float64 logits: one summed cross_entropy, as before."""
     half = logits.dtype in (torch.float16, torch.bfloat16)
     dtype = loss_dtype(logits)
+    if groups > 1:
+        flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+        per_slot = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="none").to(dtype)
+        correct = ((logits.argmax(dim=-1) == labels) & valid).to(dtype)
+        counts = group_sums(valid.to(dtype), groups)
+        return (group_means(group_sums(per_slot.view(valid.shape), groups), counts),
+                group_means(group_sums(correct, groups), counts), counts.sum())
     count = valid.sum().to(dtype)
     denominator = count.clamp(min=1.0)
     flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
@@ -57,6 +66,17 @@ def mean_loss_and_accuracy(logits: torch.Tensor, labels: torch.Tensor, valid: to
         loss_sum = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="sum")
     correct = (logits.argmax(dim=-1) == labels) & valid
     return loss_sum / denominator, correct.sum().to(dtype) / denominator, count
+
+
+def group_sums(values: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, ...) -> (groups,): the sum of each group's rows, the B rows split in ``groups`` consecutive groups of
+    B / groups rows (the micro batches of a pass)."""
+    return values.reshape(groups, -1).sum(dim=-1)
+
+
+def group_means(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """() the mean over groups of each group's mean, ``sums / counts`` (0 for a group with nothing counted)."""
+    return (sums / counts.clamp(min=1.0)).mean()
 
 
 def slots_in_use(sequence_ids: torch.Tensor, num_slots: int) -> torch.Tensor:
@@ -87,6 +107,8 @@ def binary_cross_entropy_with_logits(logits: torch.Tensor, labels: torch.Tensor)
 __all__ = [
     "binary_cross_entropy_with_logits",
     "gather_positions",
+    "group_means",
+    "group_sums",
     "loss_dtype",
     "mean_loss_and_accuracy",
     "slot_membership",

@@ -97,8 +97,10 @@ class QuestionAnsweringHeads(nn.Module):
         start_positions: Optional[torch.Tensor],
         end_positions: Optional[torch.Tensor],
         qa_outputs: nn.Module,
+        groups: int = 1,
     ) -> PackedBertQuestionAnsweringOutput:
-        """h (B, S, H), own (B, K, S) bool (slots.slot_membership), the label fields (B, K) or None."""
+        """h (B, S, H), own (B, K, S) bool (slots.slot_membership), the label fields (B, K) or None; ``groups``:
+        the rows are that many micro batches, each loss and accuracy the mean of theirs."""
         logits = qa_outputs(h)  # (B, S, 2)
         token_start, token_end = logits[..., 0], logits[..., 1]  # (B, S) each
         value = excluded_value(logits.dtype)
@@ -111,8 +113,8 @@ class QuestionAnsweringHeads(nn.Module):
                                                      None, None, None, None, None, None)
         start_targets, start_valid = _targets(start_positions, own)
         end_targets, end_valid = _targets(end_positions, own)
-        start_loss, start_accuracy, start_count = mean_loss_and_accuracy(start, start_targets, start_valid)
-        end_loss, end_accuracy, end_count = mean_loss_and_accuracy(end, end_targets, end_valid)
+        start_loss, start_accuracy, start_count = mean_loss_and_accuracy(start, start_targets, start_valid, groups)
+        end_loss, end_accuracy, end_count = mean_loss_and_accuracy(end, end_targets, end_valid, groups)
         return PackedBertQuestionAnsweringOutput(
             loss=(start_loss + end_loss) / 2,
             start_logits=start,
@@ -165,9 +167,11 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
         end_positions: Optional[torch.Tensor] = None,
         *,
         num_slots: Optional[int] = None,
+        loss_groups: int = 1,
     ) -> PackedBertQuestionAnsweringOutput:
         """``num_slots`` (K) is needed only without labels (serving); with labels it is their width. It is a
-        keyword-only setting, not a batch field (the runners feed forward's other arguments from the batch)."""
+        keyword-only setting, not a batch field (the runners feed forward's other arguments from the batch), as
+        ``loss_groups`` is: the rows are that many micro batches of one step, each loss their means averaged."""
         if start_positions is not None:
             if num_slots is not None and num_slots != start_positions.shape[1]:
                 raise ValueError("num_slots %d differs from the labels' K %d" % (num_slots, start_positions.shape[1]))
@@ -177,7 +181,8 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
         k = int(num_slots)
         h, own = self.encode(input_ids, token_type_ids, position_ids, sequence_ids,
                              lambda ids: slot_membership(ids, k))  # (B, S, H), (B, K, S)
-        return self.heads(h, own, start_positions, end_positions, self.qa_outputs)
+        grouped = (loss_groups,) if loss_groups != 1 else ()  # the default keeps the heads' call as it always was
+        return self.heads(h, own, start_positions, end_positions, self.qa_outputs, *grouped)
 
     @classmethod
     def from_pretrained(

@@ -62,7 +62,10 @@ def dry_run(config) -> str:
             config.execution_spec.replication_factor,
         ),
         accounting.describe() + " (estimated factor; training uses the dataset's measured one)",
+        accounting.describe_passes(),
     ]
+    if config.execution_spec.backend == "poptorch":
+        lines.append(static_micro_batch_cost(config, accounting))
     from ipu_packing.data.format import mlm_slots
     from ipu_packing.execution import dry_run as dry_run_module
 
@@ -79,6 +82,29 @@ def dry_run(config) -> str:
         task=config.task.model_task,
     )
     return "\n".join(lines) + "\n" + report.rstrip("\n")
+
+
+def static_micro_batch_cost(config, accounting) -> str:
+    """What the IPU's static micro batch costs a packed step: the passes it runs against the padded layout's, and
+    what a micro batch holding the whole replica step would take in activations (the dry run's estimate)."""
+    from ipu_packing.execution.dry_run import training_activation_bytes
+
+    ex = accounting.execution
+    value_bytes = 2 if ex.precision == "fp16" else 4
+    sizes = {k: config.model_value(k) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                "num_hidden_layers")}
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(**sizes)
+    S = config.data.max_seq_length
+    micro = training_activation_bytes(model, ex.micro_batch_size, S, value_bytes)
+    whole = training_activation_bytes(model, ex.packs_per_replica_step, S, value_bytes)
+    return ("static micro batch (IPU): %d packs, ~%.1f sequences at factor %.3f; a packed step runs %d micro batches "
+            "of it (the padded layout %d); one micro batch of the replica step's %d packs would hold %.0f MB of "
+            "activations against %.0f MB (estimate without recomputation); raise execution.micro_batch_size to run "
+            "fewer" % (ex.micro_batch_size, ex.micro_batch_size * accounting.packing_factor, accounting.packing_factor,
+                       ex.gradient_accumulation, accounting.unpacked_accumulation, ex.packs_per_replica_step,
+                       whole / 1e6, micro / 1e6))
 
 
 def command(argv: Optional[List[str]], fine_tuning: bool = False) -> int:

@@ -43,9 +43,13 @@ def scored_batches(model: Any, dataset: Any, batch_packs: int) -> Iterator[Tuple
         model = TorchInference(model)
     per_call = model.packs_per_call or batch_packs
     for start in range(0, len(dataset), per_call):
-        rows = [dataset[i] for i in range(start, min(len(dataset), start + per_call))]
-        batch = {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}  # (B, ...)
-        n = len(rows)
+        stop = min(len(dataset), start + per_call)
+        if hasattr(dataset, "rows"):  # packs held in memory (predict.Packs): one slice per field, no per-pack copy
+            batch = dataset.rows(start, stop)
+        else:
+            rows = [dataset[i] for i in range(start, stop)]
+            batch = {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}  # (B, ...)
+        n = stop - start
         padded = batch
         if model.packs_per_call and n < per_call:  # empty packs: every slot unused, never read back
             padded = {k: torch.cat([v, torch.full((per_call - n,) + tuple(v.shape[1:]), -1 if k == "example_ids"

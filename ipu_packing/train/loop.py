@@ -163,6 +163,7 @@ def announce(plan: RunPlan, progress: Progress, log: Callable[[str], None]) -> N
             % (plan.resume_path, progress.step, progress.epoch, progress.position, plan.steps_per_epoch))
     log(plan.data.describe())
     log(plan.accounting.describe())
+    log(plan.accounting.describe_passes())
     log("training %s: %d steps, %d steps per epoch, run directory %s"
         % (plan.config.name, plan.config.training.steps, plan.steps_per_epoch, plan.run_dir.path))
 

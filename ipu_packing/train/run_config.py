@@ -64,6 +64,9 @@ class RunConfig:
                 "execution.gradient_accumulation is derived from training.global_batch_sequences and the "
                 "packing factor; set training.global_batch_sequences instead"
             )
+        if "micro_batches_per_pass" in self.explicit_execution_keys:
+            raise ConfigError("execution.micro_batches_per_pass is derived from execution.pass_memory_mb and the "
+                              "model's sizes; set execution.pass_memory_mb instead (0: one micro batch a pass)")
         layers = self._known("num_hidden_layers")
         if layers is not None:
             layer_split(layers, self.execution_spec.layers_per_ipu)  # ConfigError when the split misses layers
@@ -121,6 +124,20 @@ class RunConfig:
 
         return transformers.BertConfig(**dict(self.model, **settings))
 
+    def micro_batches_per_pass(self, execution) -> int:
+        """How many of ``execution``'s micro batches one pass runs together (execution/dry_run.py
+        ``micro_batches_per_pass``, from the model's sizes and S); 1 while a phase-1 directory may still state
+        the sizes."""
+        from types import SimpleNamespace
+
+        from ipu_packing.execution.dry_run import micro_batches_per_pass
+
+        keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")
+        sizes = {k: self._known(k) for k in keys}
+        if any(v is None for v in sizes.values()):
+            return 1
+        return micro_batches_per_pass(SimpleNamespace(**sizes), execution, self.data.max_seq_length)
+
     def batch_accounting(self, packing_factor: float) -> "BatchAccounting":
         """Accumulation and betas as run, for a dataset with this measured packing factor."""
         return BatchAccounting.derive(self, packing_factor)
@@ -128,6 +145,7 @@ class RunConfig:
     def to_dict(self) -> Dict[str, Any]:
         execution = dataclasses.asdict(self.execution_spec)
         execution.pop("gradient_accumulation", None)
+        execution.pop("micro_batches_per_pass", None)
         out = {"name": self.name, "model": dict(self.model), "execution": execution}
         for section in ("data", "optimizer", "schedule", "training", "checkpoint", "logging"):
             out[section] = dataclasses.asdict(getattr(self, section))
@@ -172,6 +190,7 @@ class BatchAccounting:
         accumulation = training.gradient_accumulation(ex.micro_batch_size, ex.replication_factor, packing_factor)
         betas = training.betas(config.optimizer.betas, packing_factor)
         execution = dataclasses.replace(ex, gradient_accumulation=accumulation)
+        execution = dataclasses.replace(execution, micro_batches_per_pass=config.micro_batches_per_pass(execution))
         try:
             pipelined = execution.backend == "poptorch" and execution.num_stages > 1
             check_pipeline_depth(execution, plan_placement(sum(execution.layers_per_ipu), execution,
@@ -205,3 +224,25 @@ class BatchAccounting:
             self.global_batch_packs,
             self.expected_sequences_per_step,
         )
+
+    def describe_passes(self) -> str:
+        """One line: how a replica's step runs, in passes of micro batches (ExecutionConfig ``pass_sizes``)."""
+        ex = self.execution
+        sizes = ex.pass_sizes
+
+        def n(count: int, what: str) -> str:
+            return "%d %s%s" % (count, what, "" if count == 1 else ("es" if what.endswith(("s", "h")) else "s"))
+
+        step = "a replica's step (%s of %s = %s) runs as " % (
+            n(ex.gradient_accumulation, "micro batch"), n(ex.micro_batch_size, "pack"), n(ex.packs_per_replica_step,
+                                                                                          "pack"))
+        if ex.gradient_accumulation == 1:
+            return "passes: %s1 pass" % step
+        if not ex.merges_micro_batches:
+            why = ("execution.pass_memory_mb 0" if ex.backend == "torch" and ex.num_stages == 1 else
+                   "the IPU's static micro batch" if ex.backend == "poptorch" else "a pipeline's micro batches")
+            return "passes: %s%s of 1 micro batch (%s)" % (step, n(len(sizes), "pass"), why)
+        return ("passes: %s%s of %s micro batches (at most %d a pass within execution.pass_memory_mb %d; each micro "
+                "batch's loss is its own mean, so the update is that of one pass per micro batch)"
+                % (step, n(len(sizes), "pass"), "/".join(str(s) for s in sorted(set(sizes), reverse=True)),
+                   ex.micro_batches_per_pass, ex.pass_memory_mb))
