@@ -127,6 +127,7 @@ def poprun(popdist, num_instances: int, num_replicas: int, ipus_per_replica: int
     ``target``'s result must pickle. An instance still running after ``timeout`` seconds is killed and the
     test fails."""
     import pickle
+    import shutil
     import signal
     import tempfile
     import time
@@ -160,21 +161,24 @@ def poprun(popdist, num_instances: int, num_replicas: int, ipus_per_replica: int
             finally:
                 os._exit(0)
         children[pid] = instance
-    deadline = time.monotonic() + timeout
-    while children and time.monotonic() < deadline:
-        pid, _ = os.waitpid(-1, os.WNOHANG)
-        if pid in children:
-            del children[pid]
-        elif pid == 0:
-            time.sleep(0.02)
-    for pid in children:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    if children:
-        raise AssertionError("simulated instances %s still ran after %.0f s (a hang)"
-                             % (sorted(children.values()), timeout))
-    outcomes = []
-    for instance in range(num_instances):
-        with open(os.path.join(results, "%d.pickle" % instance), "rb") as f:
-            outcomes.append(pickle.load(f))
-    return outcomes
+    try:
+        deadline = time.monotonic() + timeout
+        while children and time.monotonic() < deadline:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+            if pid in children:
+                del children[pid]
+            elif pid == 0:
+                time.sleep(0.02)
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        if children:
+            raise AssertionError("simulated instances %s still ran after %.0f s (a hang)"
+                                 % (sorted(children.values()), timeout))
+        outcomes = []
+        for instance in range(num_instances):
+            with open(os.path.join(results, "%d.pickle" % instance), "rb") as f:
+                outcomes.append(pickle.load(f))
+        return outcomes
+    finally:
+        shutil.rmtree(results)  # the instances' results, read: nothing of the launch is left in the temp directory

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 from collections import Counter
 
 import pytest
@@ -389,3 +390,11 @@ def test_pod128_compiles_on_each_instance_as_popart_would(popdist, instance):
     runner.compile(si.host_call_batch(config.combined_batch_packs))
     (executor,) = [e for e in runner.poptorch.executors if e is runner.executor]
     assert {ipu for _, ipu, _ in executor.trace.ops} == {0, 1, 2, 3}
+
+
+@pytest.mark.serial
+def test_a_launch_leaves_nothing_in_the_temporary_directory(popdist, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    outcomes = pds.poprun(popdist, 2, 2, 1, lambda i: i * 10)
+    assert [o.value for o in outcomes] == [0, 10]
+    assert os.listdir(str(tmp_path)) == []
