@@ -56,7 +56,7 @@ def own_model_task(tmp_path_factory):
     return model, task
 
 
-def test_fine_tuning_from_a_transformers_bert_takes_its_vocabulary_and_eps(own_model_task, tmp_path):
+def test_fine_tuning_from_a_transformers_bert_takes_its_vocabulary_and_eps(own_model_task, tmp_path, capsys):
     model, task = own_model_task
     run = str(tmp_path / "run")
     plan = plan_run(load_config("finetune_demo", RUN + ["data.dir=%s" % task, "checkpoint.init_from=%s" % model,
@@ -65,13 +65,14 @@ def test_fine_tuning_from_a_transformers_bert_takes_its_vocabulary_and_eps(own_m
     config = plan.model.config
     assert (config.vocab_size, config.layer_norm_eps, config.hidden_size) == (28, 1e-7, 32)
     assert plan.model.bert.embeddings.LayerNorm.eps == 1e-7
+    assert capsys.readouterr().out.startswith("pretrained weights: ")  # a fine-tuning run names no phase 1
     execute(plan, log=lambda m: None)
     with open(os.path.join(run, "final", "config.json")) as f:
         exported = json.load(f)
     assert (exported["vocab_size"], exported["layer_norm_eps"]) == (28, 1e-7)
 
 
-def test_phase_2_from_a_transformers_bert_takes_its_vocabulary_and_eps(data_dir, tmp_path):
+def test_phase_2_from_a_transformers_bert_takes_its_vocabulary_and_eps(data_dir, tmp_path, capsys):
     model = mf.save_hf_bert(str(tmp_path / "bert"), words=["w%d" % i for i in range(59)])  # the data's 64 ids
     shutil.copyfile(os.path.join(data_dir, "packed", "vocab.txt"), os.path.join(model, "vocab.txt"))
     plan = plan_run(load_config("demo_512", RUN + ["data.dir=%s" % data_dir, "data.max_seq_length=32",
@@ -79,6 +80,7 @@ def test_phase_2_from_a_transformers_bert_takes_its_vocabulary_and_eps(data_dir,
                                                    "checkpoint.output_dir=%s" % str(tmp_path / "run")]),
                     open_dataset=open_dataset)
     assert (plan.model.config.vocab_size, plan.model.config.layer_norm_eps) == (64, 1e-7)
+    assert capsys.readouterr().out.startswith("phase-1 weights: ")
 
 
 @pytest.mark.parametrize("where", ["command line", "config file"])

@@ -80,9 +80,9 @@ def with_init_architecture(config):
         out[key] = stated[key]
     if disagree:
         raise ConfigError(
-            "checkpoint.init_from %s: %s; the architecture comes from the phase-1 model: drop the value or set it "
+            "checkpoint.init_from %s: %s; the architecture comes from the %s model: drop the value or set it "
             "to the checkpoint's, or train with the config's by checkpoint.init_override=[%s]"
-            % (source, "; ".join(disagree), ",".join(item.split(" ")[0] for item in disagree)))
+            % (source, "; ".join(disagree), source_name(config), ",".join(item.split(" ")[0] for item in disagree)))
     return dataclasses.replace(config, model=out, architecture_taken=True)
 
 
@@ -96,13 +96,13 @@ def check_init_from(config, data) -> None:
         return
     if not os.path.lexists(os.path.join(source, "vocab.txt")):
         raise UserError("checkpoint.init_from %s has no vocab.txt: its vocabulary cannot be checked against the "
-                        "dataset's (%s); copy the phase-1 vocab.txt beside its config.json, or start from it anyway "
-                        "with checkpoint.init_override=[vocab]" % (source, data.vocab_path))
+                        "dataset's (%s); copy the %s model's vocab.txt beside its config.json, or start from it "
+                        "anyway with checkpoint.init_override=[vocab]" % (source, data.vocab_path, source_name(config)))
     difference = vocab_path_difference(source, data.vocab_path)  # by content: the tokens, id by id
     if difference:
         raise UserError("dataset %s was built with another vocabulary than the model: %s; prepare the data with the "
-                        "phase-1 vocab.txt (prepare --vocab), or start from it anyway with "
-                        "checkpoint.init_override=[vocab]" % (data.path, difference))
+                        "%s model's vocab.txt (prepare --vocab), or start from it anyway with "
+                        "checkpoint.init_override=[vocab]" % (data.path, difference, source_name(config)))
 
 
 def _check_vocab(config, data, sha256: Optional[str], what: str) -> None:
@@ -112,8 +112,15 @@ def _check_vocab(config, data, sha256: Optional[str], what: str) -> None:
         return
     raise UserError(
         "dataset %s was built with another vocabulary than the model: %s differs from %s (vocab_sha256 %s vs "
-        "%s); prepare the data with the phase-1 vocab.txt (prepare --vocab), or start from it anyway with "
-        "checkpoint.init_override=[vocab]" % (data.path, what, data.vocab_path, sha256[:12], data.vocab_sha256[:12]))
+        "%s); prepare the data with the %s model's vocab.txt (prepare --vocab), or start from it anyway with "
+        "checkpoint.init_override=[vocab]" % (data.path, what, data.vocab_path, sha256[:12], data.vocab_sha256[:12],
+                                              source_name(config)))
+
+
+def source_name(config) -> str:
+    """What checkpoint.init_from is to this run, as its messages name it: the phase-1 model of a pretraining run
+    (phase 2), the pretrained model a fine-tuning run starts from."""
+    return "pretrained" if config.task.fine_tuning else "phase-1"
 
 
 def _names(keys: List[str]) -> str:
@@ -141,12 +148,12 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
                             % (exc, " (checkpoint.init_override=[%s] keeps the config's values)"
                                % ",".join(overridden) if overridden else ""))
         except Exception as exc:  # a broken weight file: safetensors, torch and json raise their own types
-            raise UserError("cannot load phase-1 weights from %s (%s: %s)"
-                            % (source, type(exc).__name__, one_line(exc)[:300]))
+            raise UserError("cannot load %s weights from %s (%s: %s)"
+                            % (source_name(config), source, type(exc).__name__, one_line(exc)[:300]))
         bert = config.bert_config()
-        line = ("phase-1 weights: %d tensors from the Hugging Face directory %s (%d layers, hidden %d, %d heads, "
+        line = ("%s weights: %d tensors from the Hugging Face directory %s (%d layers, hidden %d, %d heads, "
                 "intermediate %d, vocabulary %d, hidden_act %s, layer_norm_eps %g); initialised fresh: %s; "
-                "not used: %s" % (len(loaded), source,
+                "not used: %s" % (source_name(config), len(loaded), source,
                                   bert.num_hidden_layers, bert.hidden_size, bert.num_attention_heads,
                                   bert.intermediate_size, bert.vocab_size, bert.hidden_act, bert.layer_norm_eps,
                                   _names(missing), _names(unexpected))) + mapped
@@ -166,8 +173,8 @@ def load_init_from(config, data, model: torch.nn.Module, model_cls) -> str:
         check_init_matches(config, state, path, MODEL_DEFAULTS)  # its recorded architecture: activation, eps, sizes
         check_state_shapes(model, state.model, path)
         model.load_state_dict(state.model)
-        line = "phase-1 weights: %d tensors from step %d of %s; initialised fresh: none" % (
-            len(state.model), int(state.step), path)
+        line = "%s weights: %d tensors from step %d of %s; initialised fresh: none" % (
+            source_name(config), len(state.model), int(state.step), path)
     if _first_process():
         print(line, flush=True)
     return line
