@@ -37,6 +37,15 @@ SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
 BIN_NAME = "pytorch_model.bin"
 BIN_INDEX_NAME = "pytorch_model.bin.index.json"
+WEIGHT_NAMES = (SAFETENSORS_NAME, BIN_NAME, SAFETENSORS_INDEX_NAME, BIN_INDEX_NAME)
+"""The files that hold a directory's weights, any one of which (beside config.json) makes it a model directory."""
+
+
+def is_hf_dir(path: str) -> bool:
+    """Whether ``path`` is a Hugging Face model directory: config.json and weights."""
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        return False
+    return any(os.path.isfile(os.path.join(path, name)) for name in WEIGHT_NAMES)
 
 # Buffers old transformers versions saved; they carry nothing this model needs.
 _IGNORED_KEYS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")

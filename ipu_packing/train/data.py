@@ -154,7 +154,7 @@ def embeddings_from_model(config) -> bool:
     """Whether the model's vocab_size is a model directory's (checkpoint.init_from's config.json, taken as it is):
     its embeddings may hold more rows than its tokenizer, and so the dataset, has tokens (a model whose embeddings
     were padded); the rows past the vocabulary are never used."""
-    from .run_dir import is_hf_dir
+    from ..model.pretrained import is_hf_dir
 
     source = config.checkpoint.init_from
     return bool(source) and config.architecture_taken and "model.vocab_size" not in config.checkpoint.init_override \

@@ -22,14 +22,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..model.pretrained import check_config_values
+from ..model.pretrained import check_config_values, is_hf_dir
 from .. import jsonin
 from ..errors import one_line
 from ..data.vocab import vocab_path_difference
 from ..errors import ConfigError, UserError
 from .fingerprint import check_init_matches
 from .model_section import MODEL_DEFAULTS
-from .run_dir import RunDirectory, is_hf_dir
+from .run_dir import RunDirectory
 from .sections import INIT_ARCHITECTURE_KEYS, INIT_OVERRIDE_VOCAB
 from .state import TrainingState
 

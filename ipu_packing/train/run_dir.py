@@ -199,6 +199,8 @@ class RunDirectory:
         if _section(recorded, "logging").get("jsonl", True) and not os.path.isfile(self.file(self.METRICS)):
             missing.append(self.METRICS)
         if _section(recorded, "checkpoint").get("export", True):
+            from ..model.pretrained import is_hf_dir  # the owner of the Hugging Face file names (imports torch)
+
             if not final_exists:
                 missing.append(self.FINAL + "/")
             elif not is_hf_dir(self.file(self.FINAL)):
@@ -338,14 +340,6 @@ class RunDirectory:
         atomic_write_text(self.file(self.SUMMARY), jsonout.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
-def is_hf_dir(path: str) -> bool:
-    """Whether ``path`` is a Hugging Face model directory: config.json and weights."""
-    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
-        return False
-    return any(os.path.isfile(os.path.join(path, name)) for name in (
-        "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"))
-
-
 def _share(root: str) -> None:
     from ..fsutil import file_mode
 
@@ -372,4 +366,4 @@ def _read_holder(fd: int) -> str:
         return "another process"
 
 
-__all__ = ["NonFiniteState", "RunDirectory", "RunDirectoryInUse", "is_hf_dir"]
+__all__ = ["NonFiniteState", "RunDirectory", "RunDirectoryInUse"]
