@@ -135,7 +135,7 @@ def test_model_section_fields_are_bert_config_arguments():
 
     import transformers
 
-    from ipu_packing.train.model_section import BERT_CONFIG_FIELDS
+    from ipu_packing.model.pretrained import BERT_CONFIG_FIELDS
 
     params = inspect.signature(transformers.BertConfig.__init__).parameters
     expected = {name: p.default for name, p in params.items() if name not in ("self", "kwargs")}

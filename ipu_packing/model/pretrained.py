@@ -148,6 +148,31 @@ def _aliases(model: Any) -> List[str]:
     return names
 
 
+# transformers.BertConfig's own constructor arguments and their defaults (transformers 4.x; kept here so that
+# neither parsing a config (train/model_section.py) nor checking a config.json imports transformers;
+# tests/test_configs.py checks the list against the installed transformers).
+BERT_CONFIG_FIELDS = (
+    ("vocab_size", 30522),
+    ("hidden_size", 768),
+    ("num_hidden_layers", 12),
+    ("num_attention_heads", 12),
+    ("intermediate_size", 3072),
+    ("hidden_act", "gelu"),
+    ("hidden_dropout_prob", 0.1),
+    ("attention_probs_dropout_prob", 0.1),
+    ("max_position_embeddings", 512),
+    ("type_vocab_size", 2),
+    ("initializer_range", 0.02),
+    ("layer_norm_eps", 1e-12),
+    ("pad_token_id", 0),
+    ("position_embedding_type", "absolute"),
+    ("use_cache", True),
+    ("classifier_dropout", None),
+)
+
+
+BERT_DEFAULTS = dict(BERT_CONFIG_FIELDS)
+
 MAX_PARAMETERS = 1 << 34
 """The most weights a config.json may describe (bert-large has 3.4e8): a larger one is refused before the model
 is built, not left to allocate for minutes and fail with MemoryError."""
@@ -183,18 +208,18 @@ def check_config_values(path: str, config: Any) -> Dict[str, Any]:
         number = isinstance(value, int) if kind is int else isinstance(value, (int, float))
         if isinstance(value, bool) or not number or not low <= value < high:  # also refuses nan
             raise InputError("%s: %s is %r, expected %s in [%s, %s)" % (path, key, value, kind.__name__, low, high))
-    size = lambda key, default: config.get(key, default)  # noqa: E731  (transformers' defaults)
-    hidden, heads = size("hidden_size", 768), size("num_attention_heads", 12)
+    size = lambda key: config.get(key, BERT_DEFAULTS[key])  # noqa: E731  (transformers' defaults)
+    hidden, heads = size("hidden_size"), size("num_attention_heads")
     if hidden % heads:
         raise InputError("%s: hidden_size %d is not a multiple of num_attention_heads %d" % (path, hidden, heads))
-    vocab = size("vocab_size", 30522)
-    pad = config.get("pad_token_id", 0)
+    vocab = size("vocab_size")
+    pad = config.get("pad_token_id", BERT_DEFAULTS["pad_token_id"])
     if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < vocab):
         raise InputError("%s: pad_token_id is %r, not an id below vocab_size %d" % (path, pad, vocab))
     if "hidden_act" in config and not isinstance(config["hidden_act"], str):
         raise InputError("%s: hidden_act is %r, not the name of an activation" % (path, config["hidden_act"]))
-    weights = (hidden * (vocab + size("max_position_embeddings", 512) + size("type_vocab_size", 2))
-               + size("num_hidden_layers", 12) * (4 * hidden * hidden + 2 * hidden * size("intermediate_size", 3072)))
+    weights = (hidden * (vocab + size("max_position_embeddings") + size("type_vocab_size"))
+               + size("num_hidden_layers") * (4 * hidden * hidden + 2 * hidden * size("intermediate_size")))
     if weights > MAX_PARAMETERS:
         raise InputError("%s: describes about %d weights, over the limit of 2**34 (model/pretrained.py "
                          "MAX_PARAMETERS)" % (path, weights))

@@ -9,32 +9,10 @@ import math
 from typing import Any, Dict
 
 from ipu_packing.model.attention import ATTENTION_IMPLEMENTATIONS, missing_torch_support
+from ipu_packing.model.pretrained import BERT_CONFIG_FIELDS
 
 from ..errors import ConfigError
 from .strict_yaml import shown
-
-
-# transformers.BertConfig's own constructor arguments and their defaults (transformers 4.x; kept
-# here so that parsing a config does not import transformers; tests/test_configs.py checks the list
-# against the installed transformers).
-BERT_CONFIG_FIELDS = (
-    ("vocab_size", 30522),
-    ("hidden_size", 768),
-    ("num_hidden_layers", 12),
-    ("num_attention_heads", 12),
-    ("intermediate_size", 3072),
-    ("hidden_act", "gelu"),
-    ("hidden_dropout_prob", 0.1),
-    ("attention_probs_dropout_prob", 0.1),
-    ("max_position_embeddings", 512),
-    ("type_vocab_size", 2),
-    ("initializer_range", 0.02),
-    ("layer_norm_eps", 1e-12),
-    ("pad_token_id", 0),
-    ("position_embedding_type", "absolute"),
-    ("use_cache", True),
-    ("classifier_dropout", None),
-)
 
 
 # The packed model's own options, set on the BertConfig as attributes (saved in config.json, which
