@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -35,6 +36,15 @@ LAYOUTS = ("packed", "padded")
 
 def run_dir(output: str, layout: str, seed: int) -> str:
     return os.path.join(output, "%s_seed%d" % (layout, seed))
+
+
+_RUN_NAME = re.compile(r"^(%s)_seed-?\d+$" % "|".join(LAYOUTS))
+
+
+def made_here(output: str) -> bool:
+    """Whether ``output`` holds only runs of this command (``run_dir``'s names, each a directory): an earlier
+    --output, whose finished runs are read back and whose others are resumed."""
+    return all(_RUN_NAME.match(name) and os.path.isdir(os.path.join(output, name)) for name in os.listdir(output))
 
 
 def one_run(config: str, overrides: Sequence[str], layout: str, seed: int, directory: str,
@@ -135,6 +145,10 @@ def command(argv: Optional[List[str]]) -> int:
     config = load_config(args.config, args.overrides)
     if not config.task.fine_tuning:
         raise BenchError("--config %s is not a fine-tuning config (no task: section)" % (args.config,))
+    from ..fsutil import check_output
+
+    check_output(args.output, "--output", directory=True, reading=[config.data.dir, config.checkpoint.init_from],
+                 ours=made_here, error=BenchError)
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 

@@ -32,9 +32,10 @@ import numpy as np
 
 from ..data.format import SPECIAL_TOKENS
 from ..data.random_instances import draw_instances
-from .prepare_scale import du, run_measured
+from .prepare_scale import check_workdir, du, run_measured
 from .. import jsonout
 from ..data.write.datasets import PackingOptions
+from ..errors import ArgumentParser, run_command
 
 VOCAB_SIZE = 30522
 CHUNK = 1 << 15
@@ -132,8 +133,12 @@ def run_pack(inputs: str, vocab: str, output: str, extra: List[str]) -> Dict[str
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ipu_packing.bench.pack_existing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return run_command(_main, argv)
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
+    parser = ArgumentParser(prog="python -m ipu_packing.bench.pack_existing", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", type=int, required=True)
     parser.add_argument("--format", choices=("hdf5", "tfrecord"), default="hdf5")
     parser.add_argument("--files", type=int, default=1, help="input files (the instances split evenly)")
@@ -149,6 +154,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("--instances must be >= --files >= 1")
     s = args.max_seq_length
     p = int(round(0.15 * s)) + 1
+    check_workdir(args.workdir)
+    if args.workdir is not None:
+        os.makedirs(args.workdir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="pack-bench-", dir=args.workdir)
     try:
         vocab = write_vocab(os.path.join(work, "vocab.txt"))

@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import jsonout
 from ..data.write.datasets import PackingOptions
+from ..errors import ArgumentParser, run_command
 
 
 def build_corpus(path: str, megabytes: float, seed: int = 0) -> Dict[str, int]:
@@ -152,9 +153,23 @@ def du(path: str) -> int:
     return total
 
 
+def check_workdir(path: Optional[str]) -> None:
+    """--workdir by the rule of every output (fsutil.check_output), before any work: an existing directory, or a path
+    to make one at; a symlink, a file, a FIFO or a device is refused. The work goes into a new directory of its own
+    inside it (mkdtemp), so the directory may hold other files."""
+    from ..fsutil import check_output
+
+    if path is not None:
+        check_output(path, "--workdir", directory=True, ours=lambda directory: True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ipu_packing.bench.prepare_scale", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return run_command(_main, argv)
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
+    parser = ArgumentParser(prog="python -m ipu_packing.bench.prepare_scale", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, required=True, help="corpus size in MB (2**20 bytes)")
     parser.add_argument("--nofile", type=int, default=1024, help="RLIMIT_NOFILE of prepare")
     parser.add_argument("--workdir", default=None, help="where the corpus and output go (default: a temp dir)")
@@ -168,6 +183,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.mb <= 0:
         parser.error("--mb must be > 0")
+    check_workdir(args.workdir)
+    if args.workdir is not None:
+        os.makedirs(args.workdir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="scale-bench-", dir=args.workdir)
     try:
         corpus = os.path.join(work, "corpus.txt")
