@@ -104,27 +104,26 @@ def read_run(path: str) -> Run:
     keys = COUNTS + CURVES
     columns: Dict[str, List[float]] = {k: [] for k in keys}
     with open_regular(metrics, "rb", error=CompareError) as f:  # a FIFO or a device: one line, never a hang
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = _json_value(line, "%s line %d" % (metrics, number))
-            if not isinstance(row, dict):
-                raise CompareError("%s line %d is %s, not a step record (a JSON object)"
-                                   % (metrics, number, _kind(row)))
-            for k in keys:
-                value = row.get(k)
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    missing = [m for m in keys if isinstance(row.get(m), bool)
-                               or not isinstance(row.get(m), (int, float))]
-                    raise CompareError("%s step record %d lacks %s" % (metrics, number, ", ".join(missing)))
-                try:
-                    value = float(value)
-                except OverflowError:
-                    value = float("inf")
-                if k in COUNTS and not (math.isfinite(value) and value >= 0):
-                    raise CompareError("%s line %d: %s must be a finite number >= 0, got %s"
-                                       % (metrics, number, k, repr(row.get(k))[:40]))
-                columns[k].append(value)
+        data = f.read()
+    for number, line in jsonin.jsonl_lines(data):
+        row = _json_value(line, "%s line %d" % (metrics, number))
+        if not isinstance(row, dict):
+            raise CompareError("%s line %d is %s, not a step record (a JSON object)"
+                               % (metrics, number, _kind(row)))
+        for k in keys:
+            value = row.get(k)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                missing = [m for m in keys if isinstance(row.get(m), bool)
+                           or not isinstance(row.get(m), (int, float))]
+                raise CompareError("%s step record %d lacks %s" % (metrics, number, ", ".join(missing)))
+            try:
+                value = float(value)
+            except OverflowError:
+                value = float("inf")
+            if k in COUNTS and not (math.isfinite(value) and value >= 0):
+                raise CompareError("%s line %d: %s must be a finite number >= 0, got %s"
+                                   % (metrics, number, k, repr(row.get(k))[:40]))
+            columns[k].append(value)
     if not columns["step"]:
         raise CompareError("%s holds no steps" % (metrics,))
     column = {k: np.array(v, dtype=np.float64) for k, v in columns.items()}

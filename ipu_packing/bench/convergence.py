@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import statistics
@@ -65,12 +64,12 @@ def one_run(config: str, overrides: Sequence[str], layout: str, seed: int, direc
             raise BenchError("the %s run of seed %d failed (exit %d): run_finetuning.py %s"
                              % (layout, seed, code, " ".join(argv)))
     wall = time.perf_counter() - started
-    with open(summary_path) as f:
-        summary = json.load(f)
+    from ipu_packing.jsonin import load_path
+    from ipu_packing.train.run_dir import RunDirectory
+
+    summary = load_path(summary_path)  # a FIFO or a device: one line, never a hang
     evaluation = summary.get("evaluation") or {}
-    per_step = []
-    with open(os.path.join(directory, "metrics.jsonl")) as f:
-        per_step = [json.loads(line)["sequences"] for line in f if line.strip()]
+    per_step = [record["sequences"] for record in RunDirectory(directory).read_metrics()]
     return {"layout": layout, "seed": seed, "run": directory, "steps": summary["steps"],
             "sequences_per_step": statistics.mean(per_step) if per_step else None,
             "metrics": evaluation.get("metrics", {}), "loss": evaluation.get("loss"),

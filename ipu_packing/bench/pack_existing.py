@@ -20,7 +20,6 @@ P = round(0.15 S) + 1, NSP labels 0/1).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -33,7 +32,7 @@ import numpy as np
 from ..data.format import SPECIAL_TOKENS
 from ..data.random_instances import draw_instances
 from .prepare_scale import check_workdir, du, run_measured
-from .. import jsonout
+from .. import jsonin, jsonout
 from ..data.write.datasets import PackingOptions
 from ..errors import ArgumentParser, run_command
 
@@ -173,8 +172,7 @@ def _main(argv: Optional[List[str]] = None) -> int:
         extra = ["--max-sequences-per-pack", str(args.max_sequences_per_pack), "--workers", str(args.workers),
                  "--format", args.format] + (["--no-padded"] if args.no_padded else [])
         result = run_pack(inputs, vocab, output, extra)
-        with open(os.path.join(output, "packed", "manifest.json")) as f:
-            manifest = json.load(f)
+        manifest = jsonin.load_path(os.path.join(output, "packed", "manifest.json"))
         result.update(instances=manifest["num_sequences"], packs=manifest["num_packs"],
                       packing_factor=manifest["packing_factor"], mlm_slots=manifest["mlm_slots"],
                       input_mib=du(inputs) / 2.0 ** 20, output_mib=du(output) / 2.0 ** 20,

@@ -15,7 +15,6 @@ and the output's size on disk. Building the corpus is not timed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -28,7 +27,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .. import jsonout
+from .. import jsonin, jsonout
 from ..data.write.datasets import PackingOptions
 from ..errors import ArgumentParser, run_command
 
@@ -195,8 +194,7 @@ def _main(argv: Optional[List[str]] = None) -> int:
                  "--workers", str(args.workers)] + (["--no-padded"] if args.no_padded else []) \
             + (["--shard-chars", str(args.shard_chars)] if args.shard_chars else [])
         result = run_prepare(corpus, output, args.nofile, extra)
-        with open(os.path.join(output, "packed", "manifest.json")) as f:
-            manifest = json.load(f)
+        manifest = jsonin.load_path(os.path.join(output, "packed", "manifest.json"))
         result.update(corpus_mb=built["bytes"] / 2.0 ** 20, documents=built["documents"],
                       instances=manifest["num_sequences"], tokens=manifest["num_tokens"],
                       input_shards=manifest["corpus"]["shards"], packs=manifest["num_packs"],
