@@ -243,6 +243,19 @@ def directory_lock(lock_path, victim):
     os.mkdir(lock_path)
 
 
+def meeting_file(make):
+    """A PopRun instances' meeting-place file (DirectoryGroup._read, polled while instances meet) made by
+    `make(path)`: read as foreign (None) at once."""
+    def row(tmp_path, prepared):
+        from ipu_packing.execution.poprun_group import DirectoryGroup
+
+        path = make(str(tmp_path / "step.rows"))
+        read = []
+        line, seconds = outcome(lambda: read.append(DirectoryGroup._read(path)), path)
+        return "%s, read as %r" % (line, read), seconds
+    return row
+
+
 # -- outputs ------------------------------------------------------------------------------------------------
 
 def plot(make, umask=0o022, fail=False):
@@ -314,6 +327,7 @@ ROWS = [
     ("config-file-fifo", config_file(fifo), "FIFO"),
     ("model-config-fifo", model_file("config.json", fifo), "FIFO"),
     ("model-weight-shard-fifo", weight_shard(fifo), "FIFO"),
+    ("poprun-meeting-file-fifo", meeting_file(fifo), "accepted, read as [None]"),
     # readers: a device
     ("histogram-urandom", histogram(".npy", lambda p: device(p, "/dev/urandom")), "character device"),
     ("vocab-file-urandom", prepare_vocab(lambda p: device(p, "/dev/urandom")), "character device"),
