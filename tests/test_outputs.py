@@ -2,7 +2,8 @@
 regular file, or a directory that is empty or that this program made. predict's --output and a run directory
 (checkpoint.output_dir) that is anything else (a FIFO, a device, a symlink, the input itself, the model directory
 being read or a file in it, a model directory, a directory of the user's files, the dataset) is refused in one line
-`error: ...`, exit status 2, before any work, and the path is left exactly as it was."""
+`error: ...`, exit status 2, before any work, and the path is left exactly as it was; so is every other command's
+output (compare's and bench's --plot, the benches' --output and --workdir)."""
 
 from __future__ import annotations
 

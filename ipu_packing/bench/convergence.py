@@ -8,7 +8,8 @@ head initialised by ``training.seed``), the same steps and the same sequences pe
 (``training.global_batch_sequences``; the packed run divides its accumulation by the packing factor, docs/
 finetuning.md): ``data.layout=packed`` and ``data.layout=padded`` (DIR/<split>/padded, the same examples one per
 row). Each run is evaluated per example on the config's evaluation split at its end. The runs go one after the
-other in this process, into OUTPUT/<layout>_seed<N> (a finished run there is read back, not trained again). The
+other in this process, into OUTPUT/<layout>_seed<N> (a finished run there is read back, not trained again);
+OUTPUT must be absent, empty or hold only such runs (fsutil.check_output, checked before any work). The
 overrides apply to every run (e.g. training.steps=100), ``--packed`` ones to the packed runs only. Printed: one
 row per run (final evaluation metrics and loss, mean sequences per step, the run's sequences/s and training
 seconds) and each layout's mean and standard deviation over the seeds, with the load average before and after.
