@@ -52,13 +52,13 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from . import jsonin, jsonout
 from .errors import ArgumentParser, UserError, one_line, require_extra, run_command
-from .fsutil import atomic_write_with, open_regular
+from .fsutil import atomic_write_with, check_output, open_regular
 
 LIKE_FOR_LIKE = 0.05
 """Largest relative difference of mean sequences per step before compare warns."""
@@ -104,27 +104,26 @@ def read_run(path: str) -> Run:
     keys = COUNTS + CURVES
     columns: Dict[str, List[float]] = {k: [] for k in keys}
     with open_regular(metrics, "rb", error=CompareError) as f:  # a FIFO or a device: one line, never a hang
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = _json_value(line, "%s line %d" % (metrics, number))
-            if not isinstance(row, dict):
-                raise CompareError("%s line %d is %s, not a step record (a JSON object)"
-                                   % (metrics, number, _kind(row)))
-            for k in keys:
-                value = row.get(k)
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    missing = [m for m in keys if isinstance(row.get(m), bool)
-                               or not isinstance(row.get(m), (int, float))]
-                    raise CompareError("%s step record %d lacks %s" % (metrics, number, ", ".join(missing)))
-                try:
-                    value = float(value)
-                except OverflowError:
-                    value = float("inf")
-                if k in COUNTS and not (math.isfinite(value) and value >= 0):
-                    raise CompareError("%s line %d: %s must be a finite number >= 0, got %s"
-                                       % (metrics, number, k, repr(row.get(k))[:40]))
-                columns[k].append(value)
+        data = f.read()
+    for number, line in jsonin.jsonl_lines(data):
+        row = _json_value(line, "%s line %d" % (metrics, number))
+        if not isinstance(row, dict):
+            raise CompareError("%s line %d is %s, not a step record (a JSON object)"
+                               % (metrics, number, _kind(row)))
+        for k in keys:
+            value = row.get(k)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                missing = [m for m in keys if isinstance(row.get(m), bool)
+                           or not isinstance(row.get(m), (int, float))]
+                raise CompareError("%s step record %d lacks %s" % (metrics, number, ", ".join(missing)))
+            try:
+                value = float(value)
+            except OverflowError:
+                value = float("inf")
+            if k in COUNTS and not (math.isfinite(value) and value >= 0):
+                raise CompareError("%s line %d: %s must be a finite number >= 0, got %s"
+                                   % (metrics, number, k, repr(row.get(k))[:40]))
+            columns[k].append(value)
     if not columns["step"]:
         raise CompareError("%s holds no steps" % (metrics,))
     column = {k: np.array(v, dtype=np.float64) for k, v in columns.items()}
@@ -448,17 +447,18 @@ def draw(a: Run, b: Run, window: int, path: str) -> str:
         axis.set_ylabel("MLM loss (trailing mean, %d steps)" % window)
         axis.legend()
     figure.tight_layout()
-    # written to a temporary file beside it and renamed into place (the umask's mode; a symlink or a FIFO at
-    # the path is replaced, never written through), so a failure leaves the old plot whole
+    # written to a temporary file beside it and renamed into place (the umask's mode; check_plot_path refused a
+    # symlink, a FIFO or a device at the path first), so a failure leaves the old plot whole
     extension = os.path.splitext(path)[1][1:].lower()
     atomic_write_with(path, lambda f: figure.savefig(f, format=extension, dpi=100))
     plt.close(figure)
     return path
 
 
-def check_plot_path(path: str) -> None:
-    """Refuse a --plot path before any work: an extension matplotlib cannot write (naming those it can), a
-    directory, or a parent that is a file."""
+def check_plot_path(path: str, reading: Sequence[str] = ()) -> None:
+    """Refuse a --plot path before any work: an extension matplotlib cannot write (naming those it can), then
+    anything the one rule of every output refuses (fsutil.check_output: a symlink, a directory, a FIFO or a device,
+    a file inside ``reading``, the run directories compared), or a parent that is a file."""
     matplotlib = require_extra("matplotlib", "compare --plot")
     matplotlib.use("Agg")
     from matplotlib.backend_bases import FigureCanvasBase
@@ -469,8 +469,7 @@ def check_plot_path(path: str) -> None:
         raise CompareError("--plot %s: %s; supported: %s" % (
             path, "unsupported extension .%s" % extension if extension else "no file extension",
             ", ".join("." + e for e in supported)))
-    if os.path.isdir(path):
-        raise CompareError("--plot %s is a directory" % (path,))
+    check_output(path, "--plot", reading=reading, error=CompareError)
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -492,7 +491,7 @@ def _main(argv: Optional[List[str]]) -> int:
                         help="compare runs that differ in S, K or dataset (each difference then a warning)")
     args = parser.parse_args(argv)
     if args.plot is not None:
-        check_plot_path(args.plot)
+        check_plot_path(args.plot, reading=[args.run_a, args.run_b])
     if args.window is not None and args.window < 1:
         raise CompareError("--window must be >= 1, got %d" % args.window)
     if args.warmup is not None and args.warmup < 0:

@@ -21,7 +21,8 @@ line, as is a directory. A lock file is opened only through ``open_lock_file``: 
 cannot truncate another file.
 
 Every output the program writes (predict's ``--output`` file, a run directory, prepare's and pack's
-``--output`` directory, the export inside a run directory) is checked by one rule, ``check_output``, before
+``--output`` directory, the export inside a run directory, compare's and bench's ``--plot``, the benches'
+``--output`` and ``--workdir``) is checked by one rule, ``check_output``, before
 any work: an output is absent, or a regular file, or a directory that is empty or that this program made
 (the caller's ``ours``: a run directory is recognised by its lock and its layout). Anything else is refused
 in one line: a symlink (where it points is not ours to replace), a device, a FIFO, a socket, a file or

@@ -11,7 +11,7 @@ than MAX_DEPTH levels as a ValueError before json sees the text; none of our fil
 from __future__ import annotations
 
 import json
-from typing import Any, List, Tuple, Type, Union
+from typing import Any, AnyStr, List, Tuple, Type, Union
 
 from .errors import InputError
 
@@ -59,12 +59,21 @@ def loads(data: Union[str, bytes], max_depth: int = MAX_DEPTH) -> Any:
     return json.loads(text)
 
 
-def jsonl_lines(text: str) -> List[Tuple[int, str]]:
+def jsonl_lines(text: AnyStr) -> List[Tuple[int, AnyStr]]:
     """(line number from 1, line) of each non-blank line of JSON Lines ``text``, the one way every JSON Lines
     file is cut into records: at ``\\n`` only. U+2028, U+2029, U+0085 and the other characters that
     ``str.splitlines`` also breaks at are characters of a record's strings (a context may hold them), and a
-    ``\\r`` before the ``\\n`` is white space JSON ignores."""
-    return [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
+    ``\\r`` before the ``\\n`` is white space JSON ignores. ``text`` may be the file's bytes (lines are then
+    bytes, for a reader that reports a line that is not UTF-8 by its number)."""
+    newline = b"\n" if isinstance(text, bytes) else "\n"
+    return [(number, line) for number, line in enumerate(text.split(newline), 1) if line.strip()]  # type: ignore
+
+
+def jsonl_complete(text: AnyStr) -> bool:
+    """Whether JSON Lines ``text`` ends its last record with ``\\n`` (else a writer was killed mid-line): nothing
+    but white space after the last ``\\n``."""
+    newline = b"\n" if isinstance(text, bytes) else "\n"
+    return not text.rsplit(newline, 1)[-1].strip()  # type: ignore
 
 
 def load(handle: Any, max_depth: int = MAX_DEPTH) -> Any:

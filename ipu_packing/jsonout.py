@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, List, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 WARNINGS = "warnings"
 
@@ -55,10 +55,13 @@ def dumps(value: Any, **kwargs: Any) -> str:
     return json.dumps(clean, allow_nan=False, **kwargs)
 
 
-def jsonl_text(records: Iterable[Any], ensure_ascii: bool = True) -> str:
+def jsonl_text(records: Iterable[Any], ensure_ascii: bool = True, default: Optional[Callable[[Any], Any]] = None
+               ) -> str:
     """JSON Lines: each record by ``dumps`` (keys sorted, never NaN), one a line, each line ended by ``\\n``:
-    the one writer of every JSON Lines file (jsonin.jsonl_lines reads them back)."""
-    return "".join(dumps(record, sort_keys=True, ensure_ascii=ensure_ascii) + "\n" for record in records)
+    the one writer of every JSON Lines file (jsonin.jsonl_lines reads them back). ``default``: json's, for a
+    value JSON has no type for (e.g. ``str``)."""
+    return "".join(dumps(record, sort_keys=True, ensure_ascii=ensure_ascii, default=default) + "\n"
+                   for record in records)
 
 
 def _plain(item: Any) -> Any:

@@ -109,9 +109,9 @@ def test_existing_output_is_refused_and_left_alone(tmp_path):
     (tmp_path / "keep.txt").write_text("mine")
     code, out, err = run_main(["--cpu", "--output", str(tmp_path)])
     assert (code, out) == (2, "")
-    assert err.count("\n") == 1 and "exists and is not an empty directory" in err
+    assert err.count("\n") == 1 and "directory exists and is not empty" in err
     assert os.listdir(str(tmp_path)) == ["keep.txt"] and (tmp_path / "keep.txt").read_text() == "mine"
-    code, out, err = run_main(["--cpu", "--output", str(tmp_path / "new"), "--data", str(tmp_path)])
+    code, out, err = run_main(["--cpu", "--output", str(tmp_path / "new"), "--data", str(tmp_path / "keep.txt")])
     assert code == 2 and "has no prepared packed dataset" in err and not (tmp_path / "new").exists()
 
 

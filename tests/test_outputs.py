@@ -2,7 +2,8 @@
 regular file, or a directory that is empty or that this program made. predict's --output and a run directory
 (checkpoint.output_dir) that is anything else (a FIFO, a device, a symlink, the input itself, the model directory
 being read or a file in it, a model directory, a directory of the user's files, the dataset) is refused in one line
-`error: ...`, exit status 2, before any work, and the path is left exactly as it was."""
+`error: ...`, exit status 2, before any work, and the path is left exactly as it was; so is every other command's
+output (compare's and bench's --plot, the benches' --output and --workdir)."""
 
 from __future__ import annotations
 
@@ -187,4 +188,150 @@ def test_a_run_refuses_an_output_dir_it_must_not_write_into(name, make, words, d
     code = train_main(fx.tiny_run_args(data, run, "training.steps=2"))
     one_line(capsys.readouterr()[1], "checkpoint.output_dir %s" % run, words)
     assert code == 2
+    assert state_of(str(tmp_path)) == before
+
+
+# -- every other command's outputs ---------------------------------------------------------------------------
+# Each command that writes a file or directory the user names checks it by the same rule before any work: the work
+# (the function each command's arguments name) is replaced by one that records its call, and must never be called.
+# The other commands (ipu_packing.packing, bench.planner, bench.model_overhead, --json everywhere) print only.
+
+
+def _histogram(tmp_path):
+    path = str(tmp_path / "hist.json")
+    with open(path, "w") as f:
+        f.write('{"histogram": [1, 2, 3, 4], "max_sequence_length": 8}')
+    return path
+
+
+def _compare(tmp_path, out):
+    for name in ("a", "b"):
+        os.makedirs(str(tmp_path / name), exist_ok=True)
+    return "ipu_packing.compare", "read_run", [str(tmp_path / "a"), str(tmp_path / "b"), "--plot", out]
+
+
+def _bench(tmp_path, out):
+    return "ipu_packing.bench.cli", "run_bench", ["--histogram", _histogram(tmp_path), "--plot", out]
+
+
+def _bench_config(tmp_path, out):
+    return ("ipu_packing.bench.config_bench", "run_config_bench",
+            ["--config", "demo", "--histogram", _histogram(tmp_path), "--plot", out])
+
+
+def _convergence(tmp_path, out):
+    os.makedirs(str(tmp_path / "data"), exist_ok=True)
+    return "ipu_packing.bench.convergence", "one_run", ["--output", out, "data.dir=%s" % (tmp_path / "data")]
+
+
+def _gpu_check(tmp_path, out):
+    return "ipu_packing.bench.gpu_check", "check", ["--cpu", "--output", out, "--data", str(tmp_path / "data")]
+
+
+def _prepare_scale(tmp_path, out):
+    return "ipu_packing.bench.prepare_scale", "build_corpus", ["--mb", "1", "--workdir", out]
+
+
+def _pack_existing(tmp_path, out):
+    return "ipu_packing.bench.pack_existing", "write_vocab", ["--instances", "1", "--workdir", out]
+
+
+COMMANDS = {  # the command's module (its main), its arguments, the option named, a file or a directory
+    "compare --plot": ("ipu_packing.compare", _compare, "--plot", "file"),
+    "bench --plot": ("ipu_packing.bench.cli", _bench, "--plot", "file"),
+    "bench --config --plot": ("ipu_packing.bench.cli", _bench_config, "--plot", "file"),
+    "bench.convergence --output": ("ipu_packing.bench.convergence", _convergence, "--output", "dir"),
+    "bench.gpu_check --output": ("ipu_packing.bench.gpu_check", _gpu_check, "--output", "dir"),
+    "bench.prepare_scale --workdir": ("ipu_packing.bench.prepare_scale", _prepare_scale, "--workdir", "dir"),
+    "bench.pack_existing --workdir": ("ipu_packing.bench.pack_existing", _pack_existing, "--workdir", "dir"),
+}
+
+
+def _out_symlink(tmp_path, kind):
+    target = tmp_path / "elsewhere"
+    if kind == "dir":
+        target.mkdir()
+    else:
+        target.write_text("precious\n")
+    os.symlink(str(target), str(tmp_path / "out.png"))
+    return str(tmp_path / "out.png")
+
+
+def _out_fifo(tmp_path, kind):
+    os.mkfifo(str(tmp_path / "out.png"))
+    return str(tmp_path / "out.png")
+
+
+def _out_file(tmp_path, kind):
+    (tmp_path / "out.png").write_text("precious\n")
+    return str(tmp_path / "out.png")
+
+
+def _out_users_dir(tmp_path, kind):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine\n")
+    return str(tmp_path / "out")
+
+
+def _out_in_run(tmp_path, kind):
+    return str(tmp_path / "a" / "plot.png")
+
+
+def _out_histogram(tmp_path, kind):
+    return str(tmp_path / "hist.json")
+
+
+def _out_data(tmp_path, kind):
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "x").write_text("dataset\n")
+    return str(tmp_path / "data")
+
+
+OTHER_ROWS = [
+    ("compare --plot", "symlink", _out_symlink, "is a symlink"),
+    ("compare --plot", "fifo", _out_fifo, "a FIFO"),
+    ("compare --plot", "inside-a-compared-run", _out_in_run, "which this command reads"),
+    ("bench --plot", "symlink", _out_symlink, "is a symlink"),
+    ("bench --plot", "fifo", _out_fifo, "a FIFO"),
+    ("bench --plot", "the-histogram-itself", _out_histogram, "which this command reads"),
+    ("bench --config --plot", "symlink", _out_symlink, "is a symlink"),
+    ("bench --config --plot", "the-histogram-itself", _out_histogram, "which this command reads"),
+    ("bench.convergence --output", "symlink", _out_symlink, "is a symlink"),
+    ("bench.convergence --output", "fifo", _out_fifo, "a FIFO"),
+    ("bench.convergence --output", "a-directory-of-the-users-files", _out_users_dir, "not empty"),
+    ("bench.convergence --output", "the-dataset", _out_data, "which this command reads"),
+    ("bench.gpu_check --output", "symlink", _out_symlink, "is a symlink"),
+    ("bench.gpu_check --output", "fifo", _out_fifo, "a FIFO"),
+    ("bench.gpu_check --output", "the-dataset", _out_data, "which this command reads"),
+    ("bench.prepare_scale --workdir", "symlink", _out_symlink, "is a symlink"),
+    ("bench.prepare_scale --workdir", "fifo", _out_fifo, "a FIFO"),
+    ("bench.prepare_scale --workdir", "a-file", _out_file, "not a directory"),
+    ("bench.pack_existing --workdir", "symlink", _out_symlink, "is a symlink"),
+    ("bench.pack_existing --workdir", "fifo", _out_fifo, "a FIFO"),
+    ("bench.pack_existing --workdir", "a-file", _out_file, "not a directory"),
+]
+
+
+@pytest.mark.parametrize("command, name, make, words", OTHER_ROWS, ids=["%s: %s" % r[:2] for r in OTHER_ROWS])
+def test_every_command_refuses_an_output_it_must_not_replace(command, name, make, words, tmp_path, capsys,
+                                                              monkeypatch):
+    import importlib
+
+    command_module, arguments, option, kind = COMMANDS[command]
+    output = make(tmp_path, kind)
+    module_name, work, argv = arguments(tmp_path, output)
+    module = importlib.import_module(module_name)
+    main = importlib.import_module(command_module).main
+    calls = []
+
+    def started(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("the work started")
+
+    monkeypatch.setattr(module, work, started)
+    before = state_of(str(tmp_path))
+    code = main(argv)
+    one_line(capsys.readouterr()[1], option, words)
+    assert code == 2
+    assert calls == []  # refused before any work
     assert state_of(str(tmp_path)) == before

@@ -1,8 +1,9 @@
 """Files opened safely (ipu_packing/fsutil.py): every reader of a path a user names refuses a FIFO, a device or
 a directory at once in one line (`open_regular`) instead of blocking or reading without end; the output
 lock never follows a symlink and never writes into another file (`open_lock_file`); outputs are written
-atomically with the umask's mode (`atomic_write_with`), so a symlink or hard link at the output is replaced,
-never written through, and a failed write leaves the old file whole.
+atomically with the umask's mode (`atomic_write_with`), so a hard link at the output is replaced, never written
+through, and a failed write leaves the old file whole; a symlink at the output is refused (fsutil.check_output,
+the rule of every output), the file it points to untouched.
 
 A FIFO row gives the reader WAIT seconds: then a writer opens the FIFO and closes it (so a reader that blocked
 gets an empty file and the test goes on), and the row fails unless the refusal came first."""
@@ -242,6 +243,19 @@ def directory_lock(lock_path, victim):
     os.mkdir(lock_path)
 
 
+def meeting_file(make):
+    """A PopRun instances' meeting-place file (DirectoryGroup._read, polled while instances meet) made by
+    `make(path)`: read as foreign (None) at once."""
+    def row(tmp_path, prepared):
+        from ipu_packing.execution.poprun_group import DirectoryGroup
+
+        path = make(str(tmp_path / "step.rows"))
+        read = []
+        line, seconds = outcome(lambda: read.append(DirectoryGroup._read(path)), path)
+        return "%s, read as %r" % (line, read), seconds
+    return row
+
+
 # -- outputs ------------------------------------------------------------------------------------------------
 
 def plot(make, umask=0o022, fail=False):
@@ -281,6 +295,8 @@ def plot(make, umask=0o022, fail=False):
         if fail:
             with open(png, "rb") as f:
                 return ("the old plot is whole" if f.read() == VICTIM else "the old plot was cut"), seconds
+        if line != "accepted":
+            return line, seconds
         if os.path.islink(png) or not os.path.isfile(png):
             return "the plot is not a file of its own", seconds
         return "plot mode %o; %s" % (os.stat(png).st_mode & 0o777, line), seconds
@@ -311,6 +327,7 @@ ROWS = [
     ("config-file-fifo", config_file(fifo), "FIFO"),
     ("model-config-fifo", model_file("config.json", fifo), "FIFO"),
     ("model-weight-shard-fifo", weight_shard(fifo), "FIFO"),
+    ("poprun-meeting-file-fifo", meeting_file(fifo), "accepted, read as [None]"),
     # readers: a device
     ("histogram-urandom", histogram(".npy", lambda p: device(p, "/dev/urandom")), "character device"),
     ("vocab-file-urandom", prepare_vocab(lambda p: device(p, "/dev/urandom")), "character device"),
@@ -326,7 +343,7 @@ ROWS = [
     ("lock-fifo", lock(fifo_lock), "FIFO"),
     ("lock-directory", lock(directory_lock), "a directory"),
     # outputs
-    ("plot-over-a-symlink", plot(symlink_to), "plot mode 644"),
+    ("plot-over-a-symlink", plot(symlink_to), "is a symlink"),
     ("plot-over-a-hard-link", plot(hard_link), "plot mode 644"),
     ("plot-over-a-0600-file-umask-022", plot(existing_file), "plot mode 644"),
     ("plot-umask-027", plot(lambda png, victim: None, umask=0o027), "plot mode 640"),

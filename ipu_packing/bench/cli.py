@@ -137,7 +137,7 @@ def _main(argv: Optional[List[str]]) -> int:
             )
         histogram = read_histogram_file(path, args.max_seq_length)
     if args.plot:
-        check_writable(args.plot)
+        check_writable(args.plot, reading=[args.data or path])
     S = len(histogram)
     if args.threads:
         import torch

@@ -394,7 +394,7 @@ def main_config(parser, args) -> int:
         raise BenchError("--steps must be >= 1")
     histogram = read_histogram_file(args.histogram, None) if args.histogram else None
     if args.plot:
-        check_writable(args.plot)
+        check_writable(args.plot, reading=[args.histogram or ""])
     log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
     attentions = [a.strip() for a in args.attention.split(",")] if args.attention is not None else [None]
     if args.attention is not None and (any(not a for a in attentions) or len(set(attentions)) != len(attentions)):

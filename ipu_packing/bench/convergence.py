@@ -8,7 +8,8 @@ head initialised by ``training.seed``), the same steps and the same sequences pe
 (``training.global_batch_sequences``; the packed run divides its accumulation by the packing factor, docs/
 finetuning.md): ``data.layout=packed`` and ``data.layout=padded`` (DIR/<split>/padded, the same examples one per
 row). Each run is evaluated per example on the config's evaluation split at its end. The runs go one after the
-other in this process, into OUTPUT/<layout>_seed<N> (a finished run there is read back, not trained again). The
+other in this process, into OUTPUT/<layout>_seed<N> (a finished run there is read back, not trained again);
+OUTPUT must be absent, empty or hold only such runs (fsutil.check_output, checked before any work). The
 overrides apply to every run (e.g. training.steps=100), ``--packed`` ones to the packed runs only. Printed: one
 row per run (final evaluation metrics and loss, mean sequences per step, the run's sequences/s and training
 seconds) and each layout's mean and standard deviation over the seeds, with the load average before and after.
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -35,6 +36,15 @@ LAYOUTS = ("packed", "padded")
 
 def run_dir(output: str, layout: str, seed: int) -> str:
     return os.path.join(output, "%s_seed%d" % (layout, seed))
+
+
+_RUN_NAME = re.compile(r"^(%s)_seed-?\d+$" % "|".join(LAYOUTS))
+
+
+def made_here(output: str) -> bool:
+    """Whether ``output`` holds only runs of this command (``run_dir``'s names, each a directory): an earlier
+    --output, whose finished runs are read back and whose others are resumed."""
+    return all(_RUN_NAME.match(name) and os.path.isdir(os.path.join(output, name)) for name in os.listdir(output))
 
 
 def one_run(config: str, overrides: Sequence[str], layout: str, seed: int, directory: str,
@@ -55,12 +65,12 @@ def one_run(config: str, overrides: Sequence[str], layout: str, seed: int, direc
             raise BenchError("the %s run of seed %d failed (exit %d): run_finetuning.py %s"
                              % (layout, seed, code, " ".join(argv)))
     wall = time.perf_counter() - started
-    with open(summary_path) as f:
-        summary = json.load(f)
+    from ipu_packing.jsonin import load_path
+    from ipu_packing.train.run_dir import RunDirectory
+
+    summary = load_path(summary_path)  # a FIFO or a device: one line, never a hang
     evaluation = summary.get("evaluation") or {}
-    per_step = []
-    with open(os.path.join(directory, "metrics.jsonl")) as f:
-        per_step = [json.loads(line)["sequences"] for line in f if line.strip()]
+    per_step = [record["sequences"] for record in RunDirectory(directory).read_metrics()]
     return {"layout": layout, "seed": seed, "run": directory, "steps": summary["steps"],
             "sequences_per_step": statistics.mean(per_step) if per_step else None,
             "metrics": evaluation.get("metrics", {}), "loss": evaluation.get("loss"),
@@ -135,6 +145,10 @@ def command(argv: Optional[List[str]]) -> int:
     config = load_config(args.config, args.overrides)
     if not config.task.fine_tuning:
         raise BenchError("--config %s is not a fine-tuning config (no task: section)" % (args.config,))
+    from ..fsutil import check_output
+
+    check_output(args.output, "--output", directory=True, reading=[config.data.dir, config.checkpoint.init_from],
+                 ours=made_here, error=BenchError)
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 

@@ -327,10 +327,10 @@ def _main(argv: Optional[List[str]]) -> int:
         raise BenchError("torch %s sees no CUDA device: gpu-check needs a GPU and a CUDA build of torch "
                          "(--cpu runs the CPU mode)" % torch.__version__)
     output = os.path.abspath(args.output)
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-        raise BenchError("%s exists and is not an empty directory: move it away or give --output NEW (nothing is "
-                         "overwritten)" % output)
     data = os.path.abspath(args.data or os.path.join(REPO, mode.data))
+    from ..fsutil import check_output
+
+    check_output(output, "--output", directory=True, reading=[data], error=BenchError)  # absent or empty
     if os.path.exists(data) and not os.path.isfile(os.path.join(data, "packed", "manifest.json")):
         raise BenchError("%s has no prepared packed dataset (packed/manifest.json); give --data a prepare "
                          "--output directory, or a path that does not exist yet to prepare it there" % data)

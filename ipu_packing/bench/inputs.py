@@ -4,7 +4,7 @@ dataset's manifest), the shared data directory, and the check that an output pat
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -60,11 +60,16 @@ def read_dataset_histogram(directory: str) -> np.ndarray:
 
 
 
-def check_writable(path: str) -> None:
-    """Refuse, before a long run, an output path whose directory cannot take a file (missing parent that
-    cannot be made, a file in the way, a read-only file system): by trying, since root passes os.access."""
+def check_writable(path: str, option: str = "--plot", reading: Sequence[str] = ()) -> None:
+    """Refuse, before a long run, an output file the program must not replace (fsutil.check_output, the rule of every
+    output: a symlink, a FIFO, a device, a directory, a file the command reads in ``reading``), and one whose
+    directory cannot take a file (missing parent that cannot be made, a file in the way, a read-only file system):
+    by trying, since root passes os.access."""
     import tempfile
 
+    from ..fsutil import check_output
+
+    check_output(path, option, reading=reading, error=BenchError)
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -72,5 +77,3 @@ def check_writable(path: str) -> None:
             pass
     except OSError as exc:
         raise BenchError("cannot write %s: %s" % (path, exc.strerror or exc))
-    if os.path.isdir(path):
-        raise BenchError("cannot write %s: it is a directory" % (path,))

@@ -20,7 +20,6 @@ P = round(0.15 S) + 1, NSP labels 0/1).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -32,9 +31,10 @@ import numpy as np
 
 from ..data.format import SPECIAL_TOKENS
 from ..data.random_instances import draw_instances
-from .prepare_scale import du, run_measured
-from .. import jsonout
+from .prepare_scale import check_workdir, du, run_measured
+from .. import jsonin, jsonout
 from ..data.write.datasets import PackingOptions
+from ..errors import ArgumentParser, run_command
 
 VOCAB_SIZE = 30522
 CHUNK = 1 << 15
@@ -132,8 +132,12 @@ def run_pack(inputs: str, vocab: str, output: str, extra: List[str]) -> Dict[str
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ipu_packing.bench.pack_existing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return run_command(_main, argv)
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
+    parser = ArgumentParser(prog="python -m ipu_packing.bench.pack_existing", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", type=int, required=True)
     parser.add_argument("--format", choices=("hdf5", "tfrecord"), default="hdf5")
     parser.add_argument("--files", type=int, default=1, help="input files (the instances split evenly)")
@@ -149,6 +153,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("--instances must be >= --files >= 1")
     s = args.max_seq_length
     p = int(round(0.15 * s)) + 1
+    check_workdir(args.workdir)
+    if args.workdir is not None:
+        os.makedirs(args.workdir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="pack-bench-", dir=args.workdir)
     try:
         vocab = write_vocab(os.path.join(work, "vocab.txt"))
@@ -165,8 +172,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         extra = ["--max-sequences-per-pack", str(args.max_sequences_per_pack), "--workers", str(args.workers),
                  "--format", args.format] + (["--no-padded"] if args.no_padded else [])
         result = run_pack(inputs, vocab, output, extra)
-        with open(os.path.join(output, "packed", "manifest.json")) as f:
-            manifest = json.load(f)
+        manifest = jsonin.load_path(os.path.join(output, "packed", "manifest.json"))
         result.update(instances=manifest["num_sequences"], packs=manifest["num_packs"],
                       packing_factor=manifest["packing_factor"], mlm_slots=manifest["mlm_slots"],
                       input_mib=du(inputs) / 2.0 ** 20, output_mib=du(output) / 2.0 ** 20,

@@ -15,7 +15,6 @@ and the output's size on disk. Building the corpus is not timed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -28,8 +27,9 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .. import jsonout
+from .. import jsonin, jsonout
 from ..data.write.datasets import PackingOptions
+from ..errors import ArgumentParser, run_command
 
 
 def build_corpus(path: str, megabytes: float, seed: int = 0) -> Dict[str, int]:
@@ -152,9 +152,23 @@ def du(path: str) -> int:
     return total
 
 
+def check_workdir(path: Optional[str]) -> None:
+    """--workdir by the rule of every output (fsutil.check_output), before any work: an existing directory, or a path
+    to make one at; a symlink, a file, a FIFO or a device is refused. The work goes into a new directory of its own
+    inside it (mkdtemp), so the directory may hold other files."""
+    from ..fsutil import check_output
+
+    if path is not None:
+        check_output(path, "--workdir", directory=True, ours=lambda directory: True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ipu_packing.bench.prepare_scale", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return run_command(_main, argv)
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
+    parser = ArgumentParser(prog="python -m ipu_packing.bench.prepare_scale", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, required=True, help="corpus size in MB (2**20 bytes)")
     parser.add_argument("--nofile", type=int, default=1024, help="RLIMIT_NOFILE of prepare")
     parser.add_argument("--workdir", default=None, help="where the corpus and output go (default: a temp dir)")
@@ -168,6 +182,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.mb <= 0:
         parser.error("--mb must be > 0")
+    check_workdir(args.workdir)
+    if args.workdir is not None:
+        os.makedirs(args.workdir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="scale-bench-", dir=args.workdir)
     try:
         corpus = os.path.join(work, "corpus.txt")
@@ -177,8 +194,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                  "--workers", str(args.workers)] + (["--no-padded"] if args.no_padded else []) \
             + (["--shard-chars", str(args.shard_chars)] if args.shard_chars else [])
         result = run_prepare(corpus, output, args.nofile, extra)
-        with open(os.path.join(output, "packed", "manifest.json")) as f:
-            manifest = json.load(f)
+        manifest = jsonin.load_path(os.path.join(output, "packed", "manifest.json"))
         result.update(corpus_mb=built["bytes"] / 2.0 ** 20, documents=built["documents"],
                       instances=manifest["num_sequences"], tokens=manifest["num_tokens"],
                       input_shards=manifest["corpus"]["shards"], packs=manifest["num_packs"],

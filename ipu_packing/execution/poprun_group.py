@@ -37,7 +37,7 @@ import torch
 
 from .. import jsonin
 from ..errors import ConfigError, LaunchError, UserError, one_line
-from ..fsutil import atomic_write_text
+from ..fsutil import atomic_write_text, open_regular
 from .popdist_backend import Launch
 
 
@@ -153,11 +153,12 @@ class DirectoryGroup(InstanceGroup):
 
     @staticmethod
     def _read(path: str, kind: type = dict) -> Any:
-        """The JSON value at ``path`` if it is a ``kind``, else None (absent, partial, or foreign)."""
+        """The JSON value at ``path`` if it is a ``kind``, else None (absent, partial, or foreign: a FIFO or a device
+        there is foreign, never opened to block or read without end, fsutil.open_regular)."""
         try:
-            with open(path, "r", encoding="utf-8") as f:
+            with open_regular(path, "r", encoding="utf-8") as f:
                 value = jsonin.load(f)
-        except (OSError, ValueError, RecursionError):
+        except (OSError, ValueError, RecursionError, UserError):
             return None
         return value if isinstance(value, kind) else None
 

@@ -199,13 +199,12 @@ def repair_jsonl(path: str, last_step: int, log=print) -> int:
 
     with open_regular(path, "rb", error=UserError) as f:
         original = f.read()
-    lines = original.split(b"\n")
-    complete = lines[-1] == b""
-    lines = lines[:-1] if complete else lines
+    lines = jsonin.jsonl_lines(original)  # at "\n" only, as every JSON Lines file is read
+    complete = jsonin.jsonl_complete(original)
     kept = []  # type: list
-    for number, raw in enumerate(lines, 1):
+    for index, (number, raw) in enumerate(lines):
         record = _record(raw)
-        last = number == len(lines)
+        last = index == len(lines) - 1
         if record is None or (last and not complete):
             if not last:
                 raise UserError("%s line %d is not a metrics record (%r): the file was edited or corrupted; "

@@ -292,7 +292,7 @@ class RunDirectory:
                 previous += "\n"
         record = {"step": int(step), "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "checkpoint": checkpoint, "changes": {k: {"old": old, "new": new} for k, old, new in differences}}
-        atomic_write_text(path, previous + json.dumps(record, sort_keys=True, default=str) + "\n")
+        atomic_write_text(path, previous + jsonout.jsonl_text([record], default=str))
         return ("checkpoint.resume=force: continuing from step %d with %s (recorded in %s; the old config is in %s)"
                 % (step, describe(differences), path, before))
 
