@@ -15,6 +15,7 @@ import app_fixtures as fx
 import model_fixtures as mf
 from ipu_packing.data import open_dataset
 from ipu_packing.data.cli import main as data_main
+from ipu_packing.errors import UserError
 from ipu_packing.train import ConfigError, load_config
 from ipu_packing.train.loader import resolve_config_path
 from ipu_packing.train.loop import execute, plan_run
@@ -253,3 +254,33 @@ def test_a_model_whose_embeddings_outnumber_its_tokenizer_fine_tunes_as_it_is(tm
         assert json.load(f)["vocab_size"] == 32
     with open(os.path.join(run, "final", "vocab.txt")) as f:
         assert len(f.read().splitlines()) == 28
+
+
+# (id, what checkpoint.init_from is made into under tmp_path (None: left absent), the refusal's words)
+UNREADABLE_SOURCES = [
+    ("absent", None, "checkpoint.init_from {} does not exist"),
+    ("config-json-a-fifo", "fifo", "{}/config.json: is a FIFO (named pipe), not a regular file"),
+    ("config-json-a-device", "device", "{}/config.json: is a character device, not a regular file"),
+]
+
+
+@pytest.mark.parametrize("make, words", [s[1:] for s in UNREADABLE_SOURCES], ids=[s[0] for s in UNREADABLE_SOURCES])
+def test_a_source_that_cannot_be_read_is_named_before_the_datasets_vocabulary(own_model_task, tmp_path, make, words):
+    """A model directory that is absent, or whose config.json is no regular file, is refused naming it, not as a
+    dataset 'of another vocabulary' than the `base:` config's (the architecture it would have given is unknown)."""
+    model, task = own_model_task
+    source = str(tmp_path / "bert")
+    if make is not None:
+        shutil.copytree(model, source)
+        os.remove(os.path.join(source, "config.json"))
+        if make == "fifo":
+            os.mkfifo(os.path.join(source, "config.json"))
+        else:
+            os.symlink("/dev/null", os.path.join(source, "config.json"))
+    config = load_config("finetune_demo", RUN + ["data.dir=%s" % task, "checkpoint.init_from=%s" % source,
+                                                 "checkpoint.output_dir=%s" % str(tmp_path / "run"),
+                                                 "data.max_seq_length=32", "data.max_sequences_per_pack=4"])
+    with pytest.raises(UserError) as refused:
+        plan_run(config, open_dataset=open_dataset)
+    assert words.format(source) in str(refused.value), str(refused.value)
+    assert not os.path.exists(str(tmp_path / "run"))
