@@ -58,18 +58,15 @@ def with_init_architecture(config):
     object, checked again): config.json's values replace those a `base:` config gives (a model from scratch's),
     so no `model.*` key need be typed; a key the user sets (the config file's own or the command line's,
     ``RunConfig.explicit_model_keys``) to another value is a ConfigError unless checkpoint.init_override lists it
-    (then the config's value stays). A source that does not exist, or a directory whose config.json is no regular
-    file, is refused here, before the dataset is checked against an architecture the source would have changed.
-    Anything else as it was (a step checkpoint states no architecture apart from its tensors' shapes, which
-    loading checks)."""
+    (then the config's value stays). A directory whose config.json is no regular file is refused here (a FIFO
+    would block). Anything else as it was (a step checkpoint states no architecture apart from its tensors'
+    shapes, which loading checks)."""
     import dataclasses
 
     model, checkpoint = config.model, config.checkpoint
     source = checkpoint.init_from
     if not source or config.architecture_taken:
         return config
-    if not os.path.lexists(source):  # before the dataset is checked against an architecture it would have given
-        raise UserError("checkpoint.init_from %s does not exist" % (source,))
     stated_in = os.path.join(source, "config.json")
     unreadable = os.path.isdir(source) and os.path.lexists(stated_in) and not os.path.isfile(stated_in)
     if not is_hf_dir(source) and not unreadable:  # a step checkpoint or a run: shapes are checked when it loads
@@ -92,12 +89,20 @@ def with_init_architecture(config):
     return dataclasses.replace(config, model=out, architecture_taken=True)
 
 
+def check_init_exists(config) -> None:
+    """checkpoint.init_from, where set, exists: checked once the dataset is found and before it is compared with
+    the architecture (an absent source gives none, so the `base:` config's would be compared and refused as
+    'another vocabulary'), on a resume too (the architecture still comes from it)."""
+    source = config.checkpoint.init_from
+    if source and not os.path.exists(source):
+        raise UserError("checkpoint.init_from %s does not exist" % (source,))
+
+
 def check_init_from(config, data) -> None:
     """Before the dataset is opened: the source exists, and a Hugging Face directory's vocab.txt is the
     dataset's (a step checkpoint's vocabulary is checked when it is read, in `load_init_from`)."""
     source = config.checkpoint.init_from
-    if not os.path.exists(source):
-        raise UserError("checkpoint.init_from %s does not exist" % (source,))
+    check_init_exists(config)
     if not is_hf_dir(source) or data.vocab_path is None or INIT_OVERRIDE_VOCAB in config.checkpoint.init_override:
         return
     if not os.path.lexists(os.path.join(source, "vocab.txt")):

@@ -20,7 +20,7 @@ from .run_config import BatchAccounting, RunConfig
 from .data import TrainingData, check_data_matches, open_shards, prepare_hint, read_training_data
 from .fingerprint import Difference, check_fixed, recorded_fingerprint, refuse_or_force, resume_differences
 from .model_section import MODEL_DEFAULTS
-from .phase1 import check_init_from, load_init_from, with_init_architecture
+from .phase1 import check_init_exists, check_init_from, load_init_from, with_init_architecture
 from .run_dir import RunDirectory
 from .state import TrainingState
 from .task import Task, check_labelled, task_for
@@ -99,6 +99,7 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
                           else "", config.checkpoint.init_from])  # before anything is read
     config = with_init_architecture(config)  # a phase-1 Hugging Face directory's architecture
     data = read_training_data(config.data.path, prepare_hint(config))
+    check_init_exists(config)
     check_data_matches(config, data)
     task = task_for(config, data.manifest)
     check_labelled(data.manifest, data.path, "data.split")
