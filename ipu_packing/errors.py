@@ -85,15 +85,18 @@ EXTRAS = {"matplotlib": "plots", "h5py": "data", "crc32c": "data", "tensorboard"
 
 def require_extra(module: str, purpose: str) -> Any:
     """``importlib.import_module(module)``, or MissingExtra, one line naming what needed it and the extra:
-    "compare --plot needs matplotlib, which is not installed: pip install 'ipu-packing[plots]'". The one way
-    every optional import (matplotlib, h5py, crc32c, tensorboard, datasets, pyarrow) is made."""
+    "compare --plot needs matplotlib, which is not installed: pip install 'ipu-packing[plots]'"; an import that fails
+    without naming a missing module (a package too old for its user) is said as that failure, with the same command.
+    The one way every optional import (matplotlib, h5py, crc32c, tensorboard, datasets, pyarrow) is made."""
     top = module.split(".")[0]
     extra = EXTRAS.get(top) or EXTRAS.get(module.split(".")[-1])
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        missing = getattr(exc, "name", None) or top
         how = "pip install 'ipu-packing[%s]'" % extra if extra else "pip install %s" % top
+        missing = getattr(exc, "name", None)
+        if missing is None:  # found, but its import refused (torch.utils.tensorboard with a tensorboard below 1.15)
+            raise MissingExtra("%s: importing %s failed (%s): %s" % (purpose, module, one_line(exc), how)) from None
         raise MissingExtra("%s needs %s, which is not installed%s: %s"
                            % (purpose, missing, "" if missing == module or missing == top else
                               " (importing %s)" % module, how)) from None

@@ -6,6 +6,7 @@ its input); the TensorBoard note names the package and the extra that installs i
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -61,15 +62,31 @@ def test_questions_to_answer_ignore_their_answers(tmp_path, squad):
         "q1", "What runs?", "The loop runs the task.", ())
 
 
-def test_the_tensorboard_note_names_the_package_and_the_extra(tmp_path, monkeypatch):
+# (id, what `import tensorboard` finds, the note as a regular expression)
+TENSORBOARDS = [
+    ("not-installed", None, re.escape(
+        "note: TensorBoard logging off (logging.tensorboard needs tensorboard, which is not installed (importing "
+        "torch.utils.tensorboard): pip install 'ipu-packing[tensorboard]'; or set logging.tensorboard=false)")),
+    ("too-old", "1.0", re.escape("note: TensorBoard logging off (logging.tensorboard: importing "
+                                 "torch.utils.tensorboard failed (") + "[^()]*TensorBoard version 1.15[^()]*"
+     + re.escape("): pip install 'ipu-packing[tensorboard]'; or set logging.tensorboard=false)")),
+]
+
+
+@pytest.mark.parametrize("version, note", [t[1:] for t in TENSORBOARDS], ids=[t[0] for t in TENSORBOARDS])
+def test_the_tensorboard_note_names_the_package_and_the_extra(tmp_path, monkeypatch, version, note):
+    """The note names what failed: a package that is absent, or one that is there and whose import fails (torch
+    refuses a tensorboard older than 1.15 with an ImportError that names no module: torch itself is installed)."""
+    import types
+
     from ipu_packing.train.metrics import MetricsLogger
     from ipu_packing.train.sections import LoggingConfig
 
     monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
-    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as where the tensorboard package is not installed
+    old = types.ModuleType("tensorboard")
+    old.__version__ = version
+    monkeypatch.setitem(sys.modules, "tensorboard", None if version is None else old)  # None: not installed
     lines = []
     MetricsLogger(str(tmp_path / "m.jsonl"), str(tmp_path / "tb"), 1, 0,
                   LoggingConfig(progress_bar=False, tensorboard=True), log=lines.append)
-    assert lines == ["note: TensorBoard logging off (logging.tensorboard needs tensorboard, which is not installed "
-                     "(importing torch.utils.tensorboard): pip install 'ipu-packing[tensorboard]'; or set "
-                     "logging.tensorboard=false)"]
+    assert len(lines) == 1 and re.fullmatch(note, lines[0]), lines
