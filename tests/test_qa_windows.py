@@ -268,3 +268,37 @@ def test_a_perfect_model_scores_1_on_answers_near_combining_characters(lower_cas
     gold = {name: [text] for name, _, text in ACCENTED}
     got = {name: predictions[i].text for i, (name, _, _) in enumerate(ACCENTED)}
     assert squad_metrics(got, gold) == {"exact_match": 100.0, "f1": 100.0}
+
+
+# (id, context, answer, the characters of the context its labelled tokens cover): an answer whose first or last
+# characters are ones no token holds (white space, a soft hyphen, a zero-width space, a control, U+FFFD: BERT's
+# tokenizer drops them)
+INVISIBLE_EDGES = [
+    ("soft-hyphen-after", "The Cafe\u00ad au lait.", "Cafe\u00ad", "Cafe"),
+    ("zero-width-space-after", "The Cafe\u200b au lait.", "Cafe\u200b", "Cafe"),
+    ("replacement-character-after", "The Cafe\ufffd au lait.", "Cafe\ufffd", "Cafe"),
+    ("nul-after", "The Cafe\x00 au lait.", "Cafe\x00", "Cafe"),
+    ("space-after", "The Cafe au lait.", "Cafe ", "Cafe"),
+    ("soft-hyphen-before", "The \u00adCafe au lait.", "\u00adCafe", "Cafe"),
+    ("space-before", "The Cafe au lait.", " Cafe", "Cafe"),
+    ("accent-and-soft-hyphen-after", "The Cafe\u0301\u00ad au lait.", "Cafe\u0301\u00ad", "Cafe"),
+]
+
+
+@pytest.mark.parametrize("lower_case", [True, False], ids=["uncased", "cased"])
+@pytest.mark.parametrize("context, answer, covered", [e[1:] for e in INVISIBLE_EDGES],
+                         ids=[e[0] for e in INVISIBLE_EDGES])
+def test_an_answer_is_labelled_by_its_own_tokens_whatever_invisible_characters_bound_it(context, answer, covered,
+                                                                                        lower_case):
+    """Characters no token holds at an answer's edges do not move its labels onto the neighbouring words (counting a
+    trailing soft hyphen, as run_qa.py's rule does, made the end the next token: 'Cafe\\u00ad au')."""
+    from ipu_packing.data.task.windows import build_window_tokenizers, window_examples
+    from ipu_packing.data.vocab import TokenizerSpec
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "where", "?", "the", "cafe", "au", "lait", ".", "The",
+             "Cafe", "##e\u0301"]
+    pair, _ = build_window_tokenizers(TokenizerSpec(vocab, lower_case), 32, 8)
+    _, lengths, _, starts, ends, _, offsets = window_examples(pair, 2, ["where?"], [context],
+                                                              [(context.index(answer), answer)], "test")
+    assert len(lengths) == 1
+    assert context[offsets[starts[0]][0]:offsets[ends[0]][1]] in (covered, covered.replace("e", "e\u0301"))

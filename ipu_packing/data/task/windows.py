@@ -19,9 +19,11 @@ before the answer's first character and end the first context token ending at or
 answer outside the window, or only partly inside it, or no answer) both are the window's [CLS], position 0.
 run_qa.py's own loop can step past the context onto the final [SEP] when the answer starts on the window's last
 context token (its "edge case" comment); here the search stays inside the context, so that label is that token. The
-answer's last character is its last one that is not a combining mark: an uncased tokenizer strips decomposed accents,
-so no token's offsets hold them ("Cafe\u0301" is the token "cafe" at 0..4), and counting the mark would make the
-end the next token ("Cafe\u0301 au"); the prediction takes such marks back (answers.py `marks_end`).
+answer's first and last characters are its first and last that a token may hold (`_no_tokens`): an uncased tokenizer
+strips decomposed accents, so no token's offsets hold them ("Cafe\u0301" is the token "cafe" at 0..4), and BERT's
+drops white space, controls and format characters (a soft hyphen, a zero-width space) and U+FFFD; counting such a
+character would make the end the next token ("Cafe\u0301 au", "Cafe\u00ad au") or the start the one before; the
+prediction takes trailing combining marks back (answers.py `marks_end`).
 
 Offsets: each context token's [start, end) characters in its context (the tokenizer's offset mapping, as
 return_offsets_mapping gives it); -1 for every other token. The instances carry start_positions and end_positions
@@ -105,6 +107,14 @@ def cut_question(tokenizer, question: str, max_query_length: int, where: str) ->
     return question[:encoding.offsets[first][0]].rstrip()
 
 
+def _no_tokens(char: str) -> bool:
+    """Whether ``char`` may be held by no token: white space, what BERT's tokenizer drops (controls and format
+    characters such as a soft hyphen or a zero-width space, NUL, U+FFFD) and a combining mark (an uncased tokenizer
+    strips accents). Such characters at an answer's edges are not counted in its labels."""
+    return char.isspace() or char == "\ufffd" or unicodedata.category(char).startswith("C") or \
+        bool(unicodedata.combining(char))
+
+
 def answer_positions(sequence_ids: Sequence[Optional[int]], offsets: Sequence[Tuple[int, int]],
                      answer_start: Optional[int], answer_text: Optional[str]) -> Tuple[int, int]:
     """(start, end) token positions in one window (module notes: run_qa.py's rule, kept inside the context);
@@ -113,10 +123,12 @@ def answer_positions(sequence_ids: Sequence[Optional[int]], offsets: Sequence[Tu
     if answer_start is None or answer_text is None or not context:
         return 0, 0
     first, last = context[0], context[-1]
-    length = len(answer_text)
-    while length > 1 and unicodedata.combining(answer_text[length - 1]):  # a trailing accent: no token's, maybe
+    begin, length = 0, len(answer_text)
+    while length - begin > 1 and _no_tokens(answer_text[length - 1]):
         length -= 1
-    start_char, end_char = answer_start, answer_start + length
+    while length - begin > 1 and _no_tokens(answer_text[begin]):
+        begin += 1
+    start_char, end_char = answer_start + begin, answer_start + length
     if not (offsets[first][0] <= start_char and offsets[last][1] >= end_char):
         return 0, 0
     t = first
