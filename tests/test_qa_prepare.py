@@ -253,8 +253,15 @@ def _answer_elsewhere(rows):
     return rows
 
 
+def _answers_emptied(rows):
+    rows[4]["answers"] = {"text": [], "answer_start": []}
+    return rows
+
+
 EXAMPLE_ROWS = [
     ("no-answers", _without("answers"), "examples.jsonl:8: has no 'answers'"),
+    ("answers-emptied", _answers_emptied, "examples.jsonl:5: has no answer, but its split was prepared with one for "
+     "every question"),
     ("no-context", _without("context"), "examples.jsonl:8: has no 'context'"),
     ("answers-a-list", _answers_as_a_list, "examples.jsonl:4: 'answers' should be"),
     ("answer-not-at-its-start", _answer_elsewhere, "examples.jsonl:6: answer"),

@@ -240,8 +240,9 @@ def _stored_example(where: str, line: str) -> QAExample:
 
 def read_examples(directory: str, manifest: Optional[Mapping[str, Any]] = None) -> List[QAExample]:
     """The examples of a question-answering dataset directory (its manifest's task.examples_file), checked against
-    the manifest's sha256 and count, and every row as a split's row is checked: DataError naming the file (and
-    line) otherwise. `manifest`: the directory's, already read
+    the manifest's sha256 and counts (its examples, and those with answers: a split prepared with an answer to
+    every question keeps one on every row), and every row as a split's row is checked: DataError naming the file
+    (and line) otherwise. `manifest`: the directory's, already read
     (else it is read here)."""
     if manifest is None:
         from ..format import read_manifest
@@ -259,11 +260,20 @@ def read_examples(directory: str, manifest: Optional[Mapping[str, Any]] = None) 
     if hashlib.sha256(data).hexdigest() != task["examples_sha256"]:
         raise DataError("%s: sha256 does not match manifest field 'task' entry 'examples_sha256'" % path)
     examples = []
+    answered = task.get("answered")
+    every = answered is not None and answered == task["num_examples"]  # a split prepared with answers throughout
     for number, line in jsonin.jsonl_lines(data.decode("utf-8")):  # at "\n" only: a context may hold U+2028
         examples.append(_stored_example("%s:%d" % (path, number), line))
+        if every and not examples[-1].answer_texts:
+            raise DataError("%s:%d: has no answer, but its split was prepared with one for every question (manifest "
+                            "field 'task' entry 'answered' is %d)" % (path, number, answered))
     if len(examples) != task["num_examples"]:
         raise DataError("%s: holds %d examples, manifest field 'task' entry 'num_examples' says %d"
                         % (path, len(examples), task["num_examples"]))
+    with_answers = sum(1 for example in examples if example.answer_texts)
+    if answered is not None and with_answers != answered:
+        raise DataError("%s: holds %d examples with answers, manifest field 'task' entry 'answered' says %d"
+                        % (path, with_answers, answered))
     return examples
 
 
