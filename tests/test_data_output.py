@@ -148,3 +148,46 @@ def test_a_lock_released_by_a_killed_holder_is_taken(pack_inputs, tmp_path, caps
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
     assert _pack(pack_inputs, tmp_path / "out") == 0, capsys.readouterr().err
     assert sorted(os.listdir(str(tmp_path / "out"))) == ["packed", "padded"]
+
+
+def _corpus_dir(inputs):
+    """prepare --input DIR --output DIR/out: the corpus directory would hold its dataset, read as corpus next time."""
+    corpus = inputs["root"] / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the loop runs a task.\nthe server reads a mail.\n\nthe test case passes.\n")
+    return ["prepare", "--input", str(corpus), "--vocab", inputs["vocab"], "--max-seq-length", "32"], corpus / "out"
+
+
+def _tokenizer_dir(inputs):
+    """prepare --task ... --tokenizer MODEL --output MODEL/data: a dataset written into the model directory."""
+    model = inputs["root"] / "model"
+    model.mkdir()
+    with open(inputs["vocab"]) as f:
+        (model / "vocab.txt").write_text(f.read())
+    for split in ("train", "dev"):
+        (inputs["root"] / ("%s.tsv" % split)).write_text("sentence\tlabel\nthe loop\tgood\na task\tbad\n")
+    return ["prepare", "--task", "classification", "--train", str(inputs["root"] / "train.tsv"), "--validation",
+            str(inputs["root"] / "dev.tsv"), "--tokenizer", str(model), "--max-seq-length", "32"], model / "data"
+
+
+def _hdf5_dir(inputs):
+    """pack --input DIR --output DIR/out: the input directory would hold the packed dataset."""
+    directory = inputs["root"] / "hdf5"
+    directory.mkdir()
+    os.rename(inputs["hdf5"], str(directory / "data.hdf5"))
+    return ["pack", "--input", str(directory), "--vocab", inputs["vocab"]], directory / "out"
+
+
+INSIDE_AN_INPUT = [("prepare-inside-its-corpus", _corpus_dir), ("prepare-task-inside-its-tokenizer", _tokenizer_dir),
+                   ("pack-inside-its-input", _hdf5_dir)]
+
+
+@pytest.mark.parametrize("make", [r[1] for r in INSIDE_AN_INPUT], ids=[r[0] for r in INSIDE_AN_INPUT])
+def test_an_output_inside_a_directory_the_command_reads_is_refused(make, pack_inputs, capsys):
+    """The rule of every output (fsutil.check_output): an output inside a directory the same command reads is
+    refused, as predict refuses one inside its model directory."""
+    argv, output = make(pack_inputs)
+    code = data_main(argv + ["--output", str(output), "--max-sequences-per-pack", "3", "--workers", "1", "--quiet"])
+    assert code == 2
+    _one_line(capsys, "--output %s: is inside %s, which this command reads" % (output, output.parent))
+    assert not os.path.exists(str(output))

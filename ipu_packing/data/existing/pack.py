@@ -108,7 +108,7 @@ class PackResult:
 def pack(config: PackConfig) -> PackResult:
     """Run the whole command (see the module notes)."""
     output = os.path.abspath(config.output)
-    with claim_output(output, "pack"):  # the output is checked and held before any input is read
+    with claim_output(output, "pack", [config.input, config.vocab]):  # checked and held before any input is read
         files = inspect_inputs(config.input, config.format)  # every input checked before anything is created
         first = next(f for f in files if f.format != "empty")
         check_pack_sizes(first.max_seq_length, config.packing.max_sequences_per_pack, first.path)

@@ -65,7 +65,8 @@ def prepare_into_output(config, prepare_into) -> TaskResult:
     ``prepare_into(config, temp)`` writes the task's splits into a temporary directory that becomes the output
     whole (or is removed)."""
     output = os.path.abspath(config.output)
-    with claim_output(output, "prepare"):  # the output is checked and held before any input is read
+    reading = list(split_paths(config).values()) + ([config.vocab] if config.vocab not in (None, DEMO_INPUT) else [])
+    with claim_output(output, "prepare", reading):  # the output is checked and held before any input is read
         for path in split_paths(config).values():
             check_split_path(path)
         return write_atomically(output, lambda temp: prepare_into(config, temp), "preparing")

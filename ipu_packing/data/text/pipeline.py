@@ -269,7 +269,8 @@ def prepare(config: PrepareConfig) -> PrepareResult:
         train = done.splits["train"]
         return PrepareResult(train["packed"], train.get("padded"), done.seconds, done.splits)
     output = os.path.abspath(config.output)
-    with claim_output(output, "prepare"):  # the output is checked and held before any input is read
+    reading = [path for path in (config.input, config.vocab) if path not in (None, "default")]  # not the embedded
+    with claim_output(output, "prepare", reading):  # the output is checked and held before any input is read
         corpus_spec = CorpusSpec(config.input, config.format)
         files = corpus_spec.files()  # checks that the input exists before anything is created
         if not corpus_spec.is_default and config.vocab is None and config.train_vocab is None:

@@ -15,26 +15,27 @@ import contextlib
 import errno
 import os
 import shutil
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from ... import fsutil
 from ...fsutil import fsync_tree, make_temp_dir, open_lock_file, replace_durably
 from ...errors import DataError
 
 
-def check_output(path: str) -> None:
-    """`path` refused unless absent or an empty directory (fsutil.check_output, the rule of every output)."""
-    fsutil.check_output(path, "--output", directory=True, error=DataError)
+def check_output(path: str, reading: Sequence[str] = ()) -> None:
+    """`path` refused unless absent or an empty directory, and unless outside every file and directory the command
+    reads (`reading`: its corpus, its split files, its tokenizer; fsutil.check_output, the rule of every output)."""
+    fsutil.check_output(path, "--output", directory=True, reading=[p for p in reading if p], error=DataError)
 
 
 _TEMP_MARK = ".tmp-"
 
 
 @contextlib.contextmanager
-def claim_output(output: str, command: str) -> Iterator[None]:
+def claim_output(output: str, command: str, reading: Sequence[str] = ()) -> Iterator[None]:
     """Hold `output` (an absolute path) for the whole command: an exclusive lock on `.<output>.lock` beside it,
-    then `check_output`. Another command holding it: DataError at once, naming its pid. The lock file is
-    removed when the command ends."""
+    then `check_output` (`reading`: the paths the command reads). Another command holding it: DataError at once,
+    naming its pid. The lock file is removed when the command ends."""
     import fcntl
 
     parent = os.path.dirname(output)
@@ -61,7 +62,7 @@ def claim_output(output: str, command: str) -> Iterator[None]:
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, ("%s, pid %d" % (command, os.getpid())).encode("utf-8"), 0)
-            check_output(output)
+            check_output(output, reading)
             yield
             ok = True
         finally:
