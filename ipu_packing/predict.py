@@ -427,9 +427,11 @@ def read_inputs(path: str, sentence1_key: Optional[str], sentence2_key: Optional
 
     table = read_split(path)
     columns = text_columns(table, sentence1_key, sentence2_key, label_key)
+    values = [texts(table, column) for column in columns]
+    if not len(values[0]):
+        raise UserError("%s: no input to score (its columns, and no row)" % (path,))
     print("%s: %s" % (path, describe_columns(columns, label_key if label_key in table.columns else None,
                                              "(not read)")), file=sys.stderr)
-    values = [texts(table, column) for column in columns]
     return list(values[0]) if len(values) == 1 else list(zip(values[0], values[1]))
 
 

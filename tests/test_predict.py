@@ -117,6 +117,17 @@ def test_bad_input_is_one_line(args, words, tmp_path, capsys):
     assert not os.path.exists(str(tmp_path / "out.jsonl"))
 
 
+@pytest.mark.parametrize("text", ["sentence1\n", "sentence1\tlabel\n", ""], ids=["header", "header-and-label", "empty"])
+def test_an_input_without_rows_is_one_line_naming_it(text, tmp_path, capsys):
+    directory = hf_classifier(str(tmp_path / "model"), 2, "single_label_classification")
+    source = tmp_path / "inputs.tsv"
+    source.write_text(text)
+    assert main(["--model", directory, "--input", str(source), "--output", str(tmp_path / "out.jsonl")]) == 2
+    err = capsys.readouterr()[1]
+    assert err.startswith("error: %s" % source) and err.count("\n") == 1, err
+    assert not os.path.exists(str(tmp_path / "out.jsonl"))
+
+
 def test_a_model_whose_weights_hold_nan_is_refused_and_nothing_written(tmp_path, capsys):
     """NaN weights give NaN scores, which JSON cannot hold: one line naming a weight, no output file."""
     from safetensors.torch import load_file, save_file
