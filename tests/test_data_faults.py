@@ -31,6 +31,25 @@ def _one_line_error(capsys, *words):
         assert word in err, (word, err)
 
 
+def test_the_file_size_limit_is_one_line_naming_the_output_and_leaves_nothing(tmp_path, capsys):
+    """A real `ulimit -f` (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a write past it fails with EFBIG): one line that
+    names the output being written, nothing left."""
+    import resource
+
+    corpus, vocab = make_inputs(str(tmp_path / "inputs"))
+    out = tmp_path / "space"
+    out.mkdir()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, hard))
+    try:
+        code = main(_args(corpus, vocab, str(out / "data")))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert code == 2
+    _one_line_error(capsys, "file too large", "while preparing %s" % (out / "data"))
+    assert os.listdir(str(out)) == []
+
+
 def test_full_disk_is_one_line_and_removes_the_temporary_output(tmp_path, capsys, monkeypatch):
     corpus, vocab = make_inputs(str(tmp_path / "inputs"))
 

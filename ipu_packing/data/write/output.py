@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence, TypeVar
 
 from ... import fsutil
 from ...fsutil import fsync_tree, make_temp_dir, open_lock_file, replace_durably
-from ...errors import DataError
+from ...errors import DataError, describe_os_error
 
 
 def check_output(path: str, reading: Sequence[str] = ()) -> None:
@@ -112,7 +112,7 @@ def write_atomically(output: str, build: Callable[[str], T], doing: str) -> T:
     """`build(temp)` into a fresh temporary sibling directory of `output` (an absolute path that
     `check_output` accepted), which is then fsynced and renamed to `output`; on any failure it is
     removed, so nothing is left behind. Removes the temporaries of killed runs into the same output
-    first. A full disk becomes one DataError line ("... while <doing> <output> ...")."""
+    first. A full disk or the file-size limit becomes one DataError line ("... while <doing> <output> ...")."""
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
     _remove_stale_temporaries(output)
@@ -129,6 +129,9 @@ def write_atomically(output: str, build: Callable[[str], T], doing: str) -> T:
         if _disk_full(error):
             raise DataError("%s: no space left on device while %s %s (nothing was kept)"
                             % (error.filename or parent, doing, output)) from None
+        if error.errno == errno.EFBIG:
+            raise DataError("%s while %s %s (nothing was kept)"
+                            % (describe_os_error(error), doing, output)) from None
         raise
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
