@@ -138,7 +138,8 @@ def fsync_tree(root: str) -> None:
 @contextlib.contextmanager
 def atomic_open(path: str, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
     """``with atomic_open(path) as f: f.write(...)``: ``path`` holds the old content or all of the
-    new, never part of it; on any error the temporary file is removed and ``path`` is untouched."""
+    new, never part of it; on any error the temporary file is removed and ``path`` is untouched. An OSError that
+    names no file (a write refused by a full disk or the file-size limit) is raised naming ``path``."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=TMP_SUFFIX, dir=directory)
@@ -149,6 +150,12 @@ def atomic_open(path: str, mode: str = "wb", encoding: Optional[str] = None) -> 
             f.flush()
             os.fsync(f.fileno())
         replace_durably(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if not exc.filename:
+            raise OSError(exc.errno, exc.strerror or str(exc), path) from None
+        raise
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -192,3 +192,30 @@ def test_the_umask_is_read_without_changing_it(umask):
     umask(0o027)
     assert fsutil.current_umask() == 0o027
     assert os.umask(0o027) == 0o027
+
+
+BIG = "x" * 8192
+LIMITED_WRITERS = [
+    ("atomic_write_text", lambda path: fsutil.atomic_write_text(path, BIG)),
+    ("atomic_write_json", lambda path: fsutil.atomic_write_json(path, {"x": BIG})),
+    ("atomic_write_with", lambda path: fsutil.atomic_write_with(path, lambda f: f.write(BIG.encode()))),
+]
+
+
+@pytest.mark.parametrize("write", [w[1] for w in LIMITED_WRITERS], ids=[w[0] for w in LIMITED_WRITERS])
+def test_a_write_beyond_the_file_size_limit_names_the_file_and_leaves_nothing(write, tmp_path):
+    """A real `ulimit -f` (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write fails with EFBIG): the OSError names the
+    file being written, so its one line does (errors.describe_os_error), and neither it nor a temporary is left."""
+    import errno
+    import resource
+
+    path = str(tmp_path / "out.json")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, hard))
+    try:
+        with pytest.raises(OSError) as refused:
+            write(path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert (refused.value.errno, refused.value.filename) == (errno.EFBIG, path)
+    assert os.listdir(str(tmp_path)) == []
