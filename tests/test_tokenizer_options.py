@@ -84,3 +84,29 @@ def test_the_options_go_into_the_manifest_and_the_export(tmp_path):
     assert config["tokenize_chinese_chars"] is False
     default = load_tokenizer(_vocab_dir(str(tmp_path / "default"), CASES[1][1])).write_vocab(str(tmp_path))
     assert "tokenize_chinese_chars" not in default  # a manifest says only what differs from the default
+
+
+# (id, tokenizer_config.json's text, the refusal's words)
+BAD_CONFIGS = [
+    ("a-list", "[]", "tokenizer_config.json: not a JSON object"),
+    ("lower-case-a-word", '{"do_lower_case": "yes"}', "tokenizer_config.json: do_lower_case should be true or false"),
+    ("chinese-chars-a-word", '{"tokenize_chinese_chars": "no"}',
+     "tokenizer_config.json: tokenize_chinese_chars should be true or false"),
+    ("strip-accents-a-number", '{"strip_accents": 1}', "tokenizer_config.json: strip_accents should be true, false"),
+]
+
+
+@pytest.mark.parametrize("with_json", [False, True], ids=["vocab-txt", "tokenizer-json"])
+@pytest.mark.parametrize("text, words", [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
+def test_a_tokenizer_config_that_is_not_options_is_one_line(text, words, with_json, tmp_path):
+    """tokenizer_config.json's options are read as transformers reads them, so a value it could not take (a word for
+    a boolean; a list for the file) is refused naming the file and the key, not taken for its truth value or ended
+    in a traceback."""
+    from ipu_packing.errors import DataError
+
+    directory = _vocab_dir(str(tmp_path / "tok"), None, {"lowercase": True} if with_json else None)
+    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        f.write(text)
+    with pytest.raises(DataError) as refused:
+        load_tokenizer(directory)
+    assert words in str(refused.value), str(refused.value)

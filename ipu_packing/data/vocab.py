@@ -313,6 +313,20 @@ def _json_lowercase(node) -> Optional[bool]:
     return None
 
 
+def _check_tokenizer_config(path: str, config: Any) -> None:
+    """tokenizer_config.json holds an object whose options this module reads are of the types transformers takes:
+    do_lower_case and tokenize_chinese_chars true or false, strip_accents true, false or null (as it lower-cases).
+    DataError naming the file and the key otherwise (a word such as "yes" would be taken for its truth value)."""
+    if not isinstance(config, dict):
+        raise DataError("%s: not a JSON object (got %s)" % (path, type(config).__name__))
+    for key in ("do_lower_case", "tokenize_chinese_chars"):
+        if key in config and not isinstance(config[key], bool):
+            raise DataError("%s: %s should be true or false, got %s" % (path, key, json.dumps(config[key])))
+    if config.get("strip_accents") is not None and not isinstance(config["strip_accents"], bool):
+        raise DataError("%s: strip_accents should be true, false or null (as it lower-cases), got %s"
+                        % (path, json.dumps(config["strip_accents"])))
+
+
 def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
     """A vocab.txt file or a Hugging Face tokenizer directory -> TokenizerSpec."""
     if lower_case not in LOWER_CASE_CHOICES:
@@ -330,6 +344,7 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
             config = jsonin.load_path(config_path, error=DataError)
         except (UnicodeDecodeError, ValueError) as error:
             raise DataError("%s: not valid JSON (%s)" % (config_path, str(error).splitlines()[0]))
+        _check_tokenizer_config(config_path, config)
     json_path = os.path.join(path, "tokenizer.json")
     vocab_path = os.path.join(path, "vocab.txt")
     if os.path.lexists(json_path):
