@@ -284,3 +284,32 @@ def test_a_source_that_cannot_be_read_is_named_before_the_datasets_vocabulary(ow
         plan_run(config, open_dataset=open_dataset)
     assert words.format(source) in str(refused.value), str(refused.value)
     assert not os.path.exists(str(tmp_path / "run"))
+
+
+# (id, the classifier config.json's id2label, as transformers could not read it or as it names no label of an id)
+MALFORMED_ID2LABEL = [
+    ("a-list", ["bad", "good"]),
+    ("a-key-not-an-id", {"x": "bad", "1": "good"}),
+    ("ids-with-a-gap", {"0": "bad", "2": "good"}),
+]
+
+
+@pytest.mark.parametrize("id2label", [m[1] for m in MALFORMED_ID2LABEL], ids=[m[0] for m in MALFORMED_ID2LABEL])
+def test_a_classifier_whose_id2label_names_no_label_by_id_is_refused(own_model_task, tmp_path, id2label):
+    """An id2label that is not {id: name} over ids 0 .. N - 1 (transformers refuses the first two when it loads the
+    config) is refused naming it, not taken for a head saved without names whose rows are kept by index."""
+    _, task = own_model_task
+    source = _classifier(tmp_path, None)
+    path = os.path.join(source, "config.json")
+    with open(path) as f:
+        raw = json.load(f)
+    raw["id2label"] = id2label
+    with open(path, "w") as f:
+        json.dump(raw, f)
+    config = load_config("finetune_demo", RUN + [
+        "data.dir=%s" % task, "checkpoint.init_from=%s" % source, "checkpoint.output_dir=%s" % str(tmp_path / "run"),
+        "data.max_seq_length=32", "data.max_sequences_per_pack=4"])
+    with pytest.raises(UserError) as refused:
+        plan_run(config, open_dataset=open_dataset)
+    assert "%s: its id2label is not" % path in str(refused.value), str(refused.value)
+    assert not os.path.exists(str(tmp_path / "run"))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -323,6 +323,23 @@ def load_weights(model: Any, directory: str, rows: Any = None,
         if key in state:
             state[key] = state[key][torch.as_tensor(list(order), dtype=torch.long)]
     return _copy_weights(model, state, directory)
+
+
+def id2label_fault(config: Any) -> Optional[str]:
+    """Why a config.json's id2label names no label by id (not an object of integer ids 0 .. N - 1, each a name),
+    or None where it does or is absent: transformers refuses a list or a key that is not an integer."""
+    id2label = config.get("id2label") if isinstance(config, dict) else None
+    if id2label is None:
+        return None
+    if not isinstance(id2label, dict):
+        return "it is a JSON %s" % (type(id2label).__name__,)
+    try:
+        ids = sorted(int(key) for key in id2label)
+    except (TypeError, ValueError):
+        return "its keys %s are not all integers" % (", ".join(repr(key) for key in id2label),)
+    if ids != list(range(len(ids))):
+        return "its ids %s are not 0 .. %d" % (", ".join(map(str, ids)), len(ids) - 1)
+    return None
 
 
 def head_labels(config: Any) -> Any:

@@ -198,7 +198,7 @@ def classifier_rows(config, model: torch.nn.Module, source: str) -> Tuple[Dict[s
     without names: the names "0", "1", ...); a head saved without names (transformers' LABEL_i) with as many labels:
     as it is; anything else (other names, another number of labels) is refused in one line unless
     task.replace_head starts a new classifier."""
-    from ipu_packing.model.pretrained import head_labels
+    from ipu_packing.model.pretrained import head_labels, id2label_fault
 
     raw = jsonin.load_path(os.path.join(source, "config.json"), error=ConfigError)
     architectures = raw.get("architectures") if isinstance(raw, dict) else None
@@ -207,6 +207,11 @@ def classifier_rows(config, model: torch.nn.Module, source: str) -> Tuple[Dict[s
         return {}, (), ""
     if config.task.replace_head:
         return {}, ("classifier.",), "; classifier replaced (task.replace_head)"
+    fault = id2label_fault(raw)  # else taken for a head without names, its rows kept by index
+    if fault is not None:
+        raise UserError("checkpoint.init_from %s: its id2label is not {id: name} over the ids 0 .. N - 1 (%s): "
+                        "correct it, or set task.replace_head=true to start a new classifier"
+                        % (os.path.join(source, "config.json"), fault))
     theirs = head_labels(raw)
     ours_count = int(model.config.num_labels)
     ours = head_labels({"id2label": model.config.id2label}) or [str(i) for i in range(ours_count)]  # class ids
