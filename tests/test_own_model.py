@@ -258,25 +258,31 @@ def test_a_model_whose_embeddings_outnumber_its_tokenizer_fine_tunes_as_it_is(tm
 
 # (id, what checkpoint.init_from is made into under tmp_path (None: left absent), the refusal's words)
 UNREADABLE_SOURCES = [
-    ("absent", None, "checkpoint.init_from {} does not exist"),
-    ("config-json-a-fifo", "fifo", "{}/config.json: is a FIFO (named pipe), not a regular file"),
-    ("config-json-a-device", "device", "{}/config.json: is a character device, not a regular file"),
+    ("absent", None, None, "checkpoint.init_from {} does not exist"),
+    ("config-json-a-fifo", "config.json", "fifo", "{}/config.json: is a FIFO (named pipe), not a regular file"),
+    ("config-json-a-device", "config.json", "device", "{}/config.json: is a character device, not a regular file"),
+    ("weights-a-fifo", "model.safetensors", "fifo", "{}/model.safetensors: is a FIFO (named pipe), not a regular file"),
+    ("weights-a-device", "model.safetensors", "device",
+     "{}/model.safetensors: is a character device, not a regular file"),
 ]
 
 
-@pytest.mark.parametrize("make, words", [s[1:] for s in UNREADABLE_SOURCES], ids=[s[0] for s in UNREADABLE_SOURCES])
-def test_a_source_that_cannot_be_read_is_named_before_the_datasets_vocabulary(own_model_task, tmp_path, make, words):
-    """A model directory that is absent, or whose config.json is no regular file, is refused naming it, not as a
-    dataset 'of another vocabulary' than the `base:` config's (the architecture it would have given is unknown)."""
+@pytest.mark.parametrize("name, make, words", [s[1:] for s in UNREADABLE_SOURCES],
+                         ids=[s[0] for s in UNREADABLE_SOURCES])
+def test_a_source_that_cannot_be_read_is_named_before_the_datasets_vocabulary(own_model_task, tmp_path, name, make,
+                                                                               words):
+    """A model directory that is absent, or whose config.json or weights are no regular file, is refused naming it,
+    not as a dataset 'of another vocabulary' than the `base:` config's (the architecture it would have given is
+    unknown), and a FIFO is never opened."""
     model, task = own_model_task
     source = str(tmp_path / "bert")
     if make is not None:
         shutil.copytree(model, source)
-        os.remove(os.path.join(source, "config.json"))
+        os.remove(os.path.join(source, name))
         if make == "fifo":
-            os.mkfifo(os.path.join(source, "config.json"))
+            os.mkfifo(os.path.join(source, name))
         else:
-            os.symlink("/dev/null", os.path.join(source, "config.json"))
+            os.symlink("/dev/null", os.path.join(source, name))
     config = load_config("finetune_demo", RUN + ["data.dir=%s" % task, "checkpoint.init_from=%s" % source,
                                                  "checkpoint.output_dir=%s" % str(tmp_path / "run"),
                                                  "data.max_seq_length=32", "data.max_sequences_per_pack=4"])

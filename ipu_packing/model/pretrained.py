@@ -42,10 +42,11 @@ WEIGHT_NAMES = (SAFETENSORS_NAME, BIN_NAME, SAFETENSORS_INDEX_NAME, BIN_INDEX_NA
 
 
 def is_hf_dir(path: str) -> bool:
-    """Whether ``path`` is a Hugging Face model directory: config.json and weights."""
-    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, CONFIG_NAME)):
+    """Whether ``path`` is a Hugging Face model directory: config.json and weights, by their names (a FIFO or a
+    device under one of them is refused in one line when it is read, not taken for another kind of source)."""
+    if not os.path.isdir(path) or not os.path.lexists(os.path.join(path, CONFIG_NAME)):
         return False
-    return any(os.path.isfile(os.path.join(path, name)) for name in WEIGHT_NAMES)
+    return any(os.path.lexists(os.path.join(path, name)) for name in WEIGHT_NAMES)
 
 # Buffers old transformers versions saved; they carry nothing this model needs.
 _IGNORED_KEYS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
@@ -81,10 +82,10 @@ def read_state_dict(directory: str) -> Dict[str, torch.Tensor]:
     """The raw state dict stored in a transformers-format directory."""
     for single, index in ((SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME), (BIN_NAME, BIN_INDEX_NAME)):
         path = os.path.join(directory, single)
-        if os.path.isfile(path):
+        if os.path.lexists(path):  # _read_weight_file refuses a FIFO or a device under the name
             return _read_weight_file(path)
         path = os.path.join(directory, index)
-        if os.path.isfile(path):
+        if os.path.lexists(path):
             state: Dict[str, torch.Tensor] = {}
             for shard in _index_shards(directory, path):
                 state.update(_read_weight_file(shard))

@@ -58,7 +58,7 @@ def with_init_architecture(config):
     object, checked again): config.json's values replace those a `base:` config gives (a model from scratch's),
     so no `model.*` key need be typed; a key the user sets (the config file's own or the command line's,
     ``RunConfig.explicit_model_keys``) to another value is a ConfigError unless checkpoint.init_override lists it
-    (then the config's value stays). A directory whose config.json is no regular file is refused here (a FIFO
+    (then the config's value stays); a config.json that is no regular file is refused when it is read (a FIFO
     would block). Anything else as it was (a step checkpoint states no architecture apart from its tensors'
     shapes, which loading checks)."""
     import dataclasses
@@ -67,9 +67,7 @@ def with_init_architecture(config):
     source = checkpoint.init_from
     if not source or config.architecture_taken:
         return config
-    stated_in = os.path.join(source, "config.json")
-    unreadable = os.path.isdir(source) and os.path.lexists(stated_in) and not os.path.isfile(stated_in)
-    if not is_hf_dir(source) and not unreadable:  # a step checkpoint or a run: shapes are checked when it loads
+    if not is_hf_dir(source):  # a step checkpoint or a run: its tensors' shapes are checked when it loads
         return dataclasses.replace(config, architecture_taken=True)
     stated = _hf_config(source)
     out = dict(model)
