@@ -145,3 +145,35 @@ def test_poptorch_translation_keeps_lamb_groups():
     assert "max_weight_norm" not in kwargs  # default None: the trust ratio applies to matrices
     assert groups[0]["weight_decay"] == 0.01 and "max_weight_norm" not in groups[0]  # matrices
     assert groups[2]["max_weight_norm"] == 0.0 and groups[2]["weight_decay"] == 0.0  # biases
+
+
+def test_adamw_steps_as_torch_adamw_and_is_fused_where_torch_has_the_kernel():
+    """optimizer.name adamw: torch's AdamW with the three groups, fused on a torch with the CPU kernel (2.4 on),
+    its weights within float32 rounding of the per-op loop's after a few steps, and moved by them."""
+    from torch.torch_version import TorchVersion
+
+    from ipu_packing.train.optim import build_optimizer
+    from ipu_packing.train.sections import OptimizerConfig
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    twin = copy.deepcopy(model)
+    config = OptimizerConfig(name="adamw", lr=0.01, weight_decay=0.01)
+    optimizer = build_optimizer(model, config, betas=(0.9, 0.99))
+    groups = parameter_groups(twin, 0.01)
+    for g in groups:
+        g.pop("max_weight_norm", None)
+    reference = torch.optim.AdamW(groups, lr=0.01, betas=(0.9, 0.99), eps=1e-6, foreach=False)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert bool(optimizer.defaults.get("fused")) == (TorchVersion(torch.__version__) >= "2.4")
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0, 0.0]
+    start = [p.detach().clone() for p in model.parameters()]
+    for step in range(5):
+        grads = [torch.randn_like(p) for p in model.parameters()]
+        for m, opt in ((model, optimizer), (twin, reference)):
+            for p, g in zip(m.parameters(), grads):
+                p.grad = g.clone()
+            opt.step()
+    for p, q, s in zip(model.parameters(), twin.parameters(), start):
+        assert not torch.equal(p, s)
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)

@@ -33,7 +33,8 @@ Inference contenders (eval mode, no gradients, fp32; ``--micro-batch-size`` B ro
   (``pipeline("text-classification", top_k=None, batch_size=B)``: it pads each batch to its longest) and
   ``ours predict`` (``Predictor.predict``: tokenize, pack, forward, unpack, scores).
 
-``--train``: fine-tuning steps instead (train mode, AdamW with peers.py's ``ADAMW`` settings, the same initial
+``--train``: fine-tuning steps instead (train mode, AdamW with peers.py's ``ADAMW`` settings: transformers' as its
+Trainer builds it at this torch, ours as the training app does, both fused from torch 2.8; the same initial
 weights restored before the timed passes), every step of B sequences: ``transformers padded``, ``transformers
 dynamic`` and ``transformers grouped`` (the Trainer's ``group_by_length`` order, peer_batches.length_grouped_order;
 each batch padded to its longest), and ``ours padded`` and ``ours packed`` (the predictor's packs with each
@@ -172,6 +173,32 @@ def pack_batches(packs, B: int, labels=None):
     return [Packs({k: v[s:s + B] for k, v in arrays.items()}) for s in range(0, P, B)], P * S
 
 
+def optimizers(hf, ours, transformers, torch) -> Tuple[Any, Any]:
+    """(transformers', ours) AdamW with peers.py's ``ADAMW`` settings and weight-decay groups: transformers' as
+    its Trainer builds it at this torch (``TrainingArguments``' default ``optim``: fused from torch 2.8), ours
+    as the training app builds it (train/optim.py ``adamw``: fused where torch has the kernel)."""
+    from ipu_packing.train.optim import adamw, parameter_groups
+
+    from .peers import ADAMW
+
+    def groups(model):
+        out = parameter_groups(model, ADAMW["weight_decay"])
+        for g in out:
+            g.pop("max_weight_norm", None)
+        return out
+
+    settings = dict(lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"])
+    trainer_fused = getattr(transformers.TrainingArguments, "default_optim", "adamw_torch") == "adamw_torch_fused"
+    theirs = torch.optim.AdamW(groups(hf), fused=True, **settings) if trainer_fused else torch.optim.AdamW(
+        groups(hf), **settings)
+    return theirs, adamw(groups(ours), **settings)
+
+
+def fused(optimizer) -> bool:
+    """Whether ``optimizer`` steps with torch's fused kernel."""
+    return bool(optimizer.defaults.get("fused"))
+
+
 def interleave(entries: Sequence[Entry], torch) -> List[float]:
     """One pass over every batch of every entry, the calls interleaved in proportion (peers.time_contenders'
     rule); seconds of each entry."""
@@ -205,7 +232,7 @@ def run_classifier_peers(directory: str, texts: Optional[Sequence[str]] = None, 
 def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, repeats, preset, train, seed, log):
     from ipu_packing.predict import Predictor
 
-    from .peers import ADAMW, adamw
+    from .peers import ADAMW
 
     started = time.perf_counter()
     load_before = list(os.getloadavg())
@@ -266,7 +293,7 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
 
             hf.train()
             ours.train()
-            hf_optimizer, our_optimizer = adamw(hf, torch), adamw(ours, torch)
+            hf_optimizer, our_optimizer = optimizers(hf, ours, transformers, torch)
             from ipu_packing.execution.dry_run import micro_batches_per_pass
 
             runners: Dict[int, Any] = {}
@@ -369,7 +396,8 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             "packed_over_padded": speed["ours packed"] / speed["ours padded"],
             "seed": seed, "rows": rows, "ours_attention": str(getattr(ours, "attention_implementation", "")),
             "transformers_attention": hf_attention, "max_logit_difference": logit_difference,
-            "optimizer": dict(ADAMW, name="AdamW") if train else None,
+            "optimizer": dict(ADAMW, name="AdamW", fused={"transformers": fused(hf_optimizer),
+                                                          "ours": fused(our_optimizer)}) if train else None,
             "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
             "transformers_version": transformers.__version__, "load_before": load_before,
             "load_after": list(os.getloadavg()), "seconds": time.perf_counter() - started,
@@ -399,6 +427,9 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
                      "pack in passes %s" % (r["micro_batch_size"], r["packs_per_step"]["ours padded"],
                                             r["passes"]["ours padded"], r["packs_per_step"]["ours packed"],
                                             r["passes"]["ours packed"]))
+    if (r.get("optimizer") or {}).get("fused"):
+        lines.append("AdamW: transformers %s, ours %s" % tuple(
+            "fused" if r["optimizer"]["fused"][k] else "per-op loop" for k in ("transformers", "ours")))
     lines.append("ours packed / ours padded: %.2fx at packing factor %.2f (%.0f%% of it)"
                  % (r["packed_over_padded"], r["packing_factor"], 100 * r["packed_over_padded"] / r["packing_factor"]))
     lines.append("%-22s %6s %10s %9s %9s %9s %8s %13s" % ("contender", "calls", "seq/s", "vs HF pad", "vs dyn",
