@@ -177,3 +177,13 @@ def test_adamw_steps_as_torch_adamw_and_is_fused_where_torch_has_the_kernel():
     for p, q, s in zip(model.parameters(), twin.parameters(), start):
         assert not torch.equal(p, s)
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device, version, fused", [
+    ("cpu", "2.0.1+cu117", False),  # the Poplar SDK's torch: AdamW(fused=True) is built, then its step fails
+    ("cpu", "2.3.1", False), ("cpu", "2.4.0", True), ("cpu", "2.13.0", True),
+    ("cuda", "2.0.1+cu117", True), ("meta", "2.13.0", False)])
+def test_adamw_is_fused_only_where_torch_has_the_kernel(device, version, fused):
+    from ipu_packing.train.optim import fused_kernel
+
+    assert fused_kernel(device, version) is fused

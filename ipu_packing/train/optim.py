@@ -126,17 +126,24 @@ def build_optimizer(model: torch.nn.Module, optimizer_config, betas: Tuple[float
 
 def adamw(params, **settings) -> torch.optim.AdamW:
     """torch.optim.AdamW over ``params`` with ``settings``, fused where this torch has the fused kernel for the
-    parameters' device (CPU from torch 2.4, CUDA from 2.0; transformers' Trainer picks it by default from
-    torch 2.8): one pass over each weight and its two moments instead of about ten elementwise ops, each a
-    pass of its own. The update is AdamW's; its float32 rounding may differ from the per-op loop in the last
-    bit. A torch without the kernel for the device refuses ``fused`` when the optimizer is built: then the
-    per-op loop. A checkpoint's optimizer state keeps the choice it was saved with (``load_state_dict``
-    restores each group's ``fused``), so a resumed run steps as the run it continues."""
+    parameters' device (``fused_kernel``; transformers' Trainer picks it by default from torch 2.8): one pass over
+    each weight and its two moments instead of about ten elementwise ops, each a pass of its own. The update is
+    AdamW's; its float32 rounding may differ from the per-op loop in the last bit. Elsewhere the per-op loop. A
+    checkpoint's optimizer state keeps the choice it was saved with (``load_state_dict`` restores each group's
+    ``fused``), so a resumed run steps as the run it continues."""
     params = list(params)
-    try:
-        return torch.optim.AdamW(params, fused=True, **settings)
-    except RuntimeError:  # no fused kernel for this device on this torch (CPU before 2.4)
-        return torch.optim.AdamW(params, **settings)
+    tensors = [p for group in params for p in (group["params"] if isinstance(group, dict) else [group])]
+    fused = bool(tensors) and fused_kernel(tensors[0].device.type)
+    return torch.optim.AdamW(params, **dict(settings, fused=True) if fused else settings)
+
+
+def fused_kernel(device_type: str, version: str = torch.__version__) -> bool:
+    """Whether torch ``version`` has the fused AdamW kernel for ``device_type``: CUDA's since torch 2.0, the
+    CPU's since 2.4 (torch 2.0.1 builds AdamW(fused=True) over CPU tensors and fails at its first step)."""
+    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    if device_type == "cuda":
+        return True
+    return device_type == "cpu" and (major, minor) >= (2, 4)
 
 
 class WarmupDecay:
