@@ -201,6 +201,7 @@ def _agree_worker(rank, port, out_dir):
         answers.append(stop.stop_requested(Runner(), 2))
         with open(os.path.join(out_dir, "rank%d" % rank), "w") as f:
             f.write("%s %d" % (answers, stop.signum))  # %d: an IntEnum's %s is its name on Python 3.8
+        dist.barrier()  # both ranks done before either tears gloo down (torch 2.0.1's teardown can spin forever)
     finally:
         dist.destroy_process_group()
 
