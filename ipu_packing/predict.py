@@ -49,6 +49,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import tasks
 from .errors import ArgumentParser, UserError, run_command
 
 Text = Union[str, Tuple[str, str]]
@@ -78,6 +79,17 @@ class Predictor:
     execution: Any = None
     """An ExecutionConfig: where the model runs (None: torch on ``device``); with backend poptorch, on IPUs through
     poptorch.inferenceModel with its parts placed as training places them (execution/inference.py)."""
+
+    @classmethod
+    def serve(cls, args: argparse.Namespace, execution: Any) -> str:
+        """`ipu-packing-predict` on a classifier: score ``args.input``'s texts into ``args.output``; the line that
+        says so."""
+        predictor = cls.from_pretrained(args.model, 128 if args.max_seq_length is None else args.max_seq_length,
+                                        args.max_sequences_per_pack, args.batch_packs, args.device,
+                                        execution=execution)
+        records = predictor.predict(read_inputs(args.input, args.sentence1_key, args.sentence2_key, args.label_key))
+        write_records(args.output, records)
+        return "predicted %d inputs of %s with %s -> %s" % (len(records), args.input, args.model, args.output)
 
     @classmethod
     def from_pretrained(cls, directory: str, max_seq_length: int = 128, max_sequences_per_pack: int = 32,
@@ -156,9 +168,8 @@ class Predictor:
                               extra={"labels": labels, "example_ids": np.arange(n, dtype=np.int32)})
         plan = plan_packing(histogram_from_lengths(lengths, S), S, K, SERVING_PLANNER)
         assignment = assign_sequences(plan, lengths, 0)
-        layout = PackLayout(S, K, 0, None, ids["[CLS]"],
-                            TaskLayout("classification", problem_type, int(self.model.config.num_labels), False),
-                            num_sequences=n)
+        task = TaskLayout(tasks.CLASSIFICATION.name, problem_type, int(self.model.config.num_labels), False)
+        layout = PackLayout(S, K, 0, None, ids["[CLS]"], task, num_sequences=n)
         order = np.asarray(assignment.indices, dtype=np.int64)
         records = build_packs(gather_instances(instances, order), np.asarray(assignment.offsets, np.int64), layout)
         return Packs(as_batch(records, None))
@@ -230,7 +241,6 @@ def check_finite_scores(scores: np.ndarray, what: str) -> None:
                         % (len(bad), what, what, int(bad[0])))
 
 
-QA_ARCHITECTURE = "BertForQuestionAnswering"
 MIN_SEQ_LENGTH = 3
 """The shortest S: [CLS], one token and [SEP]."""
 
@@ -270,6 +280,17 @@ class QuestionAnswerer:
     """Packs per forward pass (PopTorch: the compiled batch, micro batch x device iterations x replicas)."""
     execution: Any = None
     """An ExecutionConfig: where the model runs (None: torch on ``device``), as for Predictor."""
+
+    @classmethod
+    def serve(cls, args: argparse.Namespace, execution: Any) -> str:
+        """`ipu-packing-predict` on a question-answering model: answer ``args.input``'s questions into
+        ``args.output``; the line that says so."""
+        answerer = cls.from_pretrained(
+            args.model, 384 if args.max_seq_length is None else args.max_seq_length, args.doc_stride,
+            args.max_query_length, args.max_sequences_per_pack, args.batch_packs, args.device, execution=execution)
+        records = answerer.predict(read_questions_input(args.input))
+        write_records(args.output, records)
+        return "answered %d questions of %s with %s -> %s" % (len(records), args.input, args.model, args.output)
 
     @classmethod
     def from_pretrained(cls, directory: str, max_seq_length: int = 384, doc_stride: int = 128,
@@ -344,7 +365,7 @@ class QuestionAnswerer:
                                "feature_ids": np.arange(windows, dtype=np.int32)}, {"offsets": offsets})
         plan = plan_packing(histogram_from_lengths(lengths, S), S, K, "optimal")
         assignment = assign_sequences(plan, lengths, 0)
-        layout = PackLayout(S, K, 0, None, cls_id, TaskLayout("question_answering", num_examples=n),
+        layout = PackLayout(S, K, 0, None, cls_id, TaskLayout(tasks.QUESTION_ANSWERING.name, num_examples=n),
                             num_sequences=n)
         order = np.asarray(assignment.indices, dtype=np.int64)
         records = build_packs(gather_instances(instances, order), np.asarray(assignment.offsets, np.int64), layout)
@@ -493,23 +514,8 @@ def command(argv: Optional[List[str]]) -> int:
         execution = load_config(args.config, args.overrides).execution
     elif args.overrides:
         raise UserError("overrides (%s) need --config" % (args.overrides[0],))
-    if model_architecture(args.model) == QA_ARCHITECTURE:
-        answerer = QuestionAnswerer.from_pretrained(
-            args.model, 384 if args.max_seq_length is None else args.max_seq_length, args.doc_stride,
-            args.max_query_length, args.max_sequences_per_pack, args.batch_packs, args.device, execution=execution)
-        records = answerer.predict(read_questions_input(args.input))
-        write_records(args.output, records)
-        print("answered %d questions of %s with %s -> %s" % (len(records), args.input, args.model, args.output),
-              file=sys.stderr)
-        return 0
-    predictor = Predictor.from_pretrained(args.model, 128 if args.max_seq_length is None else args.max_seq_length,
-                                          args.max_sequences_per_pack, args.batch_packs, args.device,
-                                          execution=execution)
-    inputs = read_inputs(args.input, args.sentence1_key, args.sentence2_key, args.label_key)
-    records = predictor.predict(inputs)
-    write_records(args.output, records)
-    print("predicted %d inputs of %s with %s -> %s" % (len(records), args.input, args.model, args.output),
-          file=sys.stderr)
+    message = tasks.served(model_architecture(args.model)).hook("predictor").serve(args, execution)
+    print(message, file=sys.stderr)
     return 0
 
 

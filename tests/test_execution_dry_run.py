@@ -37,7 +37,7 @@ def test_parameter_counts_match_transformers():
 
 
 @pytest.mark.parametrize("task, hf_class, num_labels", [
-    ("sequence_classification", "BertForSequenceClassification", 3),
+    ("classification", "BertForSequenceClassification", 3),
     ("question_answering", "BertForQuestionAnswering", 2),  # start and end logits
 ])
 def test_task_models_place_their_own_heads_only(task, hf_class, num_labels):

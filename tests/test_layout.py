@@ -26,10 +26,11 @@ from typing import Dict, List, Set, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "ipu_packing")
-FLOORS = {"": 0, "packing": 1, "data": 2, "model": 3, "execution": 4, "train": 5, "bench": 6, "compare": 6,
-          "predict": 6}
+FLOORS = {"": 0, "tasks": 0, "packing": 1, "data": 2, "model": 3, "execution": 4, "train": 5, "bench": 6,
+          "compare": 6, "predict": 6}
 """The floor of each room (the second part of a module's dotted name; "" for the top-level helpers: errors,
-signals, fsutil, jsonin, jsonout)."""
+signals, fsutil, jsonin, jsonout). The tasks stand on the ground floor beside them: every floor reads them, and
+they name the code of higher floors only as hooks (tasks/spec.py)."""
 SHARED_NAMES = ("__init__.py", "__main__.py", "cli.py")
 
 

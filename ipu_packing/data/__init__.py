@@ -45,7 +45,7 @@ run_glue.py-style CSV, TSV, JSON Lines (Parquet, datasets directories with the d
 model's own tokenizer (task/): the same format with the classification field set (format.FIELD_SETS), so
 `open_dataset(DIR/train/packed)[i]` is a dict of input_ids, token_type_ids, position_ids, sequence_ids,
 cls_positions, labels, example_ids; `ds.task` says the problem type and the number of labels, `ds.manifest["task"]`
-the rest (format.TASK_MANIFEST_KEYS).
+the rest (tasks/sequence_classification.py MANIFEST_KEYS).
 
 `prepare --task question_answering` writes the same splits from SQuAD v1.1 JSON or run_qa.py's JSON Lines (id,
 question, context, answers): question + context windows with stride, as run_qa.py's BertTokenizerFast call makes

@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from .. import tasks
 from ..errors import ArgumentParser, run_command
 from ..packing.cli import add_lp_arguments
 from ..errors import DataError
@@ -45,7 +46,7 @@ def _packing_options(args: argparse.Namespace):
 
 def _parser() -> argparse.ArgumentParser:
     from .format import PROBLEM_TYPES
-    from .text.pipeline import TASKS, PrepareConfig
+    from .text.pipeline import PrepareConfig
     from .vocab import DEFAULT_VOCAB_SIZE
 
     defaults = PrepareConfig(input="default", output="-")
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
                    "corpus' vocabulary. Your own --input needs --vocab or --train-vocab; --input default without "
                    "either gets the default vocabulary. A task needs the model's own tokenizer (--tokenizer DIR)")
     t = p.add_argument_group("fine-tuning task (--task classification or question_answering; data/task/)")
-    t.add_argument("--task", choices=TASKS, default="pretraining",
+    t.add_argument("--task", choices=tasks.NAMES, default=tasks.PRETRAINING.name,
                    help="pretraining (--input: a corpus), classification (--train, --validation, --test: "
                    "run_glue.py's CSV, TSV, JSON Lines; Parquet or a datasets directory with the datasets extra) or "
                    "question_answering (SQuAD v1.1 JSON, or run_qa.py's JSON Lines: id, question, context, answers)")
@@ -148,38 +149,9 @@ def _prepare(args: argparse.Namespace) -> None:
         sentence2_key=args.sentence2_key, label_key=args.label_key, problem_type=args.problem_type,
         doc_stride=args.doc_stride, max_query_length=args.max_query_length)
     result = prepare(config)
-    packed, padded, seconds = result.packed, result.padded, result.seconds
-    if result.splits and packed["task"]["name"] == "question_answering":
-        from .task.qa_preparation import qa_split_summary
-
-        task = packed["task"]
-        print("prepared %s in %.1f s: task question_answering; S = %d, K = %d, doc stride %d, max query length %d"
-              % (args.output, seconds["total"], packed["max_seq_length"], packed["max_sequences_per_pack"],
-                 task["doc_stride"], task["max_query_length"]))
-        for name, manifests in result.splits.items():
-            print("  " + qa_split_summary(name, args.output, manifests["packed"], manifests.get("padded")))
-        print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
-        return
-    if result.splits:
-        from .task.labels import describe_columns
-        from .task.preparation import split_summary
-
-        task = packed["task"]
-        print("prepared %s in %.1f s: task %s, %s, %d labels%s; S = %d, K = %d" % (
-            args.output, seconds["total"], task["name"], task["problem_type"], task["num_labels"],
-            " (%s)" % ", ".join(task["labels"]) if task["labels"] and len(task["labels"]) <= 8 else "",
-            packed["max_seq_length"], packed["max_sequences_per_pack"]))
-        print("  " + describe_columns(task["text_columns"], task["label_column"]))
-        for name, manifests in result.splits.items():
-            print("  " + split_summary(name, args.output, manifests["packed"], manifests.get("padded")))
-        print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
-        return
-    print("prepared %s in %.1f s: %d sequences (%.0f/s) -> %d packs (packing factor %.3f, efficiency %.1f%%)%s"
-          % (args.output, seconds["total"], packed["num_sequences"], packed["num_sequences"] / seconds["total"],
-             packed["num_packs"], packed["packing_factor"], 100 * packed["packing_efficiency"],
-             "; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"], 100 * padded["packing_efficiency"])
-             if padded else ""))
-    print("seconds: " + ", ".join("%s %.2f" % item for item in seconds.items()))
+    for line in tasks.get(args.task).hook("prepared")(args.output, result):
+        print(line)
+    print("seconds: " + ", ".join("%s %.2f" % item for item in result.seconds.items()))
 
 
 def _pack(args: argparse.Namespace) -> None:
@@ -245,44 +217,10 @@ def _inspect(args: argparse.Namespace) -> None:
 
 
 def _inspect_task(directory: str, manifest: dict) -> None:
-    """A task dataset's task: its problem, labels and their balance, source and truncation; a question-answering
-    dataset's examples file read and every row checked, as its evaluation reads it."""
-    task, n = manifest["task"], manifest["num_sequences"]
+    """A task dataset's task, as its recipe describes it (tasks/)."""
     print("task:")
-    if task["name"] == "question_answering":
-        from .task.questions import read_examples
-
-        read_examples(directory, manifest)
-        print("  %-24s question_answering, %s split, %d questions (%d with an answer) in %d windows from %s (%s, "
-              "sha256 %s)" % ("task", task["split"], task["num_examples"], task["answered"], n, task["source"]["file"],
-                              task["source"]["format"], task["source"]["sha256"][:12]))
-        print("  %-24s doc stride %d, max query length %d (%d questions cut to it)"
-              % ("windows", task["doc_stride"], task["max_query_length"], task["questions_truncated"]))
-        print("  %-24s %d (%.2f%%) point at their [CLS]: the answer is not wholly inside"
-              % ("windows without answer", task["windows_without_answer"],
-                 100.0 * task["windows_without_answer"] / max(1, n)))
-        print("  %-24s %s (sha256 %s; every row checked)" % ("examples file", task["examples_file"],
-                                                             task["examples_sha256"][:12]))
-        return
-    print("  %-24s %s, %s split, %d examples from %s (%s, sha256 %s)"
-          % ("task", task["name"], task["split"], n, task["source"]["file"], task["source"]["format"],
-             task["source"]["sha256"][:12]))
-    print("  %-24s %s, num_labels %d%s" % ("problem type", task["problem_type"], task["num_labels"],
-                                           "" if task["has_labels"] else "; this split has no labels"))
-    print("  %-24s %s" % ("text columns", ", ".join(task["text_columns"])))
-    print("  %-24s %d (%.2f%%) cut to %d tokens" % ("truncated", task["truncated"],
-                                                    100.0 * task["truncated"] / max(1, n), manifest["max_seq_length"]))
-    counts = task["label_counts"]
-    if counts is not None:
-        names = task["labels"] or [str(i) for i in range(task["num_labels"])]
-        print("label balance (%s):" % ("examples of each class" if task["problem_type"] ==
-                                       "single_label_classification" else "examples with each label"))
-        top = max(1, max(counts))
-        for name, count in list(zip(names, counts))[:32]:
-            print("  %-24s %7d %5.1f%% %s" % (name[:24], count, 100.0 * count / max(1, n),
-                                               "#" * int(round(30 * count / top))))
-        if len(counts) > 32:
-            print("  ... %d labels more" % (len(counts) - 32))
+    for line in tasks.get(manifest["task"]["name"]).hook("inspect")(directory, manifest):
+        print(line)
 
 
 def _main(argv: Optional[List[str]]) -> int:

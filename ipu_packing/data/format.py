@@ -131,7 +131,7 @@ byte for byte what it was). Legend as above, plus L = num_labels.
                     question, another sequence or padding
 
     The manifest of a task dataset has no mlm_slots, num_masked_tokens, recipe or corpus (they describe
-    pretraining instances; PRETRAINING_MANIFEST_KEYS) and has `task` (TASK_MANIFEST_KEYS), e.g.
+    pretraining instances; PRETRAINING_MANIFEST_KEYS) and has `task` (its task's MANIFEST_KEYS, tasks/), e.g.
 
         {"name": "classification", "problem_type": "single_label_classification", "num_labels": 3,
          "labels": ["contradiction", "entailment", "neutral"], "label_counts": [61, 70, 69],
@@ -145,7 +145,7 @@ byte for byte what it was). Legend as above, plus L = num_labels.
     or with each label (multi-label), null for regression or without labels; truncated: examples cut to S;
     source: the split's input file (its name, format, data rows and sha256).
 
-    A question-answering dataset's task key has QA_TASK_MANIFEST_KEYS instead, e.g.
+    A question-answering dataset's task key has tasks/extractive_qa.py's MANIFEST_KEYS instead, e.g.
 
         {"name": "question_answering", "split": "validation", "num_examples": 310, "answered": 310,
          "max_query_length": 64, "doc_stride": 128, "questions_truncated": 0, "windows_without_answer": 12,
@@ -169,7 +169,8 @@ from ..errors import InputError
 from ..fsutil import atomic_write_text, contained_path, open_regular
 from ..fsutil import sha256_file  # noqa: F401  (importers of format use it)
 from ..errors import DataError
-from .limits import MAX_NUM_LABELS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, MAX_VOCAB_SIZE
+from .limits import MAX_NUM_LABELS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, MAX_VOCAB_SIZE  # noqa: F401
+from .. import tasks
 
 FORMAT_VERSION = 2
 """2: each field in its smallest type (field_dtypes). 1 (every field int32) is refused: re-prepare."""
@@ -179,11 +180,11 @@ VOCAB = "vocab.txt"
 IGNORE_INDEX = -100
 """Label of an unused MLM or NSP slot (torch's cross-entropy default ignore_index)."""
 
-TOKEN_FIELDS = ("input_ids", "token_type_ids", "position_ids", "sequence_ids")  # (S,)
+TOKEN_FIELDS = tasks.TOKEN_FIELDS  # (S,)
 MLM_FIELDS = ("mlm_positions", "mlm_labels")  # (M,)
 SEQUENCE_FIELDS = ("cls_positions", "nsp_labels")  # (K,)
-FIELDS = TOKEN_FIELDS + MLM_FIELDS + SEQUENCE_FIELDS
-"""The pretraining task's fields, in the model's forward order (FIELD_SETS["pretraining"])."""
+FIELDS = tasks.PRETRAINING.fields
+"""The pretraining task's fields, in the model's forward order (tasks/pretraining.py)."""
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """Tokens every vocabulary must have. A dataset records their ids in its manifest (special_token_ids);
@@ -258,13 +259,8 @@ REAL_LABELS = Field("labels", ("K",), "real", 0)  # regression, L = 1
 REAL_LABEL_ROWS = Field("labels", ("K", "L"), "real", 0)  # regression, L > 1
 MULTI_HOT_LABELS = Field("labels", ("K", "L"), "multi_hot", 0)  # multi-label classification
 
-FIELD_SETS: Dict[str, Tuple[str, ...]] = {
-    "pretraining": FIELDS,
-    "classification": TOKEN_FIELDS + ("cls_positions", "labels", "example_ids"),
-    "question_answering": TOKEN_FIELDS + ("cls_positions", "start_positions", "end_positions", "example_ids",
-                                          "feature_ids", "offsets"),
-}
-"""Each task's fields, in the model's forward order (and, for a task, example_ids last)."""
+FIELD_SETS: Dict[str, Tuple[str, ...]] = {name: task.fields for name, task in tasks.TASKS.items()}
+"""Each task's fields, in the model's forward order (each recipe's ``fields``, tasks/)."""
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 """A classification task's problem types (transformers' `problem_type` names)."""
@@ -276,8 +272,8 @@ class TaskLayout:
     V: the task, and for classification its problem type, L and whether the split has labels. Read from a
     manifest with `task_layout` (no `task` key: PRETRAINING)."""
 
-    name: str = "pretraining"
-    """A key of FIELD_SETS."""
+    name: str = tasks.PRETRAINING.name
+    """A task's name (tasks.TASKS)."""
     problem_type: Optional[str] = None
     """Classification: one of PROBLEM_TYPES."""
     num_labels: int = 0
@@ -288,14 +284,20 @@ class TaskLayout:
     """Question answering: the split's questions (example_ids lie in [0, num_examples))."""
 
     def __post_init__(self) -> None:
-        if self.name not in FIELD_SETS:
-            raise DataError("task %r: not one of %s" % (self.name, "/".join(FIELD_SETS)))
-        if self.name == "classification" and self.problem_type not in PROBLEM_TYPES:
+        if self.name not in tasks.TASKS:
+            raise DataError("task %r: not one of %s" % (self.name, "/".join(tasks.TASKS)))
+        if "labels" in self.recipe.fields and self.problem_type not in PROBLEM_TYPES:
             raise DataError("problem type %r: not one of %s" % (self.problem_type, "/".join(PROBLEM_TYPES)))
 
     @property
+    def recipe(self) -> "tasks.Task":
+        """The task (tasks/) whose packs these are."""
+        return tasks.TASKS[self.name]
+
+    @property
     def is_pretraining(self) -> bool:
-        return self.name == "pretraining"
+        """Whether the dataset has no `task` entry (pretraining's)."""
+        return not self.recipe.fine_tuning
 
     @property
     def fields(self) -> Tuple[Field, ...]:
@@ -306,12 +308,12 @@ class TaskLayout:
     def unique_ids(self) -> str:
         """The (K,) field of a task whose used values appear once in a dataset: a classification example's row, a
         question-answering window's."""
-        return "feature_ids" if self.name == "question_answering" else "example_ids"
+        return self.recipe.unique_ids
 
     def _field(self, name: str) -> Field:
         if name == "labels":
             return self._labels()
-        if name == "example_ids" and self.name == "question_answering":
+        if name == "example_ids" and self.recipe.unique_ids != "example_ids":  # windows of one question share it
             return QUESTION_IDS
         return FIELD_TABLE[name]
 
@@ -322,7 +324,7 @@ class TaskLayout:
     @property
     def presence(self) -> str:
         """The (K,) field whose unused slots (its `empty` value) say which slots hold no sequence."""
-        return "nsp_labels" if self.is_pretraining else "example_ids"
+        return self.recipe.presence
 
     def _labels(self) -> Field:
         if self.problem_type == "single_label_classification":
@@ -499,43 +501,11 @@ PRETRAINING_MANIFEST_KEYS = ("mlm_slots", "num_masked_tokens", "recipe", "corpus
 """Keys of MANIFEST_KEYS that only a pretraining dataset has: a task dataset (one with a `task` key) has none of
 them, and `task` instead."""
 
-TASK_KEY: Tuple[Any, str] = (dict, "the task and its labels (TASK_MANIFEST_KEYS); absent: pretraining")
+TASK_KEY: Tuple[Any, str] = (dict, "the task and its labels (TASK_KEYS); absent: pretraining")
 
-TASK_MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
-    "name": (str, 'the task: a key of FIELD_SETS other than "pretraining"'),
-    "problem_type": (str, "one of PROBLEM_TYPES"),
-    "num_labels": (int, "L: classes (single-label), label names (multi-label) or regression targets"),
-    "labels": ((list, type(None)), "class names by id, or multi-hot label names; null: integer classes, regression"),
-    "label_counts": ((list, type(None)), "examples of each class, or with each label; null: regression, no labels"),
-    "split": (str, '"train", "validation" or "test"'),
-    "has_labels": (bool, "false: a split without labels (labels IGNORE_INDEX, or 0 for float labels)"),
-    "text_columns": (list, "the input's text column(s): sentence 1, and sentence 2 for pairs"),
-    "label_column": ((str, type(None)), "the input's label column; null: the split has none"),
-    "truncated": (int, "examples cut to max_seq_length"),
-    "tokenizer": (str, "where the tokenizer came from"),
-    "source": (dict, "the split's input: {file, format, rows, sha256}"),
-}
-"""The keys of a classification manifest's `task` entry (all required), each with its type(s) and meaning."""
-
-QA_TASK_MANIFEST_KEYS: Dict[str, Tuple[Any, str]] = {
-    "name": (str, '"question_answering"'),
-    "split": (str, '"train", "validation" or "test"'),
-    "num_examples": (int, "questions (examples) of the split: example_ids lie in [0, num_examples)"),
-    "answered": (int, "questions with at least one answer"),
-    "max_query_length": (int, "tokens a question is cut to (at a word boundary)"),
-    "doc_stride": (int, "tokens two consecutive windows of one context share"),
-    "questions_truncated": (int, "questions cut to max_query_length"),
-    "windows_without_answer": (int, "windows whose labels point at their [CLS]: the answer is not wholly inside"),
-    "examples_file": (str, "JSON Lines of the split's examples (id, question, context, answers) in this directory"),
-    "examples_sha256": (str, "sha256 of examples_file"),
-    "tokenizer": (str, "where the tokenizer came from"),
-    "source": (dict, "the split's input: {file, format, rows, sha256}"),
-}
-"""The keys of a question-answering manifest's `task` entry (all required)."""
-
-TASK_KEYS: Dict[str, Dict[str, Tuple[Any, str]]] = {"classification": TASK_MANIFEST_KEYS,
-                                                    "question_answering": QA_TASK_MANIFEST_KEYS}
-"""A task manifest's `task` entry keys, by its name."""
+TASK_KEYS: Dict[str, Dict[str, Tuple[Any, str]]] = {name: task.manifest_keys for name, task in tasks.TASKS.items()
+                                                    if task.fine_tuning}
+"""A task manifest's `task` entry keys, by its name (each recipe's ``manifest_keys``, tasks/)."""
 
 SPLITS = ("train", "validation", "test")
 
@@ -726,7 +696,8 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
     for key in ("num_sequences", "num_packs", "num_tokens", "num_masked_tokens", "seed"):
         if key in m and m[key] < 0:
             raise DataError("%s: field %r is %d, must be >= 0" % (path, key, m[key]))
-    names = [m["vocab_file"]] + ([m["task"]["examples_file"]] if task.name == "question_answering" else [])
+    companions = task.recipe.companion_files(m["task"]) if not pretraining else []  # [(file, sha256, keys)]
+    names = [m["vocab_file"]] + [c[0] for c in companions]
     total = 0
     for i, shard in enumerate(m["shards"]):
         if not (isinstance(shard, dict) and sorted(shard) == ["file", "num_packs", "sha256"]
@@ -736,9 +707,9 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
             raise DataError("%s: field 'shards' entry %d should be {file, num_packs >= 0, sha256}" % (path, i))
         names.append(shard["file"])
         total += shard["num_packs"]
-    files = len(names) - len(m["shards"])  # the vocabulary (and a question-answering task's examples file)
+    files = len(names) - len(m["shards"])  # the vocabulary and the files the task entry names
     for i, name in enumerate(names):
-        what = ("field 'vocab_file'" if i == 0 else "field 'task' entry 'examples_file'" if i < files
+        what = ("field 'vocab_file'" if i == 0 else "field 'task' entry %r" % companions[i - 1][2] if i < files
                 else "field 'shards' entry %d (file %r)" % (i - files, name))
         try:
             contained_path(directory, name, "%s: %s" % (path, what))
@@ -765,17 +736,19 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
         if not math.isfinite(m[key]) or abs(m[key] - implied) > 1e-9 * max(1.0, implied):
             raise DataError("%s: field %r is %r but the counts give %r" % (path, key, m[key], implied))
     if not pretraining:
-        _check_task_counts(path, m)
+        task.recipe.hook("check_counts")(path, m)
 
 
 def _check_task(path: str, task: Dict[str, Any]) -> TaskLayout:
     """A type-checked `task` entry's values on their own -> its TaskLayout; DataError naming the entry."""
+    recipe = tasks.TASKS[task["name"]]
+    recipe.hook("check_entry")(path, task)
+    return task_layout({"task": task})
+
+
+def check_classification_entry(path: str, task: Dict[str, Any]) -> None:
+    """A classification `task` entry's values on their own (tasks/sequence_classification.py MANIFEST_KEYS)."""
     where = "%s: field 'task' entry" % path
-    if task["name"] not in FIELD_SETS or task["name"] == "pretraining":
-        raise DataError("%s 'name' is %r: not a task this code reads (%s)"
-                        % (where, task["name"], "/".join(n for n in FIELD_SETS if n != "pretraining")))
-    if task["name"] == "question_answering":
-        return _check_qa_task(where, task)
     if task["problem_type"] not in PROBLEM_TYPES:
         raise DataError("%s 'problem_type' is %r, not one of %s"
                         % (where, task["problem_type"], "/".join(PROBLEM_TYPES)))
@@ -792,42 +765,29 @@ def _check_task(path: str, task: Dict[str, Any]) -> TaskLayout:
     counts = task["label_counts"]
     if counts is not None:
         _integers(path, "task label_counts", counts, n)
-    if task["split"] not in SPLITS:
-        raise DataError("%s 'split' is %r, not one of %s" % (where, task["split"], "/".join(SPLITS)))
+    check_split(where, task)
     if not task["has_labels"] and (counts is not None or task["label_column"] is not None):
         raise DataError("%s 'has_labels' is false, but it names a label column or counts" % where)
     if not 1 <= len(task["text_columns"]) <= 2 or not all(isinstance(c, str) for c in task["text_columns"]):
         raise DataError("%s 'text_columns' should be one or two column names, got %r" % (where, task["text_columns"]))
     if task["truncated"] < 0:
         raise DataError("%s 'truncated' is %d, must be >= 0" % (where, task["truncated"]))
-    return TaskLayout(task["name"], task["problem_type"], n, task["has_labels"])
 
 
-def _check_qa_task(where: str, task: Dict[str, Any]) -> TaskLayout:
-    """A type-checked question-answering `task` entry's values on their own -> its TaskLayout."""
-    if task["split"] not in SPLITS:
-        raise DataError("%s 'split' is %r, not one of %s" % (where, task["split"], "/".join(SPLITS)))
+def check_question_entry(path: str, task: Dict[str, Any]) -> None:
+    """A question-answering `task` entry's values on their own (tasks/extractive_qa.py MANIFEST_KEYS)."""
+    where = "%s: field 'task' entry" % path
+    check_split(where, task)
     for key in ("num_examples", "answered", "doc_stride", "questions_truncated", "windows_without_answer"):
         if task[key] < 0:
             raise DataError("%s %r is %d, must be >= 0" % (where, key, task[key]))
     if task["max_query_length"] < 1:
         raise DataError("%s 'max_query_length' is %d, must be >= 1" % (where, task["max_query_length"]))
-    return TaskLayout("question_answering", num_examples=task["num_examples"])
 
 
-def _check_task_counts(path: str, m: Dict[str, Any]) -> None:
-    """A task manifest's counts against each other: truncated and label counts within the examples (question
-    answering: questions, answered and cut questions within the windows and questions)."""
+def check_classification_counts(path: str, m: Dict[str, Any]) -> None:
+    """A classification manifest's counts against each other: truncated and label counts within the examples."""
     task = m["task"]
-    if task["name"] == "question_answering":
-        for key, most, of in (("num_examples", m["num_sequences"], "sequences (windows)"),
-                              ("answered", task["num_examples"], "questions"),
-                              ("questions_truncated", task["num_examples"], "questions"),
-                              ("windows_without_answer", m["num_sequences"], "sequences (windows)")):
-            if task[key] > most:
-                raise DataError("%s: field 'task' entry %r is %d, more than the %d %s" % (path, key, task[key],
-                                                                                           most, of))
-        return
     if task["truncated"] > m["num_sequences"]:
         raise DataError("%s: field 'task' entry 'truncated' is %d, more than the %d sequences"
                         % (path, task["truncated"], m["num_sequences"]))
@@ -836,3 +796,21 @@ def _check_task_counts(path: str, m: Dict[str, Any]) -> None:
     if counts is not None and single and sum(counts) != m["num_sequences"]:
         raise DataError("%s: field 'task' entry 'label_counts' adds up to %d, but num_sequences is %d"
                         % (path, sum(counts), m["num_sequences"]))
+
+
+def check_question_counts(path: str, m: Dict[str, Any]) -> None:
+    """A question-answering manifest's counts against each other: questions, answered and cut questions within
+    the windows and questions."""
+    task = m["task"]
+    for key, most, of in (("num_examples", m["num_sequences"], "sequences (windows)"),
+                          ("answered", task["num_examples"], "questions"),
+                          ("questions_truncated", task["num_examples"], "questions"),
+                          ("windows_without_answer", m["num_sequences"], "sequences (windows)")):
+        if task[key] > most:
+            raise DataError("%s: field 'task' entry %r is %d, more than the %d %s" % (path, key, task[key], most, of))
+
+
+def check_split(where: str, task: Mapping[str, Any]) -> None:
+    """A `task` entry's split: one of SPLITS."""
+    if task["split"] not in SPLITS:
+        raise DataError("%s 'split' is %r, not one of %s" % (where, task["split"], "/".join(SPLITS)))

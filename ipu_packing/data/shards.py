@@ -248,9 +248,16 @@ def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int], task: TaskLay
     if cls_id is not None:
         ok_cls &= a["input_ids"][np.arange(n)[:, None], cls] == cls_id
     bad |= (used & ~ok_cls).any(axis=1) | (~used & (cls != 0)).any(axis=1)
-    if not task.is_pretraining:
-        return bad | _broken_task_slots(a, used, task)
-    bad |= ((a["nsp_labels"] != IGNORE_INDEX) != used).any(axis=1)
+    return bad | task.recipe.hook("broken_slots")(a, used, task)  # the task's own slots (tasks/)
+
+
+def broken_mlm_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: TaskLayout = PRETRAINING) -> np.ndarray:
+    """(P,) bool: the pretraining packs whose NSP or MLM slots break format.py's invariants, given `used` (P, K)."""
+    n, s = a["sequence_ids"].shape
+    sid = a["sequence_ids"].reshape(-1)
+    v = a["position_ids"].reshape(-1).astype(np.int64) * 4 + a["token_type_ids"].reshape(-1)  # 0: first or padding
+    base = np.arange(0, n * s, s, dtype=np.int64)[:, None]
+    bad = ((a["nsp_labels"] != IGNORE_INDEX) != used).any(axis=1)
     # MLM slots: used ones first, strictly increasing positions on real tokens that are no sequence's first
     # (v != 0 on a real token); an unused slot at position 0
     mlm_used = a["mlm_labels"] != IGNORE_INDEX
@@ -262,12 +269,10 @@ def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int], task: TaskLay
     return bad
 
 
-def _broken_task_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: TaskLayout) -> np.ndarray:
-    """(P,) bool: the packs of a task dataset whose example or label slots break format.py's invariants, given
-    `used` (P, K): the slots that hold a sequence."""
+def broken_label_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: TaskLayout) -> np.ndarray:
+    """(P,) bool: the packs of a classification dataset whose example or label slots break format.py's
+    invariants, given `used` (P, K): the slots that hold a sequence."""
     bad = ((a["example_ids"] != -1) != used).any(axis=1)
-    if task.name == "question_answering":
-        return bad | _broken_answer_slots(a, used)
     labels = a["labels"]
     if labels.dtype.kind == "f":  # an empty slot's float labels are 0
         empty = labels != 0 if labels.ndim == 2 else (labels != 0).any(axis=2)
@@ -284,13 +289,13 @@ def context_tokens(sequence_ids: np.ndarray, token_type_ids: np.ndarray) -> np.n
     return (token_type_ids == 1) & (sequence_ids != 0) & ~last
 
 
-def _broken_answer_slots(a: Dict[str, np.ndarray], used: np.ndarray) -> np.ndarray:
-    """(P,) bool: the question-answering packs whose feature slots, offsets or answer slots break format.py's
-    invariants, given `used` (P, K)."""
+def broken_answer_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: Optional[TaskLayout] = None) -> np.ndarray:
+    """(P,) bool: the question-answering packs whose example or feature slots, offsets or answer slots break
+    format.py's invariants, given `used` (P, K)."""
     sid = a["sequence_ids"]  # (P, S)
     context = context_tokens(sid, a["token_type_ids"])  # (P, S)
     offsets = a["offsets"]  # (P, S, 2)
-    bad = ((a["feature_ids"] != -1) != used).any(axis=1)
+    bad = ((a["example_ids"] != -1) != used).any(axis=1) | ((a["feature_ids"] != -1) != used).any(axis=1)
     bad |= ((offsets[..., 0] != -1) != context).any(axis=1) | ((offsets[..., 1] != -1) != context).any(axis=1)
     bad |= (context & (offsets[..., 1] < offsets[..., 0])).any(axis=1)
     start, end, cls = a["start_positions"], a["end_positions"], a["cls_positions"]  # (P, K)
@@ -354,8 +359,15 @@ def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int],
         if j >= count and cls[j] != 0:
             return ("field 'cls_positions' slot %d is %d, but sequences in the pack: %d (an unused slot is 0)"
                     % (j, cls[j], count))
-    if not task.is_pretraining:
-        return _first_broken_task_slot(pack, count, task)
+    return task.recipe.hook("first_broken_slot")(pack, count, task)  # the task's own slots (tasks/)
+
+
+def first_broken_mlm_slot(pack: Dict[str, np.ndarray], count: int, task: TaskLayout = PRETRAINING) -> Optional[str]:
+    """The first NSP or MLM slot of a pretraining pack of `count` sequences that breaks an invariant, in words."""
+    sid = pack["sequence_ids"].astype(np.int64)
+    first = np.zeros(len(sid), dtype=bool)
+    first[0] = True
+    first[1:] = (sid[1:] != sid[:-1]) & (sid[1:] != 0)
     nsp = pack["nsp_labels"].astype(np.int64)
     for j in range(len(nsp)):
         if (nsp[j] != IGNORE_INDEX) != (j < count):
@@ -383,16 +395,24 @@ def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int],
     return None
 
 
-def _first_broken_task_slot(pack: Dict[str, np.ndarray], count: int, task: TaskLayout) -> Optional[str]:
-    """The first example or label slot of a task pack of `count` sequences that breaks an invariant, in words."""
+def first_broken_example_slot(pack: Dict[str, np.ndarray], count: int) -> Optional[str]:
+    """The first example slot of a task pack of `count` sequences that is used without a sequence or the other way
+    round, in words."""
     ids = pack["example_ids"].astype(np.int64)
     for j in range(len(ids)):
         if (ids[j] != -1) != (j < count):
             state = "unused (-1)" if ids[j] == -1 else "used (example %d)" % ids[j]
             return ("field 'example_ids' slot %d is %s, but sequences in the pack: %d (slot k - 1 holds sequence k's "
                     "example, and only it: slots 0 .. %d used, the rest -1)" % (j, state, count, count - 1))
-    if task.name == "question_answering":
-        return _first_broken_answer_slot(pack, count)
+    return None
+
+
+def first_broken_label_slot(pack: Dict[str, np.ndarray], count: int, task: TaskLayout) -> Optional[str]:
+    """The first example or label slot of a classification pack of `count` sequences that breaks an invariant, in
+    words."""
+    broken = first_broken_example_slot(pack, count)
+    if broken is not None:
+        return broken
     labels = pack["labels"]
     for j in range(len(labels)):
         if labels.dtype.kind == "f":
@@ -410,9 +430,13 @@ def _first_broken_task_slot(pack: Dict[str, np.ndarray], count: int, task: TaskL
     return None
 
 
-def _first_broken_answer_slot(pack: Dict[str, np.ndarray], count: int) -> Optional[str]:
-    """The first feature slot, offset or answer slot of a question-answering pack of `count` sequences that breaks
-    an invariant, in words."""
+def first_broken_answer_slot(pack: Dict[str, np.ndarray], count: int,
+                             task: Optional[TaskLayout] = None) -> Optional[str]:
+    """The first example or feature slot, offset or answer slot of a question-answering pack of `count` sequences
+    that breaks an invariant, in words."""
+    broken = first_broken_example_slot(pack, count)
+    if broken is not None:
+        return broken
     ids = pack["feature_ids"].astype(np.int64)
     for j in range(len(ids)):
         if (ids[j] != -1) != (j < count):
@@ -490,14 +514,13 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
     if checksums and sha256_file(vocab_path) != manifest["vocab_checksum"]:
         raise DataError("%s: sha256 does not match manifest field 'vocab_checksum'" % vocab_path)
     check_dataset_vocab(directory, manifest)  # its size, special tokens and no token twice (cheap: always)
-    if task.name == "question_answering":  # the questions and contexts the packs' offsets point into
-        entry = manifest["task"]
-        examples = contained_path(directory, entry["examples_file"])
-        if not os.path.lexists(examples):
-            raise DataError("%s: missing (named by manifest field 'task' entry 'examples_file')" % examples)
-        check_regular(examples, DataError)
-        if checksums and sha256_file(examples) != entry["examples_sha256"]:
-            raise DataError("%s: sha256 does not match manifest field 'task' entry 'examples_sha256'" % examples)
+    for name, sha256, key, sha_key in task.recipe.companion_files(manifest.get("task") or {}):  # QA's questions
+        path = contained_path(directory, name)
+        if not os.path.lexists(path):
+            raise DataError("%s: missing (named by manifest field 'task' entry %r)" % (path, key))
+        check_regular(path, DataError)
+        if checksums and sha256_file(path) != sha256:
+            raise DataError("%s: sha256 does not match manifest field 'task' entry %r" % (path, sha_key))
     counts = PackCounts(manifest["max_seq_length"], manifest["max_sequences_per_pack"],
                         0 if task.is_pretraining else manifest["num_sequences"])
     block = max(1, BLOCK_TOKENS // manifest["max_seq_length"])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+from .. import tasks
 from .config import IPU_MEMORY_BYTES, TYPE_BYTES, ExecutionConfig
 from .placement import Placement, min_gradient_accumulation, pipeline_groups, plan_placement
 from .popdist_backend import describe_launch
@@ -50,7 +51,7 @@ def _placed(counts: Dict[str, int], model_config, task: str) -> Dict[str, int]:
     return {m: counts[m] for p in parts for m in p.modules}
 
 
-def module_parameters(model_config, task: str = "pretraining") -> Dict[str, int]:
+def module_parameters(model_config, task: str = tasks.PRETRAINING.name) -> Dict[str, int]:
     """Parameter count of every module ``task``'s model places (transformers' layout of the same model:
     BertForPreTraining's tied decoder counted once)."""
     H, FF, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
@@ -68,7 +69,7 @@ def module_parameters(model_config, task: str = "pretraining") -> Dict[str, int]
     return _placed(counts, model_config, task)
 
 
-def largest_tensors(model_config, task: str = "pretraining") -> Dict[str, int]:
+def largest_tensors(model_config, task: str = tasks.PRETRAINING.name) -> Dict[str, int]:
     """Elements of the largest parameter tensor of every placed module (the tied decoder weight counted with
     the embeddings; a fused QKV weight is one (3H, H) tensor)."""
     H, FF, V = model_config.hidden_size, model_config.intermediate_size, model_config.vocab_size
@@ -210,7 +211,7 @@ def memory_choices(
 
 def memory_per_device(
     model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None,
-    mlm_slots: Optional[int] = None, task: str = "pretraining",
+    mlm_slots: Optional[int] = None, task: str = tasks.PRETRAINING.name,
 ) -> Tuple[List[Placement], List[Dict[str, float]]]:
     """(placement, one dict per IPU/stage of bytes: params, weights, gradients, optimizer (on chip),
     optimizer_offchip, stream_buffer, stash, activations, total (on chip), stash_depth; and on IPUs the
@@ -229,7 +230,7 @@ def memory_per_device(
     for p, d in zip(plan, where):
         params[d] += counts[p.module]
         largest[d] = max(largest[d], largest_of[p.module])
-    if not ipu and execution.num_stages > 1 and task == "pretraining":
+    if not ipu and execution.num_stages > 1 and tasks.get(task).has_mlm:
         # torch pipeline: the heads' stage holds its own copy of the tied word embedding
         params[execution.num_stages - 1] += model_config.vocab_size * model_config.hidden_size
     if not ipu:
@@ -272,7 +273,7 @@ def memory_per_device(
 
 def ipu_memory_lines(
     model_config, execution: ExecutionConfig, optimizer: str = "lamb", sequence_length: Optional[int] = None,
-    mlm_slots: Optional[int] = None, task: str = "pretraining",
+    mlm_slots: Optional[int] = None, task: str = tasks.PRETRAINING.name,
 ) -> List[str]:
     """The per-IPU memory table (one column per IPU), its flags and the PopART pipeline constraint."""
     e = execution
@@ -312,7 +313,7 @@ def ipu_memory_lines(
         ("saved by Graphcore's choices (docs/model.md)", None, None),
         ("* fp16 attention mask (%s)" % ("in the stash above" if half else "fp32 model: none"), "saved_mask",
          _fmt_bytes),
-    ] + ([(mlm, "saved_mlm_logits", _fmt_bytes)] if task == "pretraining" else []) + [  # only pretraining has MLM
+    ] + ([(mlm, "saved_mlm_logits", _fmt_bytes)] if tasks.get(task).has_mlm else []) + [
         ("* fused QKV: %s" % fused, "saved_fused_qkv", _fmt_bytes),
     ]
     width = 44
@@ -342,7 +343,7 @@ def ipu_memory_lines(
                "" if e.gradient_accumulation >= need else ": TOO SMALL, PopART refuses it")
         )
     lines.append("  not counted: code, exchange and IPU-copy buffers, matmul temporaries, %s, host streams"
-                 % ("MLM logits" if task == "pretraining" else "the head's logits"))
+                 % ("MLM logits" if tasks.get(task).has_mlm else "the head's logits"))
     return lines
 
 
@@ -353,7 +354,7 @@ def dry_run_report(
     optimizer: str = "lamb",
     sequence_length: Optional[int] = None,
     mlm_slots: Optional[int] = None,
-    task: str = "pretraining",
+    task: str = tasks.PRETRAINING.name,
 ) -> str:
     """The placement of every layer, memory per IPU (vs 900 MB) or stage, the PopTorch options asked for,
     and the batch sizes. ``sequence_length`` (S of the packs; default the model's max_position_embeddings)
@@ -372,7 +373,7 @@ def dry_run_report(
             % (e.ipus_per_replica, e.replication_factor, e.ipus_per_replica * e.replication_factor, e.total_ipus,
                e.precision)
         )
-        lines += describe_launch(e, "run_pretraining.py" if task == "pretraining" else "run_finetuning.py")
+        lines += describe_launch(e, tasks.get(task).launcher)
     else:
         lines.append(
             "Dry run: torch on %s, %d replica(s) x %d pipeline stage(s) = %d process(es), %s"

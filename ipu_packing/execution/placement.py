@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 from ipu_packing.model.stages import Part, Stages, task_stages
 from ipu_packing.model.stages import model_stages as declared_stages
 
+from .. import tasks
 from .config import ExecutionConfig
 
 
@@ -40,7 +41,7 @@ class Placement:
     """poptorch recomputation checkpoint on the part's output."""
 
 
-def model_stages(model, config: ExecutionConfig, task: str = "pretraining") -> Stages:
+def model_stages(model, config: ExecutionConfig, task: str = tasks.PRETRAINING.name) -> Stages:
     """The parts ``model`` declares (model/stages.py, by its task: pretraining, classification, question
     answering) for ``config.layers_per_ipu`` (one-line ConfigError when the split does not fit: layer_split).
     ``model`` may be a number of layers: the parts of ``task``'s model (the dry run, which builds no model)."""
@@ -65,7 +66,7 @@ def ipu_blocks(stages: Stages, config: ExecutionConfig) -> List[Tuple[Part, bool
     return [(p, recompute and p.checkpoint_output) for p in stages.parts]
 
 
-def plan_placement(model, config: ExecutionConfig, task: str = "pretraining") -> List[Placement]:
+def plan_placement(model, config: ExecutionConfig, task: str = tasks.PRETRAINING.name) -> List[Placement]:
     """One row per module of every part, in execution order (``model``, ``task``: as model_stages takes them)."""
     return placement_rows(model_stages(model, config, task), config)
 

@@ -30,6 +30,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import torch
 from torch import nn
 
+from .. import tasks
 from .heads import PackedBertTaskModel
 from .modeling import IGNORE_INDEX
 from .per_sequence import (
@@ -146,7 +147,7 @@ class PackedBertForSequenceClassification(PackedBertTaskModel):
     for the batch contract."""
 
     HF_ARCHITECTURE = "BertForSequenceClassification"
-    TASK = "sequence_classification"
+    TASK = tasks.CLASSIFICATION.name
     FRESH_HEAD = ("bert.pooler.", "classifier.")
 
     def __init__(self, config: Any, attention: Optional[str] = None) -> None:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import tasks
 from ..data.format import IGNORE_INDEX  # the pack format's label of an unused slot (numpy only)
 from .attention import CONFIG_ATTRIBUTE, build_mask, resolve_attention
 from .self_attention import fused_qkv, self_attention
@@ -309,7 +310,7 @@ class PackedBertForPreTraining(nn.Module):
     """The output's scalar fields a training step reports (averaged over micro batches and replicas)."""
     HF_ARCHITECTURE = "BertForPreTraining"
     """transformers' class of the same modules, written to config.json's ``architectures``."""
-    TASK = "pretraining"
+    TASK = tasks.PRETRAINING.name
     """Which parts stages.py declares for this model (stages.model_stages)."""
 
     def __init__(self, config: Any, attention: Optional[str] = None) -> None:

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import torch
 from torch import nn
 
+from .. import tasks
 from .heads import PackedBertTaskModel
 from .modeling import IGNORE_INDEX
 from .per_sequence import mean_loss_and_accuracy, slot_membership
@@ -136,7 +137,7 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
     ``qa_outputs``). See the module docstring for labels and losses, the package docstring for the batch."""
 
     HF_ARCHITECTURE = "BertForQuestionAnswering"
-    TASK = "question_answering"
+    TASK = tasks.QUESTION_ANSWERING.name
     FRESH_HEAD = ("qa_outputs.",)
     ADD_POOLING_LAYER = False  # transformers' BertForQuestionAnswering has none
     SERVED = ("token_start_logits", "token_end_logits")  # what post-processing reads (data/task/answers.py)

@@ -185,27 +185,23 @@ def question_answering_stages(num_layers: int, layers_per_ipu: Sequence[int] = (
     return Stages(tuple(parts), inputs=QUESTION_ANSWERING_INPUTS, heads="question_answering_heads")
 
 
-_BY_TASK = {
-    "pretraining": pretraining_stages,
-    "sequence_classification": classification_stages,
-    "question_answering": question_answering_stages,
-}
-
-
 def model_stages(model: torch.nn.Module, layers_per_ipu: Sequence[int] = ()) -> Stages:
-    """The parts of any packed model (its ``TASK``: pretraining, sequence_classification,
-    question_answering) for ``layers_per_ipu``."""
+    """The parts of any packed model (its ``TASK``, a task's name: tasks/) for ``layers_per_ipu``."""
+    from .. import tasks
+
     task = getattr(model, "TASK", None)
-    if task not in _BY_TASK:
+    if task not in tasks.TASKS:
         raise ValueError("%s declares no pipeline parts (TASK %r, expected one of %s)"
-                         % (type(model).__name__, task, sorted(_BY_TASK)))
-    return _BY_TASK[task](int(model.config.num_hidden_layers), layers_per_ipu)
+                         % (type(model).__name__, task, sorted(tasks.TASKS)))
+    return task_stages(task, int(model.config.num_hidden_layers), layers_per_ipu)
 
 
 def task_stages(task: str, num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
-    """The parts of the packed model of ``task`` (a model's TASK) with ``num_layers`` layers, without building it
-    (the dry run)."""
-    return _BY_TASK[task](num_layers, layers_per_ipu)
+    """The parts of the packed model of ``task`` (a task's name) with ``num_layers`` layers, without building it
+    (the dry run): the task's recipe names which of the functions above."""
+    from .. import tasks
+
+    return tasks.TASKS[task].stages(num_layers, layers_per_ipu)
 
 
 def parameter_owners(model: torch.nn.Module, stages: Stages) -> Dict[str, Part]:

@@ -79,7 +79,7 @@ def dry_run(config) -> str:
         # M as `prepare` sizes the packs (the recipe's defaults; a dataset's manifest holds its own)
         mlm_slots=None if fine_tuning else mlm_slots(config.data.max_seq_length,
                                                      config.data.expected_sequences_per_pack),
-        task=config.task.model_task,
+        task=config.task.name,
     )
     return "\n".join(lines) + "\n" + report.rstrip("\n")
 

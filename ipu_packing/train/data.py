@@ -86,14 +86,16 @@ def prepare_hint(config) -> str:
     """The `prepare` command that makes the data ``config`` trains on: pretraining's (PREPARE_HINT), or a fine-tuning
     task's (`prepare --task NAME` with the config's data directory, S and K, the tokenizer of checkpoint.init_from
     where it names one)."""
-    task = config.task.name
-    if task == "pretraining":
+    from .. import tasks
+
+    task = tasks.get(config.task.name)
+    if not task.fine_tuning:
         return PREPARE_HINT
     tokenizer = config.checkpoint.init_from or "MODEL_DIR"
-    extra = " --doc-stride 128" if task == "question_answering" else ""
     return ("python -m ipu_packing.data prepare --task %s --train FILE --validation FILE --tokenizer %s --output %s "
             "--max-seq-length %d%s --max-sequences-per-pack %d"
-            % (task, tokenizer, config.data.dir, config.data.max_seq_length, extra, config.data.max_sequences_per_pack))
+            % (task.name, tokenizer, config.data.dir, config.data.max_seq_length, task.hint_options,
+               config.data.max_sequences_per_pack))
 
 
 def read_training_data(path: str, hint: str = PREPARE_HINT) -> TrainingData:

@@ -113,8 +113,12 @@ def evaluate(model: torch.nn.Module, data: Any, task: Any, batch_packs: int, spl
     """The evaluation of ``model`` on ``data`` (a TrainingData of the task's ``split``): per-example metrics of
     ``task``'s problem type (question answering: SQuAD v1.1 exact match and F1 per question), the mean loss per
     labelled sequence (per start and end label), how many examples were scored."""
-    if task.name == "question_answering":
-        return evaluate_questions(model, data, batch_packs, split)
+    return task.evaluate(model, data, batch_packs, split)
+
+
+def evaluate_examples(model: torch.nn.Module, data: Any, task: Any, batch_packs: int, split: str) -> Dict[str, Any]:
+    """Classification: every example of the split scored once, the metrics of ``task``'s problem type per
+    example."""
     got = collect(model, data.dataset, batch_packs)
     num_labels = int(task.model_settings["num_labels"])
     duplicated = len(got["example_ids"]) - len(np.unique(got["example_ids"]))
@@ -125,7 +129,7 @@ def evaluate(model: torch.nn.Module, data: Any, task: Any, batch_packs: int, spl
             "loss": got["loss_sum"] / got["count"] if got["count"] else None, "metrics": metrics}
 
 
-def evaluate_questions(model: Any, data: Any, batch_packs: int, split: str) -> Dict[str, Any]:
+def evaluate_questions(model: Any, data: Any, task: Any, batch_packs: int, split: str) -> Dict[str, Any]:
     """Question answering: every window of the split scored once, each question's best span over its windows as
     run_qa.py chooses it, its text cut from the context (the split's examples file), exact match and F1 as the
     official SQuAD v1.1 script computes them, in percent."""

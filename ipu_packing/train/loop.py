@@ -319,7 +319,7 @@ def finish(plan: RunPlan, runner, history: List[StepRecord], last_saved: Optiona
             write_tokenizer_files(directory, plan.data, positions, vocab, embeddings_from_model(plan.config))
 
         summary["export"] = plan.run_dir.export(save)
-        log("exported the final model (%s) to %s" % (plan.task.export, summary["export"]))
+        log("exported the final model (Hugging Face %s) to %s" % (plan.task.export, summary["export"]))
     plan.run_dir.write_summary(summary)
     log(summary_line(summary, plan.task))
     return summary

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..model.pretrained import check_config_values, is_hf_dir
-from .. import jsonin
+from .. import jsonin, tasks
 from ..errors import one_line
 from ..data.vocab import vocab_path_difference
 from ..errors import ConfigError, UserError
@@ -200,8 +200,9 @@ def classifier_rows(config, model: torch.nn.Module, source: str) -> Tuple[Dict[s
 
     raw = jsonin.load_path(os.path.join(source, "config.json"), error=ConfigError)
     architectures = raw.get("architectures") if isinstance(raw, dict) else None
-    if not config.task.fine_tuning or config.task.name != "classification" or not isinstance(architectures, list) \
-            or "BertForSequenceClassification" not in architectures:
+    task = tasks.get(config.task.name)
+    if not task.dataset_decides_model or not isinstance(architectures, list) \
+            or task.export not in architectures:
         return {}, (), ""
     if config.task.replace_head:
         return {}, ("classifier.",), "; classifier replaced (task.replace_head)"

@@ -194,7 +194,7 @@ class BatchAccounting:
         try:
             pipelined = execution.backend == "poptorch" and execution.num_stages > 1
             check_pipeline_depth(execution, plan_placement(sum(execution.layers_per_ipu), execution,
-                                                           config.task.model_task) if pipelined else None)
+                                                           config.task.name) if pipelined else None)
         except ValueError as error:
             raise ConfigError(
                 "%s: the accumulation is training.global_batch_sequences %d / (execution.micro_batch_size %d x "

@@ -111,10 +111,8 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
         if eval_data.manifest.get("task", {}).get("labels") != data.manifest["task"].get("labels"):
             raise UserError("dataset %s has other labels than %s: prepare both splits in one `prepare --task` run"
                             % (eval_data.path, data.path))
-        if task.name == "question_answering":
-            from ..data.task.questions import read_examples
-
-            read_examples(eval_data.path, eval_data.manifest)  # every row checked before the first step
+        if task.has_hook("check_eval_data"):  # e.g. every row of a question-answering split's examples file
+            task.hook("check_eval_data")(eval_data.path, eval_data.manifest)
     accounting = config.batch_accounting(data.packing_factor)
     steps_per_epoch = _steps_per_epoch(data, accounting)
 

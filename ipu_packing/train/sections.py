@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
+from .. import tasks
 from ..errors import ConfigError
 
 BATCH_ACCOUNTING = ("accumulation", "betas")
@@ -214,12 +215,12 @@ class CheckpointConfig:
                 raise ConfigError("checkpoint.init_override: %r is not one of %s" % (item, ", ".join(allowed)))
 
 
-TASKS = ("pretraining", "classification", "question_answering")
+TASKS = tasks.NAMES
 
 
 @dataclass
 class TaskConfig:
-    name: str = "pretraining"
+    name: str = tasks.PRETRAINING.name
     """What the run trains: "pretraining" (MLM and NSP on prepared text), "classification" (a head per sequence
     on a task dataset, `prepare --task classification`: single label, regression or multi-label, as its manifest
     says) or "question_answering" (a start and end per token, each window's answer among its own context tokens,
@@ -246,13 +247,7 @@ class TaskConfig:
 
     @property
     def fine_tuning(self) -> bool:
-        return self.name != "pretraining"
-
-    @property
-    def model_task(self) -> str:
-        """The task's model as model/stages.py names it (its parts, placed by the dry run and the accounting's
-        pipeline check): pretraining, sequence_classification or question_answering."""
-        return {"classification": "sequence_classification"}.get(self.name, self.name)
+        return tasks.TASKS[self.name].fine_tuning
 
 
 @dataclass

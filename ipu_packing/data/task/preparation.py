@@ -13,7 +13,7 @@ Order of work (the same claiming, temporary directory, worker processes and writ
 4. Per split: tokenize chunks of rows in the worker processes (data/task/encode.py) into instance files with
    the task's columns (labels, example_ids), then one plan over their lengths and the packed and padded
    datasets (data/write/datasets.py `write_datasets`, the one packing phase), each with its manifest (its
-   `task` key: format.TASK_MANIFEST_KEYS) and the tokenizer's vocab.txt.
+   `task` key: tasks/sequence_classification.py MANIFEST_KEYS) and the tokenizer's vocab.txt.
 
 Same inputs, options and seed give the same bytes (the rows are read in file order, the tokenizer is
 deterministic, and the plan and assignment are `prepare`'s), whatever --workers is.
@@ -25,10 +25,11 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ... import tasks
 from ...errors import DataError
 from ..format import SPLITS, TaskLayout
 from ..vocab import TokenizerSpec, load_tokenizer, train_default_vocab
@@ -185,7 +186,7 @@ def _write_split(config, spec: TokenizerSpec, name: str, table: SplitTable, show
     lengths = [lengths for lengths, _ in results]
     truncated = sum(count for _, count in results)
     lap("tokenize")
-    task = TaskLayout("classification", label_map.problem_type, label_map.num_labels, labels.has_labels)
+    task = TaskLayout(tasks.CLASSIFICATION.name, label_map.problem_type, label_map.num_labels, labels.has_labels)
     entry = {
         "name": task.name, "problem_type": task.problem_type, "num_labels": task.num_labels,
         "labels": label_map.names, "label_counts": labels.counts, "split": name, "has_labels": labels.has_labels,
@@ -215,3 +216,53 @@ def split_summary(name: str, output: str, packed: dict, padded: Optional[dict]) 
                "; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"],
                                                                    100 * padded["packing_efficiency"])
                if padded else ""))
+
+
+def check_options(config: Any) -> None:
+    """`prepare --task classification`'s options on their own (its inputs are read, and refused, below)."""
+    from ..text.pipeline import check_task_inputs, refuse_question_options
+
+    refuse_question_options(config)
+    check_task_inputs(config)
+
+
+def inspect_lines(directory: str, manifest: Dict[str, Any]) -> List[str]:
+    """`inspect`'s lines on a classification dataset's task: its problem, labels and their balance, source and
+    truncation."""
+    task, n = manifest["task"], manifest["num_sequences"]
+    lines = ["  %-24s %s, %s split, %d examples from %s (%s, sha256 %s)"
+             % ("task", task["name"], task["split"], n, task["source"]["file"], task["source"]["format"],
+                task["source"]["sha256"][:12]),
+             "  %-24s %s, num_labels %d%s" % ("problem type", task["problem_type"], task["num_labels"],
+                                             "" if task["has_labels"] else "; this split has no labels"),
+             "  %-24s %s" % ("text columns", ", ".join(task["text_columns"])),
+             "  %-24s %d (%.2f%%) cut to %d tokens" % ("truncated", task["truncated"],
+                                                      100.0 * task["truncated"] / max(1, n),
+                                                      manifest["max_seq_length"])]
+    counts = task["label_counts"]
+    if counts is not None:
+        names = task["labels"] or [str(i) for i in range(task["num_labels"])]
+        lines.append("label balance (%s):" % ("examples of each class" if task["problem_type"] ==
+                                               "single_label_classification" else "examples with each label"))
+        top = max(1, max(counts))
+        for name, count in list(zip(names, counts))[:32]:
+            lines.append("  %-24s %7d %5.1f%% %s" % (name[:24], count, 100.0 * count / max(1, n),
+                                                      "#" * int(round(30 * count / top))))
+        if len(counts) > 32:
+            lines.append("  ... %d labels more" % (len(counts) - 32))
+    return lines
+
+
+def prepared_lines(output: str, result: Any) -> List[str]:
+    """What `prepare` prints on the classification splits it wrote."""
+    from .labels import describe_columns
+
+    packed, seconds = result.packed, result.seconds
+    task = packed["task"]
+    return (["prepared %s in %.1f s: task %s, %s, %d labels%s; S = %d, K = %d" % (
+                output, seconds["total"], task["name"], task["problem_type"], task["num_labels"],
+                " (%s)" % ", ".join(task["labels"]) if task["labels"] and len(task["labels"]) <= 8 else "",
+                packed["max_seq_length"], packed["max_sequences_per_pack"]),
+             "  " + describe_columns(task["text_columns"], task["label_column"])]
+            + ["  " + split_summary(name, output, m["packed"], m.get("padded"))
+               for name, m in result.splits.items()])

@@ -14,7 +14,7 @@ Order of work (the same claiming, temporary directory, worker processes and writ
    with the task's columns (answer positions, example and feature ids, token offsets); number the windows over the
    split (`shift_feature_ids`); then one plan over their lengths and the packed and padded datasets
    (write/datasets.py `write_datasets`, the one packing phase), each with its manifest (its `task` key:
-   format.QA_TASK_MANIFEST_KEYS), the tokenizer's vocab.txt and the split's examples file (questions.py
+   tasks/extractive_qa.py MANIFEST_KEYS), the tokenizer's vocab.txt and the split's examples file (questions.py
    `write_examples`: the questions as tokenized, the contexts, the gold answers).
 
 Same inputs, options and seed give the same bytes, whatever --workers is.
@@ -25,16 +25,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ... import tasks
+from ...errors import DataError
 from ..format import SPLITS, TaskLayout
 from ..vocab import TokenizerSpec
 from ..write.datasets import PackSettings, write_datasets
 from ..write.workers import Workers, progress
 from .preparation import Phases, TaskResult, prepare_into_output, split_inputs, task_tokenizer
-from .questions import QuestionSplit, read_questions, write_examples
+from .questions import QuestionSplit, read_examples, read_questions, write_examples
 from .windows import CHUNK_QUESTIONS, shift_feature_ids, start_windows, window_chunk
 
 EVALUATED = ("validation",)
@@ -102,7 +104,7 @@ def _write_split(config, spec: TokenizerSpec, name: str, split: QuestionSplit, s
         examples[row] = dataclasses.replace(examples[row], question=question)
     lap("tokenize")
     entry = {
-        "name": "question_answering", "split": name, "num_examples": n,
+        "name": tasks.QUESTION_ANSWERING.name, "split": name, "num_examples": n,
         "answered": sum(1 for e in examples if e.answer_texts), "max_query_length": config.max_query_length,
         "doc_stride": config.doc_stride, "questions_truncated": len(cut),
         "windows_without_answer": int(sum(without for _, _, without in results)), "tokenizer": spec.source,
@@ -116,7 +118,7 @@ def _write_split(config, spec: TokenizerSpec, name: str, split: QuestionSplit, s
     settings = PackSettings(max_seq_length=config.max_seq_length, vocab_size=len(spec.vocab),
                             mlm_slots=lambda k: 0, options=config.packing, group_tokens=config.group_tokens,
                             cls_id=spec.special_token_ids["[CLS]"],
-                            task=TaskLayout("question_answering", num_examples=n))
+                            task=TaskLayout(tasks.QUESTION_ANSWERING.name, num_examples=n))
     directory = os.path.join(temp, name)
     manifests = write_datasets(paths, lengths, 0, settings, directory, workers, describe, lap)
     shutil.rmtree(os.path.join(directory, "work"))
@@ -137,4 +139,50 @@ def qa_split_summary(name: str, output: str, packed: dict, padded: Optional[dict
                if padded else ""))
 
 
-__all__ = ["prepare_questions", "qa_split_summary"]
+def check_options(config: Any) -> None:
+    """`prepare --task question_answering`'s options on their own; the window settings' defaults filled."""
+    from .windows import DOC_STRIDE, MAX_QUERY_LENGTH, check_window_settings
+    from ..text.pipeline import check_task_inputs
+
+    check_task_inputs(config)
+    for name in ("sentence1_key", "sentence2_key", "problem_type"):
+        if getattr(config, name) is not None:
+            raise DataError("--%s is an option of --task classification (a question-answering split has "
+                            "id, question, context and answers)" % name.replace("_", "-"))
+    if config.label_key != "label":
+        raise DataError("--label-key is an option of --task classification")
+    if config.doc_stride is None:
+        config.doc_stride = DOC_STRIDE
+    if config.max_query_length is None:
+        config.max_query_length = MAX_QUERY_LENGTH
+    check_window_settings(config.max_seq_length, config.doc_stride, config.max_query_length)
+
+
+def inspect_lines(directory: str, manifest: Dict[str, Any]) -> List[str]:
+    """`inspect`'s lines on a question-answering dataset's task; its examples file read, every row checked, as
+    its evaluation reads it."""
+    task, n = manifest["task"], manifest["num_sequences"]
+    read_examples(directory, manifest)
+    return ["  %-24s question_answering, %s split, %d questions (%d with an answer) in %d windows from %s (%s, "
+            "sha256 %s)" % ("task", task["split"], task["num_examples"], task["answered"], n,
+                            task["source"]["file"], task["source"]["format"], task["source"]["sha256"][:12]),
+            "  %-24s doc stride %d, max query length %d (%d questions cut to it)"
+            % ("windows", task["doc_stride"], task["max_query_length"], task["questions_truncated"]),
+            "  %-24s %d (%.2f%%) point at their [CLS]: the answer is not wholly inside"
+            % ("windows without answer", task["windows_without_answer"],
+               100.0 * task["windows_without_answer"] / max(1, n)),
+            "  %-24s %s (sha256 %s; every row checked)" % ("examples file", task["examples_file"],
+                                                           task["examples_sha256"][:12])]
+
+
+def prepared_lines(output: str, result: Any) -> List[str]:
+    """What `prepare` prints on the question-answering splits it wrote."""
+    packed, seconds = result.packed, result.seconds
+    task = packed["task"]
+    return (["prepared %s in %.1f s: task question_answering; S = %d, K = %d, doc stride %d, max query length %d"
+             % (output, seconds["total"], packed["max_seq_length"], packed["max_sequences_per_pack"],
+                task["doc_stride"], task["max_query_length"])]
+            + ["  " + qa_split_summary(name, output, m["packed"], m.get("padded"))
+               for name, m in result.splits.items()])
+
+__all__ = ["check_options", "inspect_lines", "prepare_questions", "prepared_lines", "qa_split_summary"]

@@ -35,7 +35,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ... import jsonin, jsonout
+from ... import jsonin, jsonout, tasks
 from ...errors import DataError
 from ...fsutil import contained_path, open_regular
 from .rows import SplitTable, read_split, read_text, split_format
@@ -249,7 +249,7 @@ def read_examples(directory: str, manifest: Optional[Mapping[str, Any]] = None) 
 
         manifest = read_manifest(directory)
     task = manifest.get("task") or {}
-    if task.get("name") != "question_answering":
+    if task.get("name") != tasks.QUESTION_ANSWERING.name:
         raise DataError("%s: not a question-answering dataset (no examples file)" % directory)
     path = contained_path(directory, task["examples_file"])
     try:

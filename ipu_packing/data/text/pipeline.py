@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .corpus import FORMATS, CorpusDigest, CorpusSpec, default_documents, shard_documents
+from ... import tasks
 from ...errors import DataError
 from ..format import mlm_slots
 from ..limits import MAX_DUPE_FACTOR, MAX_VOCAB_SIZE, check_at_most, check_pack_sizes
@@ -48,10 +49,11 @@ from .tasks import build_shard, start_tokenizer
 from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the packing phase, shared with `pack`
 
 
-TASKS = ("pretraining", "classification", "question_answering")
+TASKS = tasks.NAMES
 """`prepare --task`: pretraining (a corpus -> NSP/MLM instances, this module) or a fine-tuning task (split files
 -> labelled examples, data/task/preparation.py; SQuAD questions -> question + context windows,
-data/task/qa_preparation.py); all end in the same packing phase and pack format."""
+data/task/qa_preparation.py); all end in the same packing phase and pack format. Each task's recipe (tasks/)
+checks its options and runs its preparation."""
 
 
 @dataclass
@@ -90,7 +92,7 @@ class PrepareConfig:
     """Tokens of instances per scatter task (bounds a worker's memory; does not change the output)."""
     packing: PackingOptions = field(default_factory=PackingOptions)
     """K, the seed (of everything random here), workers, the algorithm, shard size, padded/ (shared with `pack`)."""
-    task: str = "pretraining"
+    task: str = tasks.PRETRAINING.name
     """One of TASKS. A task reads train/validation/test (below) and tokenizes with `vocab`, the model's own
     tokenizer; the recipe's options (dupe_factor ... whole_word_masking, shard_chars) do not apply to it."""
     train: Optional[str] = None
@@ -113,85 +115,12 @@ class PrepareConfig:
     """Question answering: tokens a question is cut to, at a word boundary (None: 64, the legacy SQuAD scripts')."""
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise DataError("--task must be one of %s, got %r" % ("/".join(TASKS), self.task))
+        if self.task not in tasks.TASKS:
+            raise DataError("--task must be one of %s, got %r" % ("/".join(tasks.TASKS), self.task))
+        task = tasks.TASKS[self.task]
         if self.max_seq_length is None:
-            from ..task import windows
-
-            self.max_seq_length = windows.MAX_SEQ_LENGTH if self.task == "question_answering" else 128
-        if self.task != "question_answering":
-            for name in ("doc_stride", "max_query_length"):
-                if getattr(self, name) is not None:
-                    raise DataError("--%s is an option of --task question_answering" % name.replace("_", "-"))
-        if self.task != "pretraining":
-            self._check_task()
-            return
-        for name in ("train", "validation", "test", "sentence1_key", "sentence2_key", "problem_type"):
-            if getattr(self, name) is not None:
-                raise DataError("--%s is an option of a fine-tuning task (--task classification)"
-                                % name.replace("_", "-"))
-        if not self.input:
-            raise DataError("--input is required: a corpus (file, directory or glob) or default")
-        if self.train_vocab is not None and self.vocab is not None:
-            raise DataError("--vocab %s and --train-vocab %d exclude each other: give one"
-                            % (self.vocab, self.train_vocab))
-        if self.train_vocab is not None and self.train_vocab < 100:
-            raise DataError("--train-vocab must be >= 100 tokens, got %d" % self.train_vocab)
-        if self.lower_case not in LOWER_CASE_CHOICES:
-            raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
-        if self.format not in FORMATS:
-            raise DataError("--format must be one of %s" % "/".join(FORMATS))
-        if self.shard_chars < 1:
-            raise DataError("shard_chars must be >= 1, got %r" % self.shard_chars)
-        if self.group_tokens < 1:
-            raise DataError("group_tokens must be >= 1, got %r" % self.group_tokens)
-        check_pack_sizes(self.max_seq_length, self.packing.max_sequences_per_pack)
-        check_at_most("--dupe-factor", self.dupe_factor, MAX_DUPE_FACTOR, "passes over the corpus")
-        if self.train_vocab is not None:
-            check_at_most("--train-vocab", self.train_vocab, MAX_VOCAB_SIZE, "token ids are int32")
-        self.recipe  # validates the recipe fields
-
-    def _check_task(self) -> None:
-        """A task's options on their own (the inputs are read, and refused, by data/task/preparation.py)."""
-        from ..format import MIN_SEQ_LENGTH, PROBLEM_TYPES
-
-        if self.train_vocab is not None:
-            raise DataError("--train-vocab: a task is tokenized with the model's own tokenizer: --tokenizer DIR")
-        if self.input and self.train:
-            raise DataError("--input %s and --train %s exclude each other: --input default is the demo task, "
-                            "--train/--validation/--test your own" % (self.input, self.train))
-        if not self.train:
-            if self.input != "default":
-                raise DataError("--task %s needs --train FILE --validation FILE [--test FILE], or --input default "
-                                "(the demo task)" % self.task if not self.input else
-                                "--input %s: a task's input is --train/--validation/--test (or --input default, the "
-                                "demo task)" % self.input)
-            if self.validation or self.test:
-                raise DataError("--validation and --test go with --train, not with --input default")
-        elif not self.validation:
-            raise DataError("--train needs --validation FILE (and optionally --test FILE)")
-        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
-            raise DataError("--problem-type must be one of %s, got %r" % ("/".join(PROBLEM_TYPES), self.problem_type))
-        if self.max_seq_length < MIN_SEQ_LENGTH:
-            raise DataError("--max-seq-length must be >= %d ([CLS] A [SEP] B [SEP]), got %d"
-                            % (MIN_SEQ_LENGTH, self.max_seq_length))
-        if self.lower_case not in LOWER_CASE_CHOICES:
-            raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
-        check_pack_sizes(self.max_seq_length, self.packing.max_sequences_per_pack)
-        if self.task == "question_answering":
-            from ..task.windows import DOC_STRIDE, MAX_QUERY_LENGTH, check_window_settings
-
-            for name in ("sentence1_key", "sentence2_key", "problem_type"):
-                if getattr(self, name) is not None:
-                    raise DataError("--%s is an option of --task classification (a question-answering split has "
-                                    "id, question, context and answers)" % name.replace("_", "-"))
-            if self.label_key != "label":
-                raise DataError("--label-key is an option of --task classification")
-            if self.doc_stride is None:
-                self.doc_stride = DOC_STRIDE
-            if self.max_query_length is None:
-                self.max_query_length = MAX_QUERY_LENGTH
-            check_window_settings(self.max_seq_length, self.doc_stride, self.max_query_length)
+            self.max_seq_length = task.max_seq_length
+        task.hook("check_prepare")(self)
 
     @property
     def recipe(self) -> RecipeConfig:
@@ -257,17 +186,94 @@ class PrepareResult:
     """A task: {split: {"packed": manifest, "padded": manifest}} in the order train, validation, test."""
 
 
-def prepare(config: PrepareConfig) -> PrepareResult:
-    """Run the whole preparation (see the module notes; a task: data/task/preparation.py)."""
-    if config.task != "pretraining":
-        if config.task == "question_answering":
-            from ..task.qa_preparation import prepare_questions as prepare_task
-        else:
-            from ..task.preparation import prepare_task
+def refuse_question_options(config: "PrepareConfig") -> None:
+    """A task without question windows refuses their options."""
+    for name in ("doc_stride", "max_query_length"):
+        if getattr(config, name) is not None:
+            raise DataError("--%s is an option of --task question_answering" % name.replace("_", "-"))
 
-        done = prepare_task(config)
-        train = done.splits["train"]
-        return PrepareResult(train["packed"], train.get("padded"), done.seconds, done.splits)
+
+def check_corpus_options(config: "PrepareConfig") -> None:
+    """Pretraining's options on their own (tasks/pretraining.py)."""
+    refuse_question_options(config)
+    for name in ("train", "validation", "test", "sentence1_key", "sentence2_key", "problem_type"):
+        if getattr(config, name) is not None:
+            raise DataError("--%s is an option of a fine-tuning task (--task classification)"
+                            % name.replace("_", "-"))
+    if not config.input:
+        raise DataError("--input is required: a corpus (file, directory or glob) or default")
+    if config.train_vocab is not None and config.vocab is not None:
+        raise DataError("--vocab %s and --train-vocab %d exclude each other: give one"
+                        % (config.vocab, config.train_vocab))
+    if config.train_vocab is not None and config.train_vocab < 100:
+        raise DataError("--train-vocab must be >= 100 tokens, got %d" % config.train_vocab)
+    if config.lower_case not in LOWER_CASE_CHOICES:
+        raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
+    if config.format not in FORMATS:
+        raise DataError("--format must be one of %s" % "/".join(FORMATS))
+    if config.shard_chars < 1:
+        raise DataError("shard_chars must be >= 1, got %r" % config.shard_chars)
+    if config.group_tokens < 1:
+        raise DataError("group_tokens must be >= 1, got %r" % config.group_tokens)
+    check_pack_sizes(config.max_seq_length, config.packing.max_sequences_per_pack)
+    check_at_most("--dupe-factor", config.dupe_factor, MAX_DUPE_FACTOR, "passes over the corpus")
+    if config.train_vocab is not None:
+        check_at_most("--train-vocab", config.train_vocab, MAX_VOCAB_SIZE, "token ids are int32")
+    config.recipe  # validates the recipe fields
+
+
+def check_task_inputs(config: "PrepareConfig") -> None:
+    """A fine-tuning task's inputs and shared options on their own (the inputs are read, and refused, by
+    data/task/preparation.py and qa_preparation.py)."""
+    from ..format import MIN_SEQ_LENGTH, PROBLEM_TYPES
+
+    if config.train_vocab is not None:
+        raise DataError("--train-vocab: a task is tokenized with the model's own tokenizer: --tokenizer DIR")
+    if config.input and config.train:
+        raise DataError("--input %s and --train %s exclude each other: --input default is the demo task, "
+                        "--train/--validation/--test your own" % (config.input, config.train))
+    if not config.train:
+        if config.input != "default":
+            raise DataError("--task %s needs --train FILE --validation FILE [--test FILE], or --input default "
+                            "(the demo task)" % config.task if not config.input else
+                            "--input %s: a task's input is --train/--validation/--test (or --input default, the "
+                            "demo task)" % config.input)
+        if config.validation or config.test:
+            raise DataError("--validation and --test go with --train, not with --input default")
+    elif not config.validation:
+        raise DataError("--train needs --validation FILE (and optionally --test FILE)")
+    if config.problem_type is not None and config.problem_type not in PROBLEM_TYPES:
+        raise DataError("--problem-type must be one of %s, got %r" % ("/".join(PROBLEM_TYPES), config.problem_type))
+    if config.max_seq_length < MIN_SEQ_LENGTH:
+        raise DataError("--max-seq-length must be >= %d ([CLS] A [SEP] B [SEP]), got %d"
+                        % (MIN_SEQ_LENGTH, config.max_seq_length))
+    if config.lower_case not in LOWER_CASE_CHOICES:
+        raise DataError("--lower-case must be one of %s" % "/".join(LOWER_CASE_CHOICES))
+    check_pack_sizes(config.max_seq_length, config.packing.max_sequences_per_pack)
+
+
+def prepare(config: PrepareConfig) -> PrepareResult:
+    """Run the whole preparation of ``config``'s task (its ``prepare`` hook, tasks/); a fine-tuning task's splits
+    (data/task/preparation.py TaskResult) come back with the train split's manifests first."""
+    done = tasks.TASKS[config.task].hook("prepare")(config)
+    if isinstance(done, PrepareResult):
+        return done
+    train = done.splits["train"]
+    return PrepareResult(train["packed"], train.get("padded"), done.seconds, done.splits)
+
+
+def prepared_lines(output: str, result: PrepareResult) -> List[str]:
+    """What `prepare` prints on a pretraining dataset it wrote."""
+    packed, padded, seconds = result.packed, result.padded, result.seconds
+    return ["prepared %s in %.1f s: %d sequences (%.0f/s) -> %d packs (packing factor %.3f, efficiency %.1f%%)%s"
+            % (output, seconds["total"], packed["num_sequences"], packed["num_sequences"] / seconds["total"],
+               packed["num_packs"], packed["packing_factor"], 100 * packed["packing_efficiency"],
+               "; padded baseline %d rows (efficiency %.1f%%)"
+               % (padded["num_packs"], 100 * padded["packing_efficiency"]) if padded else "")]
+
+
+def prepare_corpus(config: PrepareConfig) -> PrepareResult:
+    """Pretraining's preparation (the module notes)."""
     output = os.path.abspath(config.output)
     reading = [path for path in (config.input, config.vocab) if path not in (None, "default")]  # not the embedded
     with claim_output(output, "prepare", reading):  # the output is checked and held before any input is read

@@ -1,0 +1,73 @@
+"""Extractive question answering, as transformers' run_qa.py fine-tunes it (SQuAD v1.1): each question's context
+cut into windows of S tokens that overlap by the doc stride, a start and an end logit per token, each window's
+answer among its own context tokens.
+
+- fields: the four (S,) token fields, each window's [CLS], its answer's start and end, its question's row
+  (example_ids, shared by the question's windows), the window's own row (feature_ids) and each context token's
+  character offsets.
+- manifest entry: the split, its questions and windows, the window settings and the examples file beside the
+  shards (MANIFEST_KEYS; checked by data/format.py check_question_entry).
+- preparation: SQuAD v1.1 JSON or run_qa.py's JSON Lines -> windows (data/task/qa_preparation.py, windows.py;
+  the examples file: questions.py, the one reader).
+- model: PackedBertForQuestionAnswering (model/question_answering.py); its parts: model/stages.py
+  question_answering_stages. Its dataset decides nothing about the model, so compile-only builds it without one.
+- metrics: the loss ((start + end cross-entropy) / 2 over each window's own tokens), start and end accuracy;
+  evaluation: each question's best span over its windows by run_qa.py's rule, SQuAD v1.1 exact match and F1
+  (train/evaluate.py, data/task/answers.py); serving: predict.py ``QuestionAnswerer``; export:
+  BertForQuestionAnswering.
+"""
+
+from __future__ import annotations
+
+from .spec import TOKEN_FIELDS, ManifestKeys, Task
+
+MANIFEST_KEYS: ManifestKeys = {
+    "name": (str, '"question_answering"'),
+    "split": (str, '"train", "validation" or "test"'),
+    "num_examples": (int, "questions (examples) of the split: example_ids lie in [0, num_examples)"),
+    "answered": (int, "questions with at least one answer"),
+    "max_query_length": (int, "tokens a question is cut to (at a word boundary)"),
+    "doc_stride": (int, "tokens two consecutive windows of one context share"),
+    "questions_truncated": (int, "questions cut to max_query_length"),
+    "windows_without_answer": (int, "windows whose labels point at their [CLS]: the answer is not wholly inside"),
+    "examples_file": (str, "JSON Lines of the split's examples (id, question, context, answers) in this directory"),
+    "examples_sha256": (str, "sha256 of examples_file"),
+    "tokenizer": (str, "where the tokenizer came from"),
+    "source": (dict, "the split's input: {file, format, rows, sha256}"),
+}
+"""The keys of a question-answering manifest's `task` entry (all required)."""
+
+QUESTION_ANSWERING = Task(
+    name="question_answering",
+    fields=TOKEN_FIELDS + ("cls_positions", "start_positions", "end_positions", "example_ids", "feature_ids",
+                           "offsets"),
+    metrics=("loss", "start_accuracy", "end_accuracy"),
+    first_metrics=("loss", "start_accuracy", "end_accuracy"),
+    last_metrics=("loss", "start_accuracy", "end_accuracy"),
+    export="BertForQuestionAnswering",
+    model_settings={"num_labels": 2},
+    evaluated=True,
+    unique_ids="feature_ids",
+    manifest_keys=MANIFEST_KEYS,
+    labelled_key="answered",
+    companions=(("examples_file", "examples_sha256"),),
+    max_seq_length=384,
+    hint_options=" --doc-stride 128",
+    hooks={
+        "check_entry": "ipu_packing.data.format:check_question_entry",
+        "check_counts": "ipu_packing.data.format:check_question_counts",
+        "broken_slots": "ipu_packing.data.shards:broken_answer_slots",
+        "first_broken_slot": "ipu_packing.data.shards:first_broken_answer_slot",
+        "inspect": "ipu_packing.data.task.qa_preparation:inspect_lines",
+        "check_prepare": "ipu_packing.data.task.qa_preparation:check_options",
+        "prepare": "ipu_packing.data.task.qa_preparation:prepare_questions",
+        "prepared": "ipu_packing.data.task.qa_preparation:prepared_lines",
+        "model": "ipu_packing.model.question_answering:PackedBertForQuestionAnswering",
+        "stages": "ipu_packing.model.stages:question_answering_stages",
+        "check_eval_data": "ipu_packing.data.task.questions:read_examples",
+        "evaluate": "ipu_packing.train.evaluate:evaluate_questions",
+        "predictor": "ipu_packing.predict:QuestionAnswerer",
+    },
+)
+
+__all__ = ["MANIFEST_KEYS", "QUESTION_ANSWERING"]
