@@ -20,11 +20,12 @@ question's gold answers from the split's examples file (data/task/questions.py, 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+from .run_dir import RunDirectory
 from .task_metrics import task_metrics
 
 
@@ -147,3 +148,63 @@ def evaluate_questions(model: Any, data: Any, task: Any, batch_packs: int, split
 
 
 __all__ = ["QUESTION_FIELDS", "collect", "collect_answers", "evaluate", "evaluate_questions", "scored_batches"]
+
+
+class Validator:
+    """A fine-tuning run's evaluation on its held-out split, as the loop sees it: due after a host call every
+    task.eval_every_steps and at the last step; appended to eval.jsonl with one log line; run first on a resumed
+    run whose checkpoint's evaluation eval.jsonl lacks; and the final one for the summary. A run without a held-out
+    split (pretraining, or task.eval_split empty) has a Validator that is never due."""
+
+    def __init__(self, plan) -> None:
+        self.plan = plan
+        self.data = plan.eval_data
+        self.every = plan.config.task.eval_every_steps
+        self.total = plan.config.training.steps
+        self.calls = plan.accounting.execution.optimizer_steps_per_call
+
+    def due(self, step: int) -> bool:
+        """Whether the host call that ended at ``step`` crosses a multiple of task.eval_every_steps or ends the
+        run."""
+        if self.data is None:
+            return False
+        return step >= self.total or bool(self.every and step // self.every > (step - self.calls) // self.every)
+
+    def run(self, runner, step: int, log) -> Optional[Dict[str, Any]]:
+        """Evaluate the model as it is after ``step`` on the writer (every process syncs the model first: a
+        collective on a pipeline); the record goes to eval.jsonl."""
+        plan = self.plan
+        runner.sync_model()
+        if not runner.is_writer:
+            return None
+        result = evaluate(runner.model, self.data, plan.task, plan.config.task.eval_batch_packs,
+                          plan.config.task.eval_split)
+        record = dict(result, step=step)
+        plan.run_dir.append_evaluation(record)
+        log("evaluation at step %d on %s (%d examples): %s" % (step, result["split"], result["examples"], ", ".join(
+            "%s %s" % (k, "%.4f" % v if isinstance(v, float) else v) for k, v in sorted(result["metrics"].items()))))
+        return record
+
+    def resume(self, runner, step: int, log) -> None:
+        """A resumed run whose checkpoint's step was due an evaluation that eval.jsonl lacks (the run was stopped
+        during it, by a second signal or a kill) evaluates first. Every process agrees (``runner.agree``: the
+        writer decides from eval.jsonl), since evaluating syncs the model on all of them."""
+        if self.plan.resume_state is None or not self.due(step):
+            return
+        missing = runner.is_writer and not any(r.get("step") == step for r in self._records())
+        if runner.agree(int(missing)):
+            log("the evaluation after step %d is missing from %s (the run was stopped during it): running it first"
+                % (step, RunDirectory.EVAL))
+            self.run(runner, step, log)
+
+    def final(self, runner, log) -> Optional[Dict[str, Any]]:
+        """The last step's evaluation for summary.json: eval.jsonl's, or run now (a run resumed at its last
+        step); None without a held-out split, and on the processes that do not write."""
+        if self.data is None:
+            return None
+        done = [r for r in self._records() if r.get("step") == self.total]
+        final = done[-1] if done else self.run(runner, self.total, log)
+        return None if final is None else {k: final[k] for k in ("split", "step", "examples", "loss", "metrics")}
+
+    def _records(self) -> List[Dict[str, Any]]:
+        return self.plan.run_dir.read_metrics(RunDirectory.EVAL)

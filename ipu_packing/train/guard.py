@@ -21,6 +21,8 @@
   (export, summary.json) and then reports it.
   DataLoader workers ignore both signals (``signals.ignore_stop_signals``): a signal sent to the whole process
   group, as ``timeout`` and Slurm's ``scancel`` send it, reaches the main process, which stops them.
+- **A loss that is not finite.** Every process stops at the step whose reduced loss is inf or NaN, naming the last
+  checkpoint, which is finite throughout (a state that is not finite is never saved: train/checkpointer.py).
 - **The dataset changing under the run.** The shards are memory-mapped; a shard shrunk in place makes the next
   read past its new end a SIGBUS, which Python cannot catch. So the guard takes every shard's (size, mtime,
   inode) when the run starts and compares them before each batch is fetched: a shard that changed stops the run
@@ -32,11 +34,12 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 from typing import Any, Iterator, List, Optional, Tuple
 
-from ..errors import UserError
+from ..errors import TrainingError, UserError
 from ..signals import Stopped, handlers, signal_name
 
 Stat = Tuple[int, int, int]
@@ -83,6 +86,13 @@ class StepGuard:
         if agreed and self.signum is None:
             self.signum = agreed  # another process's signal: stop with it
         return bool(agreed)
+
+    def check_loss(self, loss: float, step: int, last_saved: Optional[str]) -> None:
+        """Stop the run (TrainingError) at a step whose loss (reduced over every process, so all stop at the same
+        step) is inf or NaN, naming the last checkpoint, which is finite throughout."""
+        if not math.isfinite(loss):
+            raise TrainingError("loss is %s at step %d: the run diverged and stopped; the last checkpoint finite "
+                                "throughout is %s" % (loss, step, last_saved or "none (no checkpoint was written yet)"))
 
     def check_data(self, step: int, last_saved: Optional[str]) -> None:
         """Before the next batch is fetched: refuse (UserError, one line, naming the shard, the step and the last

@@ -10,17 +10,16 @@ the phase-1 weights. The training loop (train/loop.py) runs the RunPlan.
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from ..errors import ConfigError, UserError, one_line
+from ..errors import ConfigError, UserError
 from .build import Built, build
+from .checkpointer import Checkpointer
 from .run_config import BatchAccounting, RunConfig
 from .data import TrainingData, check_data_matches, open_shards, prepare_hint, read_training_data
-from .fingerprint import Difference, check_fixed, recorded_fingerprint, refuse_or_force, resume_differences
-from .model_section import MODEL_DEFAULTS
-from .phase1 import check_init_exists, check_init_from, load_init_from, with_init_architecture
+from .fingerprint import Difference, recorded_fingerprint
+from .phase1 import check_init_exists, with_init_architecture
 from .run_dir import RunDirectory
 from .state import TrainingState
 from .task import Task, check_labelled, task_for
@@ -35,7 +34,8 @@ class RunPlan:
     data: TrainingData
     accounting: BatchAccounting
     """The batch as run for the dataset's packing factor (accounting.execution: the ExecutionConfig)."""
-    run_dir: RunDirectory
+    checkpointer: Checkpointer
+    """The run's checkpoints: its run directory, the checkpoint it resumes from, save, export, the lock."""
     steps_per_epoch: int
     """Optimizer steps in an epoch: whole host calls of whole global batches."""
     fingerprint: Dict[str, Any]
@@ -46,14 +46,27 @@ class RunPlan:
     """The split a fine-tuning run is evaluated on (task.eval_split), opened and checked; None for none."""
     built: Optional[Built] = None
     """The model, optimizer and schedule (None for a finished run: nothing is trained)."""
-    resume_state: Optional[TrainingState] = None
-    """The checkpoint the run resumes from (its model, optimizer and scheduler already loaded), or None."""
-    resume_path: Optional[str] = None
-    forced: List[Difference] = field(default_factory=list)
-    """What a forced resume changes: (key, the checkpoint's value, this run's)."""
-    finished: Optional[Dict[str, Any]] = None
-    """The summary of the finished run the run directory holds, asked for again as it was: nothing is trained
-    or written."""
+
+    @property
+    def run_dir(self) -> RunDirectory:
+        return self.checkpointer.run_dir
+
+    @property
+    def resume_state(self) -> Optional[TrainingState]:
+        """The checkpoint the run resumes from (its model, optimizer and scheduler already loaded), or None."""
+        return self.checkpointer.state
+
+    @property
+    def resume_path(self) -> Optional[str]:
+        return self.checkpointer.resume_path
+
+    @property
+    def forced(self) -> List[Difference]:
+        return self.checkpointer.forced
+
+    @property
+    def finished(self) -> Optional[Dict[str, Any]]:
+        return self.checkpointer.finished
 
     @property
     def model(self):
@@ -69,7 +82,7 @@ class RunPlan:
 
     @property
     def start_step(self) -> int:
-        return int(self.resume_state.step) if self.resume_state else 0
+        return self.checkpointer.start_step
 
 
 def check_backend(config: RunConfig) -> None:
@@ -116,27 +129,17 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
     accounting = config.batch_accounting(data.packing_factor)
     steps_per_epoch = _steps_per_epoch(data, accounting)
 
-    resume_path = run_dir.resume_point(config.checkpoint.resume)
-    state = TrainingState.load(resume_path) if resume_path else None
     fingerprint = recorded_fingerprint(data, accounting)
-    forced = []  # type: List[Difference]
-    if state is not None:
-        state.check_resumable(resume_path)
-        check_fixed(config, fingerprint, state, resume_path)  # S, K, vocabulary, qkv layout, step count
-        forced = resume_differences(state, config.to_dict(), fingerprint, MODEL_DEFAULTS)
-        refuse_or_force(forced, resume_path, config.checkpoint.resume == "force",
-                        run_dir.file(RunDirectory.FORCED))
-    recorded = state.config if state is not None and resume_path == run_dir.latest() else None
-    finished = run_dir.finished(recorded, resume_path, forced)  # a finished run is never rewritten
-    if config.checkpoint.init_from and state is None:
-        check_init_from(config, data)  # exists, and was trained on the dataset's vocabulary
+    checkpointer = Checkpointer(config, run_dir)
+    checkpointer.choose(fingerprint)  # which checkpoint a resume continues from, checked; a finished run
+    checkpointer.check_init(data)  # a fresh run's init_from: exists, trained on the dataset's vocabulary
     open_shards(data, open_dataset)
     if eval_data is not None:
         open_shards(eval_data, open_dataset)
-    plan = RunPlan(config, data, accounting, run_dir, steps_per_epoch, fingerprint, task, eval_data, None, state,
-                   resume_path, forced, finished)
-    if finished is None:
-        plan.built = _build(config, data, task, accounting, state, resume_path, bool(forced))
+    plan = RunPlan(config, data, accounting, checkpointer, steps_per_epoch, fingerprint, task, eval_data)
+    if checkpointer.finished is None:
+        plan.built = build(config, accounting.betas, task)
+        checkpointer.load_weights(plan.built, data)  # the checkpoint's, the phase-1 weights', or seeded
     return plan
 
 
@@ -150,39 +153,6 @@ def _steps_per_epoch(data: TrainingData, accounting: BatchAccounting) -> int:
             % (data.path, data.num_packs, per_step, accounting.execution.micro_batch_size,
                accounting.gradient_accumulation, accounting.execution.replication_factor))
     return steps
-
-
-def _build(config: RunConfig, data: TrainingData, task: Task, accounting: BatchAccounting,
-           state: Optional[TrainingState], resume_path: Optional[str], forced: bool) -> Built:
-    """The model, optimizer and schedule: fresh (seeded), from the phase-1 weights, or the checkpoint's."""
-    built = build(config, accounting.betas, task)
-    if state is None:
-        if config.checkpoint.init_from:
-            load_init_from(config, data, built.model, type(built.model))  # one line: what, from where, what is fresh
-        return built
-    try:
-        built.model.load_state_dict(state.model)
-        if forced:
-            load_with_new_hyperparameters(built.optimizer, built.scheduler, state)
-        else:
-            built.optimizer.load_state_dict(state.optimizer)
-            built.scheduler.load_state_dict(state.scheduler)
-    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-        raise UserError("checkpoint %s does not fit this config (%s)" % (resume_path, one_line(exc)[:200]))
-    return built
-
-
-def load_with_new_hyperparameters(optimizer, scheduler, state: TrainingState) -> None:
-    """A forced resume: the moments and step counts come from the checkpoint, every hyperparameter (lr,
-    betas, eps, weight decay) and the schedule from the new config, fast-forwarded to the checkpoint's step."""
-    fresh = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    optimizer.load_state_dict(state.optimizer)
-    for group, values in zip(optimizer.param_groups, fresh):
-        group.update(values)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
-        for _ in range(int(state.step)):
-            scheduler.step()
 
 
 __all__ = ["RunPlan", "check_backend", "plan_run"]
