@@ -216,3 +216,24 @@ def test_every_pack_is_seen_once_per_epoch(data_dir):
     order = plan.data.epoch_order(config.training.seed, 0)
     assert sorted(order.tolist()) == list(range(plan.data.num_packs))
     assert not np.array_equal(order, plan.data.epoch_order(config.training.seed, 1))
+
+
+def test_planning_reads_the_datasets_manifest_once(data_dir, tmp_path):
+    """train/data.py reads and checks manifest.json at the boundary; the dataset it opens takes that manifest."""
+    import sys as _sys
+
+    from ipu_packing.data import format as fmt
+
+    calls = []
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code is fmt.read_manifest.__code__:
+            calls.append(frame.f_locals.get("directory"))
+
+    _sys.setprofile(count)
+    try:
+        plan = plan_run(tiny(data_dir, str(tmp_path / "run")), open_dataset=open_dataset)
+    finally:
+        _sys.setprofile(None)
+    assert calls == [plan.data.path]
+    assert plan.data.dataset.manifest == plan.data.manifest

@@ -39,9 +39,12 @@ class Manifest(dict):
 class PackedDataset(torch.utils.data.Dataset):
     """Packs of one dataset directory (packed/ or padded/)."""
 
-    def __init__(self, directory: str, verify: bool = True, as_tensors: bool = True) -> None:
+    def __init__(self, directory: str, verify: bool = True, as_tensors: bool = True,
+                 manifest: Optional[Dict[str, Any]] = None) -> None:
+        """``manifest``: the directory's, already read and checked by format.read_manifest (else it is read
+        here), so that a split's manifest is read once."""
         self.directory = directory
-        self.manifest = Manifest(read_manifest(directory))
+        self.manifest = Manifest(read_manifest(directory) if manifest is None else manifest)
         self._paths: List[str] = validate_shards(directory, self.manifest, checksums=verify)
         sizes = [shard["num_packs"] for shard in self.manifest["shards"]]
         self._shard_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])

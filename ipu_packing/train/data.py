@@ -131,7 +131,7 @@ def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
     if open_dataset is None:
         from ..data import open_dataset
     try:
-        dataset = open_dataset(data.path)  # in stored order; the loop orders packs itself (epoch_order)
+        dataset = open_dataset(data.path, manifest=data.manifest)  # stored order; the loop orders packs itself
     except UserError:
         raise
     except Exception as exc:  # DataError, and anything a corrupt file raises while loading
