@@ -278,6 +278,68 @@ def open_lock_file(path: str, error: Type[Exception] = InputError) -> int:
         raise
 
 
+class LockBusy(Exception):
+    """take_lock: another live process holds the lock; ``holder`` says who ("prepare, pid 12 on host")."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+def take_lock(path: str, error: Type[Exception] = InputError, command: str = "") -> int:
+    """The one lock of the package (a run directory's run.lock, an output's .<name>.lock): ``path`` opened as
+    open_lock_file opens it, locked exclusively without waiting (flock: the kernel drops it when the process
+    dies, so a killed holder's file is taken over), and the holder written into it as one JSON object
+    ({command, pid, host}). Returns the descriptor (release_lock lets it go); LockBusy naming the holder while
+    another process holds it."""
+    import fcntl
+    import json
+    import socket
+
+    fd = open_lock_file(path, error)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            raise LockBusy(lock_holder(fd)) from None
+        record = {"command": command, "pid": os.getpid(), "host": socket.gethostname()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode("utf-8"), 0)
+        os.fsync(fd)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def lock_holder(fd: int) -> str:
+    """Who holds the lock file ``fd`` in words ("prepare, pid 12 on host"; "pid 12 on host" for a holder that
+    names no command; "another process" when the file says nothing readable)."""
+    import json
+
+    try:
+        data = json.loads(os.pread(fd, 4096, 0).decode("utf-8") or "{}")
+        who = "pid %d on %s" % (int(data["pid"]), data["host"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return "another process"
+    return "%s, %s" % (data["command"], who) if data.get("command") else who
+
+
+def release_lock(fd: int, path: Optional[str] = None) -> None:
+    """Let go of a lock take_lock took: the file emptied (it then reads as nobody) or, with ``path``, removed;
+    closing the descriptor drops the flock."""
+    try:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        else:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
 def _identity(path: str) -> Optional[Any]:
     try:
         info = os.stat(path)

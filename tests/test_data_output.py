@@ -74,10 +74,9 @@ def _held_by_another(root):
     """Another command holds the output's lock, as a running `pack` would: an open file description of its own
     holding the flock (flock's locks belong to the open file description, so this process's claim meets it as
     another process's)."""
-    fd = os.open(str(root / ".out.lock"), os.O_RDWR | os.O_CREAT)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, b"pack, pid %d" % os.getpid())
-    _held_by_another.holder = fd
+    from ipu_packing.fsutil import take_lock
+
+    _held_by_another.holder = take_lock(str(root / ".out.lock"), command="pack")  # what a running pack writes
     return root / "out"
 
 

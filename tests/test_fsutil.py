@@ -219,3 +219,40 @@ def test_a_write_beyond_the_file_size_limit_names_the_file_and_leaves_nothing(wr
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert (refused.value.errno, refused.value.filename) == (errno.EFBIG, path)
     assert os.listdir(str(tmp_path)) == []
+
+
+def test_one_lock_in_the_package():
+    """fsutil.take_lock is the package's one lock: no other module calls flock or opens a lock file itself."""
+    import ast
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ipu_packing")
+    found = []
+    for directory, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py") and name != "fsutil.py":
+                path = os.path.join(directory, name)
+                with open(path, encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+                found += ["%s: %s" % (os.path.relpath(path, root), node.attr) for node in ast.walk(tree)
+                          if isinstance(node, ast.Attribute) and node.attr in ("flock", "open_lock_file")]
+                found += ["%s: %s" % (os.path.relpath(path, root), alias.name) for node in ast.walk(tree)
+                          if isinstance(node, ast.ImportFrom) for alias in node.names
+                          if alias.name in ("flock", "open_lock_file")]
+    assert found == []
+
+
+def test_a_held_lock_names_its_holder_in_one_format(tmp_path):
+    from ipu_packing.fsutil import LockBusy, release_lock, take_lock
+
+    path = str(tmp_path / "x.lock")
+    fd = take_lock(path, command="prepare")
+    with pytest.raises(LockBusy) as info:
+        take_lock(path)  # another open file description: flock meets it as another process's
+    assert info.value.holder.startswith("prepare, pid %d on " % os.getpid())
+    release_lock(fd)
+    fd = take_lock(path)  # free again; no command: the run directory's holder
+    with pytest.raises(LockBusy) as info:
+        take_lock(path)
+    assert info.value.holder.startswith("pid %d on " % os.getpid())
+    release_lock(fd, path)
+    assert not os.path.exists(path)

@@ -39,18 +39,16 @@
 from __future__ import annotations
 
 import datetime
-import fcntl
 import json
 import os
 import re
 import shutil
-import socket
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import jsonin, jsonout
 from ..errors import UserError, one_line
-from ..fsutil import (atomic_write_text, atomic_write_with, check_output, fsync_directory, make_temp_dir,
-                      open_lock_file, open_regular, remove_stale_temporaries)
+from ..fsutil import (LockBusy, atomic_write_text, atomic_write_with, check_output, fsync_directory, make_temp_dir,
+                      open_regular, release_lock, remove_stale_temporaries, take_lock)
 from .fingerprint import Difference, describe
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -230,31 +228,17 @@ class RunDirectory:
         live process holds it. A lock file left by a killed run is stale by construction and taken over."""
         os.makedirs(self.path, exist_ok=True)
         path = self.file(self.LOCK)
-        fd = open_lock_file(path, UserError)  # never through a symlink, never another file's link
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
+            self._lock_fd = take_lock(path, UserError)  # fsutil's one lock: never through a symlink
+        except LockBusy as busy:
             raise RunDirectoryInUse("run directory %s is in use by %s (lock %s): wait for it, or choose another "
-                                    "directory" % (self.path, holder, path))
-        except BaseException:
-            os.close(fd)
-            raise
-        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record, 0)
-        os.fsync(fd)
-        self._lock_fd = fd
+                                    "directory" % (self.path, busy.holder, path))
 
     def unlock(self) -> None:
         if self._lock_fd is None:
             return
         fd, self._lock_fd = self._lock_fd, None
-        try:
-            os.ftruncate(fd, 0)  # an empty file reads as "nobody"
-        finally:
-            os.close(fd)  # closing drops the flock
+        release_lock(fd)  # the file emptied: it reads as "nobody"
 
     @property
     def locked(self) -> bool:
@@ -356,14 +340,6 @@ def _step_of(path: str) -> int:
 def _section(config: Dict[str, Any], name: str) -> Dict[str, Any]:
     value = config.get(name)
     return value if isinstance(value, dict) else {}
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        data = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-        return "pid %d on %s" % (int(data["pid"]), data["host"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        return "another process"
 
 
 __all__ = ["NonFiniteState", "RunDirectory", "RunDirectoryInUse"]

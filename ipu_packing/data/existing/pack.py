@@ -49,7 +49,6 @@ import hashlib
 import os
 import platform
 import shutil
-import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -136,16 +135,9 @@ def _run(fn, args):
 
 def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, temp: str) -> PackResult:
     from ..write.datasets import PackSettings, write_datasets
-    from ..write.workers import Workers, progress
+    from ..write.workers import Phases, Workers, progress
 
-    seconds: Dict[str, float] = {}
-    clock = [time.perf_counter()]
-    start = clock[0]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        seconds[name] = now - clock[0]
-        clock[0] = now
+    lap = Phases()
 
     real = [f for f in files if f.format != "empty"]
     s, p = real[0].max_seq_length, real[0].prediction_slots
@@ -205,5 +197,5 @@ def _pack_into(config: PackConfig, files: List[InputFile], spec: TokenizerSpec, 
         raise
     workers.close()
     shutil.rmtree(work, ignore_errors=True)
-    seconds["total"] = time.perf_counter() - start
+    seconds = lap.total()
     return PackResult(manifests["packed"], manifests.get("padded"), seconds)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -35,7 +34,7 @@ from ..format import SPLITS, TaskLayout
 from ..vocab import TokenizerSpec, load_tokenizer, train_default_vocab
 from ..write.datasets import PackSettings, write_datasets
 from ..write.output import claim_output, write_atomically
-from ..write.workers import Workers, progress
+from ..write.workers import Phases, Workers, progress
 from .encode import CHUNK_ROWS, encode_chunk, start_encoder
 from .rows import SplitTable, check_split_path, read_split
 from .labels import LabelMap, SplitLabels, check_columns, encode_labels, infer_labels, text_columns, texts
@@ -93,23 +92,6 @@ def task_tokenizer(config) -> TokenizerSpec:
     from ..text.corpus import default_documents
 
     return train_default_vocab([sentence for document in default_documents() for sentence in document])
-
-
-class Phases:
-    """Wall-clock seconds per phase of a task's preparation: ``lap(name)`` ends the phase ``name`` (a phase met
-    again, one per split, adds up); ``total()`` gives them all with the total."""
-
-    def __init__(self) -> None:
-        self.seconds: Dict[str, float] = {}
-        self.start = self.last = time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
-        self.last = now
-
-    def total(self) -> Dict[str, float]:
-        return dict(self.seconds, total=time.perf_counter() - self.start)
 
 
 def split_inputs(config, work: str, write_demo) -> Tuple[Dict[str, str], Dict[str, str]]:

@@ -34,8 +34,8 @@ from ...errors import DataError
 from ..format import SPLITS, TaskLayout
 from ..vocab import TokenizerSpec
 from ..write.datasets import PackSettings, write_datasets
-from ..write.workers import Workers, progress
-from .preparation import Phases, TaskResult, prepare_into_output, split_inputs, task_tokenizer
+from ..write.workers import Phases, Workers, progress
+from .preparation import TaskResult, prepare_into_output, split_inputs, task_tokenizer
 from .questions import QuestionSplit, read_examples, read_questions, write_examples
 from .windows import CHUNK_QUESTIONS, shift_feature_ids, start_windows, window_chunk
 

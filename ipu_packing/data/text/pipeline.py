@@ -32,7 +32,6 @@ import os
 import platform
 import shutil
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -44,7 +43,7 @@ from ..limits import MAX_DUPE_FACTOR, MAX_VOCAB_SIZE, check_at_most, check_pack_
 from .recipe import RecipeConfig
 from ..vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab, train_vocab
 from ..write.output import claim_output, write_atomically
-from ..write.workers import Workers, progress
+from ..write.workers import Phases, Workers, progress
 from .tasks import build_shard, start_tokenizer
 from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the packing phase, shared with `pack`
 
@@ -312,14 +311,7 @@ def _tokenizer(config: PrepareConfig, corpus_spec: CorpusSpec, default_docs: Opt
 
 
 def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[str], temp: str) -> PrepareResult:
-    seconds: Dict[str, float] = {}
-    clock = [time.perf_counter()]
-    start = clock[0]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        seconds[name] = now - clock[0]
-        clock[0] = now
+    lap = Phases()
 
     default_docs = list(default_documents()) if (corpus_spec.is_default or config.vocab == DEFAULT_VOCAB) else None
     spec = _tokenizer(config, corpus_spec, default_docs)
@@ -371,5 +363,5 @@ def _prepare_into(config: PrepareConfig, corpus_spec: CorpusSpec, files: List[st
         raise
     workers.close()
     shutil.rmtree(work)
-    seconds["total"] = time.perf_counter() - start
+    seconds = lap.total()
     return PrepareResult(manifests["packed"], manifests.get("padded"), seconds)

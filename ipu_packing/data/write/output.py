@@ -18,7 +18,7 @@ import shutil
 from typing import Callable, Iterator, Sequence, TypeVar
 
 from ... import fsutil
-from ...fsutil import fsync_tree, make_temp_dir, open_lock_file, replace_durably
+from ...fsutil import LockBusy, fsync_tree, make_temp_dir, release_lock, replace_durably, take_lock
 from ...errors import DataError, describe_os_error
 
 
@@ -36,8 +36,6 @@ def claim_output(output: str, command: str, reading: Sequence[str] = ()) -> Iter
     """Hold `output` (an absolute path) for the whole command: an exclusive lock on `.<output>.lock` beside it,
     then `check_output` (`reading`: the paths the command reads). Another command holding it: DataError at once,
     naming its pid. The lock file is removed when the command ends."""
-    import fcntl
-
     parent = os.path.dirname(output)
     if os.path.exists(parent) and not os.path.isdir(parent):
         raise DataError("%s: its parent %s is not a directory" % (output, parent))
@@ -48,28 +46,20 @@ def claim_output(output: str, command: str, reading: Sequence[str] = ()) -> Iter
         missing = os.path.dirname(missing)
     os.makedirs(parent, exist_ok=True)
     lock_path = os.path.join(parent, "." + os.path.basename(output) + ".lock")
-    fd = open_lock_file(lock_path, DataError)  # never through a symlink, never another file's bytes
     ok = False
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            fd = take_lock(lock_path, DataError, command)  # fsutil's one lock: never through a symlink
+        except LockBusy as busy:
             raise DataError("%s: another command is writing it (%s; lock %s): wait for it, or choose another "
-                            "--output" % (output, holder, lock_path)) from None
+                            "--output" % (output, busy.holder, lock_path)) from None
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, ("%s, pid %d" % (command, os.getpid())).encode("utf-8"), 0)
             check_output(output, reading)
             yield
             ok = True
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(lock_path)
+            release_lock(fd, lock_path)  # the lock file removed
     finally:
-        os.close(fd)
         for directory in created if not ok else ():
             with contextlib.suppress(OSError):
                 os.rmdir(directory)  # only if empty: another command's files stay

@@ -11,8 +11,9 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional
 
 import numpy as np
 
@@ -167,3 +168,21 @@ def progress(desc: str, enabled: bool, unit: str, total: Optional[int] = None):
 
     return tqdm(desc=desc, total=total, unit=unit, disable=None if enabled else True, file=sys.stderr,
                 leave=False)
+
+
+class Phases:
+    """Wall-clock seconds per phase of a command (prepare, a task's prepare, pack): ``lap(name)`` ends the phase
+    ``name`` (a phase met again, one per split or per layout, adds up); ``total()`` gives them all with the total.
+    The one phase timer of the data commands."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def total(self) -> Dict[str, float]:
+        return dict(self.seconds, total=time.perf_counter() - self.start)
