@@ -135,6 +135,41 @@ def fsync_tree(root: str) -> None:
         fsync_directory(directory)
 
 
+def publish_directory(target: str, build: Callable[[str], Any], prefix: str, replace: bool = False) -> Any:
+    """The one way a directory is published (a prepared dataset, a run's export): ``build(temp)`` writes it whole
+    into a fresh temporary sibling of ``target`` (``prefix`` + a random part: the umask's mode), every file gets
+    the umask's mode (what a library wrote as 0600 included), the tree is fsynced and renamed to ``target``.
+    ``replace``: an existing ``target`` is swapped out (through ``target.old``) and removed; else ``target`` must be
+    absent or an empty directory. A kill leaves the old directory or the new one; on any failure the temporary is
+    removed. Returns what ``build`` returns."""
+    import shutil
+
+    parent = os.path.dirname(os.path.abspath(target))
+    os.makedirs(parent, exist_ok=True)
+    temp = make_temp_dir(prefix, parent)
+    try:
+        result = build(temp)
+        for directory, _, names in os.walk(temp):
+            for name in names:
+                os.chmod(os.path.join(directory, name), file_mode())
+        fsync_tree(temp)  # the files are on disk before their directory gets its name
+        old = None
+        if replace and os.path.exists(target):
+            old = target + ".old"
+            if os.path.exists(old):
+                shutil.rmtree(old)
+            os.replace(target, old)
+        elif os.path.isdir(target):
+            os.rmdir(target)  # empty (the caller's check_output)
+        replace_durably(temp, target)
+        if old:
+            shutil.rmtree(old)
+        return result
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+
+
 @contextlib.contextmanager
 def atomic_open(path: str, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
     """``with atomic_open(path) as f: f.write(...)``: ``path`` holds the old content or all of the

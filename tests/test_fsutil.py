@@ -221,24 +221,37 @@ def test_a_write_beyond_the_file_size_limit_names_the_file_and_leaves_nothing(wr
     assert os.listdir(str(tmp_path)) == []
 
 
-def test_one_lock_in_the_package():
-    """fsutil.take_lock is the package's one lock: no other module calls flock or opens a lock file itself."""
+def _attribute_uses(names, of=None):
+    """"module: name" for every attribute or import of ``names`` (``of``: only as an attribute of that name, e.g.
+    "os") in a package module other than fsutil.py."""
     import ast
 
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ipu_packing")
     found = []
     for directory, _, files in os.walk(root):
-        for name in files:
-            if name.endswith(".py") and name != "fsutil.py":
-                path = os.path.join(directory, name)
+        for file in files:
+            if file.endswith(".py") and file != "fsutil.py":
+                path = os.path.join(directory, file)
                 with open(path, encoding="utf-8") as f:
                     tree = ast.parse(f.read())
                 found += ["%s: %s" % (os.path.relpath(path, root), node.attr) for node in ast.walk(tree)
-                          if isinstance(node, ast.Attribute) and node.attr in ("flock", "open_lock_file")]
+                          if isinstance(node, ast.Attribute) and node.attr in names
+                          and (of is None or getattr(node.value, "id", None) == of)]
                 found += ["%s: %s" % (os.path.relpath(path, root), alias.name) for node in ast.walk(tree)
-                          if isinstance(node, ast.ImportFrom) for alias in node.names
-                          if alias.name in ("flock", "open_lock_file")]
-    assert found == []
+                          if isinstance(node, ast.ImportFrom) and (of is None or node.module == of)
+                          for alias in node.names if alias.name in names]
+    return found
+
+
+def test_one_directory_publish_in_the_package():
+    """fsutil.publish_directory is the one way a directory gets its name: no other module renames or makes the
+    temporary directory it is built in."""
+    assert _attribute_uses(("replace", "rename"), of="os") + _attribute_uses(("make_temp_dir",)) == []
+
+
+def test_one_lock_in_the_package():
+    """fsutil.take_lock is the package's one lock: no other module calls flock or opens a lock file itself."""
+    assert _attribute_uses(("flock", "open_lock_file")) == []
 
 
 def test_a_held_lock_names_its_holder_in_one_format(tmp_path):

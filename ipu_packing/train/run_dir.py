@@ -42,13 +42,12 @@ import datetime
 import json
 import os
 import re
-import shutil
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import jsonin, jsonout
 from ..errors import UserError, one_line
-from ..fsutil import (LockBusy, atomic_write_text, atomic_write_with, check_output, fsync_directory, make_temp_dir,
-                      open_regular, release_lock, remove_stale_temporaries, take_lock)
+from ..fsutil import (LockBusy, atomic_write_text, atomic_write_with, check_output, fsync_directory, open_regular,
+                      publish_directory, release_lock, remove_stale_temporaries, take_lock)
 from .fingerprint import Difference, describe
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -298,38 +297,12 @@ class RunDirectory:
         """final/, written whole by ``save(directory)`` into a temporary directory (umask applied) and renamed into
         place: a kill leaves the old export or the new one."""
         directory = self.file(self.FINAL)
-        os.makedirs(self.path, exist_ok=True)
-        tmp = make_temp_dir("." + self.FINAL + ".", self.path)
-        try:
-            save(tmp)
-            _share(tmp)  # what a library wrote with its own mode (0600) gets the umask's, as every output does
-            old = None
-            if os.path.exists(directory):
-                old = directory + ".old"
-                if os.path.exists(old):
-                    shutil.rmtree(old)
-                os.replace(directory, old)
-            os.replace(tmp, directory)
-            fsync_directory(self.path)
-            if old:
-                shutil.rmtree(old)
-        except BaseException:
-            if os.path.exists(tmp):
-                shutil.rmtree(tmp)
-            raise
+        publish_directory(directory, save, "." + self.FINAL + ".", replace=True)  # fsutil's one publish
         return directory
 
     def write_summary(self, summary: Dict[str, Any]) -> None:
         """summary.json, last of all: from here on the run is finished."""
         atomic_write_text(self.file(self.SUMMARY), jsonout.dumps(summary, indent=2, sort_keys=True) + "\n")
-
-
-def _share(root: str) -> None:
-    from ..fsutil import file_mode
-
-    for directory, _, names in os.walk(root):
-        for name in names:
-            os.chmod(os.path.join(directory, name), file_mode())
 
 
 def _step_of(path: str) -> int:

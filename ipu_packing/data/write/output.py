@@ -18,7 +18,7 @@ import shutil
 from typing import Callable, Iterator, Sequence, TypeVar
 
 from ... import fsutil
-from ...fsutil import LockBusy, fsync_tree, make_temp_dir, release_lock, replace_durably, take_lock
+from ...fsutil import LockBusy, publish_directory, release_lock, take_lock
 from ...errors import DataError, describe_os_error
 
 
@@ -106,23 +106,13 @@ def write_atomically(output: str, build: Callable[[str], T], doing: str) -> T:
     parent = os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
     _remove_stale_temporaries(output)
-    temp = make_temp_dir("%s%d-" % (_temp_prefix(output), os.getpid()), parent)  # the umask's mode, not 0700
-    try:
-        result = build(temp)
-        if os.path.isdir(output):
-            os.rmdir(output)  # empty (checked above)
-        fsync_tree(temp)  # the shards and manifests are on disk before their directory gets its name
-        replace_durably(temp, output)
-        return result
+    try:  # fsutil's one publish: built whole in a temporary sibling, fsynced, renamed to output
+        return publish_directory(output, build, "%s%d-" % (_temp_prefix(output), os.getpid()))
     except OSError as error:
-        shutil.rmtree(temp, ignore_errors=True)
         if _disk_full(error):
             raise DataError("%s: no space left on device while %s %s (nothing was kept)"
                             % (error.filename or parent, doing, output)) from None
         if error.errno == errno.EFBIG:
             raise DataError("%s while %s %s (nothing was kept)"
                             % (describe_os_error(error), doing, output)) from None
-        raise
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
         raise
