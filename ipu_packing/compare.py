@@ -56,7 +56,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import jsonin, jsonout
+from . import jsonin, jsonout, tasks
 from .errors import ArgumentParser, UserError, one_line, require_extra, run_command
 from .fsutil import atomic_write_with, check_output, open_regular
 
@@ -86,7 +86,8 @@ class Run:
 
 COUNTS = ("step", "sequences", "tokens", "seconds")
 """Fields of a step record that must be finite and >= 0; the losses and accuracies may be NaN (a diverged run)."""
-CURVES = ("mlm_loss", "mlm_accuracy", "nsp_accuracy")
+CURVES = tasks.PRETRAINING.compared
+"""The series compared (tasks/pretraining.py)."""
 
 
 def read_run(path: str) -> Run:

@@ -306,7 +306,7 @@ def init_bert_weights(module: nn.Module, std: float) -> None:
 class PackedBertForPreTraining(nn.Module):
     """BERT for pretraining on packs; see the package docstring for the batch contract and composition."""
 
-    METRICS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+    METRICS = tasks.PRETRAINING.metrics
     """The output's scalar fields a training step reports (averaged over micro batches and replicas)."""
     HF_ARCHITECTURE = "BertForPreTraining"
     """transformers' class of the same modules, written to config.json's ``architectures``."""

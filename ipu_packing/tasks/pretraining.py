@@ -22,6 +22,7 @@ PRETRAINING = Task(
     last_metrics=("loss", "mlm_accuracy", "nsp_accuracy"),
     export="BertForPreTraining",
     labels={"mlm_accuracy": "MLM accuracy", "nsp_accuracy": "NSP accuracy"},
+    compared=("mlm_loss", "mlm_accuracy", "nsp_accuracy"),
     presence="nsp_labels",
     launcher="run_pretraining.py",
     hooks={

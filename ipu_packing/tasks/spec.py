@@ -66,6 +66,8 @@ class Task:
     """{hook: "module:attribute"}: the code that does the task's work (HOOKS says each one's call)."""
     labels: Dict[str, str] = field(default_factory=dict)
     """How the done line names a metric (default: the name with "_" as " ")."""
+    compared: Tuple[str, ...] = ()
+    """The metrics `python -m ipu_packing.compare` reads from two runs' metrics.jsonl and plots."""
     model_settings: Dict[str, Any] = field(default_factory=dict)
     """BertConfig settings the task adds to ``model:`` (a classifier's num_labels, problem_type, label maps)."""
     problem_type: Optional[str] = None

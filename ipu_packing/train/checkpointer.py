@@ -37,9 +37,9 @@ class Progress:
 
     step: int
     epoch: int
-    position: int
-    """Optimizer steps of ``epoch`` done (the next batch's place in the epoch's order; a checkpoint's
-    ``step_in_epoch``)."""
+    step_in_epoch: int
+    """Optimizer steps of ``epoch`` done: the next batch's place in the epoch's order (a checkpoint's data
+    entry of the same name)."""
 
 
 class Checkpointer:
@@ -134,8 +134,8 @@ class Checkpointer:
                 raise UserError("checkpoint %s does not fit this config (%s)" % (self.resume_path,
                                                                                  one_line(exc)[:200]))
             set_rng_state(state.rng_for(runner.rank))
-            epoch, position = state.position
-            progress = Progress(int(state.step), epoch, position)
+            epoch, step_in_epoch = state.position
+            progress = Progress(int(state.step), epoch, step_in_epoch)
         if runner.is_writer:
             if self.forced:  # checkpoint.resume=force: what it changed, and the checkpoint's config, beside the run
                 log(self.run_dir.record_forced(progress.step, self.resume_path, state.config or {}, self.forced))
@@ -156,7 +156,7 @@ class Checkpointer:
             model=runner.model.state_dict(),
             optimizer=optimizer_state,
             scheduler=scheduler.state_dict(),
-            data={"epoch": progress.epoch, "step_in_epoch": progress.position},
+            data={"epoch": progress.epoch, "step_in_epoch": progress.step_in_epoch},
             rng=rng_states[0],
             rng_per_rank=rng_states,
             config=self.config.to_dict(),

@@ -99,8 +99,8 @@ def train(plan: RunPlan, runner, log: Callable[[str], None]) -> Dict[str, Any]:
                 guard.check_loss(record.loss, progress.step, checkpointer.last_saved)
                 logger.log(record)
                 history.append(record)
-                if progress.position >= plan.steps_per_epoch:
-                    progress.epoch, progress.position = progress.epoch + 1, 0
+                if progress.step_in_epoch >= plan.steps_per_epoch:
+                    progress.epoch, progress.step_in_epoch = progress.epoch + 1, 0
                 stopping = progress.step < total and guard.stop_requested(runner, progress.step)
                 if stopping or checkpoint_due(progress.step, calls, config.checkpoint.every_steps, total):
                     with guard.saving():
@@ -114,7 +114,7 @@ def train(plan: RunPlan, runner, log: Callable[[str], None]) -> Dict[str, Any]:
                 if progress.step >= total:
                     break
                 guard.check_data(progress.step, checkpointer.last_saved)
-            if progress.step < total and progress.position != 0:  # the loader stopped early: short batches
+            if progress.step < total and progress.step_in_epoch != 0:  # the loader stopped early: short batches
                 raise TrainingError("the data loader gave fewer batches than %d per epoch; batch size mismatch"
                                     % (plan.steps_per_epoch,))
         logger.close()  # metrics.jsonl complete before the summary
@@ -126,8 +126,8 @@ def train(plan: RunPlan, runner, log: Callable[[str], None]) -> Dict[str, Any]:
 
 def announce(plan: RunPlan, progress: Progress, log: Callable[[str], None]) -> None:
     if plan.resume_state is not None:
-        log("resuming from %s at step %d (epoch %d, batch %d of %d)"
-            % (plan.resume_path, progress.step, progress.epoch, progress.position, plan.steps_per_epoch))
+        log("resuming from %s at step %d (epoch %d, step %d of its %d)"
+            % (plan.resume_path, progress.step, progress.epoch, progress.step_in_epoch, plan.steps_per_epoch))
     log(plan.data.describe())
     log(plan.accounting.describe())
     log(plan.accounting.describe_passes())
@@ -136,11 +136,11 @@ def announce(plan: RunPlan, progress: Progress, log: Callable[[str], None]) -> N
 
 
 def epoch_batches(plan: RunPlan, runner, progress: Progress) -> Iterator[Any]:
-    """The rest of ``progress.epoch``'s batches, in its seeded order, from ``progress.position`` on."""
+    """The rest of ``progress.epoch``'s batches, in its seeded order, from ``progress.step_in_epoch`` on."""
     per_step = plan.accounting.global_batch_packs
     order = plan.data.epoch_order(plan.config.training.seed, progress.epoch)
-    subset = torch.utils.data.Subset(plan.data.dataset,
-                                     order[progress.position * per_step : plan.steps_per_epoch * per_step].tolist())
+    rest = order[progress.step_in_epoch * per_step : plan.steps_per_epoch * per_step]
+    subset = torch.utils.data.Subset(plan.data.dataset, rest.tolist())
     loader = runner.dataloader(subset, num_workers=plan.config.data.num_workers)
     # Creating a DataLoader iterator draws a base seed from torch's global RNG; keep the
     # RNG stream independent of where a run was resumed.
@@ -161,7 +161,7 @@ def train_step(plan: RunPlan, runner, batch, progress: Progress, first: bool) ->
     lr = float(plan.built.optimizer.param_groups[0]["lr"])
     calls = plan.accounting.execution.optimizer_steps_per_call
     progress.step += calls
-    progress.position += calls
+    progress.step_in_epoch += calls
     mine = dict(metrics.values)
     mine.update(sequences=int(metrics.sequences), tokens=int(metrics.tokens), packs=batch_rows(batch),
                 seconds=seconds, compile_seconds=compile_seconds)

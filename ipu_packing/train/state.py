@@ -102,7 +102,7 @@ class TrainingState:
 
     @property
     def position(self) -> Tuple[int, int]:
-        """(epoch, batch of the epoch) where the next batch comes from."""
+        """(epoch, step_in_epoch): where the next batch comes from."""
         return int(self.data["epoch"]), int(self.data["step_in_epoch"])
 
     def rng_for(self, rank: int) -> Dict[str, Any]:
