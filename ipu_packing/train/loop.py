@@ -131,8 +131,18 @@ def announce(plan: RunPlan, progress: Progress, log: Callable[[str], None]) -> N
     log(plan.data.describe())
     log(plan.accounting.describe())
     log(plan.accounting.describe_passes())
-    log("training %s: %d steps, %d steps per epoch, run directory %s"
-        % (plan.config.name, plan.config.training.steps, plan.steps_per_epoch, plan.run_dir.path))
+    log("training %s (%s): %d steps, %d steps per epoch, run directory %s"
+        % (plan.config.name, describe_run(plan), plan.config.training.steps, plan.steps_per_epoch, plan.run_dir.path))
+
+
+def describe_run(plan: RunPlan) -> str:
+    """What the run is, in words: "pretraining", "pretraining from the weights of DIR" (a phase 2 from phase 1),
+    "fine-tuning classification from the weights of DIR" (or "from fresh weights")."""
+    task, source = plan.task, plan.config.checkpoint.init_from
+    what = ("fine-tuning %s" % task.name) if task.fine_tuning else task.name
+    if source:
+        return "%s from the weights of %s" % (what, source)
+    return what + (" from fresh weights" if task.fine_tuning else "")
 
 
 def epoch_batches(plan: RunPlan, runner, progress: Progress) -> Iterator[Any]:
