@@ -97,7 +97,7 @@ def open_source(config, histogram: Optional[np.ndarray], path: str):
 
         data = read_training_data(config.data.path)
         check_data_matches(config, data)
-        open_shards(data, lambda directory: open_dataset(directory, as_tensors=False))
+        open_shards(data, lambda directory, **kw: open_dataset(directory, as_tensors=False, **kw))
         return data, data.packing_factor
     S = config.data.max_seq_length
     if histogram[S:].sum() > 0:

@@ -45,7 +45,7 @@ def open_task_data(packed_config, padded_config) -> Tuple[Any, Any, Any]:
         raise BenchError("datasets %s and %s are not the same split (other labels or examples): prepare both "
                          "layouts in one `prepare --task` run" % (packed.path, padded.path))
     for data in (packed, padded):
-        open_shards(data, lambda directory: open_dataset(directory, as_tensors=False))
+        open_shards(data, lambda directory, **kw: open_dataset(directory, as_tensors=False, **kw))
     return packed, padded, task
 
 

@@ -127,7 +127,8 @@ def read_training_data(path: str, hint: str = PREPARE_HINT) -> TrainingData:
 
 
 def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
-    """Open the dataset through ipu_packing.data.open_dataset, which validates shards and checksums."""
+    """Open the dataset through ipu_packing.data.open_dataset (or ``open_dataset``, called as it is: the path, and
+    the manifest already read), which validates shards and checksums."""
     if open_dataset is None:
         from ..data import open_dataset
     try:
