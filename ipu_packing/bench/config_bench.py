@@ -93,11 +93,9 @@ def open_source(config, histogram: Optional[np.ndarray], path: str):
     does), or the histogram's packing plan over the config's S and K."""
     if histogram is None:
         from ipu_packing.data import open_dataset
-        from ipu_packing.train.data import check_data_matches, open_shards, read_training_data
+        from ipu_packing.train.data import open_run_data
 
-        data = read_training_data(config.data.path)
-        check_data_matches(config, data)
-        open_shards(data, lambda directory, **kw: open_dataset(directory, as_tensors=False, **kw))
+        data, _ = open_run_data(config, open_dataset=lambda path, **kw: open_dataset(path, as_tensors=False, **kw))
         return data, data.packing_factor
     S = config.data.max_seq_length
     if histogram[S:].sum() > 0:

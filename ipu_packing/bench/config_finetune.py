@@ -31,15 +31,10 @@ def open_task_data(packed_config, padded_config) -> Tuple[Any, Any, Any]:
     """(packed TrainingData, padded TrainingData, Task): the split of both layouts, read, checked against the
     configs and opened as training opens them (shards validated), and the run's task from the manifest."""
     from ipu_packing.data import open_dataset
-    from ipu_packing.train.data import check_data_matches, open_shards, read_training_data
-    from ipu_packing.train.task import task_for
+    from ipu_packing.train.data import open_run_data, open_shards
 
-    packed = read_training_data(packed_config.data.path)
-    check_data_matches(packed_config, packed)
-    task = task_for(packed_config, packed.manifest)
-    padded = read_training_data(padded_config.data.path)
-    check_data_matches(padded_config, padded)
-    task_for(padded_config, padded.manifest)
+    packed, task = open_run_data(packed_config, opened=False)  # the same split of both layouts: checked first
+    padded, _ = open_run_data(padded_config, opened=False)
     if padded.manifest["task"].get("labels") != packed.manifest["task"].get("labels") or (
             padded.num_sequences != packed.num_sequences):
         raise BenchError("datasets %s and %s are not the same split (other labels or examples): prepare both "

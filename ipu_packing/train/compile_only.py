@@ -10,7 +10,7 @@ import torch
 
 from .build import build
 from .run_config import RunConfig
-from .data import check_data_matches, open_shards, prepare_hint, read_training_data
+from .data import open_run_data
 from .phase1 import with_init_architecture
 from .task import task_for
 
@@ -34,11 +34,11 @@ def compile_only(
     config = with_init_architecture(config)
     data = None
     if os.path.isfile(os.path.join(config.data.path, "manifest.json")):
-        data = open_shards(read_training_data(config.data.path, prepare_hint(config)), open_dataset)
-        check_data_matches(config, data)
+        data, task = open_run_data(config, open_dataset=open_dataset)
+    else:
+        task = task_for(config, None)
     accounting = config.batch_accounting(data.packing_factor if data is not None
                                          else config.data.packing_factor_estimate)
-    task = task_for(config, data.manifest if data is not None else None)
     built = build(config, accounting.betas, task)
     if make_runner is None:
         from ipu_packing.execution import make_runner

@@ -126,6 +126,23 @@ def read_training_data(path: str, hint: str = PREPARE_HINT) -> TrainingData:
     )
 
 
+def open_run_data(config, path: Optional[str] = None, open_dataset=None, opened: bool = True):
+    """(TrainingData, Task): the one way a run, compile-only and the benches read a config's dataset (``path``:
+    another split than data.split): DIR/manifest.json read and checked once (read_training_data, naming the
+    `prepare` command a missing dataset is made with), matched against the config (S, K, vocabulary:
+    check_data_matches), the config's task on it (train/task.py task_for: a dataset of another task refused),
+    and with ``opened`` its shards opened and validated (open_shards; planning opens them last, after the
+    cheaper checks)."""
+    from .task import task_for
+
+    data = read_training_data(path or config.data.path, prepare_hint(config))
+    check_data_matches(config, data)
+    task = task_for(config, data.manifest)
+    if opened:
+        open_shards(data, open_dataset)
+    return data, task
+
+
 def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:
     """Open the dataset through ipu_packing.data.open_dataset (or ``open_dataset``, called as it is: the path, and
     the manifest already read), which validates shards and checksums."""

@@ -17,12 +17,12 @@ from ..errors import ConfigError, UserError
 from .build import Built, build
 from .checkpointer import Checkpointer
 from .run_config import BatchAccounting, RunConfig
-from .data import TrainingData, check_data_matches, open_shards, prepare_hint, read_training_data
+from .data import TrainingData, open_run_data, open_shards
 from .fingerprint import Difference, recorded_fingerprint
 from .phase1 import check_init_exists, with_init_architecture
 from .run_dir import RunDirectory
 from .state import TrainingState
-from .task import Task, check_labelled, task_for
+from .task import Task, check_labelled
 
 
 @dataclass
@@ -111,15 +111,12 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
     run_dir.check_target([config.data.path, config.data.split_path(config.task.eval_split) if config.task.eval_split
                           else "", config.checkpoint.init_from])  # before anything is read
     config = with_init_architecture(config)  # a phase-1 Hugging Face directory's architecture
-    data = read_training_data(config.data.path, prepare_hint(config))
     check_init_exists(config)
-    check_data_matches(config, data)
-    task = task_for(config, data.manifest)
+    data, task = open_run_data(config, opened=False)  # its shards are opened last, after the cheaper checks
     check_labelled(data.manifest, data.path, "data.split")
     eval_data = None
     if task.evaluated and config.task.eval_split:
-        eval_data = read_training_data(config.data.split_path(config.task.eval_split), prepare_hint(config))
-        check_data_matches(config, eval_data)
+        eval_data, _ = open_run_data(config, config.data.split_path(config.task.eval_split), opened=False)
         check_labelled(eval_data.manifest, eval_data.path, "task.eval_split")
         if eval_data.manifest.get("task", {}).get("labels") != data.manifest["task"].get("labels"):
             raise UserError("dataset %s has other labels than %s: prepare both splits in one `prepare --task` run"
