@@ -44,7 +44,7 @@ from .recipe import RecipeConfig
 from ..vocab import DEFAULT_VOCAB_SIZE, LOWER_CASE_CHOICES, load_tokenizer, train_default_vocab, train_vocab
 from ..write.output import claim_output, write_atomically
 from ..write.workers import Phases, Workers, progress
-from .tasks import build_shard, start_tokenizer
+from .shard_worker import build_shard, start_tokenizer
 from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the packing phase, shared with `pack`
 
 

@@ -1,4 +1,4 @@
-"""The worker processes of `prepare` and `pack`: every task of both runs in them (text/tasks.py builds
+"""The worker processes of `prepare` and `pack`: every job of both runs in them (text/shard_worker.py builds
 instances, existing/read.py converts records, write/packs.py scatters and gathers).
 
 Workers ignore Ctrl-C and SIGTERM (the parent reports it once), die with their parent, and are fed at most two

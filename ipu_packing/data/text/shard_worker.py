@@ -1,4 +1,4 @@
-"""`prepare`'s task in the worker processes (write/workers.py): one shard's documents -> its instance file.
+"""`prepare`'s work in the worker processes (write/workers.py): one shard's documents -> its instance file.
 
 Each worker loads the tokenizer once (`start_tokenizer` sets what it needs; the tokenizer itself is made
 at the first shard) and builds every shard from its own generator, seeded from (seed, shard index), so a
