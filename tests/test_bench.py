@@ -165,3 +165,18 @@ def test_task_is_an_option_of_the_synthetic_mode():
     code, out, err = run_main(["--config", "finetune_qa_demo", "--task", "question_answering"])
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "--task is an option of the synthetic mode" in err
+
+
+def test_the_harness_interleaves_every_contender_in_proportion():
+    from ipu_packing.bench.harness import interleaved, schedule, warm_up
+
+    assert schedule([4, 2, 1]) == [(0, 0), (1, 0), (0, 1), (2, 0), (0, 2), (1, 1), (0, 3)]
+    calls, afters = [], []
+    contenders = [([10, 11, 12, 13], lambda b: calls.append(("padded", b)), lambda: afters.append("padded")),
+                  ([20, 21], lambda b: calls.append(("packed", b)), None)]
+    warm_up(contenders)
+    assert calls == [("padded", 10), ("packed", 20)] and afters == ["padded"]
+    del calls[:], afters[:]
+    seconds, peaks = interleaved(contenders)
+    assert calls == [("padded", 10), ("packed", 20), ("padded", 11), ("padded", 12), ("packed", 21), ("padded", 13)]
+    assert afters == ["padded"] * 4 and len(seconds) == 2 and min(seconds) >= 0 and peaks == [None, None]

@@ -62,6 +62,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .harness import interleaved, warm_up
 from .inputs import BenchError
 
 BASELINE = "transformers padded"
@@ -202,15 +203,7 @@ def fused(optimizer) -> bool:
 def interleave(entries: Sequence[Entry], torch) -> List[float]:
     """One pass over every batch of every entry, the calls interleaved in proportion (peers.time_contenders'
     rule); seconds of each entry."""
-    schedule = sorted(((b + 0.5) / len(e.batches), i, b) for i, e in enumerate(entries) for b in range(len(e.batches)))
-    seconds = [0.0] * len(entries)
-    for _, i, b in schedule:
-        e = entries[i]
-        start = time.perf_counter()
-        e.call(e.batches[b])
-        seconds[i] += time.perf_counter() - start
-        e.after()
-    return seconds
+    return interleaved([(e.batches, e.call, e.after) for e in entries])[0]
 
 
 def run_classifier_peers(directory: str, texts: Optional[Sequence[str]] = None, inputs: int = 1024, S: int = 128,
@@ -351,9 +344,7 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
         log("%d inputs (%d tokens, mean length %.1f) at S=%d: %d padded rows, %d packs (K<=%d); %s"
             % (n, sum(lengths), float(np.mean(lengths)), S, len(texts), len(packed_packs), K,
                "fine-tuning steps" if train else "inference"))
-        for e in entries:  # warm-up: each one's first call
-            e.call(e.batches[0])
-            e.after()
+        warm_up([(e.batches, e.call, e.after) for e in entries])
         for model, state in restore:
             model.load_state_dict(state)
         if train:

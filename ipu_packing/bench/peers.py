@@ -47,6 +47,7 @@ import numpy as np
 
 from .. import jsonout
 from ..errors import one_line
+from .harness import interleaved
 from .inputs import BenchError
 from .peer_batches import (Contents, grouped_batches, hf_contents, layout_batches, layout_contents, layout_instances,
                            padded_batches)
@@ -224,28 +225,7 @@ def time_contenders(contenders: Sequence[Contender], torch, cuda: bool) -> Tuple
     """One pass over every batch of every contender, the calls interleaved in proportion (the contender whose
     batch is due soonest, by its fraction of its own batches, goes next): (seconds of each contender, the
     peak bytes its steps allocated beyond what was allocated before them, CUDA only)."""
-    schedule = []
-    for i, c in enumerate(contenders):
-        n = len(c.batches)
-        schedule.extend(((b + 0.5) / n, i, b) for b in range(n))
-    schedule.sort()
-    seconds = [0.0] * len(contenders)
-    peaks: List[Optional[int]] = [None] * len(contenders)
-    for _, i, b in schedule:
-        c = contenders[i]
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-        start = time.perf_counter()
-        c.step(c.batches[b])
-        if cuda:
-            torch.cuda.synchronize()
-        seconds[i] += time.perf_counter() - start
-        if cuda:
-            peaks[i] = max(peaks[i] or 0, torch.cuda.max_memory_allocated() - before)
-        c.after()
-    return seconds, peaks
+    return interleaved([(c.batches, c.step, c.after) for c in contenders], torch, cuda)
 
 
 def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny", micro_batch_size: int = 8,

@@ -36,7 +36,6 @@ theoretical / measured - 1. Speed is reported, never asserted.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -45,6 +44,7 @@ import numpy as np
 from ..data.format import IGNORE_INDEX, as_batch, mlm_slots
 from ..data.random_instances import random_instances
 from ..data.reference import Instance, pack_sequences
+from .harness import interleaved
 from .inputs import BenchError
 from .presets import MODEL_PRESETS
 from .report import Result
@@ -160,20 +160,14 @@ def time_interleaved(runner, layouts: Sequence[Layout], batch_size: int, torch) 
 
     The batches of the layouts are interleaved in proportion (two padded batches per packed one at a
     packing factor of 2), so that a busy period of a shared machine slows both layouts alike."""
-    schedule = []
+    contenders = []
     for layout in layouts:
         tensors = {k: torch.from_numpy(v) for k, v in layout.arrays.items()}
-        n = layout.rows // batch_size
-        for b in range(n):
-            batch = {k: v[b * batch_size : (b + 1) * batch_size] for k, v in tensors.items()}
-            schedule.append(((b + 0.5) / n, layout.name, batch))
-    schedule.sort(key=lambda item: (item[0], item[1]))
-    seconds = {layout.name: 0.0 for layout in layouts}
-    for _, name, batch in schedule:
-        start = time.perf_counter()
-        runner.train_step(batch)  # the training loop's step: zero_grad, forward, backward, LAMB update
-        seconds[name] += time.perf_counter() - start
-    return {layout.name: seconds[layout.name] / (layout.rows // batch_size * batch_size) for layout in layouts}
+        batches = [{k: v[b * batch_size : (b + 1) * batch_size] for k, v in tensors.items()}
+                   for b in range(layout.rows // batch_size)]
+        contenders.append((batches, runner.train_step, None))  # the loop's step: zero_grad, forward, backward, LAMB
+    seconds, _ = interleaved(contenders)
+    return {layout.name: s / (layout.rows // batch_size * batch_size) for layout, s in zip(layouts, seconds)}
 
 
 def run_bench(
