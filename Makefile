@@ -93,7 +93,7 @@ $(FT_DATA)/train/packed/manifest.json: | $(DEMO_FINAL)/config.json
 	$(PY) -m ipu_packing.data prepare --task classification --input default --tokenizer $(DEMO_FINAL) --output $(FT_DATA) --max-seq-length 128 --max-sequences-per-pack 8
 
 $(FT_TEXT)/test.tsv: | $(STAMP)
-	$(PY) -c "from ipu_packing.data.task.demo import write_demo_task; write_demo_task('$(FT_TEXT)')"
+	$(PY) -c "from ipu_packing.data.finetune.demo import write_demo_task; write_demo_task('$(FT_TEXT)')"
 
 finetune: $(STAMP) $(FT_DATA)/train/packed/manifest.json $(FT_TEXT)/test.tsv
 	$(PY) run_finetuning.py --config finetune_demo logging.progress_bar=false

@@ -30,11 +30,11 @@ transformers saved; chosen by its config.json's architectures):
     # one {"id": ..., "prediction_text": ...} per question, in input order
 
 The input is SQuAD v1.1 JSON, or JSON Lines (Parquet, datasets) with run_qa.py's columns id, question and context
-(answers, when present, are ignored: neither read nor checked), read and checked by data/task/questions.py as
+(answers, when present, are ignored: neither read nor checked), read and checked by data/finetune/questions.py as
 ``prepare --task question_answering`` reads a split; each question + context is cut into windows exactly as
-prepare cuts them (data/task/windows.py: run_qa.py's BertTokenizerFast call, questions over max_query_length tokens
+prepare cuts them (data/finetune/windows.py: run_qa.py's BertTokenizerFast call, questions over max_query_length tokens
 cut at a word boundary), the windows packed by the same planner and pack builder, scored by the same loop as the
-evaluation (train/evaluate.collect_answers), and each question's answer chosen by data/task/answers.py (run_qa.py's
+evaluation (train/evaluate.collect_answers), and each question's answer chosen by data/finetune/answers.py (run_qa.py's
 n-best rule per window among its own context tokens, the best span over the question's windows, its text cut from
 the context).
 """
@@ -140,9 +140,9 @@ class Predictor:
     def packs(self, texts: Sequence[Text]) -> Any:
         """The inputs as packs of the one format (a Dataset of the classification fields, example ids = input
         indices), by the planner and the writer's pack builder."""
-        from .data.format import IGNORE_INDEX, TaskLayout, as_batch
+        from .data.format import IGNORE_INDEX, FieldLayout, as_batch
         from .data.instance_files import Instances, gather_instances
-        from .data.task.encode import build_encoder, encode
+        from .data.finetune.encode import build_encoder, encode
         from .data.write.packs import PackLayout, build_packs
         from .packing import assign_sequences, histogram_from_lengths, plan_packing
 
@@ -168,7 +168,7 @@ class Predictor:
                               extra={"labels": labels, "example_ids": np.arange(n, dtype=np.int32)})
         plan = plan_packing(histogram_from_lengths(lengths, S), S, K, SERVING_PLANNER)
         assignment = assign_sequences(plan, lengths, 0)
-        task = TaskLayout(tasks.CLASSIFICATION.name, problem_type, int(self.model.config.num_labels), False)
+        task = FieldLayout(tasks.CLASSIFICATION.name, problem_type, int(self.model.config.num_labels), False)
         layout = PackLayout(S, K, 0, None, ids["[CLS]"], task, num_sequences=n)
         order = np.asarray(assignment.indices, dtype=np.int64)
         records = build_packs(gather_instances(instances, order), np.asarray(assignment.offsets, np.int64), layout)
@@ -303,7 +303,7 @@ class QuestionAnswerer:
 
         import torch
 
-        from .data.task.windows import check_window_settings
+        from .data.finetune.windows import check_window_settings
         from .data.vocab import load_tokenizer
         from .model import PackedBertForQuestionAnswering
 
@@ -337,11 +337,11 @@ class QuestionAnswerer:
 
     def packs(self, questions: Sequence[str], contexts: Sequence[str]) -> Any:
         """The questions' windows as packs of the one format (the question-answering fields; example ids = input
-        indices, feature ids = windows in input order), cut by data/task/windows.py as prepare cuts them, packed
+        indices, feature ids = windows in input order), cut by data/finetune/windows.py as prepare cuts them, packed
         by the planner and the writer's pack builder."""
-        from .data.format import TaskLayout, as_batch
+        from .data.format import FieldLayout, as_batch
         from .data.instance_files import Instances, gather_instances
-        from .data.task.windows import build_window_tokenizers, cut_question, window_examples
+        from .data.finetune.windows import build_window_tokenizers, cut_question, window_examples
         from .data.write.packs import PackLayout, build_packs
         from .packing import assign_sequences, histogram_from_lengths, plan_packing
 
@@ -365,15 +365,15 @@ class QuestionAnswerer:
                                "feature_ids": np.arange(windows, dtype=np.int32)}, {"offsets": offsets})
         plan = plan_packing(histogram_from_lengths(lengths, S), S, K, "optimal")
         assignment = assign_sequences(plan, lengths, 0)
-        layout = PackLayout(S, K, 0, None, cls_id, TaskLayout(tasks.QUESTION_ANSWERING.name, num_examples=n),
+        layout = PackLayout(S, K, 0, None, cls_id, FieldLayout(tasks.QUESTION_ANSWERING.name, num_examples=n),
                             num_sequences=n)
         order = np.asarray(assignment.indices, dtype=np.int64)
         records = build_packs(gather_instances(instances, order), np.asarray(assignment.offsets, np.int64), layout)
         return Packs(as_batch(records, None))
 
     def answers(self, questions: Sequence[str], contexts: Sequence[str]) -> List[Any]:
-        """Each question's data/task/answers.py Prediction (its text, score, window, characters), in input order."""
-        from .data.task.answers import AnswerSearch
+        """Each question's data/finetune/answers.py Prediction (its text, score, window, characters), in input order."""
+        from .data.finetune.answers import AnswerSearch
         from .execution.inference import make_inference
         from .train.evaluate import collect_answers
 
@@ -395,7 +395,7 @@ class QuestionAnswerer:
 def read_questions_input(path: str) -> List[Tuple[str, str, str]]:
     """(id, question, context) of each question of an input file (SQuAD JSON, or JSON Lines, Parquet, datasets
     with id, question and context), read and checked as prepare reads a question-answering split."""
-    from .data.task.questions import read_questions
+    from .data.finetune.questions import read_questions
 
     return [(e.id, e.question, e.context) for e in read_questions(path, "input", False, answers_column=False).examples]
 
@@ -443,8 +443,8 @@ def read_inputs(path: str, sentence1_key: Optional[str], sentence2_key: Optional
                 label_key: str = "label") -> List[Text]:
     """The texts (or pairs) of an input file, as ``prepare --task`` reads a split (run_glue.py's columns); says on
     stderr which columns it reads."""
-    from .data.task.labels import describe_columns, text_columns, texts
-    from .data.task.rows import read_split
+    from .data.finetune.labels import describe_columns, text_columns, texts
+    from .data.finetune.rows import read_split
 
     table = read_split(path)
     columns = text_columns(table, sentence1_key, sentence2_key, label_key)

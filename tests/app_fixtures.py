@@ -134,7 +134,7 @@ a pack holds windows of several questions (the demo's passages of 6 to 24 words 
 def qa_test_demo():
     """The embedded demo question-answering task's recipe with QA_TEST_TRAIN_QUESTIONS train questions on passages of
     QA_TEST_WORDS_PER_CONTEXT words, while inside."""
-    from ipu_packing.data.task import qa_demo
+    from ipu_packing.data.finetune import qa_demo
 
     full = qa_demo.TRAIN_QUESTIONS, qa_demo.MIN_WORDS_PER_CONTEXT, qa_demo.MAX_WORDS_PER_CONTEXT
     qa_demo.TRAIN_QUESTIONS = QA_TEST_TRAIN_QUESTIONS

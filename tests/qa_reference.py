@@ -1,5 +1,5 @@
 """transformers' run_qa.py post-processing as published, the reference the question-answering tests hold
-data/task/answers.py to (test_qa_postprocess.py on packed and padded windows, test_predict_qa.py on predict's
+data/finetune/answers.py to (test_qa_postprocess.py on packed and padded windows, test_predict_qa.py on predict's
 answers)."""
 
 from __future__ import annotations

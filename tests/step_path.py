@@ -1,9 +1,11 @@
-"""The modules one training step goes through, counted: ``python tests/step_path.py``.
+"""The modules one training step goes through, counted: ``python tests/step_path.py [TASK]``.
 
-Runs ``run_pretraining.py``'s ``main`` in this process for one optimizer step of a tiny BERT on a small prepared
-dataset (app_fixtures.write_prepared), with a checkpoint and the export (load -> one step -> checkpoint ->
-export), and lists every module of the package a function of which was called (module bodies, i.e. imports,
-left out), in the order first entered, with its line count. docs/architecture.md quotes the totals.
+Runs the training entry's ``main`` in this process for one optimizer step of a tiny BERT on a small prepared
+dataset (load -> one step -> checkpoint -> export; a fine-tuning task also evaluates, at its last step), and lists
+every module of the package a function of which was called (module bodies, i.e. imports, left out), in the order
+first entered, with its line count. TASK: pretraining (default: app_fixtures.write_prepared, run_pretraining.py),
+classification or question_answering (the embedded demo task, run_finetuning.py, fresh weights).
+docs/architecture.md quotes the totals.
 """
 
 from __future__ import annotations
@@ -18,17 +20,32 @@ from typing import List, Tuple
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def step_path() -> List[Tuple[str, int]]:
+TINY = ["model.vocab_size=8192", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
+        "model.num_attention_heads=2", "data.max_seq_length=64", "execution.micro_batch_size=4",
+        "training.steps=1", "logging.progress_bar=false", "logging.tensorboard=false", "checkpoint.init_from=null"]
+"""A fine-tuning step's tiny model and batch."""
+
+
+def step_path(task: str = "pretraining") -> List[Tuple[str, int]]:
     sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
-    from app_fixtures import write_prepared
+    import app_fixtures as fx
 
     root = tempfile.mkdtemp()
-    data = write_prepared(os.path.join(root, "data"))
-    argv = ["--config", "demo", "data.dir=" + data, "data.max_seq_length=32", "model.vocab_size=64",
-            "model.hidden_size=16", "model.num_attention_heads=2", "model.intermediate_size=32",
-            "execution.micro_batch_size=4", "training.global_batch_sequences=8", "training.steps=1",
-            "checkpoint.output_dir=" + os.path.join(root, "run"), "logging.progress_bar=false",
-            "logging.tensorboard=false"]
+    run = ["checkpoint.output_dir=" + os.path.join(root, "run")]
+    if task == "pretraining":
+        data = fx.write_prepared(os.path.join(root, "data"))
+        argv = ["--config", "demo", "data.dir=" + data, "data.max_seq_length=32", "model.vocab_size=64",
+                "model.hidden_size=16", "model.num_attention_heads=2", "model.intermediate_size=32",
+                "execution.micro_batch_size=4", "training.global_batch_sequences=8", "training.steps=1",
+                "logging.progress_bar=false", "logging.tensorboard=false"] + run
+    elif task == "classification":
+        data = fx.prepare_demo_task(os.path.join(root, "data"))
+        argv = ["--config", "finetune_demo", "data.dir=" + data, "data.max_sequences_per_pack=6",
+                "training.global_batch_sequences=24"] + TINY + run
+    else:
+        data = fx.prepare_qa_demo_task(os.path.join(root, "data"))
+        argv = ["--config", "finetune_qa_demo", "data.dir=" + data, "data.max_sequences_per_pack=4",
+                "training.global_batch_sequences=8"] + TINY + run
     package = os.path.join(REPO, "ipu_packing")
     seen = {}  # type: dict
 
@@ -37,12 +54,13 @@ def step_path() -> List[Tuple[str, int]]:
         if event == "call" and code.co_filename.startswith(package) and code.co_name != "<module>":
             seen.setdefault(code.co_filename, None)
 
-    from ipu_packing.train.cli import main
+    from ipu_packing.train.cli import finetune_main, main
 
+    entry = main if task == "pretraining" else finetune_main
     sys.setprofile(profile)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            code = main(argv)
+            code = entry(argv)
     finally:
         sys.setprofile(None)
     assert code == 0, code
@@ -54,7 +72,7 @@ def step_path() -> List[Tuple[str, int]]:
 
 
 if __name__ == "__main__":
-    modules = step_path()
+    modules = step_path(*sys.argv[1:2])
     for path, lines in modules:
         print("%5d  %s" % (lines, path))
     print("modules: %d, lines: %d" % (len(modules), sum(n for _, n in modules)))

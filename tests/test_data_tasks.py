@@ -405,7 +405,7 @@ def test_a_regression_label_that_is_not_finite_is_refused(tasks, tmp_path):
 
 def test_the_writer_refuses_a_task_shard_that_breaks_an_invariant(tmp_path):
     """write_shard checks every pack it builds: two sequences claiming one example id."""
-    from ipu_packing.data.format import TaskLayout
+    from ipu_packing.data.format import FieldLayout
     from ipu_packing.data.instance_files import Instances
     from ipu_packing.data.write.packs import PackLayout, ShardTask, write_shard
 
@@ -417,7 +417,7 @@ def test_the_writer_refuses_a_task_shard_that_breaks_an_invariant(tmp_path):
                          np.zeros(0, np.int32), np.zeros(0, np.int32),
                          {"labels": np.array([0, 1], np.int32), "example_ids": np.array(example_ids, np.int32)})
 
-    task = TaskLayout("classification", "single_label_classification", 2)
+    task = FieldLayout("classification", "single_label_classification", 2)
     layout = PackLayout(16, 3, 0, 64, cls_id=2, task=task, num_sequences=2)
     path = str(tmp_path / "shard-00000.npy")
     write_shard(instances([0, 1]), ShardTask(path, np.array([0, 2]), 0), layout)
@@ -431,7 +431,7 @@ def test_the_writer_refuses_a_task_shard_that_breaks_an_invariant(tmp_path):
 
 
 def test_the_demo_task_is_balanced_and_the_same_on_every_call(tmp_path):
-    from ipu_packing.data.task.demo import FAMILIES, PER_CLASS, demo_rows, family_sentences, write_demo_task
+    from ipu_packing.data.finetune.demo import FAMILIES, PER_CLASS, demo_rows, family_sentences, write_demo_task
 
     rows = demo_rows()
     labels = [label for label, _ in FAMILIES]

@@ -3,7 +3,7 @@
 Each row of the table is a set of split files with one fault; the command must exit 2 with exactly one stderr line
 `error: ...` naming the file, the line (or row) and, where a column is at fault, the column, and leave no output
 directory, no lock file and no temporary directory behind. The label rules themselves (names sorted, integers
-kept, floats as regression, lists as multi-hot) are checked on small tables through data/task/labels.py."""
+kept, floats as regression, lists as multi-hot) are checked on small tables through data/finetune/labels.py."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 
 from ipu_packing.data.cli import main as data_main
 from ipu_packing.data.format import IGNORE_INDEX, SPECIAL_TOKENS
-from ipu_packing.data.task.rows import read_split
-from ipu_packing.data.task.labels import encode_labels, infer_labels, text_columns
+from ipu_packing.data.finetune.rows import read_split
+from ipu_packing.data.finetune.labels import encode_labels, infer_labels, text_columns
 from ipu_packing.errors import DataError
 
 WORDS = ["the", "a", "loop", "task", "mail", "header", "socket", "server", "test", "case", "##s", "."]

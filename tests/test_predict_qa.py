@@ -1,8 +1,9 @@
 """Packed inference for question answering (python -m ipu_packing.predict on a BertForQuestionAnswering directory):
 questions from SQuAD JSON or JSON Lines, cut into windows as prepare cuts them, packed, scored and answered by
-data/task/answers.py; each answer is what transformers' run_qa.py gives on the same directory: its tokenizer's
+data/finetune/answers.py; each answer is what transformers' run_qa.py gives on the same directory: its tokenizer's
 windows, transformers' BertForQuestionAnswering on each window alone, its post-processing (tests/qa_reference.py).
-The data: the demo task's validation questions (data/task/qa_demo.py) with the default vocabulary, a random model."""
+The data: the demo task's validation questions (data/finetune/qa_demo.py), the default vocabulary, a random
+model."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from ipu_packing.data import open_dataset
-from ipu_packing.data.task.questions import read_examples
+from ipu_packing.data.finetune.questions import read_examples
 from ipu_packing.predict import main
 from qa_reference import run_qa_postprocess
 

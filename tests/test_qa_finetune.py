@@ -2,7 +2,7 @@
 BertForQuestionAnswering trained on the demo task's windows, evaluated per question on its validation split
 (SQuAD v1.1 exact match and F1 after post-processing), exported as a directory transformers'
 BertForQuestionAnswering loads and computes the same logits from, and resumed bitwise after a kill. The data: the
-embedded demo task (data/task/qa_demo.py), prepared once per session at S=64 (conftest qa_demo_task)."""
+embedded demo task (data/finetune/qa_demo.py), prepared once per session at S=64 (conftest qa_demo_task)."""
 
 from __future__ import annotations
 

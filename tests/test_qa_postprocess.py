@@ -1,4 +1,4 @@
-"""Question-answering post-processing (data/task/answers.py): exact match and F1 are the official SQuAD v1.1
+"""Question-answering post-processing (data/finetune/answers.py): exact match and F1 are the official SQuAD v1.1
 script's on hand-made cases (punctuation, articles, several gold answers, white space); the best span of each
 question is run_qa.py's (utils_qa.py postprocess_qa_predictions) on its windows unpacked, whatever the packing; a
 better-scoring span of another question in the same pack, or in the question itself, is never an answer."""
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from ipu_packing.data import open_dataset
-from ipu_packing.data.task.answers import AnswerSearch, exact_match_score, f1_score, normalize_answer, squad_metrics
-from ipu_packing.data.task.questions import read_examples
+from ipu_packing.data.finetune.answers import AnswerSearch, exact_match_score, f1_score, normalize_answer, squad_metrics
+from ipu_packing.data.finetune.questions import read_examples
 from qa_reference import run_qa_postprocess
 
 

@@ -42,7 +42,7 @@ def demo(tmp_path_factory):
 
 
 def test_the_demo_task_is_reproducible_and_answerable_by_matching():
-    from ipu_packing.data.task.qa_demo import BLANK, TRAIN_QUESTIONS, VALIDATION_QUESTIONS, align, demo_questions
+    from ipu_packing.data.finetune.qa_demo import BLANK, TRAIN_QUESTIONS, VALIDATION_QUESTIONS, align, demo_questions
 
     first, second = demo_questions(), demo_questions()
     assert first == second
@@ -208,7 +208,7 @@ def test_a_corrupt_question_answering_pack_is_refused_naming_the_pack_and_field(
 
 
 def test_a_changed_examples_file_is_refused(demo, tmp_path):
-    from ipu_packing.data.task.questions import read_examples
+    from ipu_packing.data.finetune.questions import read_examples
 
     directory = str(tmp_path / "packed")
     shutil.copytree(os.path.join(demo[0], "validation", "packed"), directory)
@@ -224,7 +224,7 @@ def test_a_changed_examples_file_is_refused(demo, tmp_path):
 
 
 def test_contexts_holding_line_separators_are_read_back_whole(demo, tmp_path, capsys):
-    from ipu_packing.data.task.questions import read_examples
+    from ipu_packing.data.finetune.questions import read_examples
 
     directory = str(tmp_path / "packed")
     shutil.copytree(os.path.join(demo[0], "validation", "packed"), directory)
@@ -280,7 +280,7 @@ def test_inspect_checks_every_row_of_the_examples_file(name, edit, words, demo, 
 
 def test_the_writer_refuses_a_question_answering_shard_that_breaks_an_invariant(tmp_path):
     """write_shard checks every pack it builds: an answer that points into the question."""
-    from ipu_packing.data.format import TaskLayout
+    from ipu_packing.data.format import FieldLayout
     from ipu_packing.data.instance_files import Instances
     from ipu_packing.data.write.packs import PackLayout, ShardTask, write_shard
 
@@ -294,7 +294,7 @@ def test_the_writer_refuses_a_question_answering_shard_that_breaks_an_invariant(
         return Instances(ids, np.array([6, 6], np.int32), np.array([3, 3], np.int32), zeros, zeros,
                          np.zeros(0, np.int32), np.zeros(0, np.int32), extra, {"offsets": offsets})
 
-    layout = PackLayout(16, 3, 0, 64, cls_id=2, task=TaskLayout("question_answering", num_examples=1), num_sequences=2)
+    layout = PackLayout(16, 3, 0, 64, cls_id=2, task=FieldLayout("question_answering", num_examples=1), num_sequences=2)
     path = str(tmp_path / "shard-00000.npy")
     write_shard(instances(3), ShardTask(path, np.array([0, 2]), 0), layout)
     packs = np.load(path)
@@ -410,7 +410,7 @@ def test_option_faults_are_one_line(argv, words, tmp_path, capsys):
 
 
 def test_guess_levels_count_what_a_guess_can_pick():
-    from ipu_packing.data.task.qa_demo import guess_levels
+    from ipu_packing.data.finetune.qa_demo import guess_levels
 
     questions = [
         # content words of the passage: Parse, header, fields, strictly (4); not in the question: header

@@ -147,7 +147,7 @@ def reference(tokenizer_dir, questions):
 def test_every_window_is_the_tokenizers_with_run_qas_labels(prepared, split):
     tokenizer_dir, out = prepared
     ds, _ = windows_of(os.path.join(out, split, "packed"))
-    from ipu_packing.data.task.questions import read_examples
+    from ipu_packing.data.finetune.questions import read_examples
 
     questions = [e.question for e in read_examples(ds.directory, ds.manifest)]
     tokenizer, tokenized = reference(tokenizer_dir, questions)
@@ -186,7 +186,7 @@ def test_answers_at_the_start_middle_end_and_across_a_window_boundary(prepared):
     """Per hand-made question: how many windows hold its answer whole, and the answer's text from the offsets."""
     _, out = prepared
     ds, found = windows_of(os.path.join(out, "validation", "packed"))
-    from ipu_packing.data.task.questions import read_examples
+    from ipu_packing.data.finetune.questions import read_examples
 
     examples = read_examples(ds.directory, ds.manifest)
     by_example = {}
@@ -208,7 +208,7 @@ def test_a_long_question_is_cut_at_a_word_boundary_to_the_query_length(prepared)
 
     tokenizer_dir, out = prepared
     ds = open_dataset(os.path.join(out, "train", "packed"), as_tensors=False)
-    from ipu_packing.data.task.questions import read_examples
+    from ipu_packing.data.finetune.questions import read_examples
 
     examples = {e.id: e for e in read_examples(ds.directory, ds.manifest)}
     tokenizer = BertTokenizerFast.from_pretrained(tokenizer_dir)
@@ -239,8 +239,8 @@ def test_a_perfect_model_scores_1_on_answers_near_combining_characters(lower_cas
     whose start and end logits peak at the labels scores exact match 100."""
     import numpy as np
 
-    from ipu_packing.data.task.answers import AnswerSearch, squad_metrics
-    from ipu_packing.data.task.windows import build_window_tokenizers, window_examples
+    from ipu_packing.data.finetune.answers import AnswerSearch, squad_metrics
+    from ipu_packing.data.finetune.windows import build_window_tokenizers, window_examples
     from ipu_packing.data.vocab import TokenizerSpec
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "where", "?", "the", "cafe", "au", "lait", "is", "hot", ".",
@@ -292,7 +292,7 @@ def test_an_answer_is_labelled_by_its_own_tokens_whatever_invisible_characters_b
                                                                                         lower_case):
     """Characters no token holds at an answer's edges do not move its labels onto the neighbouring words (counting a
     trailing soft hyphen, as run_qa.py's rule does, made the end the next token: 'Cafe\\u00ad au')."""
-    from ipu_packing.data.task.windows import build_window_tokenizers, window_examples
+    from ipu_packing.data.finetune.windows import build_window_tokenizers, window_examples
     from ipu_packing.data.vocab import TokenizerSpec
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "where", "?", "the", "cafe", "au", "lait", ".", "The",

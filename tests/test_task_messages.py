@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import app_fixtures as fx
-from ipu_packing.data.task.questions import read_questions
+from ipu_packing.data.finetune.questions import read_questions
 from ipu_packing.errors import DataError
 from ipu_packing.train.cli import finetune_main, main as pretrain_main
 

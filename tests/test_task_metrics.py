@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from ipu_packing.data.task.labels import encode_labels, infer_labels
-from ipu_packing.data.task.rows import read_split
+from ipu_packing.data.finetune.labels import encode_labels, infer_labels
+from ipu_packing.data.finetune.rows import read_split
 from ipu_packing.train.task_metrics import task_metrics
 
 SINGLE = "single_label_classification"

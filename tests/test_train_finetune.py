@@ -1,7 +1,7 @@
 """Fine-tuning on the one run machinery (run_finetuning.py, task.name=classification): a packed classifier trained
 from a pretraining export, evaluated per example on its validation split, resumed bitwise after a kill, refused
 where config and data disagree, and exported as a directory transformers' BertForSequenceClassification loads
-and computes the same logits from. The data: the embedded demo task (data/task/demo.py), prepared with the
+and computes the same logits from. The data: the embedded demo task (data/finetune/demo.py), prepared with the
 default vocabulary at S=64."""
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def test_the_doc_has_the_seven_steps():
 
 def write_task(directory) -> None:
     """The embedded demo task as the user's my_task_train.tsv, my_task_dev.tsv and my_task_test.tsv."""
-    from ipu_packing.data.task.demo import write_demo_task
+    from ipu_packing.data.finetune.demo import write_demo_task
 
     paths = write_demo_task(str(directory / "demo_task"))
     for split, name in (("train", "train"), ("validation", "dev"), ("test", "test")):

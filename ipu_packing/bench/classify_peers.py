@@ -80,7 +80,7 @@ class Entry:
 
 def demo_texts() -> Tuple[List[str], List[str]]:
     """(texts, label names) of the embedded demo task, every split in order."""
-    from ipu_packing.data.task.demo import demo_rows
+    from ipu_packing.data.finetune.demo import demo_rows
 
     rows = [row for split in demo_rows().values() for row in split]
     return [text for text, _ in rows], [label for _, label in rows]

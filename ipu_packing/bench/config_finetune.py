@@ -69,9 +69,9 @@ def task_layouts(config, packed, padded, packed_rows: int, padded_rows: int
                  ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], Dict[str, Any]]:
     """(packed rows, padded rows, source): the module docstring's two layouts of the same examples, at least
     ``packed_rows`` packs and ``padded_rows`` examples; every example of the chosen packs has its padded row."""
-    from ipu_packing.data.format import task_layout
+    from ipu_packing.data.format import field_layout
 
-    unique = task_layout(packed.manifest).unique_ids  # a classification example's row, a QA window's
+    unique = field_layout(packed.manifest).unique_ids  # a classification example's row, a QA window's
     records, examples = [], []  # examples: (pack, slot, unique id) in pack and slot order
     for index in packed.epoch_order(config.training.seed, 0):
         if len(records) >= packed_rows and len(examples) >= padded_rows:

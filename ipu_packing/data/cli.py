@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                    help='vocab.txt or Hugging Face tokenizer directory (never downloaded), or "default": the default '
                    "corpus' vocabulary. Your own --input needs --vocab or --train-vocab; --input default without "
                    "either gets the default vocabulary. A task needs the model's own tokenizer (--tokenizer DIR)")
-    t = p.add_argument_group("fine-tuning task (--task classification or question_answering; data/task/)")
+    t = p.add_argument_group("fine-tuning task (--task classification or question_answering; data/finetune/)")
     t.add_argument("--task", choices=tasks.NAMES, default=tasks.PRETRAINING.name,
                    help="pretraining (--input: a corpus), classification (--train, --validation, --test: "
                    "run_glue.py's CSV, TSV, JSON Lines; Parquet or a datasets directory with the datasets extra) or "

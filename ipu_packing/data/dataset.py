@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from .format import TaskLayout, read_manifest, served_dtype, task_layout
+from .format import FieldLayout, read_manifest, served_dtype, field_layout
 from .shards import validate_shards
 
 
@@ -49,8 +49,8 @@ class PackedDataset(torch.utils.data.Dataset):
         sizes = [shard["num_packs"] for shard in self.manifest["shards"]]
         self._shard_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.as_tensors = as_tensors
-        self.task: TaskLayout = task_layout(self.manifest)
-        """The packs' task (format.TaskLayout): its fields, problem type and number of labels."""
+        self.task: FieldLayout = field_layout(self.manifest)
+        """The packs' task (format.FieldLayout): its fields, problem type and number of labels."""
         self._maps: Optional[List[np.ndarray]] = None
         self._pid = -1
 

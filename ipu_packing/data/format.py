@@ -66,7 +66,7 @@ position inside the right sequence where two sequences' predictions could be exc
 breaking the order.
 
 Tasks: one format, a field set per task. The fields above are the pretraining task's. A dataset for another
-task (fine-tuning data, `prepare --task classification`, data/task/) is the same format, directory, shards,
+task (fine-tuning data, `prepare --task classification`, data/finetune/) is the same format, directory, shards,
 dtypes rule and checks, with its own field set (`FIELD_SETS`; each field's shape and kind of values in
 `FIELD_TABLE`), told apart by the manifest's `task` key (absent: pretraining, so a pretraining dataset is
 byte for byte what it was). Legend as above, plus L = num_labels.
@@ -84,7 +84,7 @@ byte for byte what it was). Legend as above, plus L = num_labels.
     The order is the model's forward order (input_ids, token_type_ids, position_ids, sequence_ids,
     cls_positions, labels), then example_ids (to match predictions back to the input rows).
 
-    question_answering  (`prepare --task question_answering`, data/task/questions.py and windows.py: SQuAD's
+    question_answering  (`prepare --task question_answering`, data/finetune/questions.py and windows.py: SQuAD's
                     question + context windows, as transformers' run_qa.py makes them)
                     input_ids, token_type_ids, position_ids, sequence_ids   (S,) as above: [CLS] question [SEP]
                                           context window [SEP], token types 0 then 1
@@ -104,7 +104,7 @@ byte for byte what it was). Legend as above, plus L = num_labels.
     The order is the model's forward order (the four token fields, start_positions, end_positions, with
     cls_positions, which a no-answer label points at, before them), then the ids and offsets (to cut an
     answer's text out of its context at evaluation). The questions and contexts themselves are beside the packs
-    in the dataset directory (the manifest's task.examples_file, checksummed: data/task/questions.py).
+    in the dataset directory (the manifest's task.examples_file, checksummed: data/finetune/questions.py).
 
     A field's shape and kind of values (FIELD_TABLE) decide its stored type and range; a (K,) field is carried
     per sequence, an (S, ...) field other than the four token fields per token (data/write/packs.py), and a (K,)
@@ -248,7 +248,7 @@ FIELD_TABLE: Dict[str, Field] = {f.name: f for f in (
     Field("offsets", ("S", 2), "offset", -1),
 )}
 """Every field but a classification task's `labels`, whose shape and kind follow its problem type, and a
-question-answering task's `example_ids` (QUESTION_IDS) (`TaskLayout.fields`)."""
+question-answering task's `example_ids` (QUESTION_IDS) (`FieldLayout.fields`)."""
 
 QUESTION_IDS = Field("example_ids", ("K",), "question", -1)
 """A question-answering task's example_ids: a question's row, shared by its windows (feature_ids is the unique
@@ -267,10 +267,10 @@ PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "r
 
 
 @dataclass(frozen=True)
-class TaskLayout:
+class FieldLayout:
     """Which field set a dataset's packs hold, and what decides its fields' shapes and values beyond S, M, K and
     V: the task, and for classification its problem type, L and whether the split has labels. Read from a
-    manifest with `task_layout` (no `task` key: PRETRAINING)."""
+    manifest with `field_layout` (no `task` key: PRETRAINING)."""
 
     name: str = tasks.PRETRAINING.name
     """A task's name (tasks.TASKS)."""
@@ -339,20 +339,20 @@ class TaskLayout:
         return {f.name: tuple(sizes[d] if isinstance(d, str) else d for d in f.shape) for f in self.fields}
 
 
-PRETRAINING = TaskLayout()
+PRETRAINING = FieldLayout()
 
 
-def task_layout(manifest: Mapping[str, Any]) -> TaskLayout:
-    """The TaskLayout of a (checked) manifest: its `task` key's, or PRETRAINING where it has none."""
+def field_layout(manifest: Mapping[str, Any]) -> FieldLayout:
+    """The FieldLayout of a (checked) manifest: its `task` key's, or PRETRAINING where it has none."""
     task = manifest.get("task")
     if task is None:
         return PRETRAINING
-    return TaskLayout(task["name"], task.get("problem_type"), int(task.get("num_labels", 0)),
+    return FieldLayout(task["name"], task.get("problem_type"), int(task.get("num_labels", 0)),
                       bool(task.get("has_labels", True)), int(task.get("num_examples", 0)))
 
 
 def field_dtypes(max_seq_length: int, max_sequences_per_pack: int,
-                 vocab_size: Optional[int] = None, task: TaskLayout = PRETRAINING) -> Dict[str, np.dtype]:
+                 vocab_size: Optional[int] = None, task: FieldLayout = PRETRAINING) -> Dict[str, np.dtype]:
     """{field: stored dtype} of `task`'s fields: for integers the smallest little-endian type holding every value
     of the field, float32 for float labels.
 
@@ -379,7 +379,7 @@ def field_dtypes(max_seq_length: int, max_sequences_per_pack: int,
 
 
 def pack_dtype(max_seq_length: int, mlm_slots: int, max_sequences_per_pack: int,
-               vocab_size: Optional[int] = None, task: TaskLayout = PRETRAINING) -> np.dtype:
+               vocab_size: Optional[int] = None, task: FieldLayout = PRETRAINING) -> np.dtype:
     """The numpy record type of one pack: `task`'s fields back to back, each of field_dtypes' type (a task without
     MLM fields ignores mlm_slots)."""
     kinds = field_dtypes(max_seq_length, max_sequences_per_pack, vocab_size, task)
@@ -739,11 +739,11 @@ def _check_manifest_values(path: str, directory: str, m: Dict[str, Any]) -> None
         task.recipe.hook("check_counts")(path, m)
 
 
-def _check_task(path: str, task: Dict[str, Any]) -> TaskLayout:
-    """A type-checked `task` entry's values on their own -> its TaskLayout; DataError naming the entry."""
+def _check_task(path: str, task: Dict[str, Any]) -> FieldLayout:
+    """A type-checked `task` entry's values on their own -> its FieldLayout; DataError naming the entry."""
     recipe = tasks.TASKS[task["name"]]
     recipe.hook("check_entry")(path, task)
-    return task_layout({"task": task})
+    return field_layout({"task": task})
 
 
 def check_classification_entry(path: str, task: Dict[str, Any]) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..fsutil import check_regular, contained_path, sha256_file
 from ..errors import DataError
-from .format import IGNORE_INDEX, PRETRAINING, TaskLayout, pack_dtype, task_layout
+from .format import IGNORE_INDEX, PRETRAINING, FieldLayout, pack_dtype, field_layout
 from .vocab import check_dataset_vocab
 
 BLOCK_TOKENS = 1 << 22
@@ -48,7 +48,7 @@ def field_ranges(manifest: Dict[str, Any]) -> Dict[str, Tuple[Any, Any, Tuple[in
     integer value is valid when low <= value < high or in the tuple. A float field has (None, None, ()) for
     "finite" (real) or (0, 2, ()) with only 0 and 1 valid (multi-hot); `_out_of_range` checks those."""
     s, k, v = manifest["max_seq_length"], manifest["max_sequences_per_pack"], manifest["vocab_size"]
-    task = task_layout(manifest)
+    task = field_layout(manifest)
     kinds = {"token": (0, v, ()), "token_type": (0, 2, ()), "position": (0, s, ()), "sequence": (0, k + 1, ()),
              "token_label": (0, v, (IGNORE_INDEX,)), "binary_label": (0, 2, (IGNORE_INDEX,)),
              "class": (0, task.num_labels, (IGNORE_INDEX,)), "real": (None, None, ()), "multi_hot": (0, 2, ()),
@@ -113,7 +113,7 @@ _COPIED = ("token_type_ids", "position_ids", "sequence_ids", "mlm_positions", "m
 
 
 def pack_facts(max_seq_length: int, max_sequences_per_pack: int, vocab_size: int,
-               cls_id: Optional[int], task: TaskLayout = PRETRAINING,
+               cls_id: Optional[int], task: FieldLayout = PRETRAINING,
                num_sequences: Optional[int] = None) -> Dict[str, Any]:
     """What `check_packs` reads of a manifest, for packs that have none yet (the writer's own check). cls_id
     None leaves out the one check that needs the vocabulary: that each sequence's first token is [CLS]. A task
@@ -137,7 +137,7 @@ def check_packs(where: str, packs: np.ndarray, first_pack: int, manifest: Dict[s
     ranges first, then the first pack that breaks an invariant. `manifest` needs max_seq_length,
     max_sequences_per_pack, vocab_size and special_token_ids (`pack_facts` makes one)."""
     ranges = field_ranges(manifest)
-    task = task_layout(manifest)
+    task = field_layout(manifest)
     # (P, width) each, in the stored types; the fields the invariants pass over several times as contiguous
     # copies (numpy's passes over a field of the records, strided, are several times slower)
     arrays = {name: np.ascontiguousarray(packs[name]) if name in _COPIED else np.asarray(packs[name])
@@ -205,7 +205,7 @@ def _repeated_example(where: str, example_ids: np.ndarray, first_pack: int, seen
         seen[ids] = first_pack * k + places
 
 
-def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int], task: TaskLayout = PRETRAINING) -> np.ndarray:
+def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int], task: FieldLayout = PRETRAINING) -> np.ndarray:
     """(P,) bool: the packs that break a structural invariant of format.py (only the first one flagged is
     certain to be the first broken pack; `_first_broken_invariant` then says which invariant, and where).
 
@@ -251,7 +251,7 @@ def _broken_packs(a: Dict[str, np.ndarray], cls_id: Optional[int], task: TaskLay
     return bad | task.recipe.hook("broken_slots")(a, used, task)  # the task's own slots (tasks/)
 
 
-def broken_mlm_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: TaskLayout = PRETRAINING) -> np.ndarray:
+def broken_mlm_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: FieldLayout = PRETRAINING) -> np.ndarray:
     """(P,) bool: the pretraining packs whose NSP or MLM slots break format.py's invariants, given `used` (P, K)."""
     n, s = a["sequence_ids"].shape
     sid = a["sequence_ids"].reshape(-1)
@@ -269,7 +269,7 @@ def broken_mlm_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: TaskLayou
     return bad
 
 
-def broken_label_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: TaskLayout) -> np.ndarray:
+def broken_label_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: FieldLayout) -> np.ndarray:
     """(P,) bool: the packs of a classification dataset whose example or label slots break format.py's
     invariants, given `used` (P, K): the slots that hold a sequence."""
     bad = ((a["example_ids"] != -1) != used).any(axis=1)
@@ -289,7 +289,7 @@ def context_tokens(sequence_ids: np.ndarray, token_type_ids: np.ndarray) -> np.n
     return (token_type_ids == 1) & (sequence_ids != 0) & ~last
 
 
-def broken_answer_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: Optional[TaskLayout] = None) -> np.ndarray:
+def broken_answer_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: Optional[FieldLayout] = None) -> np.ndarray:
     """(P,) bool: the question-answering packs whose example or feature slots, offsets or answer slots break
     format.py's invariants, given `used` (P, K)."""
     sid = a["sequence_ids"]  # (P, S)
@@ -311,7 +311,7 @@ def broken_answer_slots(a: Dict[str, np.ndarray], used: np.ndarray, task: Option
 
 
 def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int],
-                            task: TaskLayout = PRETRAINING) -> Optional[str]:
+                            task: FieldLayout = PRETRAINING) -> Optional[str]:
     """The first invariant (format.py's order) one pack breaks, in words, naming the field and slot; None when
     it breaks none. A plain loop over one pack's slots: the statement `_broken_packs` vectorises."""
     sid = pack["sequence_ids"].astype(np.int64)
@@ -362,7 +362,7 @@ def _first_broken_invariant(pack: Dict[str, np.ndarray], cls_id: Optional[int],
     return task.recipe.hook("first_broken_slot")(pack, count, task)  # the task's own slots (tasks/)
 
 
-def first_broken_mlm_slot(pack: Dict[str, np.ndarray], count: int, task: TaskLayout = PRETRAINING) -> Optional[str]:
+def first_broken_mlm_slot(pack: Dict[str, np.ndarray], count: int, task: FieldLayout = PRETRAINING) -> Optional[str]:
     """The first NSP or MLM slot of a pretraining pack of `count` sequences that breaks an invariant, in words."""
     sid = pack["sequence_ids"].astype(np.int64)
     first = np.zeros(len(sid), dtype=bool)
@@ -407,7 +407,7 @@ def first_broken_example_slot(pack: Dict[str, np.ndarray], count: int) -> Option
     return None
 
 
-def first_broken_label_slot(pack: Dict[str, np.ndarray], count: int, task: TaskLayout) -> Optional[str]:
+def first_broken_label_slot(pack: Dict[str, np.ndarray], count: int, task: FieldLayout) -> Optional[str]:
     """The first example or label slot of a classification pack of `count` sequences that breaks an invariant, in
     words."""
     broken = first_broken_example_slot(pack, count)
@@ -431,7 +431,7 @@ def first_broken_label_slot(pack: Dict[str, np.ndarray], count: int, task: TaskL
 
 
 def first_broken_answer_slot(pack: Dict[str, np.ndarray], count: int,
-                             task: Optional[TaskLayout] = None) -> Optional[str]:
+                             task: Optional[FieldLayout] = None) -> Optional[str]:
     """The first example or feature slot, offset or answer slot of a question-answering pack of `count` sequences
     that breaks an invariant, in words."""
     broken = first_broken_example_slot(pack, count)
@@ -504,7 +504,7 @@ def validate_shards(directory: str, manifest: Dict[str, Any], checksums: bool = 
     """Check every shard's header against the manifest, and unless checksums=False its sha256 and every value
     it holds (`check_packs`, then `compare_counts`). Returns the shard paths. Raises DataError naming the shard
     and the field on any mismatch."""
-    task = task_layout(manifest)
+    task = field_layout(manifest)
     expected = pack_dtype(manifest["max_seq_length"], manifest.get("mlm_slots", 0), manifest["max_sequences_per_pack"],
                           manifest["vocab_size"], task)
     vocab_path = contained_path(directory, manifest["vocab_file"])  # read_manifest has checked the name

@@ -140,7 +140,7 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
     TASK = tasks.QUESTION_ANSWERING.name
     FRESH_HEAD = ("qa_outputs.",)
     ADD_POOLING_LAYER = False  # transformers' BertForQuestionAnswering has none
-    SERVED = ("token_start_logits", "token_end_logits")  # what post-processing reads (data/task/answers.py)
+    SERVED = ("token_start_logits", "token_end_logits")  # what post-processing reads (data/finetune/answers.py)
 
     def __init__(self, config: Any, attention: Optional[str] = None) -> None:
         if int(getattr(config, "num_labels", 2)) != 2:

@@ -7,13 +7,13 @@ answer among its own context tokens.
   character offsets.
 - manifest entry: the split, its questions and windows, the window settings and the examples file beside the
   shards (MANIFEST_KEYS; checked by data/format.py check_question_entry).
-- preparation: SQuAD v1.1 JSON or run_qa.py's JSON Lines -> windows (data/task/qa_preparation.py, windows.py;
+- preparation: SQuAD v1.1 JSON or run_qa.py's JSON Lines -> windows (data/finetune/qa_preparation.py, windows.py;
   the examples file: questions.py, the one reader).
 - model: PackedBertForQuestionAnswering (model/question_answering.py); its parts: model/stages.py
   question_answering_stages. Its dataset decides nothing about the model, so compile-only builds it without one.
 - metrics: the loss ((start + end cross-entropy) / 2 over each window's own tokens), start and end accuracy;
   evaluation: each question's best span over its windows by run_qa.py's rule, SQuAD v1.1 exact match and F1
-  (train/evaluate.py, data/task/answers.py); serving: predict.py ``QuestionAnswerer``; export:
+  (train/evaluate.py, data/finetune/answers.py); serving: predict.py ``QuestionAnswerer``; export:
   BertForQuestionAnswering.
 """
 
@@ -58,13 +58,13 @@ QUESTION_ANSWERING = Task(
         "check_counts": "ipu_packing.data.format:check_question_counts",
         "broken_slots": "ipu_packing.data.shards:broken_answer_slots",
         "first_broken_slot": "ipu_packing.data.shards:first_broken_answer_slot",
-        "inspect": "ipu_packing.data.task.qa_preparation:inspect_lines",
-        "check_prepare": "ipu_packing.data.task.qa_preparation:check_options",
-        "prepare": "ipu_packing.data.task.qa_preparation:prepare_questions",
-        "prepared": "ipu_packing.data.task.qa_preparation:prepared_lines",
+        "inspect": "ipu_packing.data.finetune.qa_preparation:inspect_lines",
+        "check_prepare": "ipu_packing.data.finetune.qa_preparation:check_options",
+        "prepare": "ipu_packing.data.finetune.qa_preparation:prepare_questions",
+        "prepared": "ipu_packing.data.finetune.qa_preparation:prepared_lines",
         "model": "ipu_packing.model.question_answering:PackedBertForQuestionAnswering",
         "stages": "ipu_packing.model.stages:question_answering_stages",
-        "check_eval_data": "ipu_packing.data.task.questions:read_examples",
+        "check_eval_data": "ipu_packing.data.finetune.questions:read_examples",
         "evaluate": "ipu_packing.train.evaluate:evaluate_questions",
         "predictor": "ipu_packing.predict:QuestionAnswerer",
     },

@@ -5,7 +5,7 @@ multi-hot row) per sequence, scored from that sequence's own [CLS] through the p
 - manifest entry: the problem type, the labels and their counts, the split, the text and label columns
   (MANIFEST_KEYS; checked by data/format.py check_classification_entry).
 - preparation: run_glue.py's CSV, TSV, JSON Lines (Parquet, a datasets directory) -> labelled examples
-  (data/task/preparation.py; columns and labels as run_glue.py picks them: data/task/labels.py).
+  (data/finetune/preparation.py; columns and labels as run_glue.py picks them: data/finetune/labels.py).
 - model: PackedBertForSequenceClassification (model/classification.py); its parts: model/stages.py
   classification_stages; its labels: the dataset's (``for_dataset``).
 - metrics: the loss and accuracy (a regression: the loss); evaluation per example with run_glue.py's metrics of the
@@ -70,10 +70,10 @@ CLASSIFICATION = Classification(
         "check_counts": "ipu_packing.data.format:check_classification_counts",
         "broken_slots": "ipu_packing.data.shards:broken_label_slots",
         "first_broken_slot": "ipu_packing.data.shards:first_broken_label_slot",
-        "inspect": "ipu_packing.data.task.preparation:inspect_lines",
-        "check_prepare": "ipu_packing.data.task.preparation:check_options",
-        "prepare": "ipu_packing.data.task.preparation:prepare_task",
-        "prepared": "ipu_packing.data.task.preparation:prepared_lines",
+        "inspect": "ipu_packing.data.finetune.preparation:inspect_lines",
+        "check_prepare": "ipu_packing.data.finetune.preparation:check_options",
+        "prepare": "ipu_packing.data.finetune.preparation:prepare_task",
+        "prepared": "ipu_packing.data.finetune.preparation:prepared_lines",
         "model": "ipu_packing.model.classification:PackedBertForSequenceClassification",
         "stages": "ipu_packing.model.stages:classification_stages",
         "evaluate": "ipu_packing.train.evaluate:evaluate_examples",

@@ -68,10 +68,10 @@ def _generated_batch(config: RunConfig, packs: int, task) -> Dict[str, torch.Ten
     build without a dataset: pretraining, question answering): shapes and dtypes are all a compile sees."""
     import numpy as np
 
-    from ipu_packing.data.format import TaskLayout, as_batch, mlm_slots, pack_dtype
+    from ipu_packing.data.format import FieldLayout, as_batch, mlm_slots, pack_dtype
 
     S, K = config.data.max_seq_length, config.data.expected_sequences_per_pack
-    layout = TaskLayout(task.name)
+    layout = FieldLayout(task.name)
     records = np.zeros(packs, dtype=pack_dtype(S, mlm_slots(S, K), K, task=layout))
     return {name: torch.from_numpy(array) for name, array in as_batch(records).items()}
 

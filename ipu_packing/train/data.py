@@ -133,14 +133,21 @@ def open_run_data(config, path: Optional[str] = None, open_dataset=None, opened:
     check_data_matches), the config's task on it (train/task.py task_for: a dataset of another task refused),
     and with ``opened`` its shards opened and validated (open_shards; planning opens them last, after the
     cheaper checks)."""
-    from .task import task_for
-
     data = read_training_data(path or config.data.path, prepare_hint(config))
-    check_data_matches(config, data)
-    task = task_for(config, data.manifest)
+    task = match_run_data(config, data)
     if opened:
         open_shards(data, open_dataset)
     return data, task
+
+
+def match_run_data(config, data: TrainingData):
+    """The config's task on a dataset read (read_training_data), the dataset matched against the config first
+    (S, K, vocabulary): open_run_data's checks, for a caller that checks something between reading and matching
+    (planning: that checkpoint.init_from exists, before a vocabulary it would give is compared)."""
+    from .task import task_for
+
+    check_data_matches(config, data)
+    return task_for(config, data.manifest)
 
 
 def open_shards(data: TrainingData, open_dataset=None) -> TrainingData:

@@ -12,10 +12,10 @@ example of the split is scored exactly once, whichever pack holds it; the metric
 no random number (no dropout, no shuffling), so a run resumed from a checkpoint evaluates and trains bitwise as
 an uninterrupted one.
 
-Question answering: every window (feature) is scored once the same way, and data/task/answers.py turns the token
+Question answering: every window (feature) is scored once the same way, and data/finetune/answers.py turns the token
 logits into each question's best span over its windows (run_qa.py's rule, each window's candidates among its own
 context tokens only) and scores the span's text with the official SQuAD v1.1 exact match and F1 against the
-question's gold answers from the split's examples file (data/task/questions.py, the one reader).
+question's gold answers from the split's examples file (data/finetune/questions.py, the one reader).
 """
 
 from __future__ import annotations
@@ -83,12 +83,12 @@ def collect(model: Any, dataset: Any, batch_packs: int) -> Dict[str, np.ndarray]
 
 
 QUESTION_FIELDS = ("sequence_ids", "cls_positions", "example_ids", "feature_ids", "offsets")
-"""The pack fields question-answering post-processing reads besides the logits (data/task/answers.py)."""
+"""The pack fields question-answering post-processing reads besides the logits (data/finetune/answers.py)."""
 
 
 def collect_answers(model: Any, dataset: Any, batch_packs: int, search: Any) -> Tuple[float, float]:
     """Run every pack of a question-answering ``dataset`` through ``model`` (as ``collect``), each window's
-    candidate spans into ``search`` (data/task/answers.py AnswerSearch) from the token logits (B, S); returns
+    candidate spans into ``search`` (data/finetune/answers.py AnswerSearch) from the token logits (B, S); returns
     (loss summed over the start and end labels, their count)."""
     loss_sum, count = 0.0, 0.0
     for batch, out, n in scored_batches(model, dataset, batch_packs):
@@ -134,8 +134,8 @@ def evaluate_questions(model: Any, data: Any, task: Any, batch_packs: int, split
     """Question answering: every window of the split scored once, each question's best span over its windows as
     run_qa.py chooses it, its text cut from the context (the split's examples file), exact match and F1 as the
     official SQuAD v1.1 script computes them, in percent."""
-    from ..data.task.answers import AnswerSearch, squad_metrics
-    from ..data.task.questions import read_examples
+    from ..data.finetune.answers import AnswerSearch, squad_metrics
+    from ..data.finetune.questions import read_examples
 
     examples = read_examples(data.path, data.manifest)
     search = AnswerSearch()

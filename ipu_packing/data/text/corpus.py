@@ -256,7 +256,7 @@ def _module_docstrings(path: str) -> List[str]:
 def stdlib_documents() -> Iterator[Tuple[str, Document]]:
     """(module, document) of each standard-library file with prose, in the default corpus' order: the module is
     the file's top-level name ("email" for email/mime/text.py, "smtplib" for smtplib.py). The demo task
-    (data/task/demo.py) labels sentences by it."""
+    (data/finetune/demo.py) labels sentences by it."""
     root = sysconfig.get_paths()["stdlib"]
     for path in stdlib_files():
         document = _document(_module_docstrings(path))

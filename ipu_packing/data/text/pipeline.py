@@ -50,8 +50,8 @@ from ..write.datasets import PackingOptions, PackSettings, write_datasets  # the
 
 TASKS = tasks.NAMES
 """`prepare --task`: pretraining (a corpus -> NSP/MLM instances, this module) or a fine-tuning task (split files
--> labelled examples, data/task/preparation.py; SQuAD questions -> question + context windows,
-data/task/qa_preparation.py); all end in the same packing phase and pack format. Each task's recipe (tasks/)
+-> labelled examples, data/finetune/preparation.py; SQuAD questions -> question + context windows,
+data/finetune/qa_preparation.py); all end in the same packing phase and pack format. Each task's recipe (tasks/)
 checks its options and runs its preparation."""
 
 
@@ -61,13 +61,13 @@ class PrepareConfig:
 
     input: str
     """Corpus: a file, a directory, a glob, or "default" (embedded corpus from the CPython install). With a task:
-    "default" for its embedded demo task (data/task/demo.py; question answering: data/task/qa_demo.py), else ""
+    "default" for its embedded demo task (data/finetune/demo.py; question answering: data/finetune/qa_demo.py), else ""
     (the splits are train, validation and test)."""
     output: str
     """Output directory (must not exist or be empty); gets packed/ and padded/ (a task: train/, validation/ and
     test/, each with packed/ and padded/)."""
     max_seq_length: Optional[int] = None
-    """S (None: 128; for question answering 384, run_qa.py's: data/task/windows.py MAX_SEQ_LENGTH)."""
+    """S (None: 128; for question answering 384, run_qa.py's: data/finetune/windows.py MAX_SEQ_LENGTH)."""
     vocab: Optional[str] = None
     """vocab.txt or Hugging Face tokenizer directory, or "default" (the default corpus' vocabulary:
     DEFAULT_VOCAB_SIZE WordPiece tokens trained on it, lower-cased). None: see train_vocab."""
@@ -95,13 +95,13 @@ class PrepareConfig:
     """One of TASKS. A task reads train/validation/test (below) and tokenizes with `vocab`, the model's own
     tokenizer; the recipe's options (dupe_factor ... whole_word_masking, shard_chars) do not apply to it."""
     train: Optional[str] = None
-    """A task's train split: a .csv, .tsv, .jsonl, .parquet file or a datasets directory (data/task/rows.py)."""
+    """A task's train split: a .csv, .tsv, .jsonl, .parquet file or a datasets directory (data/finetune/rows.py)."""
     validation: Optional[str] = None
     """A task's validation split (required with train)."""
     test: Optional[str] = None
     """A task's test split (optional; may have no labels)."""
     sentence1_key: Optional[str] = None
-    """The first text column (None: "sentence1", else run_glue's first non-label column; data/task/labels.py)."""
+    """The first text column (None: "sentence1", else run_glue's first non-label column; data/finetune/labels.py)."""
     sentence2_key: Optional[str] = None
     """The second text column (None: "sentence2" where the input has it)."""
     label_key: str = "label"
@@ -223,7 +223,7 @@ def check_corpus_options(config: "PrepareConfig") -> None:
 
 def check_task_inputs(config: "PrepareConfig") -> None:
     """A fine-tuning task's inputs and shared options on their own (the inputs are read, and refused, by
-    data/task/preparation.py and qa_preparation.py)."""
+    data/finetune/preparation.py and qa_preparation.py)."""
     from ..format import MIN_SEQ_LENGTH, PROBLEM_TYPES
 
     if config.train_vocab is not None:
@@ -253,7 +253,7 @@ def check_task_inputs(config: "PrepareConfig") -> None:
 
 def prepare(config: PrepareConfig) -> PrepareResult:
     """Run the whole preparation of ``config``'s task (its ``prepare`` hook, tasks/); a fine-tuning task's splits
-    (data/task/preparation.py TaskResult) come back with the train split's manifests first."""
+    (data/finetune/preparation.py TaskResult) come back with the train split's manifests first."""
     done = tasks.TASKS[config.task].hook("prepare")(config)
     if isinstance(done, PrepareResult):
         return done

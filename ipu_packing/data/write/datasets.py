@@ -19,7 +19,7 @@ import numpy as np
 
 from ...packing.optimal import MAX_ROUNDS as LP_MAX_ROUNDS, TIME_LIMIT as LP_TIME_LIMIT
 from ...errors import DataError
-from ..format import FORMAT_VERSION, PRETRAINING, TaskLayout, field_dtypes, pack_statistics, write_manifest
+from ..format import FORMAT_VERSION, PRETRAINING, FieldLayout, field_dtypes, pack_statistics, write_manifest
 from ..limits import MAX_SEQUENCES_PER_PACK, MAX_WORKERS, check_at_most
 from .packs import PackLayout, dataset_spec, gather_shard, scatter
 from .workers import Workers, progress
@@ -98,7 +98,7 @@ class PackSettings:
     """Tokens of instances per scatter task (consecutive input shards; bounds a worker's memory)."""
     cls_id: Optional[int] = None
     """The vocabulary's [CLS]: every shard written is checked to start each sequence with it (None: not)."""
-    task: TaskLayout = PRETRAINING
+    task: FieldLayout = PRETRAINING
     """The packs' field set (format.FIELD_SETS): a task's instances carry its per-sequence fields as extra columns,
     and its manifest has no MLM keys (`describe` gives its `task` key)."""
 

@@ -38,7 +38,7 @@ import numpy as np
 from ...packing.permutation import KeyedPermutation
 from ...packing.slots import SlotMap, length_ranks
 from ...errors import DataError
-from ..format import PRETRAINING, TOKEN_FIELDS, TaskLayout, pack_dtype
+from ..format import PRETRAINING, TOKEN_FIELDS, FieldLayout, pack_dtype
 from ..shards import check_packs, pack_facts
 from ..instance_files import (PER_INSTANCE, Instances, concat_instances, gather_instances, load_instances, ranges,
                               token_dtype)
@@ -57,7 +57,7 @@ class PackLayout:
     mlm_slots: int  # M (0 for a task without MLM fields)
     vocab_size: Optional[int] = None  # V (None: int32 token ids)
     cls_id: Optional[int] = None  # the vocabulary's [CLS] (None: `write_shard` does not check the first tokens)
-    task: TaskLayout = PRETRAINING  # the field set (format.FIELD_SETS) and its labels
+    task: FieldLayout = PRETRAINING  # the field set (format.FIELD_SETS) and its labels
     num_sequences: Optional[int] = None  # a task dataset's examples: the range of its example ids (writer's check)
 
     @property

@@ -33,7 +33,7 @@ def start_encoder(spec: TokenizerSpec, max_seq_length: int) -> None:
 
 def build_encoder(spec: TokenizerSpec, max_seq_length: int, stride: int = 0, strategy: str = "longest_first"):
     """The fast tokenizer of `spec`, set up as BertTokenizerFast(a, b, truncation=True, max_length=S) runs it (a
-    question-answering task's windows: truncation "only_second" with its doc stride, data/task/windows.py)."""
+    question-answering task's windows: truncation "only_second" with its doc stride, data/finetune/windows.py)."""
     from tokenizers.processors import TemplateProcessing
 
     tokenizer = spec.build()

@@ -9,7 +9,7 @@ Inputs (`read_questions`), by the file's content and name:
     JSON Lines      a .jsonl file, or a .json file that is not one such object: one object a line with "id",
                     "question", "context" and "answers" = {"text": [...], "answer_start": [...]}, the columns
                     transformers' run_qa.py reads (Hugging Face datasets' squad, saved with to_json)
-    .parquet, a datasets directory  the same columns (the `datasets` extra), read by data/task/rows.py
+    .parquet, a datasets directory  the same columns (the `datasets` extra), read by data/finetune/rows.py
 
 Every example is checked before a token is made, each refusal one line naming the file and the line (JSON Lines),
 row (Parquet, datasets) or question id (SQuAD JSON): a question or context that is not text or is empty, an id
@@ -23,7 +23,7 @@ evaluation takes the best match over its gold answers.
 The examples file (EXAMPLES_FILE, JSON Lines, in every dataset directory of the split, named and checksummed by the
 manifest's task key): line i is example i, {"id", "question", "context", "answers": {"text", "answer_start"}}, the
 question as tokenized (left-stripped, and cut to --max-query-length tokens where it was longer). The packs'
-example_ids index it, and their offsets index its contexts: post-processing (data/task/answers.py) cuts an
+example_ids index it, and their offsets index its contexts: post-processing (data/finetune/answers.py) cuts an
 answer's text out of it.
 """
 

@@ -7,10 +7,10 @@ Order of work (the same claiming, temporary directory, worker processes and writ
    is created.
 2. Load the model's tokenizer (preparation.py `task_tokenizer`: --tokenizer DIR; the demo task, `--input default`,
    without one gets the default corpus' vocabulary).
-3. Read every split whole and check every question (data/task/questions.py): any refusal happens here, before a
+3. Read every split whole and check every question (data/finetune/questions.py): any refusal happens here, before a
    token is made, and leaves nothing behind.
 4. Per split: cut the questions to --max-query-length and tokenize question + context into windows in the worker
-   processes (data/task/windows.py), as run_qa.py's BertTokenizerFast call makes its features, into instance files
+   processes (data/finetune/windows.py), as run_qa.py's BertTokenizerFast call makes its features, into instance files
    with the task's columns (answer positions, example and feature ids, token offsets); number the windows over the
    split (`shift_feature_ids`); then one plan over their lengths and the packed and padded datasets
    (write/datasets.py `write_datasets`, the one packing phase), each with its manifest (its `task` key:
@@ -31,7 +31,7 @@ import numpy as np
 
 from ... import tasks
 from ...errors import DataError
-from ..format import SPLITS, TaskLayout
+from ..format import SPLITS, FieldLayout
 from ..vocab import TokenizerSpec
 from ..write.datasets import PackSettings, write_datasets
 from ..write.workers import Phases, Workers, progress
@@ -118,7 +118,7 @@ def _write_split(config, spec: TokenizerSpec, name: str, split: QuestionSplit, s
     settings = PackSettings(max_seq_length=config.max_seq_length, vocab_size=len(spec.vocab),
                             mlm_slots=lambda k: 0, options=config.packing, group_tokens=config.group_tokens,
                             cls_id=spec.special_token_ids["[CLS]"],
-                            task=TaskLayout(tasks.QUESTION_ANSWERING.name, num_examples=n))
+                            task=FieldLayout(tasks.QUESTION_ANSWERING.name, num_examples=n))
     directory = os.path.join(temp, name)
     manifests = write_datasets(paths, lengths, 0, settings, directory, workers, describe, lap)
     shutil.rmtree(os.path.join(directory, "work"))

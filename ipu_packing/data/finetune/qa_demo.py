@@ -199,7 +199,7 @@ def guess_levels(questions: List[Dict[str, object]]) -> Tuple[float, float]:
     be), and a random one of those that is not a word of the question. A model that only tells the passage's words
     found in the question from the others scores about the second.
 
-        python -c "from ipu_packing.data.task.qa_demo import *; print(guess_levels(demo_questions()['validation']))"
+        python -c "from ipu_packing.data.finetune.qa_demo import *; print(guess_levels(demo_questions()['validation']))"
     """
     anywhere, absent = [], []
     for q in questions:

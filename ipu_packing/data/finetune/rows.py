@@ -11,7 +11,7 @@ Formats, by the name's ending (run_glue.py's conventions: a header of column nam
     a directory     a Hugging Face `datasets` Dataset saved with `save_to_disk` (the `datasets` extra); a
                     DatasetDict's directory holds one per split, so name the split's (DIR/train)
 
-CSV and TSV cells are text (typed=False: data/task/labels.py reads numbers and JSON lists out of the label's text);
+CSV and TSV cells are text (typed=False: data/finetune/labels.py reads numbers and JSON lists out of the label's text);
 JSON Lines, Parquet and datasets values keep their types (typed=True). Files are read as bytes: bad UTF-8 is one
 line naming the file, the line and the column; a blank line of CSV, TSV or JSON Lines is skipped (pandas and
 datasets skip them too). Rows are numbered from 0 in the order read (a row's example id); messages name a line of a

@@ -7,10 +7,10 @@ Order of work (the same claiming, temporary directory, worker processes and writ
    writes it) and check that every split's input exists, before anything is created.
 2. Load the model's tokenizer (`--tokenizer DIR`: data/vocab.py `load_tokenizer`; the demo task, `--input default`,
    without one gets the default corpus' vocabulary, the demo BERT's).
-3. Read every split whole (data/task/rows.py), choose the text columns and the labels on the train split and
-   check every row of every split against them (data/task/labels.py): any refusal happens here, before a
+3. Read every split whole (data/finetune/rows.py), choose the text columns and the labels on the train split and
+   check every row of every split against them (data/finetune/labels.py): any refusal happens here, before a
    token is made, and leaves nothing behind.
-4. Per split: tokenize chunks of rows in the worker processes (data/task/encode.py) into instance files with
+4. Per split: tokenize chunks of rows in the worker processes (data/finetune/encode.py) into instance files with
    the task's columns (labels, example_ids), then one plan over their lengths and the packed and padded
    datasets (data/write/datasets.py `write_datasets`, the one packing phase), each with its manifest (its
    `task` key: tasks/sequence_classification.py MANIFEST_KEYS) and the tokenizer's vocab.txt.
@@ -30,7 +30,7 @@ import numpy as np
 
 from ... import tasks
 from ...errors import DataError
-from ..format import SPLITS, TaskLayout
+from ..format import SPLITS, FieldLayout
 from ..vocab import TokenizerSpec, load_tokenizer, train_default_vocab
 from ..write.datasets import PackSettings, write_datasets
 from ..write.output import claim_output, write_atomically
@@ -40,7 +40,7 @@ from .rows import SplitTable, check_split_path, read_split
 from .labels import LabelMap, SplitLabels, check_columns, encode_labels, infer_labels, text_columns, texts
 
 DEMO_INPUT = "default"
-"""`--input default` with a task: the embedded demo task (data/task/demo.py)."""
+"""`--input default` with a task: the embedded demo task (data/finetune/demo.py)."""
 
 
 @dataclass
@@ -168,7 +168,7 @@ def _write_split(config, spec: TokenizerSpec, name: str, table: SplitTable, show
     lengths = [lengths for lengths, _ in results]
     truncated = sum(count for _, count in results)
     lap("tokenize")
-    task = TaskLayout(tasks.CLASSIFICATION.name, label_map.problem_type, label_map.num_labels, labels.has_labels)
+    task = FieldLayout(tasks.CLASSIFICATION.name, label_map.problem_type, label_map.num_labels, labels.has_labels)
     entry = {
         "name": task.name, "problem_type": task.problem_type, "num_labels": task.num_labels,
         "labels": label_map.names, "label_counts": labels.counts, "split": name, "has_labels": labels.has_labels,
