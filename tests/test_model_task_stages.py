@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 
+from ipu_packing import tasks
 from ipu_packing.execution import ExecutionConfig
 from ipu_packing.execution.poptorch_backend import apply_placement
 from ipu_packing.execution.poptorch_options import build_options
@@ -35,10 +36,16 @@ from task_packs import slots, task_packs
 
 import poptorch_stand_in as si
 
-TASKS = {
-    "classification": (PackedBertForSequenceClassification, classification_stages, CLASSIFICATION_INPUTS),
-    "question_answering": (PackedBertForQuestionAnswering, question_answering_stages, QUESTION_ANSWERING_INPUTS),
-}
+TASKS = {task.name: task for task in tasks.TASKS.values() if task.fine_tuning}
+"""Every fine-tuning task of the registry: its model class and its parts (tasks/: model and stages hooks)."""
+
+
+def test_the_registry_names_each_tasks_model_and_parts():
+    assert {name: (task.model_class(), task.stages(2).inputs) for name, task in TASKS.items()} == {
+        "classification": (PackedBertForSequenceClassification, CLASSIFICATION_INPUTS),
+        "question_answering": (PackedBertForQuestionAnswering, QUESTION_ANSWERING_INPUTS)}
+    assert classification_stages(2, [1, 1]) == TASKS["classification"].stages(2, [1, 1])
+    assert question_answering_stages(2, [1, 1]) == TASKS["question_answering"].stages(2, [1, 1])
 
 
 def tiny(task, num_layers=2, seed=0, dropout=0.0):
@@ -47,7 +54,7 @@ def tiny(task, num_layers=2, seed=0, dropout=0.0):
                                      intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=dropout,
                                      attention_probs_dropout_prob=dropout,
                                      num_labels=3 if task == "classification" else 2)
-    return TASKS[task][0](config)
+    return TASKS[task].model_class()(config)
 
 
 def task_batch(task, seed=0, num_packs=6):
@@ -61,7 +68,7 @@ def task_batch(task, seed=0, num_packs=6):
         for b, k, seq in slots(groups):
             start[b, k] = batch["cls_positions"][b, k] + int(rng.integers(0, len(seq)))
         batch["start_positions"], batch["end_positions"] = start, start.clone()
-    return {name: batch[name] for name in TASKS[task][2]}
+    return {name: batch[name] for name in TASKS[task].stages(2).inputs}
 
 
 @pytest.mark.parametrize("split", [[], [2], [0, 2], [1, 1], [2, 0]])
@@ -69,7 +76,7 @@ def task_batch(task, seed=0, num_packs=6):
 def test_the_parts_in_order_are_the_forward(task, split):
     model = tiny(task).eval()
     batch = task_batch(task)
-    stages = TASKS[task][1](2, split)
+    stages = TASKS[task].stages(2, split)
     assert stages.inputs == tuple(batch) and model_stages(model, split) == stages
     state = dict(batch)
     for part in stages.parts:
@@ -85,7 +92,7 @@ def test_the_parts_in_order_are_the_forward(task, split):
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_parameter_belongs_to_one_part_and_the_heads_sit_on_the_last_device(task, split):
     model = tiny(task)
-    stages = TASKS[task][1](2, split)
+    stages = TASKS[task].stages(2, split)
     owners = parameter_owners(model, stages)
     assert set(owners) == {n for n, _ in model.named_parameters()}
     heads = stages.parts[-1]
@@ -136,7 +143,7 @@ CONFIG = dict(backend="poptorch", micro_batch_size=2, gradient_accumulation=5, l
 def compile_step(poptorch, task, model=None):
     config = ExecutionConfig(**CONFIG)
     model = model or tiny(task, dropout=0.1)
-    stages = TASKS[task][1](2, config.layers_per_ipu)
+    stages = TASKS[task].stages(2, config.layers_per_ipu)
     apply_placement(model, config, poptorch, stages)
     model.train()
     batch = task_batch(task, num_packs=8)  # 10 packs: micro batch 2 x accumulation 5
