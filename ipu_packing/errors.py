@@ -34,7 +34,7 @@ import re
 import sys
 from typing import Any, Callable, Iterator, List, Optional
 
-from .signals import terminate_as_interrupt
+from .signals import stop_of, terminate_as_interrupt
 
 USER_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
@@ -301,6 +301,9 @@ def run_command(main: Callable[[Optional[List[str]]], int], argv: Optional[List[
     except UserError as error:
         quiet.start()
         message, code = one_line(error) or type(error).__name__, error.exit_code
+        stopped = stop_of(error)  # a read that failed because a signal stopped the command: report the stop
+        if stopped is not None:
+            message, code = stopped.line, stopped.exit_code
     except KeyboardInterrupt as error:  # Ctrl-C, or stopping.Stopped: SIGTERM, a training run stopped by either
         quiet.start()
         message = getattr(error, "line", None) or "interrupted"
@@ -314,6 +317,9 @@ def run_command(main: Callable[[Optional[List[str]]], int], argv: Optional[List[
             raise
         quiet.start()
         message, code = cause or describe_os_error(error), USER_ERROR_EXIT  # type: ignore[arg-type]
+        stopped = stop_of(error)
+        if stopped is not None:
+            message, code = stopped.line, stopped.exit_code
     quiet.finish()  # the exception and its traceback are gone: collect what they held, quietly
     try:
         sys.stdout.flush()

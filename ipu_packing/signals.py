@@ -54,8 +54,25 @@ def handlers(table: Dict[int, Callable[[int, Any], None]]) -> Iterator[None]:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
+_received: list = []
+"""The stop signals terminate_as_interrupt's handler took during the current command."""
+
+
 def _raise_stopped(signum: int, frame: Any) -> None:
+    _received.append(signum)
     raise Stopped(signum)
+
+
+def stop_of(error: BaseException) -> Optional[Stopped]:
+    """The stop behind ``error``: a SIGTERM the command took, or a Ctrl-C or stop among the exceptions ``error``
+    was raised while handling (a read failing because the stop closed its file, a worker pool torn down under
+    it). A command stopped by a signal reports the stop, whatever failed on the way out."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return seen if isinstance(seen, Stopped) else Stopped(signal.SIGINT)
+        seen = seen.__context__
+    return Stopped(_received[0]) if _received else None
 
 
 def ignore_stop_signals(*_: Any) -> None:
@@ -67,8 +84,10 @@ def ignore_stop_signals(*_: Any) -> None:
 
 
 def terminate_as_interrupt() -> "contextlib.AbstractContextManager[None]":
-    """For the block: SIGTERM raises Stopped (a KeyboardInterrupt) wherever the command is, as Ctrl-C does."""
+    """For the block: SIGTERM raises Stopped (a KeyboardInterrupt) wherever the command is, as Ctrl-C does (and
+    stop_of remembers it)."""
+    del _received[:]
     return handlers({signal.SIGTERM: _raise_stopped})
 
 
-__all__ = ["Stopped", "handlers", "ignore_stop_signals", "signal_name", "terminate_as_interrupt"]
+__all__ = ["Stopped", "handlers", "ignore_stop_signals", "signal_name", "stop_of", "terminate_as_interrupt"]

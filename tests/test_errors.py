@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -72,6 +73,56 @@ def test_argument_errors_are_one_line(capsys):
     code, out, err = _run(main, capsys)
     assert code == 2 and out == ""
     assert err.startswith("error: argument --n: invalid int value") and err.count("\n") == 1
+
+
+def _stopped_then_failed_reading(argv):
+    """A read that fails because the stop closed its file: the DataError is raised while the stop unwinds."""
+    from ipu_packing.errors import DataError
+    from ipu_packing.signals import Stopped
+
+    try:
+        raise Stopped(signal.SIGTERM)
+    finally:
+        raise DataError("corpus.txt: cannot read (Bad file descriptor)")
+
+
+def _signalled_then_failed_reading(argv):
+    """SIGTERM taken by the command's handler, its Stopped swallowed on the way (a worker pool torn down), then a
+    read of the file the stop closed fails outside of it."""
+    from ipu_packing.errors import DataError
+
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between bytecodes of the main thread
+            pass
+    except KeyboardInterrupt:
+        pass
+    raise DataError("corpus.txt: cannot read (Bad file descriptor)")
+
+
+def _failed_with_oserror(argv):
+    from ipu_packing.signals import Stopped
+
+    try:
+        raise Stopped(signal.SIGTERM)
+    except KeyboardInterrupt:
+        raise OSError(errno.EBADF, "Bad file descriptor", "corpus.txt")
+
+
+@pytest.mark.parametrize("main", [_stopped_then_failed_reading, _signalled_then_failed_reading, _failed_with_oserror])
+def test_a_stopped_command_reports_the_stop_whatever_failed_on_the_way_out(main, capsys):
+    assert run_command(main, []) == 143
+    assert capsys.readouterr().err == "error: terminated (SIGTERM)\n"
+
+
+def test_an_error_after_a_command_took_no_signal_is_the_error(capsys):
+    from ipu_packing.errors import DataError
+
+    def main(argv):
+        raise DataError("corpus.txt: cannot read (Bad file descriptor)")
+
+    assert run_command(main, []) == 2
+    assert capsys.readouterr().err == "error: corpus.txt: cannot read (Bad file descriptor)\n"
 
 
 def test_input_error_is_a_value_error():
