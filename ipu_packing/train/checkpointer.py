@@ -58,6 +58,10 @@ class Checkpointer:
         """The summary of the finished run the directory holds, asked for again as it was: nothing is trained or
         written."""
         self.last_saved: Optional[str] = None
+        self.fingerprint: Dict[str, Any] = {}
+        """What every checkpoint of the run records about its data and batch (choose's)."""
+        self.scheduler: Any = None
+        """The run's schedule, whose state every checkpoint holds (load_weights')."""
         """The last checkpoint written or resumed from (every checkpoint is finite throughout)."""
 
     # ---- planning: nothing written -------------------------------------------------------------------------
@@ -76,7 +80,7 @@ class Checkpointer:
             refuse_or_force(self.forced, path, config.checkpoint.resume == "force", run_dir.file(RunDirectory.FORCED))
         recorded = state.config if state is not None and path == run_dir.latest() else None
         self.finished = run_dir.finished(recorded, path, self.forced)
-        self.resume_path, self.state, self.last_saved = path, state, path
+        self.resume_path, self.state, self.last_saved, self.fingerprint = path, state, path, fingerprint
 
     def check_init(self, data) -> None:
         """A fresh run's checkpoint.init_from: it exists and was trained on the dataset's vocabulary."""
@@ -91,6 +95,7 @@ class Checkpointer:
         """The built model, optimizer and schedule: the checkpoint's when resuming (a forced resume: the moments
         and step counts only), the phase-1 weights (init_from), or left as built (seeded)."""
         state = self.state
+        self.scheduler = built.scheduler
         if state is None:
             if self.config.checkpoint.init_from:
                 load_init_from(self.config, data, built.model, type(built.model))  # one line: what, from where
@@ -142,7 +147,7 @@ class Checkpointer:
             self.run_dir.prepare(self.config.to_dict(), progress.step if state is not None else None, log)
         return progress
 
-    def save(self, runner, progress: Progress, record, scheduler, fingerprint: Dict[str, Any]) -> Optional[str]:
+    def save(self, runner, progress: Progress, record) -> Optional[str]:
         """Gather the TrainingState on every process (collectives under torchrun) and write it on the writer,
         keeping checkpoint.keep. Returns the last checkpoint written; a state that is not finite is refused as a
         divergence (TrainingError naming the last finite one)."""
@@ -155,12 +160,12 @@ class Checkpointer:
             step=progress.step,
             model=runner.model.state_dict(),
             optimizer=optimizer_state,
-            scheduler=scheduler.state_dict(),
+            scheduler=self.scheduler.state_dict(),
             data={"epoch": progress.epoch, "step_in_epoch": progress.step_in_epoch},
             rng=rng_states[0],
             rng_per_rank=rng_states,
             config=self.config.to_dict(),
-            dataset=fingerprint,
+            dataset=self.fingerprint,
             metrics=record.to_dict(),
         )
         try:

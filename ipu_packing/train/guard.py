@@ -87,12 +87,13 @@ class StepGuard:
             self.signum = agreed  # another process's signal: stop with it
         return bool(agreed)
 
-    def check_loss(self, loss: float, step: int, last_saved: Optional[str]) -> None:
+    def check_loss(self, loss: float, step: int, last_finite: str) -> None:
         """Stop the run (TrainingError) at a step whose loss (reduced over every process, so all stop at the same
-        step) is inf or NaN, naming the last checkpoint, which is finite throughout."""
+        step) is inf or NaN, naming ``last_finite``: the last checkpoint, finite throughout
+        (Checkpointer.last_finite)."""
         if not math.isfinite(loss):
             raise TrainingError("loss is %s at step %d: the run diverged and stopped; the last checkpoint finite "
-                                "throughout is %s" % (loss, step, last_saved or "none (no checkpoint was written yet)"))
+                                "throughout is %s" % (loss, step, last_finite))
 
     def check_data(self, step: int, last_saved: Optional[str]) -> None:
         """Before the next batch is fetched: refuse (UserError, one line, naming the shard, the step and the last

@@ -96,7 +96,7 @@ def train(plan: RunPlan, runner, log: Callable[[str], None]) -> Dict[str, Any]:
         while progress.step < total:
             for batch in epoch_batches(plan, runner, progress):
                 record = train_step(plan, runner, batch, progress, first=not history)
-                guard.check_loss(record.loss, progress.step, checkpointer.last_saved)
+                guard.check_loss(record.loss, progress.step, checkpointer.last_finite())
                 logger.log(record)
                 history.append(record)
                 if progress.step_in_epoch >= plan.steps_per_epoch:
@@ -104,7 +104,7 @@ def train(plan: RunPlan, runner, log: Callable[[str], None]) -> Dict[str, Any]:
                 stopping = progress.step < total and guard.stop_requested(runner, progress.step)
                 if stopping or checkpoint_due(progress.step, calls, config.checkpoint.every_steps, total):
                     with guard.saving():
-                        checkpointer.save(runner, progress, record, plan.built.scheduler, plan.fingerprint)
+                        checkpointer.save(runner, progress, record)
                     guard.saved(progress.step, checkpointer.last_saved)
                 if stopping:
                     raise guard.stopped(progress.step, checkpointer.last_saved)
