@@ -103,7 +103,7 @@ def test_the_cuda_configs_load_and_validate(name, replicas):
     base = load_config("demo_512")
     ex = config.execution_spec
     chosen = (ex.backend, ex.device, ex.precision, config.model["packed_attention"])
-    assert chosen == ("torch", "cuda", "bf16", "varlen")
+    assert chosen == ("torch", "cuda", "bf16", "sdpa")  # auto on CUDA: the fused kernels (make gpu-check)
     assert ex.replication_factor == replicas and config.execution.world_size == replicas
     # the same training problem as demo_512: model, data, steps and the 58-sequence step (packed: 30 packs)
     assert {k: v for k, v in config.model.items() if k != "packed_attention"} == {

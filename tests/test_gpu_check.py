@@ -44,8 +44,15 @@ def test_cpu_mode_records_every_check(default_data_128, tmp_path):
         assert r["run_dir"] == str(output / "runs" / r["attention"])
         assert r["checkpoints"] == ["step_0000002.pt", "step_0000004.pt"]
 
-    # killed by SIGKILL with the step-2 checkpoint on disk and step 3 logged, resumed, then bitwise the same
+    # with deterministic kernels: an uninterrupted run, then one killed by SIGKILL with the step-2 checkpoint on
+    # disk and step 3 logged, resumed, then bitwise the same
     resume = report["resume"]
+    reference = resume["reference"]
+    assert reference["run_dir"] == str(output / "runs" / "sdpa_deterministic") and reference["passed"]
+    assert "execution.deterministic=true" in reference["command"] and "model.packed_attention=sdpa" in reference[
+        "command"]
+    assert "execution.deterministic=true" in resume["resumed"]["command"]
+    assert resume["run_dir"] == str(output / "runs" / "sdpa_resumed")
     assert resume["killed"]["returncode"] == -9 and resume["killed_by_sigkill"]
     assert resume["killed"]["checkpoints"] == ["step_0000002.pt"] and resume["killed"]["metrics_steps"] == [1, 2, 3]
     assert not resume["killed"]["final_exported"]

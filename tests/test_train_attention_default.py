@@ -25,7 +25,8 @@ ROWS = [
     ("demo_512", ["model.packed_attention=auto"], "varlen"),            # "auto" spelled out
     ("demo", ["data.max_seq_length=%d" % LONG_SEQUENCES], "varlen"),    # the threshold itself
     ("demo", ["data.max_seq_length=%d" % (LONG_SEQUENCES - 1)], "sdpa"),
-    ("demo", ["execution.device=cuda"], "varlen"),                      # CUDA: at any S
+    ("demo", ["execution.device=cuda"], "sdpa"),                        # CUDA: the fused kernels at any S
+    ("demo_512", ["execution.device=cuda"], "sdpa"),
     ("demo_512", ["execution.torch_compile=true"], "sdpa"),             # fullgraph cannot take varlen's layout
     ("bert_large_512_pod16", [], "dense"),                              # PopTorch traces dense only
     ("bert_base_512_pod16_padded", [], "dense"),

@@ -237,3 +237,25 @@ def test_planning_reads_the_datasets_manifest_once(data_dir, tmp_path):
         _sys.setprofile(None)
     assert calls == [plan.data.path]
     assert plan.data.dataset.manifest == plan.data.manifest
+
+
+def test_deterministic_kernels_hold_for_the_run_and_are_put_back(data_dir, tmp_path, monkeypatch):
+    """execution.deterministic: torch's deterministic algorithms and cuBLAS's fixed workspace while the loop
+    trains (what makes a CUDA resume bitwise), and the process as it was after; without it, nothing changes."""
+    from ipu_packing.train import loop
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "unset by the test")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    seen = []
+    real = loop.train
+
+    def watched(plan, runner, log):
+        seen.append((torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+        return real(plan, runner, log)
+
+    monkeypatch.setattr(loop, "train", watched)
+    train(tiny(data_dir, str(tmp_path / "a"), "training.steps=2", "execution.deterministic=true"))
+    train(tiny(data_dir, str(tmp_path / "b"), "training.steps=2"))
+    assert seen == [(True, ":4096:8"), (False, None)]
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert losses(str(tmp_path / "a")) == losses(str(tmp_path / "b"))  # on CPU the same kernels either way

@@ -12,14 +12,16 @@ on one GPU (an H200), records:
    (``model.packed_attention=dense|sdpa|varlen``) under bf16 autocast (``execution.precision=bf16``),
    checkpoints every 2 steps, each into its own ``checkpoint.output_dir`` (OUTPUT/runs/ATTENTION): exit status,
    every step's losses (all finite) and sequences/s.
-3. Kill and resume: the varlen run again into OUTPUT/runs/varlen_resumed, with run_pretraining.py's command line
-   through ``run_compare.run_killed``, which SIGKILLs its own process as soon as step 3's metrics are logged: the
-   step-2 checkpoint is on disk and step 3 is lost. Then ``run_pretraining.py`` with the same command line
-   (``checkpoint.resume: auto`` resumes at step 2). Its metrics.jsonl
-   losses and its final checkpoint's tensors (model, optimizer, scheduler, data position, RNG states) are
-   compared bitwise with the uninterrupted OUTPUT/runs/varlen's. On CUDA a mismatch is followed by a second
-   uninterrupted run (OUTPUT/runs/varlen_again), which tells a resume fault from run-to-run nondeterminism of
-   the GPU kernels (atomics in scatter/gather backward).
+3. Kill and resume, with deterministic kernels (``execution.deterministic=true``: CUDA's atomic scatter and
+   attention backward kernels otherwise differ run to run in the last bits, so no resume could match bitwise):
+   the sdpa run (demo_512_cuda's attention) uninterrupted into OUTPUT/runs/sdpa_deterministic, then again into
+   OUTPUT/runs/sdpa_resumed with run_pretraining.py's command line through ``run_compare.run_killed``, which
+   SIGKILLs its own process as soon as step 3's metrics are logged: the step-2 checkpoint is on disk and step 3
+   is lost. Then ``run_pretraining.py`` with the same command line (``checkpoint.resume: auto`` resumes at step
+   2). Its metrics.jsonl losses and its final checkpoint's tensors (model, optimizer, scheduler, data position,
+   RNG states) are compared bitwise with the uninterrupted run's. On CUDA a mismatch is followed by a second
+   uninterrupted run (OUTPUT/runs/sdpa_again), which tells a resume fault from kernels that are still not
+   deterministic run to run.
 4. Peers: the peers bench (peers.py, as ``python -m ipu_packing.bench --peers --device cuda --precision bf16``)
    at BERT-Base S=512, then BERT-Large when the time left allows: sequences/s and peak memory
    (``torch.cuda.max_memory_allocated``) of transformers padded and grouped, and ours padded and packed with
@@ -55,8 +57,10 @@ from .run_compare import KILLED, REPO, checkpoints, compare_runs, read_losses, r
 RUN_PRETRAINING = os.path.join(REPO, "run_pretraining.py")
 CONFIG = "demo_512_cuda"
 ATTENTIONS = ("dense", "sdpa", "varlen")
-RESUMED_ATTENTION = "varlen"
-"""The attention of the kill-and-resume run: demo_512_cuda's own."""
+RESUMED_ATTENTION = "sdpa"
+"""The attention of the kill-and-resume run: demo_512_cuda's own (``auto`` on CUDA)."""
+DETERMINISTIC = "execution.deterministic=true"
+"""The kill-and-resume runs' override: the runs are compared bitwise."""
 CHECKPOINT_EVERY = 2
 KILL_AFTER_STEP = CHECKPOINT_EVERY + 1
 """The killed run dies once this step's metrics are logged: its first checkpoint is on disk, this step is lost."""
@@ -118,10 +122,11 @@ def training_overrides(mode: Mode, data: str, S: int, attention: str, run_dir: s
             "checkpoint.output_dir=%s" % run_dir] + mode.overrides
 
 
-def training_run(mode: Mode, data: str, S: int, attention: str, run_dir: str, timeout: float) -> Dict[str, Any]:
-    """One run_pretraining.py command and what its run directory shows."""
-    command = [sys.executable, RUN_PRETRAINING, "--config", CONFIG] + training_overrides(mode, data, S, attention,
-                                                                                       run_dir)
+def training_run(mode: Mode, data: str, S: int, attention: str, run_dir: str, timeout: float,
+                 extra: Sequence[str] = ()) -> Dict[str, Any]:
+    """One run_pretraining.py command (``extra``: overrides after the mode's) and what its run directory shows."""
+    command = [sys.executable, RUN_PRETRAINING, "--config", CONFIG] + training_overrides(
+        mode, data, S, attention, run_dir) + list(extra)
     out = run_command_line(command, timeout)
     losses = read_losses(run_dir)
     rates = [row[4] for row in losses[1:]] or [row[4] for row in losses]
@@ -134,12 +139,13 @@ def training_run(mode: Mode, data: str, S: int, attention: str, run_dir: str, ti
     return out
 
 
-def kill_and_resume(mode: Mode, data: str, S: int, runs: str, reference: Dict[str, Any],
-                    timeout) -> Dict[str, Any]:
-    """The varlen run killed after step KILL_AFTER_STEP, resumed with the same run_pretraining.py command, and
-    compared bitwise with the uninterrupted ``reference`` run (a training_run of the same config)."""
+def kill_and_resume(mode: Mode, data: str, S: int, runs: str, timeout) -> Dict[str, Any]:
+    """The RESUMED_ATTENTION run with deterministic kernels: uninterrupted, then killed after step
+    KILL_AFTER_STEP and resumed with the same run_pretraining.py command, and the two compared bitwise."""
+    reference = training_run(mode, data, S, RESUMED_ATTENTION, os.path.join(runs, RESUMED_ATTENTION + "_deterministic"),
+                             timeout(), [DETERMINISTIC])
     run_dir = os.path.join(runs, RESUMED_ATTENTION + "_resumed")
-    overrides = training_overrides(mode, data, S, RESUMED_ATTENTION, run_dir)
+    overrides = training_overrides(mode, data, S, RESUMED_ATTENTION, run_dir) + [DETERMINISTIC]
     killed = run_command_line([sys.executable, "-c", KILLED, str(KILL_AFTER_STEP), "--config", CONFIG] + overrides,
                               timeout())
     killed.update(checkpoints=checkpoints(run_dir), metrics_steps=[row[0] for row in read_losses(run_dir)],
@@ -149,15 +155,15 @@ def kill_and_resume(mode: Mode, data: str, S: int, runs: str, reference: Dict[st
     comparison = compare_runs(reference["run_dir"], run_dir)
     progress("resumed run: exit %s; bitwise equal to the uninterrupted run: %s" % (resumed["returncode"],
                                                                                    comparison["bitwise"]))
-    out = dict(killed=killed, resumed=resumed, comparison=comparison, run_dir=run_dir,
+    out = dict(reference=reference, killed=killed, resumed=resumed, comparison=comparison, run_dir=run_dir,
                killed_by_sigkill=killed["returncode"] == -signal.SIGKILL,
                first_checkpoint_on_disk_at_kill="step_%07d.pt" % CHECKPOINT_EVERY in killed["checkpoints"],
                killed_before_the_end=not killed["final_exported"])
     if not comparison["bitwise"] and mode.device == "cuda":  # a resume fault, or the GPU's own nondeterminism?
         again = training_run(mode, data, S, RESUMED_ATTENTION, os.path.join(runs, RESUMED_ATTENTION + "_again"),
-                             timeout())
+                             timeout(), [DETERMINISTIC])
         out["run_to_run"] = dict(run=again, comparison=compare_runs(reference["run_dir"], again["run_dir"]))
-    out["passed"] = bool(out["killed_by_sigkill"] and out["first_checkpoint_on_disk_at_kill"]
+    out["passed"] = bool(reference["passed"] and out["killed_by_sigkill"] and out["first_checkpoint_on_disk_at_kill"]
                          and out["killed_before_the_end"] and resumed["returncode"] == 0 and comparison["bitwise"])
     return out
 
@@ -228,8 +234,10 @@ def failures(report: Dict[str, Any]) -> List[str]:
     resume = report.get("resume")
     if resume is not None and not resume["passed"]:
         c = resume["comparison"]
-        out.append("kill and resume: killed by SIGKILL %s, checkpoint on disk %s, resumed exit %s, losses equal %s, "
-                   "checkpoint equal %s" % (resume["killed_by_sigkill"], resume["first_checkpoint_on_disk_at_kill"],
+        out.append("kill and resume: deterministic run exit %s, killed by SIGKILL %s, checkpoint on disk %s, resumed "
+                   "exit %s, losses equal %s, checkpoint equal %s" % (
+                       resume["reference"]["returncode"], resume["killed_by_sigkill"],
+                       resume["first_checkpoint_on_disk_at_kill"],
                                             resume["resumed"]["returncode"], c["losses_equal"],
                                             c.get("checkpoint", {}).get("equal")))
     out.extend("peers %s: %s" % (p["model"], p["error"]) for p in report["peers"] if "error" in p)
@@ -259,8 +267,12 @@ def format_markdown(report: Dict[str, Any]) -> str:
     if resume is not None:
         c = resume["comparison"]
         ck = c.get("checkpoint", {})
-        lines += ["", "## Kill and resume (%s, SIGKILL once step %d is logged, checkpoint every %d steps)"
-                  % (RESUMED_ATTENTION, KILL_AFTER_STEP, CHECKPOINT_EVERY), "",
+        ref = resume["reference"]
+        lines += ["", "## Kill and resume (%s, %s, SIGKILL once step %d is logged, checkpoint every %d steps)"
+                  % (RESUMED_ATTENTION, DETERMINISTIC, KILL_AFTER_STEP, CHECKPOINT_EVERY), "",
+                  "The uninterrupted run with deterministic kernels: exit %s, %d steps, %s sequences/s (median)."
+                  % (ref["returncode"], ref["steps"], "%.1f" % ref["sequences_per_second"]
+                     if ref["sequences_per_second"] is not None else "-"), "",
                   "| killed by SIGKILL | checkpoints at the kill | resumed exit | losses equal (%s steps) | "
                   "checkpoint values equal | differing | max abs difference |" % c["steps"][0],
                   "|---|---|---|---|---|---|---|",
@@ -388,8 +400,7 @@ def check(mode: Mode, data: str, output: str) -> Dict[str, Any]:
         training=[], peers=[])
     for attention in ATTENTIONS:
         report["training"].append(training_run(mode, data, S, attention, os.path.join(runs, attention), timeout()))
-    reference = [r for r in report["training"] if r["attention"] == RESUMED_ATTENTION][0]
-    report["resume"] = kill_and_resume(mode, data, S, runs, reference, timeout)
+    report["resume"] = kill_and_resume(mode, data, S, runs, timeout)
     histogram, source = peers_histogram(mode, data)
     report["peers_lengths"] = source
     for spec in mode.peers:

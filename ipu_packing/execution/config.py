@@ -106,6 +106,12 @@ class ExecutionConfig:
     torch_compile_backend: str = "inductor"
     """torch.compile backend when ``torch_compile`` is set ("inductor"; "eager" captures graphs without
     generating code, which is how the tests count compilations cheaply)."""
+    deterministic: bool = False
+    """torch backend: deterministic kernels only (``torch.use_deterministic_algorithms(True)``, and cuBLAS's
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` where unset), for the run's duration, as transformers'
+    ``full_determinism``: on CUDA a run then repeats bitwise and a resumed run matches the uninterrupted one
+    (without it, CUDA's atomic scatter and attention backward kernels differ run to run in the last bits).
+    Slower on CUDA; the CPU kernels this project runs are deterministic either way. poptorch ignores it."""
     seed: int = 0
     """poptorch's randomSeed (the device's random number generator: dropout, stochastic rounding). The
     data order is not the runner's: the training loop's epoch order is seeded by training.seed."""

@@ -258,6 +258,28 @@ def passes(batch, micro: int, sizes: Sequence[int], device: torch.device,
     return out
 
 
+@contextlib.contextmanager
+def deterministic_kernels(config) -> Iterator[None]:
+    """``config.deterministic`` (ExecutionConfig) for the block's duration: torch's deterministic algorithms on,
+    and cuBLAS's fixed workspace where CUBLAS_WORKSPACE_CONFIG is unset (read when CUDA first builds a cuBLAS
+    handle, so before the first step); both are put back as they were after. An operation with no
+    deterministic kernel raises torch's RuntimeError naming it."""
+    if not config.deterministic or config.backend != "torch":
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    workspace = "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    if workspace:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        if workspace:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+
+
 def autocast(config, device: torch.device):
     if config.precision == "fp32":
         return contextlib.nullcontext()

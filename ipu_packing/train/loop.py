@@ -61,6 +61,8 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print,
         return plan.finished
     if make_runner is None:
         from ipu_packing.execution import make_runner
+    from ipu_packing.execution.runner_common import deterministic_kernels
+
     built = plan.built
     runner = make_runner(built.model, built.optimizer, plan.accounting.execution, scheduler=built.scheduler,
                          metrics=plan.task.metrics)
@@ -70,7 +72,8 @@ def execute(plan: RunPlan, log: Callable[[str], None] = print,
     refused = plan.checkpointer.open(runner)  # the lock: a second run in this directory is refused here
     try:
         runner.agree_ready(refused)
-        return train(plan, runner, say)
+        with deterministic_kernels(plan.accounting.execution):
+            return train(plan, runner, say)
     finally:
         plan.checkpointer.close()
 
