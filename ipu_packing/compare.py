@@ -360,6 +360,7 @@ def describe(run: Run, warmup: int, window: int) -> Dict[str, Any]:
         "final_nsp_accuracy": float(smooth(run.nsp_accuracy, window)[-1]),
         "global_batch_sequences": training.get("global_batch_sequences"),
         "batch_accounting": run.summary.get("batch_accounting", training.get("batch_accounting")),
+        "micro_batch_size": run.summary.get("micro_batch_size"),
         "gradient_accumulation": run.summary.get("gradient_accumulation"),
         "packing_factor": run.summary.get("packing_factor"),
     }
@@ -421,7 +422,8 @@ def format_comparison(c: Comparison) -> str:
     ]
     for key in ("steps", "sequences_per_step_mean", "sequences_per_step_std", "sequences_per_second",
                 "tokens_per_second", "final_mlm_loss", "final_mlm_accuracy", "final_nsp_accuracy",
-                "global_batch_sequences", "batch_accounting", "gradient_accumulation", "packing_factor"):
+                "global_batch_sequences", "batch_accounting", "micro_batch_size", "gradient_accumulation",
+                "packing_factor"):
         cells = []
         for side in (c.a, c.b):
             value = side.get(key)

@@ -80,10 +80,10 @@ def test_every_contender_scores_the_same_texts(classifier, train):
         assert grouped <= dynamic
     assert rows["transformers dynamic"]["ratio_dynamic"] == rows["transformers grouped"]["ratio_grouped"] == 1.0
     assert rows["ours packed"]["sequences_per_row"] == pytest.approx(r["packing_factor"]) and r["packing_factor"] > 1
-    if train:  # a step of 8 sequences: 8 rows padded, round(8 / packing factor) packs, each step one pass
+    if train:  # a step of 8 sequences: 8 rows padded, round(8 / packing factor) packs, each step one micro batch
         steps = r["packs_per_step"]
         assert steps["ours padded"] == 8 and steps["ours packed"] == max(1, int(8 / r["packing_factor"] + 0.5))
-        assert r["passes"] == {name: [packs] for name, packs in steps.items()}
+        assert r["passes"] == {name: [1] for name in steps}
         assert rows["ours packed"]["calls"] == -(-r["packs"] // steps["ours packed"])
     assert r["mode"] == ("classifier-train" if train else "classifier-inference")
     assert r["torch_threads"] == 1 and len(r["load_before"]) == 3

@@ -88,9 +88,11 @@ def test_torch_runner_json(data_dir, tmp_path, monkeypatch):
     assert r["source"] == os.path.join(data_dir, "packed") and r["packing_factor"] == factor
     # the same sequences in both layouts
     assert r["padded_rows"] == r["num_sequences"] and r["num_packs"] < r["num_sequences"]
-    # the accounting training gives each layout: 8 sequences a padded step, accumulation 4 / packing factor
+    # the accounting training gives each layout: 8 sequences a padded step (micro batch 2 x accumulation 4), the
+    # packed step 8 / packing factor packs in one micro batch
     assert padded_steps["gradient_accumulation"] == 4 and padded_steps["global_batch_packs"] == 8
-    assert packed_steps["gradient_accumulation"] == max(1, int(math.floor(4 / factor + 0.5)))
+    assert packed_steps["gradient_accumulation"] == 1
+    assert packed_steps["global_batch_packs"] == max(1, int(math.floor(8 / factor + 0.5)))
     assert padded_steps["steps"] == packed_steps["steps"] == 3
     assert padded_steps["sequences"] == padded_steps["rows"] == 24
     assert (packed_steps["sequences"], packed_steps["rows"]) == (sequences, packs)

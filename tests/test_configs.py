@@ -26,10 +26,14 @@ def test_every_shipped_config_loads(name):
     layers = config.model.get("num_hidden_layers", 12)
     if config.execution.layers_per_ipu:
         assert sum(config.execution.layers_per_ipu) == layers
-    # the step's sequences (nominal packing factor) match the stated global batch
+    # the step's sequences unpacked (the micro batch the config names) are the stated global batch, and packed
+    # (at the nominal packing factor) within half a pack a replica of it
     accounting = config.batch_accounting(config.nominal_packing_factor)
-    assert (accounting.unpacked_accumulation * config.execution.micro_batch_size
-            * config.execution.replication_factor == config.training.global_batch_sequences)
+    assert (accounting.unpacked_accumulation * config.execution_spec.micro_batch_size
+            * config.execution_spec.replication_factor == config.training.global_batch_sequences)
+    if accounting.named_micro_batch:
+        assert abs(accounting.expected_sequences_per_step - config.training.global_batch_sequences) <= (
+            0.5 * config.nominal_packing_factor * config.execution.replication_factor)
     config.bert_config()  # a valid transformers.BertConfig
 
 

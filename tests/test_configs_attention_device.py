@@ -141,7 +141,7 @@ def test_the_documented_torchrun_line_validates():
     args = build_parser().parse_args(words[words.index("run_pretraining.py") + 1:])
     config = load_config(args.config, args.overrides)
     assert config.name == "demo" and config.execution.world_size == nproc == 2
-    assert config.unpacked_accumulation * config.execution.micro_batch_size * 2 == 48  # demo's global batch
+    assert config.unpacked_accumulation * config.execution_spec.micro_batch_size * 2 == 48  # demo's global batch
     # the line as it was: 48 is not a multiple of micro 16 x 2 replicas
     with pytest.raises(ConfigError, match="48"):
         load_config("demo", ["execution.replication_factor=2"])

@@ -65,8 +65,10 @@ RESUME_ROWS = [
     ("a key the first run left at its default", "data", ["model.initializer_range=0.05"],
      ["model.initializer_range 0.02 -> 0.05"]),
     ("the seed", "data", ["training.seed=7"], ["training.seed 42 -> 7"]),
-    ("the micro batch, and so the accumulation", "data", ["execution.micro_batch_size=2"],
-     ["execution.micro_batch_size 4 -> 2", "batch.gradient_accumulation "]),
+    ("the micro batch (the padded layout's; the packed step keeps its packs)", "data", ["execution.micro_batch_size=2"],
+     ["execution.micro_batch_size 4 -> 2"]),
+    ("the global batch, and so the packs a step", "data", ["training.global_batch_sequences=8"],
+     ["training.global_batch_sequences 16 -> 8", "batch.global_batch_packs "]),
     ("two at once", "data", ["model.hidden_act=relu", "training.seed=3"],
      ["model.hidden_act 'gelu' -> 'relu'", "training.seed 42 -> 3"]),
 ]

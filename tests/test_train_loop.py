@@ -33,10 +33,10 @@ def test_metrics_checkpoints_and_export(data_dir, tmp_path):
                      "tokens_per_second", "packing_factor", "sequences", "tokens", "packs", "lr"}
     assert expected_keys <= set(rows[0])
     for r in rows:
-        assert r["packs"] == 8  # accumulation round(4 / 1.78) = 2 micro batches of 4 packs
+        assert r["packs"] == 9  # the step's 16 sequences in round(16 / 1.78) packs, one micro batch
         assert r["loss"] == pytest.approx(r["mlm_loss"] + r["nsp_loss"], rel=1e-6)
-        assert r["packing_factor"] == pytest.approx(r["sequences"] / 8.0)
-    # one epoch of 6 steps covers 48 packs; the first 4 steps hold distinct packs
+        assert r["packing_factor"] == pytest.approx(r["sequences"] / 9.0)
+    # one epoch of 6 steps covers 54 packs; the first 4 steps hold distinct packs
     assert [os.path.basename(p) for p in fx.checkpoints(run)] == ["step_0000002.pt", "step_0000004.pt"]
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(run, "tensorboard")))
     state = fx.load(fx.latest(run))

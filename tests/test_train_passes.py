@@ -2,7 +2,8 @@
 backward (ExecutionConfig ``pass_sizes``, within ``execution.pass_memory_mb``), each micro batch's loss still its
 own mean (the models' ``loss_groups``), so the step's losses, metrics and gradients are those of one pass per micro
 batch. Float64 models on random packs (tests/task_packs.py) for every head; a fine-tuning run on the demo task at a
-high packing factor with a micro batch of 1 pack, against the same run one micro batch a pass."""
+high packing factor, whose step off the IPU is its global batch in packs whatever micro batch the config names,
+and a padded run of one-row micro batches in one pass against the same run one micro batch a pass."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ipu_packing.model.classification import PackedBertForSequenceClassification
 from ipu_packing.model.question_answering import PackedBertForQuestionAnswering
 from ipu_packing.train import load_config
 from ipu_packing.train.loop import plan_run
+from ipu_packing.train.run_config import RunConfig
 from model_fixtures import make_config, randomize_
 from task_packs import TINY, task_packs
 
@@ -101,20 +103,54 @@ TASK = ["model.vocab_size=8192", "model.hidden_size=32", "model.intermediate_siz
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
-def test_a_micro_batch_of_one_pack_at_a_high_packing_factor_runs_the_step_in_one_pass(demo_task, tmp_path):
+def test_a_packed_step_off_the_ipu_holds_the_global_batch_whatever_micro_batch_the_config_names(demo_task, tmp_path,
+                                                                                              monkeypatch):
+    """At a high packing factor the packed step is 24 / factor packs in one micro batch, from a named micro batch of
+    1 pack or of 8 alike (the same losses, bitwise); a pass memory too small for it cuts it into the fewest equal
+    micro batches that fit; pass_memory_mb 0 keeps the named micro batch, one a pass."""
     def config(name, *extra):
         return load_config("finetune_demo", TASK + ["data.dir=%s" % demo_task,
                                                     "checkpoint.output_dir=%s" % (tmp_path / name)] + list(extra))
 
+    plan = plan_run(config("one"))
+    ex = plan.accounting.execution
+    step = int(math.floor(24 / plan.data.packing_factor + 0.5))
+    assert plan.data.packing_factor > 3 and step >= 5
+    assert (ex.micro_batch_size, ex.gradient_accumulation, ex.pass_sizes) == (step, 1, [1])
+    assert plan.accounting.named_micro_batch == 1
+    said = plan.accounting.describe()
+    assert ("the step in packs (training.global_batch_sequences / packing factor; execution.micro_batch_size 1 is "
+            "the padded layout's): 1 micro batch of %d packs; %d packs/step" % (step, step)) in said
+    eight = plan_run(config("eight", "execution.micro_batch_size=8")).accounting.execution
+    assert (eight.micro_batch_size, eight.gradient_accumulation) == (step, 1)
+    with monkeypatch.context() as m:  # a pass memory that holds 2 packs (this tiny model's fit in 1 MiB)
+        m.setattr(RunConfig, "packs_per_pass", lambda self, execution: 2)
+        small = plan.config.batch_accounting(plan.data.packing_factor).execution
+    count = -(-step // 2)
+    assert small.gradient_accumulation == count and small.micro_batch_size == int(math.floor(step / count + 0.5))
+    named = plan_run(config("named", "execution.pass_memory_mb=0")).accounting.execution
+    assert (named.micro_batch_size, named.gradient_accumulation, named.pass_sizes) == (1, step, [1] * step)
+
+    fx.train(config("one"))
+    fx.train(config("eight", "execution.micro_batch_size=8"))
+    a, b = (fx.losses_of(str(tmp_path / name), "loss", "accuracy") for name in ("one", "eight"))
+    assert len(a) == 3 and a == b
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_a_padded_step_of_one_row_micro_batches_runs_in_one_pass_as_it_would_one_a_pass(demo_task, tmp_path):
+    def config(name, *extra):
+        return load_config("finetune_demo", TASK + ["data.dir=%s" % demo_task, "data.layout=padded",
+                                                    "checkpoint.output_dir=%s" % (tmp_path / name)] + list(extra))
+
     plan = plan_run(config("merged"))
     ex = plan.accounting.execution
-    accumulation = int(math.floor(24 / plan.data.packing_factor + 0.5))
-    assert plan.data.packing_factor > 3 and accumulation >= 5
-    assert ex.micro_batch_size == 1 and ex.gradient_accumulation == accumulation
-    assert ex.pass_sizes == [accumulation]  # the step's packs in one pass
-    assert "runs as 1 pass of %d micro batches" % accumulation in plan.accounting.describe_passes()
+    assert plan.data.packing_factor == 1.0 and plan.accounting.named_micro_batch == 0
+    assert (ex.micro_batch_size, ex.gradient_accumulation, ex.pass_sizes) == (1, 24, [24])
+    assert "runs as 1 pass of 24 micro batches" in plan.accounting.describe_passes()
     one_each = plan_run(config("one_each", "execution.pass_memory_mb=0")).accounting.execution
-    assert one_each.pass_sizes == [1] * accumulation and one_each.global_batch_packs == ex.global_batch_packs
+    assert one_each.pass_sizes == [1] * 24 and one_each.global_batch_packs == ex.global_batch_packs
 
     merged = fx.train(config("merged"))
     separate = fx.train(config("one_each", "execution.pass_memory_mb=0"))
@@ -130,9 +166,13 @@ def test_the_dry_run_says_how_a_step_runs_and_on_the_ipu_what_its_static_micro_b
            "data.packing_factor_estimate=4.72"]
     code, out, err = fx.captured(finetune_main, dry)
     assert code == 0, err
-    assert "passes: a replica's step (7 micro batches of 1 pack = 7 packs) runs as 1 pass of 7 micro batches" in out
+    assert "1 micro batch of 7 packs; 7 packs/step ~ 33 sequences/step" in out  # 32 / 4.72
+    assert "passes: a replica's step (1 micro batch of 7 packs = 7 packs) runs as 1 pass" in out
     code, out, err = fx.captured(finetune_main, dry + ["execution.pass_memory_mb=0"])
     assert code == 0 and "runs as 7 passes of 1 micro batch (execution.pass_memory_mb 0)" in out
+    code, out, err = fx.captured(finetune_main, dry[:3] + ["data.layout=padded"])
+    assert code == 0 and "passes: a replica's step (4 micro batches of 8 packs = 32 packs) runs as 1 pass of 4 " \
+                         "micro batches" in out
     code, out, err = fx.captured(main, ["--config", "bert_base_512_pod16", "--dry-run"])
     assert code == 0, err
     assert "runs as 256 passes of 1 micro batch (the IPU's static micro batch)" in out

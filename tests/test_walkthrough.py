@@ -107,8 +107,10 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     assert rows["steps"] == ["6", "6"] and rows["global_batch_sequences"] == ["58", "58"]
     packing_factor = float(rows["packing_factor"][0])
     assert 1.7 < packing_factor < 1.8 and rows["packing_factor"][1] == "1"  # at S=512, K=3 (1.766 on Python 3.11)
-    # accumulation divided by the packing factor (the corpus, and so the factor, depends on the Python)
-    assert rows["gradient_accumulation"] == [str(round(29 / packing_factor)), "29"]
+    # the packed step: 58 sequences / the packing factor in packs, one micro batch; the padded one 29 micro batches
+    # of 2 (the corpus, and so the factor, depends on the Python)
+    assert rows["micro_batch_size"] == [str(round(58 / packing_factor)), "2"]
+    assert rows["gradient_accumulation"] == ["1", "29"]
     # 7. fill-mask's five tokens, each from the vocabulary
     predicted = ast.literal_eval(outputs[6].strip().splitlines()[-1])  # a printed list of strings
     vocab = set((final1 / "vocab.txt").read_text(encoding="utf-8").split("\n"))

@@ -38,9 +38,9 @@ Trainer builds it at this torch, ours as the training app does, both fused from 
 weights restored before the timed passes), every step of B sequences: ``transformers padded``, ``transformers
 dynamic`` and ``transformers grouped`` (the Trainer's ``group_by_length`` order, peer_batches.length_grouped_order;
 each batch padded to its longest), and ``ours padded`` and ``ours packed`` (the predictor's packs with each
-example's label, stepped by ``make_runner``'s ``train_step`` with the training app's batch accounting for a config
-naming a micro batch of 1 pack and a global batch of B sequences: B micro batches of one row padded, round(B /
-packing factor) of one pack packed, each step run in the passes ExecutionConfig ``pass_sizes`` gives). The labels:
+example's label, stepped by ``make_runner``'s ``train_step`` with the training app's batch accounting off the IPU
+for a global batch of B sequences: one micro batch of B rows padded, of round(B / packing factor) packs packed,
+TrainingConfig.packs_per_step). The labels:
 the demo task's (its label names in sorted order, modulo the model's labels), or seeded random ones for
 ``--input``. ``--input`` may hold pairs (sentence1 and sentence2), tokenized as pairs by both sides.
 
@@ -272,10 +272,10 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
         n = len(texts)
         factor = n / float(len(packed_packs))
         steps = {"ours padded": B, "ours packed": B}  # packs a call
-        if train:  # a step of B sequences: the training app's batch accounting of micro batch 1, global batch B
+        if train:  # a step of B sequences: the training app's batch accounting of global batch B, off the IPU
             from ipu_packing.train.sections import TrainingConfig
 
-            steps["ours packed"] = TrainingConfig(global_batch_sequences=B).gradient_accumulation(1, 1, factor)
+            steps["ours packed"] = TrainingConfig(global_batch_sequences=B).packs_per_step(1, factor)
         ours_padded, ours_padded_tokens = pack_batches(padded_packs, steps["ours padded"], our_labels)
         ours_packed, ours_packed_tokens = pack_batches(packed_packs, steps["ours packed"], our_labels)
         entries: List[Entry] = []
@@ -292,10 +292,10 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             runners: Dict[int, Any] = {}
 
             def runner_for(packs_a_step: int):
-                """The runner of a step of ``packs_a_step`` micro batches of 1 pack (the last step may be short)."""
+                """The runner of a step of one micro batch of ``packs_a_step`` packs (the last step may be short)."""
                 if packs_a_step not in runners:
-                    ex = ExecutionConfig(backend="torch", device="cpu", micro_batch_size=1,
-                                         gradient_accumulation=packs_a_step)
+                    ex = ExecutionConfig(backend="torch", device="cpu", micro_batch_size=packs_a_step,
+                                         gradient_accumulation=1)
                     ex = dataclasses.replace(ex, micro_batches_per_pass=micro_batches_per_pass(ours.config, ex, S))
                     runners[packs_a_step] = make_runner(ours, our_optimizer, ex)
                 return runners[packs_a_step]
@@ -414,10 +414,9 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
         lines.append("largest |logit| difference, ours packed against transformers padded: %.2e"
                      % r["max_logit_difference"])
     if r.get("packs_per_step"):
-        lines.append("steps of %d sequences: ours padded %d micro batches of 1 row in passes %s, ours packed %d of 1 "
-                     "pack in passes %s" % (r["micro_batch_size"], r["packs_per_step"]["ours padded"],
-                                            r["passes"]["ours padded"], r["packs_per_step"]["ours packed"],
-                                            r["passes"]["ours packed"]))
+        lines.append("steps of %d sequences, each one micro batch (the training app's step off the IPU): ours padded "
+                     "%d rows, ours packed %d packs" % (r["micro_batch_size"], r["packs_per_step"]["ours padded"],
+                                                        r["packs_per_step"]["ours packed"]))
     if (r.get("optimizer") or {}).get("fused"):
         lines.append("AdamW: transformers %s, ours %s" % tuple(
             "fused" if r["optimizer"]["fused"][k] else "per-op loop" for k in ("transformers", "ours")))

@@ -50,14 +50,17 @@ class ExecutionConfig:
     device: str = "cpu"
     """torch backend only: "cpu" or "cuda"."""
     micro_batch_size: int = 8
-    """Packs per replica per micro batch (a pack with K=1 is one padded sequence)."""
+    """Packs per replica per micro batch (a pack with K=1 is one padded sequence). As written in a config, the
+    micro batch of the IPU and of the padded layout; off the IPU a packed step is sized from the global batch
+    instead (train/run_config.py BatchAccounting), and the run says what it chose."""
     gradient_accumulation: int = 1
     """Micro batches per replica per optimizer step, as run (already adjusted for packing)."""
     pass_memory_mb: int = 4096
     """torch backend, one stage: the activation memory (MiB, estimated from the model's sizes:
-    dry_run.training_activation_bytes) one pass may take; a replica's step runs its micro batches in as few
-    passes as fit, at least one micro batch a pass. The update does not depend on it (each micro batch keeps its
-    own loss mean); 0 runs one micro batch a pass. poptorch and pipelines ignore it."""
+    dry_run.training_activation_bytes) one pass may take. A packed step (batch accounting "accumulation") is cut
+    into the fewest micro batches that fit it; otherwise a replica's step runs its micro batches in as few
+    passes as fit, at least one micro batch a pass, and the update does not depend on it (each micro batch keeps
+    its own loss mean). 0 keeps the named micro batch and runs one a pass. poptorch and pipelines ignore it."""
     micro_batches_per_pass: int = 1
     """At most this many micro batches per pass, as run (derived from ``pass_memory_mb`` by the training
     application's batch accounting, as ``gradient_accumulation`` is; 1: one pass per micro batch)."""

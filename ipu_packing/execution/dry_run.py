@@ -138,6 +138,14 @@ def micro_batches_per_pass(model_config, execution: ExecutionConfig, seq_len: in
     return max(1, min(execution.gradient_accumulation, fit))
 
 
+def packs_per_pass(model_config, execution: ExecutionConfig, seq_len: int) -> int:
+    """How many packs one training pass may hold on the torch backend: as many as whose activations
+    (``training_activation_bytes``) fit ``execution.pass_memory_mb``, at least 1."""
+    value_bytes = 4 if execution.precision == "fp32" else 2
+    one = training_activation_bytes(model_config, 1, seq_len, value_bytes)
+    return max(1, int(execution.pass_memory_mb * 2**20 // max(one, 1.0)))
+
+
 def activation_bytes(
     model_config, execution: ExecutionConfig, plan: List[Placement], seq_len: int
 ) -> Tuple[List[float], List[float], List[int]]:

@@ -9,6 +9,7 @@ using the batch arithmetic on `TrainingConfig`; the run logs them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Tuple
@@ -138,6 +139,19 @@ class RunConfig:
             return 1
         return micro_batches_per_pass(SimpleNamespace(**sizes), execution, self.data.max_seq_length)
 
+    def packs_per_pass(self, execution) -> int:
+        """How many packs one torch pass may hold within ``execution.pass_memory_mb`` (execution/dry_run.py
+        ``packs_per_pass``, from the model's sizes and S); 0 while a phase-1 directory may still state the sizes."""
+        from types import SimpleNamespace
+
+        from ipu_packing.execution.dry_run import packs_per_pass
+
+        keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")
+        sizes = {k: self._known(k) for k in keys}
+        if any(v is None for v in sizes.values()):
+            return 0
+        return packs_per_pass(SimpleNamespace(**sizes), execution, self.data.max_seq_length)
+
     def batch_accounting(self, packing_factor: float) -> "BatchAccounting":
         """Accumulation and betas as run, for a dataset with this measured packing factor."""
         return BatchAccounting.derive(self, packing_factor)
@@ -158,9 +172,13 @@ class RunConfig:
 class BatchAccounting:
     """What packing changes about a step, derived from the config and a measured packing factor.
 
-    Option 1 ("accumulation"): the step keeps about `global_batch_sequences` sequences, so the
-    accumulation count is divided by the packing factor, rounded to the nearest integer (Graphcore's
-    app rounds up; nearest keeps the step closest to the stated batch).
+    Option 1 ("accumulation"): the step keeps about `global_batch_sequences` sequences. On the IPU (and on
+    torch pipeline stages) the micro batch is static, so the accumulation count is divided by the packing
+    factor, rounded to the nearest integer (Graphcore's app rounds up; nearest keeps the step closest to the
+    stated batch). Off the IPU, one torch stage, the step is global / (replicas x factor) packs a replica
+    (TrainingConfig.packs_per_step), whatever micro batch the config names for the padded layout: one micro
+    batch where they fit ``execution.pass_memory_mb``, else the fewest equal micro batches that fit (each
+    micro batch's loss is its own mean, as every micro batch's is).
     Option 2 ("betas"): the step keeps `global_batch_sequences` *packs*, i.e. about
     packing_factor times more sequences, and LAMB's betas become beta ** packing_factor so that the
     moments decay per sequence seen as they would without packing.
@@ -171,7 +189,9 @@ class BatchAccounting:
     unpacked_accumulation: int
     gradient_accumulation: int
     betas: Tuple[float, float]
-    execution: Any  # ExecutionConfig with gradient_accumulation as run
+    execution: Any  # ExecutionConfig with micro_batch_size and gradient_accumulation as run
+    named_micro_batch: int = 0
+    """The config's execution.micro_batch_size where the step replaced it (off the IPU, packed), else 0."""
 
     @property
     def global_batch_packs(self) -> int:
@@ -187,9 +207,17 @@ class BatchAccounting:
             raise ConfigError("packing factor must be >= 1.0, got %r" % (packing_factor,))
         training, ex = config.training, config.execution_spec
         unpacked = training.unpacked_accumulation(ex.micro_batch_size, ex.replication_factor)
-        accumulation = training.gradient_accumulation(ex.micro_batch_size, ex.replication_factor, packing_factor)
         betas = training.betas(config.optimizer.betas, packing_factor)
-        execution = dataclasses.replace(ex, gradient_accumulation=accumulation)
+        named = 0
+        if training.batch_accounting == "accumulation" and ex.merges_micro_batches and packing_factor > 1.0:
+            step = training.packs_per_step(ex.replication_factor, packing_factor)
+            count = -(-step // (config.packs_per_pass(ex) or step))  # micro batches: the fewest that fit
+            micro = max(1, int(math.floor(step / float(count) + 0.5)))
+            execution = dataclasses.replace(ex, micro_batch_size=micro, gradient_accumulation=count)
+            named = ex.micro_batch_size
+        else:
+            accumulation = training.gradient_accumulation(ex.micro_batch_size, ex.replication_factor, packing_factor)
+            execution = dataclasses.replace(ex, gradient_accumulation=accumulation)
         execution = dataclasses.replace(execution, micro_batches_per_pass=config.micro_batches_per_pass(execution))
         try:
             pipelined = execution.backend == "poptorch" and execution.num_stages > 1
@@ -203,10 +231,18 @@ class BatchAccounting:
                                                 ex.replication_factor, " / packing factor %.3f" % packing_factor
                                                 if training.batch_accounting == "accumulation" else "")
             ) from None
-        return BatchAccounting(training.batch_accounting, float(packing_factor), unpacked, accumulation, betas,
-                               execution)
+        return BatchAccounting(training.batch_accounting, float(packing_factor), unpacked,
+                               execution.gradient_accumulation, betas, execution, named)
 
     def describe(self) -> str:
+        if self.named_micro_batch:
+            ex = self.execution
+            return ("batch accounting: packing factor %.4f, the step in packs (training.global_batch_sequences / "
+                    "packing factor%s; execution.micro_batch_size %d is the padded layout's): %d micro batch%s of %d "
+                    "packs; %d packs/step ~ %.0f sequences/step"
+                    % (self.packing_factor, "" if ex.replication_factor == 1 else " / replicas", self.named_micro_batch,
+                       ex.gradient_accumulation, "" if ex.gradient_accumulation == 1 else "es", ex.micro_batch_size,
+                       self.global_batch_packs, self.expected_sequences_per_step))
         if self.method == "accumulation":
             what = "gradient accumulation %d -> %d (divided by the packing factor)" % (
                 self.unpacked_accumulation,

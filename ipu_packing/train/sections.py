@@ -168,6 +168,12 @@ class TrainingConfig:
             return max(1, int(math.floor(unpacked / packing_factor + 0.5)))
         return unpacked
 
+    def packs_per_step(self, replication_factor: int, packing_factor: float) -> int:
+        """Packs per replica per step that hold ``global_batch_sequences`` on data averaging ``packing_factor``
+        sequences a pack: global / (replicas x factor), rounded to the nearest integer (at least 1). The
+        "accumulation" step off the IPU, whatever micro batch the config names (BatchAccounting)."""
+        return max(1, int(math.floor(self.global_batch_sequences / (replication_factor * packing_factor) + 0.5)))
+
     def betas(self, betas: Sequence[float], packing_factor: float) -> Tuple[float, float]:
         """The optimizer's (beta1, beta2) as run: "betas" raises each to the packing factor, so the moments
         decay per sequence seen as without packing; "accumulation" keeps them."""
