@@ -15,7 +15,7 @@ import io
 import os
 import sys
 import tempfile
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,7 +26,8 @@ TINY = ["model.vocab_size=8192", "model.hidden_size=32", "model.intermediate_siz
 """A fine-tuning step's tiny model and batch."""
 
 
-def step_path(task: str = "pretraining") -> List[Tuple[str, int]]:
+def command(task: str = "pretraining") -> Tuple[List[str], Callable[[List[str]], int]]:
+    """(argv, the entry's main) of one step of TASK on freshly prepared data in a temporary directory."""
     sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
     import app_fixtures as fx
 
@@ -46,6 +47,13 @@ def step_path(task: str = "pretraining") -> List[Tuple[str, int]]:
         data = fx.prepare_qa_demo_task(os.path.join(root, "data"))
         argv = ["--config", "finetune_qa_demo", "data.dir=" + data, "data.max_sequences_per_pack=4",
                 "training.global_batch_sequences=8"] + TINY + run
+    from ipu_packing.train.cli import finetune_main, main
+
+    return argv, (main if task == "pretraining" else finetune_main)
+
+
+def step_path(task: str = "pretraining") -> List[Tuple[str, int]]:
+    argv, entry = command(task)
     package = os.path.join(REPO, "ipu_packing")
     seen = {}  # type: dict
 
@@ -54,9 +62,6 @@ def step_path(task: str = "pretraining") -> List[Tuple[str, int]]:
         if event == "call" and code.co_filename.startswith(package) and code.co_name != "<module>":
             seen.setdefault(code.co_filename, None)
 
-    from ipu_packing.train.cli import finetune_main, main
-
-    entry = main if task == "pretraining" else finetune_main
     sys.setprofile(profile)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
