@@ -110,10 +110,11 @@ BENCH_DATA ?= --data $(DEMO_512)
 bench: $(STAMP) $(DEMO_512)/packed/manifest.json
 	$(PY) -m ipu_packing.bench $(BENCH_DATA) $(BENCH_ARGS)
 
-# `make gpu-check`: the one prepared command for the day a GPU is lent, within 8 minutes on one H200
-# (ipu_packing/bench/gpu_check.py says what it records): demo_512_cuda trained with each attention under bf16,
-# a run SIGKILLed after its first checkpoint, resumed and compared bitwise, and the peers bench (ours against
-# transformers) at BERT-Base and Large, S=512; prepares output/data/demo_512 first when absent. The report:
+# `make gpu-check`: the one prepared command for the day a GPU is lent, 5 1/2 minutes on one H200
+# (ipu_packing/bench/gpu_check.py says what it records; docs/results.md its figures): demo_512_cuda trained with
+# each attention under bf16, a run with deterministic kernels SIGKILLed after its first checkpoint, resumed and
+# compared bitwise, and the peers bench (ours against transformers) at BERT-Base and Large, S=512; prepares
+# output/data/demo_512 first when absent. The report:
 # output/gpu_check/gpu_check.json and gpu_check.md. `make gpu-check GPU_CHECK_ARGS="--cpu --output DIR"`: the
 # CPU mode, tiny sizes, about a minute. It needs a CUDA build of torch in the venv (docs/usage.md, Training on CUDA).
 GPU_CHECK_ARGS ?=

@@ -3,7 +3,7 @@
     python -m ipu_packing.bench.gpu_check [--cpu] [--output DIR] [--data DIR]
 
 CUDA mode (the default; refused in one line when torch sees no CUDA device), sized to finish within 8 minutes
-on one GPU (an H200), records:
+on one GPU (it took 322 s on an H200: docs/results.md), records:
 
 1. Data: the prepared ``output/data/demo_512`` (`--data`), prepared first when absent with
    ``python -m ipu_packing.data prepare --input default --output DIR --max-seq-length 512
