@@ -237,9 +237,8 @@ def failures(report: Dict[str, Any]) -> List[str]:
         out.append("kill and resume: deterministic run exit %s, killed by SIGKILL %s, checkpoint on disk %s, resumed "
                    "exit %s, losses equal %s, checkpoint equal %s" % (
                        resume["reference"]["returncode"], resume["killed_by_sigkill"],
-                       resume["first_checkpoint_on_disk_at_kill"],
-                                            resume["resumed"]["returncode"], c["losses_equal"],
-                                            c.get("checkpoint", {}).get("equal")))
+                       resume["first_checkpoint_on_disk_at_kill"], resume["resumed"]["returncode"],
+                       c["losses_equal"], c.get("checkpoint", {}).get("equal")))
     out.extend("peers %s: %s" % (p["model"], p["error"]) for p in report["peers"] if "error" in p)
     out.extend("peers %s: %s" % (p["model"], note) for p in report["peers"] for note in p.get("result", {}).get(
         "failed", []))

@@ -125,25 +125,23 @@ def training_activation_bytes(model_config, micro_batch: int, seq_len: int, valu
     return float(value_bytes * (kept * max(0, model_config.num_hidden_layers - 1) + peak))
 
 
-def micro_batches_per_pass(model_config, execution: ExecutionConfig, seq_len: int) -> int:
-    """How many of a replica's micro batches one pass runs together on the torch backend: as many as the step
-    has whose activations (``training_activation_bytes``, 2 bytes a value under fp16/bf16) fit
-    ``execution.pass_memory_mb``, at least 1; 1 where micro batches are not merged (ExecutionConfig
-    ``merges_micro_batches``)."""
-    if not execution.merges_micro_batches:
-        return 1
-    value_bytes = 4 if execution.precision == "fp32" else 2
-    one = training_activation_bytes(model_config, execution.micro_batch_size, seq_len, value_bytes)
-    fit = int(execution.pass_memory_mb * 2**20 // max(one, 1.0))
-    return max(1, min(execution.gradient_accumulation, fit))
-
-
 def packs_per_pass(model_config, execution: ExecutionConfig, seq_len: int) -> int:
     """How many packs one training pass may hold on the torch backend: as many as whose activations
-    (``training_activation_bytes``) fit ``execution.pass_memory_mb``, at least 1."""
+    (``training_activation_bytes``, linear in the packs; 2 bytes a value under fp16/bf16) fit
+    ``execution.pass_memory_mb``, at least 1."""
     value_bytes = 4 if execution.precision == "fp32" else 2
     one = training_activation_bytes(model_config, 1, seq_len, value_bytes)
     return max(1, int(execution.pass_memory_mb * 2**20 // max(one, 1.0)))
+
+
+def micro_batches_per_pass(model_config, execution: ExecutionConfig, seq_len: int) -> int:
+    """How many of a replica's micro batches one pass runs together on the torch backend: as many of the step's
+    as ``packs_per_pass`` holds, at least 1; 1 where micro batches are not merged (ExecutionConfig
+    ``merges_micro_batches``)."""
+    if not execution.merges_micro_batches:
+        return 1
+    fit = packs_per_pass(model_config, execution, seq_len) // execution.micro_batch_size
+    return max(1, min(execution.gradient_accumulation, fit))
 
 
 def activation_bytes(

@@ -125,32 +125,30 @@ class RunConfig:
 
         return transformers.BertConfig(**dict(self.model, **settings))
 
-    def micro_batches_per_pass(self, execution) -> int:
-        """How many of ``execution``'s micro batches one pass runs together (execution/dry_run.py
-        ``micro_batches_per_pass``, from the model's sizes and S); 1 while a phase-1 directory may still state
-        the sizes."""
+    def _activation_sizes(self) -> Any:
+        """The model's sizes the activation estimate reads (execution/dry_run.py), or None while a phase-1
+        directory may still state them."""
         from types import SimpleNamespace
-
-        from ipu_packing.execution.dry_run import micro_batches_per_pass
 
         keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")
         sizes = {k: self._known(k) for k in keys}
-        if any(v is None for v in sizes.values()):
-            return 1
-        return micro_batches_per_pass(SimpleNamespace(**sizes), execution, self.data.max_seq_length)
+        return None if any(v is None for v in sizes.values()) else SimpleNamespace(**sizes)
+
+    def micro_batches_per_pass(self, execution) -> int:
+        """How many of ``execution``'s micro batches one pass runs together (execution/dry_run.py
+        ``micro_batches_per_pass``); 1 while the model's sizes are not known."""
+        from ipu_packing.execution.dry_run import micro_batches_per_pass
+
+        sizes = self._activation_sizes()
+        return 1 if sizes is None else micro_batches_per_pass(sizes, execution, self.data.max_seq_length)
 
     def packs_per_pass(self, execution) -> int:
         """How many packs one torch pass may hold within ``execution.pass_memory_mb`` (execution/dry_run.py
-        ``packs_per_pass``, from the model's sizes and S); 0 while a phase-1 directory may still state the sizes."""
-        from types import SimpleNamespace
-
+        ``packs_per_pass``); 0 while the model's sizes are not known."""
         from ipu_packing.execution.dry_run import packs_per_pass
 
-        keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")
-        sizes = {k: self._known(k) for k in keys}
-        if any(v is None for v in sizes.values()):
-            return 0
-        return packs_per_pass(SimpleNamespace(**sizes), execution, self.data.max_seq_length)
+        sizes = self._activation_sizes()
+        return 0 if sizes is None else packs_per_pass(sizes, execution, self.data.max_seq_length)
 
     def batch_accounting(self, packing_factor: float) -> "BatchAccounting":
         """Accumulation and betas as run, for a dataset with this measured packing factor."""
