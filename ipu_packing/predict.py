@@ -62,6 +62,27 @@ makes as many packs as ``optimal`` on the demo task's 1,024 texts at S=128, K=32
 against 54 ms: python -m ipu_packing.bench --classifier DIR, docs/finetuning.md, Serving packed)."""
 
 
+SERVING_CALL_BYTES = 2 ** 20
+"""Serving on CPU: packs per forward pass, unless given, are as many as keep one call's feed-forward activation
+(packs x S x intermediate_size, fp32) within 1 MiB, or within one encoder layer's weights where those are larger:
+a small model's layer then runs in a core's cache, and a large one's weights are read once for enough tokens.
+Measured on the 2-core Xeon this project runs on (4 MiB of L2 a core), one thread (docs/results.md, Serving):
+the demo classifier (intermediate 256, S=128) served the demo's 1,024 pair inputs at 6,218 sequences/s in calls
+of 8 packs against 4,293 in calls of 32; the tiny and small presets were fastest at 4 packs, BERT-Base at 8 or
+more (34.5 sequences/s against 29.4 at 1)."""
+
+
+def packs_per_call(config: Any, max_seq_length: int, device: str) -> int:
+    """The default packs per forward pass of a model with ``config`` (hidden and intermediate sizes) at S on
+    ``device``: on CPU as SERVING_CALL_BYTES says (1 to 64), on CUDA 64."""
+    if device != "cpu":
+        return 64
+    hidden, intermediate = int(config.hidden_size), int(config.intermediate_size)
+    layer_weights = 4 * (4 * hidden * hidden + 2 * hidden * intermediate)  # fp32 bytes: q, k, v, output, FFN
+    per_pack = max_seq_length * intermediate * 4
+    return max(1, min(64, max(SERVING_CALL_BYTES, layer_weights) // per_pack))
+
+
 @dataclass
 class Predictor:
     """A packed classifier and its tokenizer (``from_pretrained``), ready to score texts."""
@@ -75,7 +96,8 @@ class Predictor:
     max_sequences_per_pack: int = 32
     """K: sequences per pack (the planner packs fewer where lengths do not allow more)."""
     batch_packs: int = 64
-    """Packs per forward pass (PopTorch: the compiled batch, micro batch x device iterations x replicas)."""
+    """Packs per forward pass (``from_pretrained``: packs_per_call unless given; PopTorch: the compiled batch, micro
+    batch x device iterations x replicas)."""
     execution: Any = None
     """An ExecutionConfig: where the model runs (None: torch on ``device``); with backend poptorch, on IPUs through
     poptorch.inferenceModel with its parts placed as training places them (execution/inference.py)."""
@@ -93,7 +115,7 @@ class Predictor:
 
     @classmethod
     def from_pretrained(cls, directory: str, max_seq_length: int = 128, max_sequences_per_pack: int = 32,
-                        batch_packs: int = 64, device: str = "cpu", attention: Optional[str] = None,
+                        batch_packs: Optional[int] = None, device: str = "cpu", attention: Optional[str] = None,
                         execution: Any = None) -> "Predictor":
         """The classifier of ``directory`` (its weights and its tokenizer) on ``device``, or as ``execution`` (an
         ExecutionConfig) says; attention: the fastest exact one for S there (train/model_section.py
@@ -130,6 +152,8 @@ class Predictor:
             raise UserError("--device cuda: torch sees no CUDA device")
         check_finite_weights(model, directory)
         model.to(torch.device(device)).eval()
+        if batch_packs is None:
+            batch_packs = packs_per_call(model.config, max_seq_length, device)
         return cls(model, tokenizer, max_seq_length, max_sequences_per_pack, batch_packs, execution)
 
     @property
@@ -294,8 +318,8 @@ class QuestionAnswerer:
 
     @classmethod
     def from_pretrained(cls, directory: str, max_seq_length: int = 384, doc_stride: int = 128,
-                        max_query_length: int = 64, max_sequences_per_pack: int = 32, batch_packs: int = 64,
-                        device: str = "cpu", attention: Optional[str] = None,
+                        max_query_length: int = 64, max_sequences_per_pack: int = 32,
+                        batch_packs: Optional[int] = None, device: str = "cpu", attention: Optional[str] = None,
                         execution: Any = None) -> "QuestionAnswerer":
         """The question-answering model of ``directory`` (its weights and its tokenizer) on ``device``, or as
         ``execution`` (an ExecutionConfig) says."""
@@ -332,6 +356,8 @@ class QuestionAnswerer:
             raise UserError("--device cuda: torch sees no CUDA device")
         check_finite_weights(model, directory)
         model.to(torch.device(device)).eval()
+        if batch_packs is None:
+            batch_packs = packs_per_call(model.config, max_seq_length, device)
         return cls(model, tokenizer, max_seq_length, doc_stride, max_query_length, max_sequences_per_pack,
                    batch_packs, execution)
 
@@ -469,7 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-query-length", type=int, default=64,
                    help="question answering: longer questions are cut at a word boundary (default: %(default)s)")
     p.add_argument("--max-sequences-per-pack", type=int, default=32)
-    p.add_argument("--batch-packs", type=int, default=64, help="packs per forward pass (default: %(default)s)")
+    p.add_argument("--batch-packs", type=int, default=None,
+                   help="packs per forward pass (default on CPU: as many as keep a call's feed-forward activation "
+                   "within 1 MiB, e.g. 8 for a model of intermediate size 256 at S=128; on CUDA: 64)")
     p.add_argument("--sentence1-key", default=None)
     p.add_argument("--sentence2-key", default=None)
     p.add_argument("--label-key", default="label", help="a column to leave out of the texts (default: label)")

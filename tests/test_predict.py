@@ -154,3 +154,23 @@ def test_scores_that_are_not_finite_are_refused():
     check_finite_scores(np.array([[0.5, 0.5], [1.0, 0.0]]), "input")
     with pytest.raises(UserError, match=r"scores of 2 inputs are not finite numbers \(first: input 1\)"):
         check_finite_scores(np.array([[0.5, 0.5], [np.nan, 0.5], [0.1, np.inf]]), "input")
+
+
+def test_serving_takes_as_many_packs_a_call_as_the_models_sizes_say_on_cpu(tmp_path):
+    """predict.packs_per_call: a call's feed-forward activation within 1 MiB, or within one layer's weights where
+    those are larger (the measurements behind it: predict.SERVING_CALL_BYTES); 64 on CUDA; a given value kept."""
+    import transformers
+
+    from ipu_packing.predict import packs_per_call
+
+    sizes = {"demo": (64, 256), "tiny": (128, 512), "small": (256, 1024), "base": (768, 3072), "large": (1024, 4096)}
+    got = {name: packs_per_call(transformers.BertConfig(hidden_size=h, intermediate_size=ff), 128, "cpu")
+           for name, (h, ff) in sizes.items()}
+    assert got == {"demo": 8, "tiny": 4, "small": 6, "base": 18, "large": 24}
+    base = transformers.BertConfig(hidden_size=768, intermediate_size=3072)
+    assert packs_per_call(base, 384, "cpu") == 6 and packs_per_call(base, 128, "cuda") == 64
+    directory = str(tmp_path / "model")
+    hf_classifier(directory, 3, "single_label_classification")
+    config = transformers.BertConfig.from_pretrained(directory)
+    assert Predictor.from_pretrained(directory, max_seq_length=64).batch_packs == packs_per_call(config, 64, "cpu")
+    assert Predictor.from_pretrained(directory, max_seq_length=64, batch_packs=3).batch_packs == 3

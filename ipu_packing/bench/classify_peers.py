@@ -27,8 +27,9 @@ Inference contenders (eval mode, no gradients, fp32; ``--micro-batch-size`` B ro
 - ``transformers grouped``: the inputs sorted by length, longest first, B a call, each batch padded to its
   longest (the best a padded model can do on a known set of inputs);
 - ``ours padded`` and ``ours packed``: the predictor's own packs of the inputs (``Predictor.packs``: K=1, and K
-  up to ``--max-sequences-per-pack``), B packs a call, each call ``train/evaluate.collect`` (the predictor's path:
-  forward, then each used slot's logits by example id);
+  up to ``--max-sequences-per-pack``), as many packs a call as the predictor takes by default on CPU
+  (predict.packs_per_call: a call's feed-forward activation within 1 MiB), each call ``train/evaluate.collect``
+  (the predictor's path: forward, then each used slot's logits by example id);
 - end to end, texts in and scores out, all the inputs in one call: ``transformers pipeline``
   (``pipeline("text-classification", top_k=None, batch_size=B)``: it pads each batch to its longest) and
   ``ours predict`` (``Predictor.predict``: tokenize, pack, forward, unpack, scores).
@@ -245,8 +246,8 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             labels = [names.index(n) % num_labels for n in label_names[:len(texts)]]
         else:
             labels = np.random.default_rng(seed).integers(0, num_labels, len(texts)).tolist()
-        padded = Predictor.from_pretrained(saved, S, 1, B)
-        packed = Predictor.from_pretrained(saved, S, K, B)
+        padded = Predictor.from_pretrained(saved, S, 1)  # serving: the predictor's own packs a call
+        packed = Predictor.from_pretrained(saved, S, K)
         # one model for both of our layouts (as one model serves any K)
         padded.model = packed.model
         ours = packed.model
@@ -271,11 +272,12 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
         hf_grouped, hf_grouped_tokens = hf_batches(encoded, grouped_order, B, None, hf_used, token_types)
         n = len(texts)
         factor = n / float(len(packed_packs))
-        steps = {"ours padded": B, "ours packed": B}  # packs a call
+        steps = {"ours padded": padded.batch_packs, "ours packed": packed.batch_packs}  # packs a call
         if train:  # a step of B sequences: the training app's batch accounting of global batch B, off the IPU
             from ipu_packing.train.sections import TrainingConfig
 
-            steps["ours packed"] = TrainingConfig(global_batch_sequences=B).packs_per_step(1, factor)
+            steps = {"ours padded": B,
+                     "ours packed": TrainingConfig(global_batch_sequences=B).packs_per_step(1, factor)}
         ours_padded, ours_padded_tokens = pack_batches(padded_packs, steps["ours padded"], our_labels)
         ours_packed, ours_packed_tokens = pack_batches(packed_packs, steps["ours packed"], our_labels)
         entries: List[Entry] = []
@@ -336,8 +338,8 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             entries = [Entry("transformers padded", hf_padded, hf_forward, n, hf_padded_tokens),
                        Entry("transformers dynamic", hf_dynamic, hf_forward, n, hf_dynamic_tokens),
                        Entry("transformers grouped", hf_grouped, hf_forward, n, hf_grouped_tokens),
-                       Entry("ours padded", ours_padded, lambda p: collect(ours, p, B), n, ours_padded_tokens),
-                       Entry("ours packed", ours_packed, lambda p: collect(ours, p, B), n, ours_packed_tokens),
+                       Entry("ours padded", ours_padded, lambda p: collect(ours, p, len(p)), n, ours_padded_tokens),
+                       Entry("ours packed", ours_packed, lambda p: collect(ours, p, len(p)), n, ours_packed_tokens),
                        Entry("transformers pipeline", [[{"text": a, "text_pair": b} for a, b in texts] if pairs
                                                         else texts], lambda t: pipe(t), n, 0),
                        Entry("ours predict", [texts], packed.predict, n, 0)]
@@ -383,7 +385,8 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             "inputs": n, "real_tokens": int(sum(lengths)), "mean_length": float(np.mean(lengths)),
             "max_seq_length": S, "max_sequences_per_pack": K, "packs": int(len(packed_packs)),
             "packing_factor": factor, "micro_batch_size": B, "repeats": repeats, "pairs": pairs,
-            "packs_per_step": steps if train else None, "passes": passes or None,
+            "packs_per_step": steps if train else None, "packs_per_call": None if train else steps,
+            "passes": passes or None,
             "packed_over_padded": speed["ours packed"] / speed["ours padded"],
             "seed": seed, "rows": rows, "ours_attention": str(getattr(ours, "attention_implementation", "")),
             "transformers_attention": hf_attention, "max_logit_difference": logit_difference,
@@ -413,6 +416,10 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
     if r["max_logit_difference"] is not None:
         lines.append("largest |logit| difference, ours packed against transformers padded: %.2e"
                      % r["max_logit_difference"])
+    if r.get("packs_per_call"):
+        lines.append("packs a call, the predictor's default on CPU (a call's feed-forward activation within 1 MiB): "
+                     "ours padded %d, ours packed %d; transformers %d rows" % (
+                         r["packs_per_call"]["ours padded"], r["packs_per_call"]["ours packed"], r["micro_batch_size"]))
     if r.get("packs_per_step"):
         lines.append("steps of %d sequences, each one micro batch (the training app's step off the IPU): ours padded "
                      "%d rows, ours packed %d packs" % (r["micro_batch_size"], r["packs_per_step"]["ours padded"],
