@@ -26,18 +26,22 @@ class TorchInference:
 
     def __init__(self, model: torch.nn.Module, config: Optional[ExecutionConfig] = None) -> None:
         self.config = config or ExecutionConfig()
-        self.device = torch.device(self.config.device) if config is not None else next(model.parameters()).device
-        self.model = model.to(self.device)
+        where = next(model.parameters()).device
+        self.device = torch.device(self.config.device) if config is not None else where
+        # moving a model walks every module (about 1 ms for the demo's): only where it is elsewhere
+        self.model = model if where == self.device else model.to(self.device)
         self.inputs = model_inputs(model)  # the batch fields forward takes (labels too: a loss when present)
 
     def __call__(self, batch: Dict[str, Any]) -> Any:
         was_training = self.model.training
-        self.model.eval()
+        if was_training:  # eval() and train() walk every module too: only a model in train mode is switched
+            self.model.eval()
         try:
             with torch.no_grad(), autocast(self.config, self.device):
                 return self.model(**{k: torch.as_tensor(batch[k]).to(self.device) for k in self.inputs if k in batch})
         finally:
-            self.model.train(was_training)
+            if was_training:
+                self.model.train()
 
 
 def make_inference(model: torch.nn.Module, config: Optional[ExecutionConfig] = None):
