@@ -28,7 +28,7 @@ Inference contenders (eval mode, no gradients, fp32; ``--micro-batch-size`` B ro
   longest (the best a padded model can do on a known set of inputs);
 - ``ours padded`` and ``ours packed``: the predictor's own packs of the inputs (``Predictor.packs``: K=1, and K
   up to ``--max-sequences-per-pack``), as many packs a call as the predictor takes by default on CPU
-  (predict.packs_per_call: a call's feed-forward activation within 1 MiB), each call ``train/evaluate.collect``
+  (predict.packs_per_call, from the model's sizes), each call ``train/evaluate.collect``
   (the predictor's path: forward, then each used slot's logits by example id);
 - end to end, texts in and scores out, all the inputs in one call: ``transformers pipeline``
   (``pipeline("text-classification", top_k=None, batch_size=B)``: it pads each batch to its longest) and
@@ -417,8 +417,8 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
         lines.append("largest |logit| difference, ours packed against transformers padded: %.2e"
                      % r["max_logit_difference"])
     if r.get("packs_per_call"):
-        lines.append("packs a call, the predictor's default on CPU (a call's feed-forward activation within 1 MiB): "
-                     "ours padded %d, ours packed %d; transformers %d rows" % (
+        lines.append("packs a call, the predictor's default on CPU (predict.packs_per_call): ours padded %d, ours "
+                     "packed %d; transformers %d rows" % (
                          r["packs_per_call"]["ours padded"], r["packs_per_call"]["ours packed"], r["micro_batch_size"]))
     if r.get("packs_per_step"):
         lines.append("steps of %d sequences, each one micro batch (the training app's step off the IPU): ours padded "
