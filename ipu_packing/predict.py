@@ -68,8 +68,8 @@ SERVING_CALL_BYTES = 2 ** 20
 a small model's layer then runs in a core's cache, and a large one's weights are read once for enough tokens.
 Measured on the 2-core Xeon this project runs on (4 MiB of L2 a core), one thread (docs/results.md, Serving):
 the demo classifier (intermediate 256, S=128) served the demo's 1,024 pair inputs at 6,218 sequences/s in calls
-of 8 packs against 4,293 in calls of 32; the tiny and small presets were fastest at 4 packs, BERT-Base at 8 or
-more (34.5 sequences/s against 29.4 at 1)."""
+of 8 packs against 4,293 in calls of 32; the tiny and small presets were fastest at 4 packs, BERT-Base at 8
+(35.8 sequences/s, against 29.4 at 1, 34.1 at 16 and 32.9 at 32)."""
 
 
 def packs_per_call(config: Any, max_seq_length: int, device: str) -> int:
@@ -497,7 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sequences-per-pack", type=int, default=32)
     p.add_argument("--batch-packs", type=int, default=None,
                    help="packs per forward pass (default on CPU: as many as keep a call's feed-forward activation "
-                   "within 1 MiB, e.g. 8 for a model of intermediate size 256 at S=128; on CUDA: 64)")
+                   "within 1 MiB or within one layer's weights, e.g. 8 for a model of hidden size 64 and "
+                   "intermediate size 256 at S=128, 18 for BERT-Base; on CUDA: 64)")
     p.add_argument("--sentence1-key", default=None)
     p.add_argument("--sentence2-key", default=None)
     p.add_argument("--label-key", default="label", help="a column to leave out of the texts (default: label)")
