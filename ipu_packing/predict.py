@@ -66,10 +66,11 @@ SERVING_CALL_BYTES = 2 ** 20
 """Serving on CPU: packs per forward pass, unless given, are as many as keep one call's feed-forward activation
 (packs x S x intermediate_size, fp32) within 1 MiB, or within one encoder layer's weights where those are larger:
 a small model's layer then runs in a core's cache, and a large one's weights are read once for enough tokens.
-Measured on the 2-core Xeon this project runs on (4 MiB of L2 a core), one thread (docs/results.md, Serving):
-the demo classifier (intermediate 256, S=128) served the demo's 1,024 pair inputs at 6,218 sequences/s in calls
-of 8 packs against 4,293 in calls of 32; the tiny and small presets were fastest at 4 packs, BERT-Base at 8
-(35.8 sequences/s, against 29.4 at 1, 34.1 at 16 and 32.9 at 32)."""
+Measured on the 2-core Xeon this project runs on (4 MiB of L2 a core), one thread, calls back to back
+(``python tests/serving_calls.py MODEL``; docs/results.md, the peer table): the demo classifier (intermediate 256,
+S=128) served the demo's 1,024 pair inputs at 6,563 sequences/s in calls of 8 packs, 6,825 in 16 and 4,902 in 32;
+the tiny and small presets were fastest at 4 packs, BERT-Base at 8 (35.8 sequences/s, against 29.4 at 1, 34.1
+at 16 and 32.9 at 32)."""
 
 
 def packs_per_call(config: Any, max_seq_length: int, device: str) -> int:
