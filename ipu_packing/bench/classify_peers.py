@@ -54,7 +54,6 @@ padded (inference), and ``os.getloadavg()`` before and after. Speed is reported,
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 import tempfile
@@ -289,8 +288,6 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             hf.train()
             ours.train()
             hf_optimizer, our_optimizer = optimizers(hf, ours, transformers, torch)
-            from ipu_packing.execution.dry_run import micro_batches_per_pass
-
             runners: Dict[int, Any] = {}
 
             def runner_for(packs_a_step: int):
@@ -298,7 +295,6 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
                 if packs_a_step not in runners:
                     ex = ExecutionConfig(backend="torch", device="cpu", micro_batch_size=packs_a_step,
                                          gradient_accumulation=1)
-                    ex = dataclasses.replace(ex, micro_batches_per_pass=micro_batches_per_pass(ours.config, ex, S))
                     runners[packs_a_step] = make_runner(ours, our_optimizer, ex)
                 return runners[packs_a_step]
 
