@@ -168,15 +168,40 @@ def test_task_is_an_option_of_the_synthetic_mode():
 
 
 def test_the_harness_interleaves_every_contender_in_proportion():
-    from ipu_packing.bench.harness import interleaved, schedule, warm_up
+    from ipu_packing.bench.harness import Contender, measure, schedule
 
     assert schedule([4, 2, 1]) == [(0, 0), (1, 0), (0, 1), (2, 0), (0, 2), (1, 1), (0, 3)]
-    calls, afters = [], []
-    contenders = [([10, 11, 12, 13], lambda b: calls.append(("padded", b)), lambda: afters.append("padded")),
-                  ([20, 21], lambda b: calls.append(("packed", b)), None)]
-    warm_up(contenders)
-    assert calls == [("padded", 10), ("packed", 20)] and afters == ["padded"]
-    del calls[:], afters[:]
-    seconds, peaks = interleaved(contenders)
-    assert calls == [("padded", 10), ("packed", 20), ("padded", 11), ("padded", 12), ("packed", 21), ("padded", 13)]
-    assert afters == ["padded"] * 4 and len(seconds) == 2 and min(seconds) >= 0 and peaks == [None, None]
+    events = []
+    contenders = [Contender("padded", [10, 11, 12, 13], lambda b: events.append(b),
+                            after=lambda: events.append("after")),
+                  Contender("packed", [20, 21], lambda b: events.append(b), before=lambda: events.append("before"),
+                            warmup=29)]
+    timings = measure(contenders, repeats=2, reset=lambda: events.append("reset"))
+    one_pass = [10, "after", "before", 20, 11, "after", 12, "after", "before", 21, 13, "after"]
+    assert events == [10, "after", "before", 29, "reset"] + one_pass * 2
+    assert [len(s) for s in timings.seconds] == [2, 2] and [len(c) for c in timings.calls] == [8, 4]
+    assert timings.seconds[0][1] == pytest.approx(sum(timings.calls[0][4:]))
+    assert timings.peaks == [None, None] and timings.failed == [] and len(timings.load_after) == 3
+
+
+def test_the_harness_runs_passes_back_to_back_rotated_and_leaves_out_a_failing_warm_up():
+    from ipu_packing.bench.harness import Contender, measure, schedule
+
+    assert schedule([2, 1, 2], "passes", 0) == [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)]
+    assert schedule([2, 1, 2], "passes", 1) == [(1, 0), (2, 0), (2, 1), (0, 0), (0, 1)]
+    calls = []
+
+    def broken(batch):
+        raise RuntimeError("no kernel\nfor this")
+
+    contenders = [Contender("a", [1, 2], calls.append), Contender("broken", [0], broken),
+                  Contender("b", [3], calls.append)]
+    with pytest.raises(RuntimeError):
+        measure(contenders)
+    del calls[:]
+    timings = measure(contenders, repeats=2, order="passes", keep_going=True)
+    assert [c.name for c in timings.contenders] == ["a", "b"]
+    assert timings.failed == ["broken: RuntimeError: no kernel for this"]
+    assert calls == [1, 3] + [1, 2, 3] + [3, 1, 2]
+    with pytest.raises(ValueError):
+        measure(contenders, order="blocks")

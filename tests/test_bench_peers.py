@@ -124,10 +124,10 @@ def test_every_contender_steps_on_every_batch_interleaved(monkeypatch):
     def counting(*args, **kwargs):
         contenders, models, skipped, attention = original(*args, **kwargs)
         for c in contenders:
-            def step(batch, c=c, inner=c.step):
+            def step(batch, c=c, inner=c.call):
                 calls.append((c.name, int(next(iter(batch.values())).shape[0])))
                 return inner(batch)
-            c.step = step
+            c.call = step
         counting.contenders = contenders
         return contenders, models, skipped, attention
 
@@ -230,7 +230,7 @@ def test_keep_going_leaves_out_a_contender_whose_warm_up_fails(monkeypatch):
         def boom(batch):
             raise RuntimeError("no kernel\nfor this")
 
-        [c for c in contenders if c.name == "ours packed sdpa"][0].step = boom
+        [c for c in contenders if c.name == "ours packed sdpa"][0].call = boom
         return contenders, models, skipped, attention
 
     monkeypatch.setattr(peers, "build_contenders", one_broken)

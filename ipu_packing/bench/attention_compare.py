@@ -25,7 +25,8 @@ from typing import Dict
 import numpy as np
 
 from .presets import MODEL_PRESETS
-from .throughput import Layout, plan_histogram, time_interleaved, timed_layouts
+from .harness import measure
+from .throughput import layout_contender, plan_histogram, timed_layouts
 
 PAIRS = (("padded", "dense"), ("packed", "dense"), ("padded", "varlen"), ("packed", "varlen"))
 RATIOS = (
@@ -62,11 +63,11 @@ def flops_per_sequence(layout, model: Dict[str, int], attention: str) -> float:
 
 
 def compare_attention(padded, packed, model_kwargs: Dict[str, object], micro_batch_size: int, repeats: int,
-                      seed: int, time_interleaved) -> Dict[str, object]:
+                      seed: int, order: str = "calls") -> Dict[str, object]:
     """Seconds per sequence of the four (layout, attention) pairs, their ratios and the FLOP model's.
 
-    ``time_interleaved(runner, layouts, batch_size, torch)`` is the bench's timer; each model steps
-    through the training runner (``make_runner``), as the bench's main comparison does."""
+    One model per attention, from the same initial weights, each stepping through the training runner
+    (``make_runner``) as the bench's main comparison does; the four pairs are the harness's contenders."""
     import torch
     import transformers
 
@@ -86,18 +87,16 @@ def compare_attention(padded, packed, model_kwargs: Dict[str, object], micro_bat
         models[attention].load_state_dict(initial)
         optimizer = LAMB(parameter_groups(models[attention], 0.01), lr=1e-4)
         runners[attention] = make_runner(models[attention], optimizer, execution)
-    for attention in models:  # warm-up, then the same starting weights for every timed pass
-        for layout in layouts.values():
-            warm = Layout("warm", {k: v[:micro_batch_size] for k, v in layout.arrays.items()})
-            time_interleaved(runners[attention], [warm], micro_batch_size, torch)
-        models[attention].load_state_dict(initial)
 
-    per_row = {"%s+%s" % pair: [] for pair in PAIRS}
-    for r in range(repeats):
-        for attention in (("dense", "varlen") if r % 2 == 0 else ("varlen", "dense")):
-            times = time_interleaved(runners[attention], (padded, packed), micro_batch_size, torch)
-            for name, seconds in times.items():
-                per_row["%s+%s" % (name, attention)].append(seconds)
+    def reset():  # after the warm-up: the same starting weights for every timed pass
+        for model in models.values():
+            model.load_state_dict(initial)
+
+    contenders = [layout_contender(layouts[name], "%s+%s" % (name, a), runners[a], micro_batch_size, torch)
+                  for name, a in PAIRS]
+    timings = measure(contenders, repeats, order, reset)
+    per_row = {c.name: [s / (len(c.batches) * micro_batch_size) for s in seconds]
+               for c, seconds in zip(contenders, timings.seconds)}
     per_sequence = {}
     for layout_name, attention in PAIRS:
         layout = layouts[layout_name]
@@ -122,13 +121,13 @@ def compare_attention(padded, packed, model_kwargs: Dict[str, object], micro_bat
 
 
 def run_comparison(histogram: np.ndarray, S: int, K: int, model_preset: str, micro_batch_size: int, repeats: int,
-                   algorithm, seed: int, timed_packs) -> Dict[str, object]:
+                   algorithm, seed: int, timed_packs, order: str = "calls") -> Dict[str, object]:
     """The bench's plan and timed layouts (the same sequences as its main result), then ``compare_attention``."""
     model_kwargs = dict(MODEL_PRESETS[model_preset])
     model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)
     plan = plan_histogram(histogram, S, K, algorithm)
     padded, packed = timed_layouts(plan, S, K, timed_packs, model_kwargs["vocab_size"], seed)
-    return compare_attention(padded, packed, model_kwargs, micro_batch_size, repeats, seed, time_interleaved)
+    return compare_attention(padded, packed, model_kwargs, micro_batch_size, repeats, seed, order)
 
 
 def format_comparison(comparison: Dict[str, object]) -> str:

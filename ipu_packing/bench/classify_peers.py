@@ -45,8 +45,9 @@ TrainingConfig.packs_per_step). The labels:
 the demo task's (its label names in sorted order, modulo the model's labels), or seeded random ones for
 ``--input``. ``--input`` may hold pairs (sentence1 and sentence2), tokenized as pairs by both sides.
 
-Every contender's calls are interleaved in proportion in one process (peers.py's rule), ``--repeats`` times;
-its seconds are the median over repeats. Reported: sequences/s per contender and its ratio to ``transformers
+Every contender's calls are timed by harness.py in one process, ``--repeats`` times, interleaved in proportion
+(``--order passes``: each contender's pass back to back, the order rotated each repeat); its seconds are the
+median over repeats. Reported: sequences/s per contender and its ratio to ``transformers
 padded``, sequences per row (the packing factor of ours packed), computed tokens (rows x row length), the
 largest logit difference of ours packed from transformers
 padded (inference), and ``os.getloadavg()`` before and after. Speed is reported, never asserted.
@@ -55,27 +56,25 @@ padded (inference), and ``os.getloadavg()`` before and after. Speed is reported,
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .harness import interleaved, warm_up
+from .harness import ORDERS, Contender, measure
 from .inputs import BenchError
 
 BASELINE = "transformers padded"
 
 
-class Entry:
-    """One contender: its batches (one per timed call), its call, what runs untimed after each call."""
+@dataclass
+class Entry(Contender):
+    """One contender: the harness's, and the sequences and computed tokens (rows x row length) of its pass."""
 
-    def __init__(self, name: str, batches: List[Any], call: Callable[[Any], Any], sequences: int,
-                 computed_tokens: int, after: Callable[[], None] = lambda: None) -> None:
-        self.name, self.batches, self.call, self.after = name, batches, call, after
-        self.sequences, self.computed_tokens = sequences, computed_tokens
-        self.seconds: List[float] = []
+    sequences: int = 0
+    computed_tokens: int = 0
 
 
 def demo_texts() -> Tuple[List[str], List[str]]:
@@ -200,15 +199,10 @@ def fused(optimizer) -> bool:
     return bool(optimizer.defaults.get("fused"))
 
 
-def interleave(entries: Sequence[Entry], torch) -> List[float]:
-    """One pass over every batch of every entry, the calls interleaved in proportion (peers.time_contenders'
-    rule); seconds of each entry."""
-    return interleaved([(e.batches, e.call, e.after) for e in entries])[0]
-
-
 def run_classifier_peers(directory: str, texts: Optional[Sequence[str]] = None, inputs: int = 1024, S: int = 128,
                          K: int = 32, micro_batch_size: int = 32, repeats: int = 3, preset: Optional[str] = None,
-                         train: bool = False, seed: int = 0, log=lambda message: None) -> Dict[str, Any]:
+                         train: bool = False, seed: int = 0, order: str = "calls",
+                         log=lambda message: None) -> Dict[str, Any]:
     """The module docstring's bench; a dict (JSON-ready)."""
     import torch
     import transformers
@@ -217,18 +211,18 @@ def run_classifier_peers(directory: str, texts: Optional[Sequence[str]] = None, 
     transformers.logging.set_verbosity_error()  # a pretraining export's new head, the pipeline's device notice
     try:
         return _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, repeats, preset, train,
-                    seed, log)
+                    seed, order, log)
     finally:
         transformers.logging.set_verbosity(verbosity)
 
 
-def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, repeats, preset, train, seed, log):
+def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, repeats, preset, train, seed, order,
+         log):
     from ipu_packing.predict import Predictor
 
     from .peers import ADAMW
 
     started = time.perf_counter()
-    load_before = list(os.getloadavg())
     label_names = None
     if texts is None:
         texts, label_names = demo_texts()
@@ -280,6 +274,10 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
         ours_padded, ours_padded_tokens = pack_batches(padded_packs, steps["ours padded"], our_labels)
         ours_packed, ours_packed_tokens = pack_batches(packed_packs, steps["ours packed"], our_labels)
         entries: List[Entry] = []
+
+        def entry(name: str, batches, call, computed_tokens: int) -> Entry:
+            return Entry(name, batches, call, sequences=n, computed_tokens=computed_tokens)
+
         restore: List[Tuple[Any, Dict[str, Any]]] = []
         passes: Dict[str, List[int]] = {}
         if train:
@@ -312,11 +310,11 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             ours_padded, ours_packed = [[{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.arrays.items()}
                                          for p in batches] for batches in (ours_padded, ours_packed)]
 
-            entries = [Entry("transformers padded", hf_padded, hf_step, n, hf_padded_tokens),
-                       Entry("transformers dynamic", hf_dynamic, hf_step, n, hf_dynamic_tokens),
-                       Entry("transformers grouped", hf_grouped, hf_step, n, hf_grouped_tokens),
-                       Entry("ours padded", ours_padded, our_step, n, ours_padded_tokens),
-                       Entry("ours packed", ours_packed, our_step, n, ours_packed_tokens)]
+            entries = [entry("transformers padded", hf_padded, hf_step, hf_padded_tokens),
+                       entry("transformers dynamic", hf_dynamic, hf_step, hf_dynamic_tokens),
+                       entry("transformers grouped", hf_grouped, hf_step, hf_grouped_tokens),
+                       entry("ours padded", ours_padded, our_step, ours_padded_tokens),
+                       entry("ours packed", ours_packed, our_step, ours_packed_tokens)]
             restore = [(hf, {k: v.clone() for k, v in hf.state_dict().items()}),
                        (ours, {k: v.clone() for k, v in ours.state_dict().items()})]
         else:
@@ -331,29 +329,25 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
 
             pipe = transformers.pipeline("text-classification", model=hf, tokenizer=tokenizer, top_k=None,
                                          device="cpu", batch_size=B)
-            entries = [Entry("transformers padded", hf_padded, hf_forward, n, hf_padded_tokens),
-                       Entry("transformers dynamic", hf_dynamic, hf_forward, n, hf_dynamic_tokens),
-                       Entry("transformers grouped", hf_grouped, hf_forward, n, hf_grouped_tokens),
-                       Entry("ours padded", ours_padded, lambda p: collect(ours, p, len(p)), n, ours_padded_tokens),
-                       Entry("ours packed", ours_packed, lambda p: collect(ours, p, len(p)), n, ours_packed_tokens),
-                       Entry("transformers pipeline", [[{"text": a, "text_pair": b} for a, b in texts] if pairs
-                                                        else texts], lambda t: pipe(t), n, 0),
-                       Entry("ours predict", [texts], packed.predict, n, 0)]
+            entries = [entry("transformers padded", hf_padded, hf_forward, hf_padded_tokens),
+                       entry("transformers dynamic", hf_dynamic, hf_forward, hf_dynamic_tokens),
+                       entry("transformers grouped", hf_grouped, hf_forward, hf_grouped_tokens),
+                       entry("ours padded", ours_padded, lambda p: collect(ours, p, len(p)), ours_padded_tokens),
+                       entry("ours packed", ours_packed, lambda p: collect(ours, p, len(p)), ours_packed_tokens),
+                       entry("transformers pipeline", [[{"text": a, "text_pair": b} for a, b in texts] if pairs
+                                                        else texts], lambda t: pipe(t), 0),
+                       entry("ours predict", [texts], packed.predict, 0)]
         log("%d inputs (%d tokens, mean length %.1f) at S=%d: %d padded rows, %d packs (K<=%d); %s"
             % (n, sum(lengths), float(np.mean(lengths)), S, len(texts), len(packed_packs), K,
                "fine-tuning steps" if train else "inference"))
-        warm_up([(e.batches, e.call, e.after) for e in entries])
-        for model, state in restore:
-            model.load_state_dict(state)
-        if train:
-            for o in (hf_optimizer, our_optimizer):
-                o.state.clear()
-        per_repeat: List[List[float]] = [[] for _ in entries]
-        for r in range(repeats):
-            seconds = interleave(entries, torch)
-            for i, s in enumerate(seconds):
-                per_repeat[i].append(s)
-            log("repeat %d: %s" % (r + 1, ", ".join("%s %.2f s" % (e.name, s) for e, s in zip(entries, seconds))))
+        def reset():  # after the warm-up: the initial weights, a fresh optimizer state
+            for model, state in restore:
+                model.load_state_dict(state)
+            if train:
+                for o in (hf_optimizer, our_optimizer):
+                    o.state.clear()
+
+        timings = measure(entries, repeats, order, reset, log=log)
         logit_difference = None
         if not train:
             ours_logits = collect(ours, packed_packs, B)["logits"]
@@ -361,10 +355,9 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             logit_difference = float(np.abs(ours_logits - hf_logits).max())
         rows = []
         for i, e in enumerate(entries):
-            median = statistics.median(per_repeat[i])
             rows.append({"name": e.name, "calls": len(e.batches), "sequences": e.sequences,
-                         "computed_tokens": e.computed_tokens, "seconds": per_repeat[i],
-                         "sequences_per_second": e.sequences / median,
+                         "computed_tokens": e.computed_tokens, "seconds": timings.seconds[i],
+                         "sequences_per_second": e.sequences / timings.median(i),
                          "sequences_per_row": factor if e.name == "ours packed" else (
                              None if not e.computed_tokens else 1.0)})
         speed = {row["name"]: row["sequences_per_second"] for row in rows}
@@ -389,8 +382,8 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             "optimizer": dict(ADAMW, name="AdamW", fused={"transformers": fused(hf_optimizer),
                                                           "ours": fused(our_optimizer)}) if train else None,
             "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
-            "transformers_version": transformers.__version__, "load_before": load_before,
-            "load_after": list(os.getloadavg()), "seconds": time.perf_counter() - started,
+            "transformers_version": transformers.__version__, "load_before": timings.load_before,
+            "load_after": timings.load_after, "order": order, "seconds": time.perf_counter() - started,
         }
 
 
@@ -398,10 +391,10 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
     m = r["model"]
     lines = [
         "%s: %s (hidden %d, %d layers, vocab %d, %d labels), S=%d, K<=%d, micro batch %d (rows), %d torch threads, "
-        "%d repeats (medians)" % (r["mode"], m["preset"] or r["classifier"], m["hidden_size"],
-                                  m["num_hidden_layers"], m["vocab_size"], m["num_labels"], r["max_seq_length"],
-                                  r["max_sequences_per_pack"], r["micro_batch_size"], r["torch_threads"],
-                                  r["repeats"]),
+        "%d repeats (medians; %s)" % (r["mode"], m["preset"] or r["classifier"], m["hidden_size"],
+                                      m["num_hidden_layers"], m["vocab_size"], m["num_labels"], r["max_seq_length"],
+                                      r["max_sequences_per_pack"], r["micro_batch_size"], r["torch_threads"],
+                                      r["repeats"], ORDERS[r["order"]]),
         "%d inputs, %d real tokens (mean length %.1f) -> %d packs (packing factor %.2f); attention: ours %s, "
         "transformers %s; torch %s, transformers %s" % (
             r["inputs"], r["real_tokens"], r["mean_length"], r["packs"], r["packing_factor"], r["ours_attention"],
@@ -436,7 +429,7 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
 
 
 CLASSIFIER_OPTIONS = ("classifier", "input", "inputs", "train", "table", "max_seq_length", "max_sequences_per_pack",
-                      "micro_batch_size", "repeats", "model", "threads", "seed", "json", "help", "plot")
+                      "micro_batch_size", "repeats", "order", "model", "threads", "seed", "json", "help", "plot")
 """bench's options that --classifier takes (--plot: only its default; nothing is drawn)."""
 
 
@@ -479,7 +472,7 @@ def main_classifier(parser, args) -> int:
     log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
     modes = (False, True) if args.table else (args.train,)
     results = [run_classifier_peers(args.classifier, texts, args.inputs, S, K, B, args.repeats, args.model,
-                                    train, args.seed, log) for train in modes]
+                                    train, args.seed, args.order, log) for train in modes]
     if args.json:
         print(jsonout.dumps(results if args.table else results[0], sort_keys=True))
     else:

@@ -19,6 +19,7 @@ from . import peers, throughput
 from .attention_compare import format_comparison, run_comparison
 from .classify_peers import main_classifier
 from .config_bench import main_config
+from .harness import ORDERS
 from .inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
 from .report import draw_plot, format_result
 from .throughput import run_bench
@@ -39,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per training step (default: 8; with --classifier: 32 rows a call)")
     p.add_argument("--repeats", type=int, default=5,
                    help="timed passes over both layouts, interleaved (default: %(default)s)")
+    p.add_argument("--order", choices=sorted(ORDERS), default="calls",
+                   help="the order of a repeat's calls: 'calls' interleaved in proportion (the fairest under load), "
+                   "'passes' each contender's pass back to back, rotated each repeat (a training run's steady "
+                   "state); default: %(default)s")
     p.add_argument("--model", choices=sorted(MODEL_PRESETS), default=None,
                    help="BERT size (default: tiny; with --classifier: the directory's architecture)")
     p.add_argument("--attention", default=None,
@@ -158,13 +163,14 @@ def _main(argv: Optional[List[str]]) -> int:
         seed=args.seed,
         timed_packs=args.timed_packs or None,
         task=args.task,
+        order=args.order,
         log=log,
     )
     comparison = None
     # side by side with dense, on the same sequences (attention.py)
     if args.attention == "varlen" and args.task == "pretraining":
         comparison = run_comparison(histogram, S, args.max_sequences_per_pack, args.model, args.micro_batch_size,
-                                    args.repeats, args.algorithm, args.seed, args.timed_packs or None)
+                                    args.repeats, args.algorithm, args.seed, args.timed_packs or None, args.order)
     if args.plot:
         result.plot = draw_plot(result, histogram, args.plot)
     if args.json:

@@ -23,8 +23,9 @@ What it does:
    ``make_runner`` the training loop uses: torch on CPU or CUDA, DDP or pipeline stages under
    ``torchrun``, poptorch on IPUs. ``runner.compile`` is timed apart (``compile_seconds``: the poptorch
    compile or executable-cache load; nothing on torch), then one untimed warm-up call per layout.
-4. Times N optimizer steps of each (``runner.train_step``), the two layouts' calls alternating, so that a
-   busy period of a shared machine slows both alike. On IPUs a layout's executable is detached while the
+4. Times N optimizer steps of each (``runner.train_step``) through harness.py, the two layouts' calls
+   alternating, so that a busy period of a shared machine slows both alike (``--order passes``: each layout's N
+   steps back to back, padded first, as a training run steps). On IPUs a layout's executable is detached while the
    other runs (poptorch attaches it again on its next call); attaching is not timed.
 
 Reported as in the synthetic mode: sequences/s and tokens/s of each layout, ``speedup`` (packed over padded
@@ -47,6 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import jsonout
+from .harness import ORDERS, Contender, measure
 from .inputs import BenchError, check_writable, read_histogram_file
 from .throughput import make_sequences, plan_histogram, select_packs
 
@@ -178,26 +180,27 @@ class Timed:
         torch.set_rng_state(rng)
         self.compile_seconds = self.warmup_seconds = 0.0
         self.seconds: List[float] = []
-        self.steps = self.sequences = self.tokens = self.rows = 0
+        self.metrics: List[Any] = []
 
-    def attach(self) -> None:
-        getattr(self.runner, "attach", lambda: None)()  # poptorch: one layout's executable on the IPUs at a time
+    def step(self, batch) -> None:
+        self.metrics.append(self.runner.train_step(batch))
 
-    def release(self) -> None:
-        getattr(self.runner, "release", lambda: None)()
-
-    def call(self, batch) -> Tuple[float, Any]:
-        start = time.perf_counter()
-        metrics = self.runner.train_step(batch)
-        return time.perf_counter() - start, metrics
+    def contender(self, calls: int) -> Contender:
+        """The harness's contender: the warm-up on the first batch, ``calls`` timed calls on the next; a poptorch
+        executable attached for each call and detached after it (one layout's on the IPUs at a time)."""
+        return Contender("%s %s" % (self.name, self.attention), self.batches[1:1 + calls], self.step,
+                         after=getattr(self.runner, "release", None), before=getattr(self.runner, "attach", None),
+                         warmup=self.batches[0])
 
     def summary(self) -> Dict[str, Any]:
         seconds = float(sum(self.seconds))
         ex = self.accounting.execution
+        steps = sum(int(getattr(m, "optimizer_steps", 1)) for m in self.metrics)
+        sequences, tokens = sum(int(m.sequences) for m in self.metrics), sum(int(m.tokens) for m in self.metrics)
         return {
-            "steps": self.steps, "sequences": self.sequences, "tokens": self.tokens, "rows": self.rows,
-            "seconds": seconds, "seconds_per_step": seconds / max(1, self.steps),
-            "sequences_per_second": self.sequences / seconds, "tokens_per_second": self.tokens / seconds,
+            "steps": steps, "sequences": sequences, "tokens": tokens, "rows": len(self.metrics) * rows_per_call(ex),
+            "seconds": seconds, "seconds_per_step": seconds / max(1, steps),
+            "sequences_per_second": sequences / seconds, "tokens_per_second": tokens / seconds,
             "compile_seconds": self.compile_seconds, "warmup_seconds": self.warmup_seconds,
             "micro_batch_size": ex.micro_batch_size, "gradient_accumulation": self.accounting.gradient_accumulation,
             "global_batch_packs": ex.global_batch_packs, "betas": list(self.accounting.betas),
@@ -207,7 +210,7 @@ class Timed:
 
 def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram: Optional[np.ndarray] = None,
                      histogram_path: str = "", log: Callable[[str], None] = lambda message: None,
-                     attentions: Sequence[Optional[str]] = (None,)) -> Dict[str, Any]:
+                     attentions: Sequence[Optional[str]] = (None,), order: str = "calls") -> Dict[str, Any]:
     import torch
 
     from ipu_packing.train.run_plan import check_backend
@@ -264,23 +267,14 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
         start = time.perf_counter()
         layout.runner.compile(layout.batches[0])
         layout.compile_seconds = time.perf_counter() - start
-        layout.warmup_seconds = layout.call(layout.batches[0])[0]
-        layout.release()
-        log("%s: compile %.2f s, warm-up call %.2f s; %s; %s" % (
-            layout.name, layout.compile_seconds, layout.warmup_seconds, layout.accounting.describe(),
-            layout.accounting.describe_passes()))
-    for i in range(calls):  # padded, packed, padded, packed, ... (of each attention in turn)
-        for layout in layouts:
-            layout.attach()
-            seconds, metrics = layout.call(layout.batches[1 + i])
-            layout.release()
-            layout.seconds.append(seconds)
-            layout.steps += int(getattr(metrics, "optimizer_steps", 1))
-            layout.sequences += int(metrics.sequences)
-            layout.tokens += int(metrics.tokens)
-            layout.rows += rows_per_call(layout.accounting.execution)
-        log("call %d of %d: %s" % (i + 1, calls, ", ".join(
-            "%s %s %.3f s" % (layout.name, layout.attention, layout.seconds[-1]) for layout in layouts)))
+        getattr(layout.runner, "release", lambda: None)()
+        log("%s: compile %.2f s; %s; %s" % (layout.name, layout.compile_seconds, layout.accounting.describe(),
+                                            layout.accounting.describe_passes()))
+    # padded, packed, padded, packed, ... (of each attention in turn), after one warm-up call of each
+    timings = measure([layout.contender(calls) for layout in layouts], 1, order,
+                      lambda: [layout.metrics.clear() for layout in layouts], log=log)
+    for layout, warmup, seconds in zip(layouts, timings.warmup, timings.calls):
+        layout.warmup_seconds, layout.seconds = warmup, seconds
     summaries = [layout.summary() for layout in layouts]
     padded, packed = summaries[0], summaries[1]
     ex = packed_accounting.execution
@@ -293,7 +287,7 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
         "replication_factor": ex.replication_factor, "pipeline_stages": ex.num_stages, "world_size": ex.world_size,
         "precision": ex.precision, "attention": getattr(model, "attention_implementation", None),
         "torch_threads": torch.get_num_threads(), "source": source["source"],
-        "max_seq_length": S, "max_sequences_per_pack": K, "steps": steps,
+        "max_seq_length": S, "max_sequences_per_pack": K, "steps": steps, "order": order,
         "num_sequences": num_sequences, "padded_rows": row_count(padded_packs),
         "num_packs": row_count(packed_packs), "packing_factor": float(factor),
         "batch_accounting": packed_config.training.batch_accounting,
@@ -317,9 +311,9 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
 
 def format_config_result(r: Dict[str, Any]) -> str:
     lines = [
-        "bench --config %s: %s on %s (replicas %d, stages %d, %s), S=%d, K=%d, %d optimizer steps of each layout"
-        % (r["config"], r["backend"], r["device"], r["replication_factor"], r["pipeline_stages"], r["precision"],
-           r["max_seq_length"], r["max_sequences_per_pack"], r["steps"]),
+        "bench --config %s: %s on %s (replicas %d, stages %d, %s), S=%d, K=%d, %d optimizer steps of each layout "
+        "(%s)" % (r["config"], r["backend"], r["device"], r["replication_factor"], r["pipeline_stages"],
+                  r["precision"], r["max_seq_length"], r["max_sequences_per_pack"], r["steps"], ORDERS[r["order"]]),
         "sequences from %s: %d sequences = %d padded rows = %d packs (packing factor %.4f, accounting %s)"
         % (r["source"], r["num_sequences"], r["padded_rows"], r["num_packs"], r["packing_factor"],
            r["batch_accounting"]),
@@ -378,7 +372,7 @@ def draw_config_plot(r: Dict[str, Any], path: str) -> str:
     return path
 
 
-SHARED_OPTIONS = ("config", "histogram", "plot", "json", "steps", "overrides", "help", "attention")
+SHARED_OPTIONS = ("config", "histogram", "plot", "json", "steps", "overrides", "help", "attention", "order")
 """bench's options that --config takes; the synthetic mode's others are the config's values (refused)."""
 
 
@@ -401,7 +395,7 @@ def main_config(parser, args) -> int:
     if any(a and "model.packed_attention=" in o for a in attentions for o in args.overrides):
         raise BenchError("--attention and the override model.packed_attention both choose the attention: give one")
     result = run_config_bench(args.config, args.overrides, args.steps, histogram, args.histogram or "", log=log,
-                              attentions=attentions)
+                              attentions=attentions, order=args.order)
     if not result.pop("main_process"):
         return 0
     if args.plot:

@@ -15,11 +15,11 @@ The encoder costs the same in both (the dense mask is (B, 1, S, S) either way); 
 what the pretraining heads do on more slots, and building the mask. A packed step processes K sequences per
 row instead of 1, which is where the speed-up comes from (the throughput columns show it).
 
-Steps alternate between the two workloads (in ABBA order) so that load from other processes hits both
-alike. Reported: median and minimum wall time, and median CPU time of this process (with ``--threads 1``
-on a shared machine the steadier measure: time spent descheduled by other processes does not count), and
-the matmul FLOPs of one step of each (torch's FlopCounterMode, torch >= 2.1), which no noise affects.
-Not a test: it prints numbers.
+Steps alternate between the two workloads (in ABBA order: harness.py's ``passes``, one step a pass) so that
+load from other processes hits both alike. Reported: median and minimum wall time, and median CPU time of this
+process (with ``--threads 1`` on a shared machine the steadier measure: time spent descheduled by other
+processes does not count), and the matmul FLOPs of one step of each (torch's FlopCounterMode, torch >= 2.1),
+which no noise affects. Not a test: it prints numbers.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -38,6 +37,7 @@ from ..data.format import FIRST_WORD_ID, IGNORE_INDEX, as_batch
 from ..data.random_instances import random_packs
 from ..errors import ArgumentParser, run_command
 from ..model.attention import ATTENTION_IMPLEMENTATIONS
+from .harness import Contender, measure
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -54,7 +54,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per workload")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per workload")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed steps per workload (at least the harness's warm-up step)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -139,29 +140,22 @@ def _main(argv: Optional[List[str]]) -> int:
     workloads = {name: {k: v.to(device) for k, v in fields.items()} for name, fields in workloads.items()}
     autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
 
-    def step(fields: Dict[str, torch.Tensor]) -> Tuple[float, float]:
-        """One forward + backward; (wall seconds, CPU seconds of this process)."""
+    def step(fields: Dict[str, torch.Tensor]) -> None:
+        """One forward + backward."""
         model.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start, start_cpu = time.perf_counter(), time.process_time()
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             out = model(**fields)
         out.loss.backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start, time.process_time() - start_cpu
 
     flops = {name: count_flops(step, fields) for name, fields in workloads.items()}
-    times: Dict[str, List[float]] = {name: [] for name in workloads}
-    cpu_times: Dict[str, List[float]] = {name: [] for name in workloads}
+    # one step of each workload a repeat, their order swapped each repeat (ABBA: none always runs second); the
+    # harness's warm-up step, then the first --warmup - 1 repeats untimed
     names = list(workloads)
-    for index in range(args.warmup + args.steps):
-        for name in names if index % 2 == 0 else names[::-1]:  # ABBA order: no workload always runs second
-            wall, cpu = step(workloads[name])
-            if index >= args.warmup:
-                times[name].append(wall)
-                cpu_times[name].append(cpu)
+    timings = measure([Contender(name, [workloads[name]], step) for name in names], max(0, args.warmup - 1)
+                      + args.steps, "passes", torch=torch, cuda=device.type == "cuda")
+    skip = max(0, args.warmup - 1)
+    times = {name: timings.calls[i][skip:] for i, name in enumerate(names)}
+    cpu_times = {name: timings.cpu[i][skip:] for i, name in enumerate(names)}
 
     median = {name: statistics.median(values) for name, values in times.items()}
     cpu_median = {name: statistics.median(values) for name, values in cpu_times.items()}

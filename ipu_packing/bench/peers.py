@@ -24,8 +24,9 @@ K = 1) and packed. Every contender trains on exactly these sequences, with their
 Every contender: full training steps (zero_grad, forward, backward, AdamW update with the same ``ADAMW``
 settings and weight-decay groups), bf16 autocast with `--precision bf16`, on `--device`. Every batch of every
 contender is one timed call (the last batch may be short), and the calls of all contenders are interleaved in
-proportion (throughput.time_interleaved's rule) in one process, so every contender sees the same machine load;
-that is repeated `--repeats` times and each contender's seconds are the median over repeats. On CUDA each
+proportion in one process, so every contender sees the same machine load (``--order passes``: each contender's
+pass back to back instead, the order rotated each repeat; harness.py times every bench); that is repeated
+`--repeats` times and each contender's seconds are the median over repeats. On CUDA each
 call ends with ``torch.cuda.synchronize()`` (the optimizer's kernels are counted in the call that launched
 them) and each contender's peak memory is measured: ``torch.cuda.max_memory_allocated`` during its steps less
 what was allocated before them (every model stays resident; gradients are freed after each call), plus its own
@@ -37,8 +38,6 @@ included) tokens, and ``os.getloadavg()`` before and after. Speed is reported, n
 
 from __future__ import annotations
 
-import os
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -46,8 +45,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import jsonout
-from ..errors import one_line
-from .harness import interleaved
+from . import harness
 from .inputs import BenchError
 from .peer_batches import (Contents, grouped_batches, hf_contents, layout_batches, layout_contents, layout_instances,
                            padded_batches)
@@ -69,22 +67,18 @@ BASELINE = "transformers padded"
 
 
 @dataclass
-class Contender:
-    """One row of the table: a name, its batches (host tensors, one per timed call) and its training step."""
+class Contender(harness.Contender):
+    """One row of the table: the harness's contender (its batches are host tensors, its call one full training
+    step: zero_grad, forward, backward, AdamW update; ``after`` frees the gradients, so the next contender's
+    memory is its own), and what the table says of it."""
 
-    name: str
-    library: str
+    library: str = ""
     """"transformers" or "ours"."""
-    layout: str
+    layout: str = ""
     """"padded", "grouped" or "packed"."""
-    attention: str
-    batches: List[Dict[str, Any]]
-    contents: Contents
-    step: Callable[[Dict[str, Any]], None]
-    """One full training step on one batch (zero_grad, forward, backward, AdamW update)."""
-    after: Callable[[], None]
-    """Run after each timed call, untimed: frees the gradients (so the next contender's memory is its own)."""
-    resident_bytes: Callable[[], int]
+    attention: str = ""
+    contents: Optional[Contents] = None
+    resident_bytes: Callable[[], int] = lambda: 0
     """Its model's weights and optimizer state, in bytes (shared with the contenders of the same model)."""
 
 
@@ -182,9 +176,10 @@ def build_contenders(padded: Layout, packed: Layout, model_kwargs: Dict[str, Any
     contenders = []
     for layout_name, batches in (("padded", padded_batches(instances, micro_batch_size, S)),
                                  ("grouped", grouped_batches(instances, micro_batch_size, seed))):
-        contenders.append(Contender("transformers " + layout_name, "transformers", layout_name, hf_attention,
-                                    to_tensors(batches, torch), hf_contents(batches), hf_step, hf_after,
-                                    lambda: state_bytes(hf, hf_optimizer)))
+        contenders.append(Contender("transformers " + layout_name, to_tensors(batches, torch), hf_step, hf_after,
+                                    library="transformers", layout=layout_name, attention=hf_attention,
+                                    contents=hf_contents(batches),
+                                    resident_bytes=lambda: state_bytes(hf, hf_optimizer)))
     models = [(hf, initial_state)]  # host copies (the live tensors change), off the GPU's memory
     skipped = []
     execution = ExecutionConfig(backend="torch", device=device, micro_batch_size=micro_batch_size,
@@ -208,30 +203,20 @@ def build_contenders(padded: Layout, packed: Layout, model_kwargs: Dict[str, Any
         batches = layout_batches(layout, micro_batch_size)
         for attention, (model, optimizer, runner) in runners.items():
             contenders.append(Contender(
-                "ours %s %s" % (layout.name, attention), "ours", layout.name, attention, to_tensors(batches, torch),
-                layout_contents(batches), runner.train_step,
-                (lambda o=optimizer: o.zero_grad(set_to_none=True)),
-                (lambda m=model, o=optimizer: state_bytes(m, o))))
+                "ours %s %s" % (layout.name, attention), to_tensors(batches, torch), runner.train_step,
+                (lambda o=optimizer: o.zero_grad(set_to_none=True)), library="ours", layout=layout.name,
+                attention=attention, contents=layout_contents(batches),
+                resident_bytes=(lambda m=model, o=optimizer: state_bytes(m, o))))
     for c in contenders:
         if not c.contents.same_sequences(reference):
             raise AssertionError("%s does not hold the padded layout's sequences" % c.name)
     return contenders, models, skipped, hf_attention
 
 
-# -- timing ---------------------------------------------------------------------------------------------------
-
-
-def time_contenders(contenders: Sequence[Contender], torch, cuda: bool) -> Tuple[List[float], List[Optional[int]]]:
-    """One pass over every batch of every contender, the calls interleaved in proportion (the contender whose
-    batch is due soonest, by its fraction of its own batches, goes next): (seconds of each contender, the
-    peak bytes its steps allocated beyond what was allocated before them, CUDA only)."""
-    return interleaved([(c.batches, c.step, c.after) for c in contenders], torch, cuda)
-
-
 def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny", micro_batch_size: int = 8,
               repeats: int = 3, algorithm: Optional[str] = None, seed: int = 0, timed_packs: Optional[int] = 128,
               device: str = "cpu", precision: str = "fp32", attentions: Sequence[str] = ATTENTIONS,
-              keep_going: bool = False, log=lambda message: None) -> PeersResult:
+              keep_going: bool = False, order: str = "calls", log=lambda message: None) -> PeersResult:
     """The module docstring's bench. ``keep_going`` (gpu_check's, for a short GPU session): a contender whose
     warm-up step raises is left out and named in ``failed`` with its error, and the others are timed; without
     it the error propagates (a failing contender is a bug, with its traceback)."""
@@ -239,7 +224,6 @@ def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny",
     import transformers
 
     started = time.perf_counter()
-    load_before = list(os.getloadavg())
     model_kwargs = dict(MODEL_PRESETS[model_preset])
     model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)
     plan = plan_histogram(histogram, S, K, algorithm)
@@ -254,36 +238,16 @@ def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny",
     for note in skipped:
         log("skipped " + note)
     cuda = device == "cuda"
-    # warm-up: each contender's first batch (the grouped one's longest), then every model's initial weights again
-    failed, working = [], []
-    for c in contenders:
-        try:
-            c.step(c.batches[0])
-        except Exception as exc:
-            if not keep_going:
-                raise
-            failed.append("%s: %s: %s" % (c.name, type(exc).__name__, one_line(exc)[:300]))
-            log("failed " + failed[-1])
-            if cuda:
-                torch.cuda.empty_cache()
-        else:
-            working.append(c)
-        c.after()
-    contenders = working
-    for model, initial in models:
-        model.load_state_dict(initial)
-    per_repeat: List[List[float]] = [[] for _ in contenders]
-    peaks: List[Optional[int]] = [None] * len(contenders)
-    for r in range(repeats):
-        seconds, repeat_peaks = time_contenders(contenders, torch, cuda)
-        for i, s in enumerate(seconds):
-            per_repeat[i].append(s)
-            if repeat_peaks[i] is not None:
-                peaks[i] = max(peaks[i] or 0, repeat_peaks[i])
-        log("repeat %d: %s" % (r + 1, ", ".join("%s %.2f s" % (c.name, s) for c, s in zip(contenders, seconds))))
+
+    def reset():  # after the warm-up (the grouped contender's longest batch first): every model's initial weights
+        for model, initial in models:
+            model.load_state_dict(initial)
+
+    timings = harness.measure(contenders, repeats, order, reset, keep_going, torch, cuda, log)
+    contenders, per_repeat, peaks = timings.contenders, timings.seconds, timings.peaks
     rows = []
     for i, c in enumerate(contenders):
-        rate = c.contents.sequences / statistics.median(per_repeat[i])
+        rate = c.contents.sequences / timings.median(i)
         resident = c.resident_bytes() if cuda else None
         rows.append(PeerRow(c.name, c.library, c.layout, c.attention, c.contents.sequences, c.contents.tokens,
                             c.contents.computed_tokens, len(c.batches), per_repeat[i], rate, 0.0,
@@ -292,8 +256,8 @@ def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny",
     for row in rows:
         row.ratio = row.sequences_per_second / baseline[0]
     return PeersResult(
-        rows=rows, skipped=skipped, failed=failed, load_before=load_before, load_after=list(os.getloadavg()),
-        device=device,
+        rows=rows, skipped=skipped, failed=timings.failed, load_before=timings.load_before,
+        load_after=timings.load_after, device=device, order=order,
         device_name=torch.cuda.get_device_name() if cuda else "cpu", precision=precision,
         torch_threads=torch.get_num_threads(), torch_version=torch.__version__,
         transformers_version=transformers.__version__, transformers_attention=hf_attention,
@@ -317,6 +281,6 @@ def main_peers(args, histogram: np.ndarray) -> int:
     result = run_peers(histogram, len(histogram), args.max_sequences_per_pack, model_preset=args.model,
                        micro_batch_size=args.micro_batch_size, repeats=args.repeats, algorithm=args.algorithm,
                        seed=args.seed, timed_packs=args.timed_packs or None, device=args.device,
-                       precision=args.precision, log=log)
+                       precision=args.precision, order=args.order, log=log)
     print(jsonout.dumps(asdict(result), sort_keys=True) if args.json else format_peers(result))
     return 0

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ..fsutil import atomic_open
+from .harness import ORDERS
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Result:
     task: str = "pretraining"
     """The model timed: pretraining (MLM and NSP heads, LAMB) or question_answering (the QA head, AdamW)."""
     plot: Optional[str] = None
+    order: str = "calls"
+    """The order of each repeat's calls (harness.ORDERS)."""
 
 
 def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
@@ -92,8 +95,9 @@ def format_result(r: Result) -> str:
     return "\n".join(
         [
             "%s model %s (hidden %d, %d layers, vocab %d), attention %s, micro batch %d, %d torch threads, %d repeats"
-            % (r.task, r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"], r.model["vocab_size"],
-               r.attention, r.micro_batch_size, r.torch_threads, r.repeats),
+            " (%s)" % (r.task, r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"],
+                       r.model["vocab_size"], r.attention, r.micro_batch_size, r.torch_threads, r.repeats,
+                       ORDERS[r.order]),
             "plan: %d sequences -> %d packs (K=%d, %s): theoretical speed-up %.3fx"
             % (r.plan_sequences, r.plan_packs, r.max_sequences_per_pack, r.packing_algorithm,
                r.plan_theoretical_speedup),
@@ -146,7 +150,7 @@ class PeersResult:
     failed: List[str]
     """Contenders whose warm-up step raised, each with its error (only under run_peers' keep_going)."""
     load_before: List[float]
-    """os.getloadavg() before the plan (1, 5, 15 minutes)."""
+    """os.getloadavg() before the timing (1, 5, 15 minutes)."""
     load_after: List[float]
     device: str
     device_name: str
@@ -170,6 +174,8 @@ class PeersResult:
     num_tokens: int
     seconds: float
     """Wall time of the whole command's work (models built, warm-up, repeats)."""
+    order: str = "calls"
+    """The order of each repeat's calls (harness.ORDERS): interleaved in proportion, or each pass back to back."""
 
 
 # -- output ---------------------------------------------------------------------------------------------------
@@ -180,9 +186,9 @@ def format_peers(r: PeersResult) -> str:
     memory = any(row.peak_memory_bytes is not None for row in r.rows)
     lines = [
         "model %s (hidden %d, %d layers, vocab %d), S=%d, micro batch %d (sequences, or packs for ours packed), "
-        "%s on %s (%s), %d torch threads, %d repeats (medians), AdamW lr %g wd %g"
+        "%s on %s (%s), %d torch threads, %d repeats (medians; %s), AdamW lr %g wd %g"
         % (m["preset"], m["hidden_size"], m["num_hidden_layers"], m["vocab_size"], r.max_seq_length,
-           r.micro_batch_size, r.precision, r.device, r.device_name, r.torch_threads, r.repeats,
+           r.micro_batch_size, r.precision, r.device, r.device_name, r.torch_threads, r.repeats, ORDERS[r.order],
            r.optimizer["lr"], r.optimizer["weight_decay"]),
         "timed: %d packs of the plan (K=%d, %s) = %d sequences, %d real tokens; torch %s, transformers %s "
         "(attention %s)" % (r.timed_packs, r.max_sequences_per_pack, r.packing_algorithm, r.num_sequences,

@@ -44,7 +44,7 @@ import numpy as np
 from ..data.format import IGNORE_INDEX, as_batch, mlm_slots
 from ..data.random_instances import random_instances
 from ..data.reference import Instance, pack_sequences
-from .harness import interleaved
+from .harness import Contender, measure
 from .inputs import BenchError
 from .presets import MODEL_PRESETS
 from .report import Result
@@ -155,19 +155,12 @@ def question_answering_layout(layout: Layout, seed: int) -> Layout:
 # -- timing ------------------------------------------------------------------------------------
 
 
-def time_interleaved(runner, layouts: Sequence[Layout], batch_size: int, torch) -> Dict[str, float]:
-    """Seconds per row of each layout, for one training pass over all full micro batches of each.
-
-    The batches of the layouts are interleaved in proportion (two padded batches per packed one at a
-    packing factor of 2), so that a busy period of a shared machine slows both layouts alike."""
-    contenders = []
-    for layout in layouts:
-        tensors = {k: torch.from_numpy(v) for k, v in layout.arrays.items()}
-        batches = [{k: v[b * batch_size : (b + 1) * batch_size] for k, v in tensors.items()}
-                   for b in range(layout.rows // batch_size)]
-        contenders.append((batches, runner.train_step, None))  # the loop's step: zero_grad, forward, backward, LAMB
-    seconds, _ = interleaved(contenders)
-    return {layout.name: s / (layout.rows // batch_size * batch_size) for layout, s in zip(layouts, seconds)}
+def layout_contender(layout: Layout, name: str, runner, batch_size: int, torch) -> Contender:
+    """The harness's contender of one layout: its full micro batches of ``batch_size`` rows, each one
+    ``runner.train_step`` (the loop's step: zero_grad, forward, backward, optimizer)."""
+    tensors = {k: torch.from_numpy(v) for k, v in layout.arrays.items()}
+    return Contender(name, [{k: v[b * batch_size : (b + 1) * batch_size] for k, v in tensors.items()}
+                            for b in range(layout.rows // batch_size)], runner.train_step)
 
 
 def run_bench(
@@ -182,6 +175,7 @@ def run_bench(
     seed: int = 0,
     timed_packs: Optional[int] = 128,
     task: str = "pretraining",
+    order: str = "calls",
     log=lambda message: None,
 ) -> Result:
     import torch
@@ -223,20 +217,12 @@ def run_bench(
     # one step = one micro batch, on this process's CPU, through the runner training uses
     runner = make_runner(model, optimizer, ExecutionConfig(backend="torch", device="cpu",
                                                            micro_batch_size=micro_batch_size))
-    # warm-up: one step of each layout (allocator, kernels), then restore the weights
-    for layout in (padded, packed):
-        warm = Layout("warm", {k: v[:micro_batch_size] for k, v in layout.arrays.items()})
-        time_interleaved(runner, [warm], micro_batch_size, torch)
-    model.load_state_dict(initial)
-
-    per_row = {"padded": [], "packed": []}
-    for r in range(repeats):
-        times = time_interleaved(runner, (padded, packed), micro_batch_size, torch)
-        for name, seconds in times.items():
-            per_row[name].append(seconds)
-        log("repeat %d: padded %.2f ms per row, packed %.2f ms per row"
-            % (r + 1, 1000 * times["padded"], 1000 * times["packed"]))
-
+    # the harness: a warm-up step of each layout (allocator, kernels), the weights restored, then the repeats
+    layouts = (padded, packed)
+    timings = measure([layout_contender(layout, layout.name, runner, micro_batch_size, torch) for layout in layouts],
+                      repeats, order, lambda: model.load_state_dict(initial), log=log)
+    per_row = {layout.name: [s / (layout.rows // micro_batch_size * micro_batch_size) for s in seconds]
+               for layout, seconds in zip(layouts, timings.seconds)}  # seconds per row of each repeat
     padded_row = statistics.median(per_row["padded"])
     packed_row = statistics.median(per_row["packed"])
     padded_seq_s = (padded.sequences / float(padded.rows)) / padded_row
@@ -268,6 +254,7 @@ def run_bench(
         packed_seconds_per_row=per_row["packed"],
         micro_batch_size=micro_batch_size,
         repeats=repeats,
+        order=order,
         model=dict(model_kwargs, preset=model_preset),
         task=task,
         attention=model.attention_implementation if hasattr(model, "attention_implementation") else str(attention),
