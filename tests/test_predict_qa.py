@@ -3,7 +3,7 @@ questions from SQuAD JSON or JSON Lines, cut into windows as prepare cuts them, 
 data/finetune/answers.py; each answer is what transformers' run_qa.py gives on the same directory: its tokenizer's
 windows, transformers' BertForQuestionAnswering on each window alone, its post-processing (tests/qa_reference.py).
 The data: the demo task's validation questions (data/finetune/qa_demo.py), the default vocabulary, a random
-model."""
+model. What the command guarantees for every task it serves, question answering among them: test_predict_tasks.py."""
 
 from __future__ import annotations
 
@@ -128,27 +128,3 @@ def test_questions_have_several_windows_and_packs_hold_several_questions(qa_mode
         counts[S] = (int((packs.arrays["feature_ids"] >= 0).sum()), len(example_ids), mixed)
     print("%d questions; (windows, packs, packs of several questions) by S: %s" % (len(examples), counts))
     assert counts[64][0] > 1.5 * len(examples) and counts[256][2] > counts[256][1] // 2
-
-
-GOOD = '{"id": "a", "question": "why?", "context": "because."}\n'
-BAD = [
-    ("no context column", '{"id": "a", "question": "why?"}\n', [], "no column 'context'"),
-    ("an empty question", '{"id": "a", "question": " ", "context": "because."}\n', [], "'question' should be"),
-    ("an id twice", GOOD + GOOD, [], "appears twice"),
-    ("S over the model's positions", GOOD, ["--max-seq-length", "384"], "exceeds the model's max_position_embeddings"),
-    ("a stride leaving no context", GOOD, ["--doc-stride", "200"], "--doc-stride 200 must be less than"),
-]
-
-
-@pytest.mark.parametrize("row, text, args, words", BAD, ids=[b[0] for b in BAD])
-def test_a_bad_question_file_or_setting_is_one_line(row, text, args, words, qa_model, tmp_path, capsys):
-    model_dir, _ = qa_model
-    path = str(tmp_path / "bad.jsonl")
-    with open(path, "w") as f:
-        f.write(text)
-    code = main(["--model", model_dir, "--input", path, "--output", str(tmp_path / "out.jsonl"),
-                 "--max-seq-length", "256"] + args)
-    err = capsys.readouterr()[1]
-    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
-    assert words in err, err
-    assert not os.path.exists(str(tmp_path / "out.jsonl"))
