@@ -51,8 +51,9 @@ def one_run(config: str, overrides: Sequence[str], layout: str, seed: int, direc
             log=lambda message: None) -> Dict[str, Any]:
     """Train (or read back) one run; its row."""
     from ipu_packing.train.cli import finetune_main
+    from ipu_packing.train.run_dir import RunDirectory
 
-    summary_path = os.path.join(directory, "summary.json")
+    summary_path = RunDirectory(directory).file(RunDirectory.SUMMARY)
     argv = ["--config", config] + list(overrides) + [
         "data.layout=%s" % layout, "training.seed=%d" % seed, "checkpoint.output_dir=%s" % directory,
         "logging.progress_bar=false"]
@@ -66,7 +67,6 @@ def one_run(config: str, overrides: Sequence[str], layout: str, seed: int, direc
                              % (layout, seed, code, " ".join(argv)))
     wall = time.perf_counter() - started
     from ipu_packing.jsonin import load_path
-    from ipu_packing.train.run_dir import RunDirectory
 
     summary = load_path(summary_path)  # a FIFO or a device: one line, never a hang
     evaluation = summary.get("evaluation") or {}

@@ -155,9 +155,12 @@ def kill_and_resume(mode: Mode, data: str, S: int, runs: str, timeout) -> Dict[s
     comparison = compare_runs(reference["run_dir"], run_dir)
     progress("resumed run: exit %s; bitwise equal to the uninterrupted run: %s" % (resumed["returncode"],
                                                                                    comparison["bitwise"]))
+    from ipu_packing.train.run_dir import RunDirectory
+
+    first_checkpoint = RunDirectory.checkpoint_name(CHECKPOINT_EVERY)
     out = dict(reference=reference, killed=killed, resumed=resumed, comparison=comparison, run_dir=run_dir,
                killed_by_sigkill=killed["returncode"] == -signal.SIGKILL,
-               first_checkpoint_on_disk_at_kill="step_%07d.pt" % CHECKPOINT_EVERY in killed["checkpoints"],
+               first_checkpoint_on_disk_at_kill=first_checkpoint in killed["checkpoints"],
                killed_before_the_end=not killed["final_exported"])
     if not comparison["bitwise"] and mode.device == "cuda":  # a resume fault, or the GPU's own nondeterminism?
         again = training_run(mode, data, S, RESUMED_ATTENTION, os.path.join(runs, RESUMED_ATTENTION + "_again"),

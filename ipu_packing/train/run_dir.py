@@ -106,6 +106,11 @@ class RunDirectory:
         """The path of one of the names above inside the directory."""
         return os.path.join(self.path, name)
 
+    @staticmethod
+    def checkpoint_name(step: int) -> str:
+        """The file name of step ``step``'s checkpoint in CHECKPOINTS."""
+        return "step_%07d.pt" % int(step)
+
     # ---- checkpoints -------------------------------------------------------------------------------------------
 
     def checkpoints(self) -> List[str]:
@@ -136,7 +141,7 @@ class RunDirectory:
             raise NonFiniteState("step %d: %d tensors hold inf or NaN (first: %s)"
                                  % (int(state.step), len(bad), bad[0]))
         directory = self.file(self.CHECKPOINTS)
-        path = os.path.join(directory, "step_%07d.pt" % int(state.step))
+        path = os.path.join(directory, self.checkpoint_name(state.step))
         atomic_write_with(path, lambda f: torch.save(state.to_dict(), f))  # refused: one line, nothing left
         for old in self.checkpoints()[:-keep]:
             os.unlink(old)
@@ -191,8 +196,8 @@ class RunDirectory:
         if not os.path.isfile(self.file(self.CONFIG)):
             missing.append(self.CONFIG)
         if not at_end:
-            missing.append("its last checkpoint (%s/step_%07d.pt)" % (self.CHECKPOINTS, steps) if isinstance(steps, int)
-                           else "its checkpoints")
+            missing.append("its last checkpoint (%s/%s)" % (self.CHECKPOINTS, self.checkpoint_name(steps))
+                           if isinstance(steps, int) else "its checkpoints")
         if _section(recorded, "logging").get("jsonl", True) and not os.path.isfile(self.file(self.METRICS)):
             missing.append(self.METRICS)
         if _section(recorded, "checkpoint").get("export", True):
