@@ -59,7 +59,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -216,11 +216,143 @@ def run_classifier_peers(directory: str, texts: Optional[Sequence[str]] = None, 
         transformers.logging.set_verbosity(verbosity)
 
 
-def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, repeats, preset, train, seed, order,
-         log):
-    from ipu_packing.predict import Predictor
+@dataclass
+class Inputs:
+    """The texts both sides take, tokenized once as ``BertTokenizerFast(text, truncation=True, max_length=S)``."""
 
+    texts: List[Any]
+    labels: List[int]
+    """Each input's label: the demo task's (its label names sorted, modulo the model's labels), else seeded."""
+    encoded: List[List[int]]
+    token_types: Optional[List[List[int]]]
+    """Each input's token type ids (pairs), else None."""
+
+    @property
+    def lengths(self) -> List[int]:
+        return [len(e) for e in self.encoded]
+
+
+@dataclass
+class Contenders:
+    """One mode's entries, what restores their state after the warm-up, and what the result says of the mode."""
+
+    entries: List[Entry]
+    reset: Optional[Callable[[], None]]
+    report: Dict[str, Any]
+
+
+def tokenize(texts: List[Any], label_names: Optional[List[str]], tokenizer, S: int, num_labels: int,
+             seed: int) -> Inputs:
+    if label_names is not None:
+        names = sorted(set(label_names))
+        labels = [names.index(n) % num_labels for n in label_names[:len(texts)]]
+    else:
+        labels = np.random.default_rng(seed).integers(0, num_labels, len(texts)).tolist()
+    pairs = isinstance(texts[0], tuple)
+    tokenized = (tokenizer([a for a, _ in texts], [b for _, b in texts], truncation=True, max_length=S) if pairs
+                 else tokenizer(texts, truncation=True, max_length=S))
+    return Inputs(texts, labels, [list(e) for e in tokenized["input_ids"]],
+                  [list(t) for t in tokenized["token_type_ids"]] if pairs else None)
+
+
+def hf_entries(data: Inputs, B: int, S: int, grouped_order: Sequence[int], call, labels) -> List[Entry]:
+    """transformers padded to S, with dynamic padding (input order) and grouped (``grouped_order``), B a call."""
+    in_order = list(range(len(data.texts)))
+    entries = []
+    for name, order, length in (("transformers padded", in_order, S), ("transformers dynamic", in_order, None),
+                                ("transformers grouped", grouped_order, None)):
+        batches, computed = hf_batches(data.encoded, order, B, length, labels, data.token_types)
+        entries.append(Entry(name, batches, call, sequences=len(data.texts), computed_tokens=computed))
+    return entries
+
+
+def serving(hf, padded, packed, tokenizer, data: Inputs, packs, B: int, S: int, transformers, torch) -> Contenders:
+    """Inference: eval mode, no gradients; ours as many packs a call as each predictor takes by default."""
+    from ipu_packing.train.evaluate import collect
+
+    hf.eval()
+    packed.model.eval()
+    n = len(data.texts)
+
+    def hf_forward(batch):
+        with torch.no_grad():
+            return hf(**batch).logits
+
+    def ours(name: str, predictor) -> Entry:
+        batches, computed = pack_batches(packs[name], predictor.batch_packs)
+        return Entry(name, batches, lambda p: collect(predictor.model, p, len(p)), sequences=n,
+                     computed_tokens=computed)
+
+    pipe = transformers.pipeline("text-classification", model=hf, tokenizer=tokenizer, top_k=None, device="cpu",
+                                 batch_size=B)
+    texts = data.texts
+    entries = hf_entries(data, B, S, sorted(range(n), key=lambda i: -data.lengths[i]), hf_forward, None) + [
+        ours("ours padded", padded), ours("ours packed", packed),
+        Entry("transformers pipeline", [[{"text": a, "text_pair": b} for a, b in texts]
+                                        if data.token_types is not None else texts], lambda t: pipe(t), sequences=n),
+        Entry("ours predict", [texts], packed.predict, sequences=n)]
+    ours_logits = collect(packed.model, packs["ours packed"], B)["logits"]
+    hf_logits = torch.cat([hf_forward(b) for b in entries[0].batches]).numpy()
+    return Contenders(entries, None, {
+        "packs_per_call": {"ours padded": padded.batch_packs, "ours packed": packed.batch_packs},
+        "max_logit_difference": float(np.abs(ours_logits - hf_logits).max())})
+
+
+def training(hf, ours, data: Inputs, packs, B: int, S: int, factor: float, seed: int, transformers,
+             torch) -> Contenders:
+    """Fine-tuning steps of B sequences: transformers' three batchings (grouped in the Trainer's group_by_length
+    order), ours a step as the training app's batch accounting makes it off the IPU, every side AdamW."""
+    from ipu_packing.execution import ExecutionConfig, make_runner
+    from ipu_packing.train.sections import TrainingConfig
+
+    from .peer_batches import length_grouped_order
     from .peers import ADAMW
+
+    hf.train()
+    ours.train()
+    hf_optimizer, our_optimizer = optimizers(hf, ours, transformers, torch)
+    steps = {"ours padded": B, "ours packed": TrainingConfig(global_batch_sequences=B).packs_per_step(1, factor)}
+    runners: Dict[int, Any] = {}
+
+    def runner_for(packs_a_step: int):
+        """The runner of a step of one micro batch of ``packs_a_step`` packs (the last step may be short)."""
+        if packs_a_step not in runners:
+            ex = ExecutionConfig(backend="torch", device="cpu", micro_batch_size=packs_a_step, gradient_accumulation=1)
+            runners[packs_a_step] = make_runner(ours, our_optimizer, ex)
+        return runners[packs_a_step]
+
+    def hf_step(batch):
+        hf_optimizer.zero_grad(set_to_none=True)
+        hf(**batch).loss.backward()
+        hf_optimizer.step()
+
+    def our_step(batch):
+        runner_for(int(batch["input_ids"].shape[0])).train_step(batch)
+
+    def ours_entry(name: str) -> Entry:
+        batches, computed = pack_batches(packs[name], steps[name], data.labels)
+        tensors = [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.arrays.items()} for p in batches]
+        return Entry(name, tensors, our_step, sequences=len(data.texts), computed_tokens=computed)
+
+    passes = {name: runner_for(packs_a_step).config.pass_sizes for name, packs_a_step in steps.items()}
+    entries = (hf_entries(data, B, S, length_grouped_order(data.lengths, B, seed), hf_step, data.labels)
+               + [ours_entry("ours padded"), ours_entry("ours packed")])
+    states = [(model, {k: v.clone() for k, v in model.state_dict().items()}) for model in (hf, ours)]
+
+    def reset():  # after the warm-up: the initial weights, a fresh optimizer state
+        for model, state in states:
+            model.load_state_dict(state)
+        for o in (hf_optimizer, our_optimizer):
+            o.state.clear()
+
+    return Contenders(entries, reset, {
+        "packs_per_step": steps, "passes": passes,
+        "optimizer": dict(ADAMW, name="AdamW", fused={"transformers": fused(hf_optimizer),
+                                                      "ours": fused(our_optimizer)})})
+
+
+def _run(transformers, torch, directory, texts, inputs, S, K, B, repeats, preset, train, seed, order, log):
+    from ipu_packing.predict import Predictor
 
     started = time.perf_counter()
     label_names = None
@@ -229,132 +361,24 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
     texts = list(texts)[:inputs]
     if not texts:
         raise BenchError("no input texts to time")
-    B = micro_batch_size
     with tempfile.TemporaryDirectory() as work:
         _, tokenizer, saved = build_models(directory, preset, S, seed, work)
         hf, hf_attention = hf_model(saved, torch)
-        num_labels = int(hf.config.num_labels)
-        if label_names is not None:
-            names = sorted(set(label_names))
-            labels = [names.index(n) % num_labels for n in label_names[:len(texts)]]
-        else:
-            labels = np.random.default_rng(seed).integers(0, num_labels, len(texts)).tolist()
         padded = Predictor.from_pretrained(saved, S, 1)  # serving: the predictor's own packs a call
         packed = Predictor.from_pretrained(saved, S, K)
-        # one model for both of our layouts (as one model serves any K)
-        padded.model = packed.model
-        ours = packed.model
-        pairs = isinstance(texts[0], tuple)
-        tokenized = (tokenizer([a for a, _ in texts], [b for _, b in texts], truncation=True, max_length=S) if pairs
-                     else tokenizer(texts, truncation=True, max_length=S))
-        encoded = [list(e) for e in tokenized["input_ids"]]
-        token_types = [list(t) for t in tokenized["token_type_ids"]] if pairs else None
-        lengths = [len(e) for e in encoded]
-        in_order = list(range(len(texts)))
-        padded_packs, packed_packs = padded.packs(texts), packed.packs(texts)
-        hf_used = labels if train else None
-        our_labels = labels if train else None
-        if train:
-            from ipu_packing.bench.peer_batches import length_grouped_order
-
-            grouped_order = length_grouped_order(lengths, B, seed)
-        else:
-            grouped_order = sorted(in_order, key=lambda i: -lengths[i])
-        hf_padded, hf_padded_tokens = hf_batches(encoded, in_order, B, S, hf_used, token_types)
-        hf_dynamic, hf_dynamic_tokens = hf_batches(encoded, in_order, B, None, hf_used, token_types)
-        hf_grouped, hf_grouped_tokens = hf_batches(encoded, grouped_order, B, None, hf_used, token_types)
-        n = len(texts)
-        factor = n / float(len(packed_packs))
-        steps = {"ours padded": padded.batch_packs, "ours packed": packed.batch_packs}  # packs a call
-        if train:  # a step of B sequences: the training app's batch accounting of global batch B, off the IPU
-            from ipu_packing.train.sections import TrainingConfig
-
-            steps = {"ours padded": B,
-                     "ours packed": TrainingConfig(global_batch_sequences=B).packs_per_step(1, factor)}
-        ours_padded, ours_padded_tokens = pack_batches(padded_packs, steps["ours padded"], our_labels)
-        ours_packed, ours_packed_tokens = pack_batches(packed_packs, steps["ours packed"], our_labels)
-        entries: List[Entry] = []
-
-        def entry(name: str, batches, call, computed_tokens: int) -> Entry:
-            return Entry(name, batches, call, sequences=n, computed_tokens=computed_tokens)
-
-        restore: List[Tuple[Any, Dict[str, Any]]] = []
-        passes: Dict[str, List[int]] = {}
-        if train:
-            from ipu_packing.execution import ExecutionConfig, make_runner
-
-            hf.train()
-            ours.train()
-            hf_optimizer, our_optimizer = optimizers(hf, ours, transformers, torch)
-            runners: Dict[int, Any] = {}
-
-            def runner_for(packs_a_step: int):
-                """The runner of a step of one micro batch of ``packs_a_step`` packs (the last step may be short)."""
-                if packs_a_step not in runners:
-                    ex = ExecutionConfig(backend="torch", device="cpu", micro_batch_size=packs_a_step,
-                                         gradient_accumulation=1)
-                    runners[packs_a_step] = make_runner(ours, our_optimizer, ex)
-                return runners[packs_a_step]
-
-            for name, packs_a_step in steps.items():
-                passes[name] = runner_for(packs_a_step).config.pass_sizes
-
-            def hf_step(batch):
-                hf_optimizer.zero_grad(set_to_none=True)
-                hf(**batch).loss.backward()
-                hf_optimizer.step()
-
-            def our_step(batch):
-                runner_for(int(batch["input_ids"].shape[0])).train_step(batch)
-
-            ours_padded, ours_packed = [[{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.arrays.items()}
-                                         for p in batches] for batches in (ours_padded, ours_packed)]
-
-            entries = [entry("transformers padded", hf_padded, hf_step, hf_padded_tokens),
-                       entry("transformers dynamic", hf_dynamic, hf_step, hf_dynamic_tokens),
-                       entry("transformers grouped", hf_grouped, hf_step, hf_grouped_tokens),
-                       entry("ours padded", ours_padded, our_step, ours_padded_tokens),
-                       entry("ours packed", ours_packed, our_step, ours_packed_tokens)]
-            restore = [(hf, {k: v.clone() for k, v in hf.state_dict().items()}),
-                       (ours, {k: v.clone() for k, v in ours.state_dict().items()})]
-        else:
-            from ipu_packing.train.evaluate import collect
-
-            hf.eval()
-            ours.eval()
-
-            def hf_forward(batch):
-                with torch.no_grad():
-                    return hf(**batch).logits
-
-            pipe = transformers.pipeline("text-classification", model=hf, tokenizer=tokenizer, top_k=None,
-                                         device="cpu", batch_size=B)
-            entries = [entry("transformers padded", hf_padded, hf_forward, hf_padded_tokens),
-                       entry("transformers dynamic", hf_dynamic, hf_forward, hf_dynamic_tokens),
-                       entry("transformers grouped", hf_grouped, hf_forward, hf_grouped_tokens),
-                       entry("ours padded", ours_padded, lambda p: collect(ours, p, len(p)), ours_padded_tokens),
-                       entry("ours packed", ours_packed, lambda p: collect(ours, p, len(p)), ours_packed_tokens),
-                       entry("transformers pipeline", [[{"text": a, "text_pair": b} for a, b in texts] if pairs
-                                                        else texts], lambda t: pipe(t), 0),
-                       entry("ours predict", [texts], packed.predict, 0)]
+        padded.model = packed.model  # one model for both of our layouts (as one model serves any K)
+        data = tokenize(texts, label_names, tokenizer, S, int(hf.config.num_labels), seed)
+        packs = {"ours padded": padded.packs(texts), "ours packed": packed.packs(texts)}
+        n, lengths = len(texts), data.lengths
+        factor = n / float(len(packs["ours packed"]))
+        mode = (training(hf, packed.model, data, packs, B, S, factor, seed, transformers, torch) if train
+                else serving(hf, padded, packed, tokenizer, data, packs, B, S, transformers, torch))
         log("%d inputs (%d tokens, mean length %.1f) at S=%d: %d padded rows, %d packs (K<=%d); %s"
-            % (n, sum(lengths), float(np.mean(lengths)), S, len(texts), len(packed_packs), K,
+            % (n, sum(lengths), float(np.mean(lengths)), S, n, len(packs["ours packed"]), K,
                "fine-tuning steps" if train else "inference"))
-        def reset():  # after the warm-up: the initial weights, a fresh optimizer state
-            for model, state in restore:
-                model.load_state_dict(state)
-            if train:
-                for o in (hf_optimizer, our_optimizer):
-                    o.state.clear()
-
-        timings = measure(entries, repeats, order, reset, log=log)
-        logit_difference = None
-        if not train:
-            ours_logits = collect(ours, packed_packs, B)["logits"]
-            hf_logits = torch.cat([hf_forward(b) for b in hf_padded]).numpy()
-            logit_difference = float(np.abs(ours_logits - hf_logits).max())
+        timings = measure(mode.entries, repeats, order, mode.reset, log=log)
         rows = []
-        for i, e in enumerate(entries):
+        for i, e in enumerate(mode.entries):
             rows.append({"name": e.name, "calls": len(e.batches), "sequences": e.sequences,
                          "computed_tokens": e.computed_tokens, "seconds": timings.seconds[i],
                          "sequences_per_second": e.sequences / timings.median(i),
@@ -366,25 +390,23 @@ def _run(transformers, torch, directory, texts, inputs, S, K, micro_batch_size, 
             row["ratio_dynamic"] = row["sequences_per_second"] / speed["transformers dynamic"]
             row["ratio_grouped"] = row["sequences_per_second"] / speed["transformers grouped"]
         config = hf.config
-        return {
+        return dict({
             "mode": "classifier-train" if train else "classifier-inference", "classifier": directory,
             "model": {"preset": preset, "hidden_size": int(config.hidden_size),
                       "num_hidden_layers": int(config.num_hidden_layers), "vocab_size": int(config.vocab_size),
-                      "num_labels": num_labels},
+                      "num_labels": int(config.num_labels)},
             "inputs": n, "real_tokens": int(sum(lengths)), "mean_length": float(np.mean(lengths)),
-            "max_seq_length": S, "max_sequences_per_pack": K, "packs": int(len(packed_packs)),
-            "packing_factor": factor, "micro_batch_size": B, "repeats": repeats, "pairs": pairs,
-            "packs_per_step": steps if train else None, "packs_per_call": None if train else steps,
-            "passes": passes or None,
+            "max_seq_length": S, "max_sequences_per_pack": K, "packs": int(len(packs["ours packed"])),
+            "packing_factor": factor, "micro_batch_size": B, "repeats": repeats,
+            "pairs": data.token_types is not None, "packs_per_step": None, "packs_per_call": None, "passes": None,
+            "max_logit_difference": None, "optimizer": None,
             "packed_over_padded": speed["ours packed"] / speed["ours padded"],
-            "seed": seed, "rows": rows, "ours_attention": str(getattr(ours, "attention_implementation", "")),
-            "transformers_attention": hf_attention, "max_logit_difference": logit_difference,
-            "optimizer": dict(ADAMW, name="AdamW", fused={"transformers": fused(hf_optimizer),
-                                                          "ours": fused(our_optimizer)}) if train else None,
-            "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
-            "transformers_version": transformers.__version__, "load_before": timings.load_before,
-            "load_after": timings.load_after, "order": order, "seconds": time.perf_counter() - started,
-        }
+            "seed": seed, "rows": rows, "ours_attention": str(getattr(packed.model, "attention_implementation", "")),
+            "transformers_attention": hf_attention, "torch_threads": torch.get_num_threads(),
+            "torch_version": torch.__version__, "transformers_version": transformers.__version__,
+            "load_before": timings.load_before, "load_after": timings.load_after, "order": order,
+            "seconds": time.perf_counter() - started,
+        }, **mode.report)
 
 
 def format_classifier_peers(r: Dict[str, Any]) -> str:
