@@ -208,31 +208,32 @@ class Timed:
         }
 
 
-def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram: Optional[np.ndarray] = None,
-                     histogram_path: str = "", log: Callable[[str], None] = lambda message: None,
-                     attentions: Sequence[Optional[str]] = (None,), order: str = "calls") -> Dict[str, Any]:
-    import torch
-
+def load_variants(name: str, overrides: Sequence[str], attentions: Sequence[Optional[str]], histogram: bool):
+    """[(packed config, padded config)] of each attention (None: the config's own), checked for this machine's
+    backend; a fine-tuning config with the architecture training builds (a phase-1 directory's)."""
     from ipu_packing.train.run_plan import check_backend
 
     variants = [list(overrides) + (["model.packed_attention=%s" % a] if a else []) for a in attentions]
     configs = [load_layouts(name, v) for v in variants]
-    fine_tuning = configs[0][0].task.fine_tuning
-    if fine_tuning:  # the model training builds: a phase-1 directory's architecture (config_finetune.py)
+    if configs[0][0].task.fine_tuning:  # the model training builds: a phase-1 directory's architecture
         from ipu_packing.train.phase1 import with_init_architecture
 
-        if histogram is not None:
+        if histogram:
             raise BenchError("--histogram applies to pretraining configs: %s fine-tunes (task.name=%s) and is timed "
                              "on its task's split, %s" % (name, configs[0][0].task.name, configs[0][0].data.path))
         configs = [(with_init_architecture(a), with_init_architecture(b)) for a, b in configs]
-    packed_config, padded_config = configs[0]
     for packed_variant, _ in configs:
         check_backend(packed_variant)
-    S, K = packed_config.data.max_seq_length, packed_config.data.max_sequences_per_pack
-    # Rows each layout needs (all processes): one warm-up call and ceil(N / steps per call) timed calls.
-    calls = int(math.ceil(steps / float(packed_config.execution.optimizer_steps_per_call)))
+    return configs
+
+
+def timed_rows(configs, calls: int, histogram: Optional[np.ndarray], histogram_path: str) -> Dict[str, Any]:
+    """The rows both layouts time (a warm-up call and ``calls`` timed calls of each), the same sequences in both,
+    and the batch accounting each gets (the measured packing factor, as training uses): a fine-tuning config's
+    task split (config_finetune.py), else the dataset's packs or a histogram plan's."""
+    packed_config, padded_config = configs
     task = None
-    if fine_tuning:
+    if packed_config.task.fine_tuning:
         from .config_finetune import open_task_data
 
         source_data, padded_data, task = open_task_data(packed_config, padded_config)
@@ -240,10 +241,10 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
     else:
         source_data, factor = open_source(packed_config, histogram, histogram_path)
     padded_accounting = padded_config.batch_accounting(1.0)
-    packed_accounting = packed_config.batch_accounting(factor)  # the measured factor, as training uses
+    packed_accounting = packed_config.batch_accounting(factor)
     need_padded = (calls + 1) * rows_per_call(padded_accounting.execution)
     need_packed = (calls + 1) * rows_per_call(packed_accounting.execution)
-    if fine_tuning:
+    if task is not None:
         from .config_finetune import task_layouts
 
         packed_packs, padded_packs, source = task_layouts(packed_config, source_data, padded_data, need_packed,
@@ -254,8 +255,30 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
             groups, source = dataset_groups(packed_config, source_data, need_packed, need_padded)
         else:
             groups, source = histogram_groups(packed_config, source_data, histogram_path, need_packed, need_padded)
-        packed_packs, padded_packs = lay_out(groups, S, K, source["packed_mlm_slots"], source["recipe"])
+        packed_packs, padded_packs = lay_out(groups, packed_config.data.max_seq_length,
+                                             packed_config.data.max_sequences_per_pack, source["packed_mlm_slots"],
+                                             source["recipe"])
         num_sequences = sum(len(g) for g in groups)
+    return {"packed": packed_packs, "padded": padded_packs, "source": source, "task": task, "factor": factor,
+            "num_sequences": num_sequences, "packed_accounting": packed_accounting,
+            "padded_accounting": padded_accounting}
+
+
+def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram: Optional[np.ndarray] = None,
+                     histogram_path: str = "", log: Callable[[str], None] = lambda message: None,
+                     attentions: Sequence[Optional[str]] = (None,), order: str = "calls") -> Dict[str, Any]:
+    import torch
+
+    configs = load_variants(name, overrides, attentions, histogram is not None)
+    packed_config = configs[0][0]
+    # Rows each layout needs (all processes): one warm-up call and ceil(N / steps per call) timed calls.
+    calls = int(math.ceil(steps / float(packed_config.execution.optimizer_steps_per_call)))
+    packs = timed_rows(configs[0], calls, histogram, histogram_path)
+    packed_packs, padded_packs, source = packs["packed"], packs["padded"], packs["source"]
+    task, factor, num_sequences = packs["task"], packs["factor"], packs["num_sequences"]
+    packed_accounting, padded_accounting = packs["packed_accounting"], packs["padded_accounting"]
+    S, K = packed_config.data.max_seq_length, packed_config.data.max_sequences_per_pack
+    fine_tuning = task is not None
     if packed_config.training.num_threads:
         torch.set_num_threads(packed_config.training.num_threads)
     layouts = []  # type: List[Timed]
