@@ -203,8 +203,9 @@ CLASSIFIER_WORDS = ("the loop runs a task socket server mail header test case ev
 """The words of hf_classifier's vocabulary."""
 
 
-def hf_classifier(directory, num_labels, problem_type, seed=0):
-    """A transformers BertForSequenceClassification (random weights) and a BertTokenizerFast, saved."""
+def hf_bert(directory, head, seed=0, **config):
+    """A transformers BERT of class ``head`` (random weights, seeded: 2 layers of 32, 128 positions) and a
+    BertTokenizerFast of CLASSIFIER_WORDS, saved to ``directory``; ``config``: more BertConfig arguments."""
     import torch
     import transformers
 
@@ -217,13 +218,22 @@ def hf_classifier(directory, num_labels, problem_type, seed=0):
     tokenizer = transformers.BertTokenizerFast(os.path.join(directory, "vocab.txt"), do_lower_case=True)
     tokenizer.save_pretrained(directory)
     torch.manual_seed(seed)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
-                                     num_labels=num_labels, problem_type=problem_type,
-                                     id2label={i: "label_%d" % i for i in range(num_labels)},
-                                     label2id={"label_%d" % i: i for i in range(num_labels)})
-    transformers.BertForSequenceClassification(config).save_pretrained(directory)
+    bert = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=64, max_position_embeddings=128, **config)
+    getattr(transformers, head)(bert).save_pretrained(directory)
     return directory
+
+
+def hf_classifier(directory, num_labels, problem_type, seed=0):
+    """A transformers BertForSequenceClassification (hf_bert) with labels label_0, label_1, ..."""
+    return hf_bert(directory, "BertForSequenceClassification", seed, num_labels=num_labels, problem_type=problem_type,
+                   id2label={i: "label_%d" % i for i in range(num_labels)},
+                   label2id={"label_%d" % i: i for i in range(num_labels)})
+
+
+def hf_question_answering(directory, seed=0):
+    """A transformers BertForQuestionAnswering (hf_bert)."""
+    return hf_bert(directory, "BertForQuestionAnswering", seed)
 
 
 # ---- a question-answering dataset's examples file -------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from app_fixtures import CLASSIFIER_WORDS as WORDS, hf_classifier
+from app_fixtures import CLASSIFIER_WORDS as WORDS, hf_classifier, hf_question_answering
 from ipu_packing import tasks
 from ipu_packing.predict import main, model_architecture, packs_per_call
 
@@ -30,24 +30,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def sentence(rng, low=3, high=30):
     return " ".join(rng.choice(WORDS, size=int(rng.integers(low, high))))
-
-
-def qa_model(directory: str) -> str:
-    """A transformers BertForQuestionAnswering (random weights, 128 positions) with hf_classifier's tokenizer."""
-    import transformers
-
-    words = sorted(set(WORDS))
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + [c for c in "abcdefghijklmnopqrstuvwxyz"
-                                                                       if c not in words]
-    os.makedirs(directory)
-    with open(os.path.join(directory, "vocab.txt"), "w") as f:
-        f.write("\n".join(vocab) + "\n")
-    transformers.BertTokenizerFast(os.path.join(directory, "vocab.txt"), do_lower_case=True).save_pretrained(directory)
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=128)
-    transformers.BertForQuestionAnswering(config).save_pretrained(directory)
-    return directory
 
 
 def questions(rng, n):
@@ -111,7 +93,7 @@ CASES = {
                "empty": ("inputs.tsv", "")},
         head="classifier.weight", what="input"),
     "question_answering": Case(
-        make=qa_model,
+        make=hf_question_answering,
         options=("--max-seq-length", "64", "--doc-stride", "16", "--max-query-length", "32"),
         inputs=questions, text=questions_jsonl,
         suffix=".jsonl", key="id", keys=lambda examples: [e[0] for e in examples], one=GOOD_QUESTION,
