@@ -89,23 +89,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_command(_main, None if argv is None else list(argv))
 
 
-def _main(argv: Optional[List[str]]) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    modes = [name for name in ("peers", "config", "classifier") if getattr(args, name)]
-    if len(modes) > 1:
-        raise BenchError("--%s and --%s are two modes of the bench: give one" % tuple(modes[:2]))
-    for name in ("input", "inputs", "train", "table"):
-        if not args.classifier and getattr(args, name) != parser.get_default(name):
-            raise BenchError("--%s is an option of --classifier" % name)
-    if modes and args.task != parser.get_default("task"):
-        raise BenchError("--task is an option of the synthetic mode (--histogram or --data); --%s takes the task "
-                         "from its %s" % (modes[0], {"config": "config", "classifier": "model directory",
-                                                      "peers": "pretraining model"}[modes[0]]))
-    if args.classifier:
-        return main_classifier(parser, args)
-    if args.config:
-        return main_config(parser, args)
+def check_histogram_options(parser, args) -> None:
+    """The synthetic mode's and --peers' options (a length histogram's), checked before anything is timed or
+    written; the defaults both take filled in."""
     for name, default in (("model", "tiny"), ("max_sequences_per_pack", 3), ("micro_batch_size", 8)):
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -128,6 +114,26 @@ def _main(argv: Optional[List[str]]) -> int:
     for name in ("micro_batch_size", "repeats", "max_sequences_per_pack"):
         if getattr(args, name) < 1:
             raise BenchError("--%s must be >= 1" % name.replace("_", "-"))
+
+
+def _main(argv: Optional[List[str]]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    modes = [name for name in ("peers", "config", "classifier") if getattr(args, name)]
+    if len(modes) > 1:
+        raise BenchError("--%s and --%s are two modes of the bench: give one" % tuple(modes[:2]))
+    for name in ("input", "inputs", "train", "table"):
+        if not args.classifier and getattr(args, name) != parser.get_default(name):
+            raise BenchError("--%s is an option of --classifier" % name)
+    if modes and args.task != parser.get_default("task"):
+        raise BenchError("--task is an option of the synthetic mode (--histogram or --data); --%s takes the task "
+                         "from its %s" % (modes[0], {"config": "config", "classifier": "model directory",
+                                                      "peers": "pretraining model"}[modes[0]]))
+    if args.classifier:
+        return main_classifier(parser, args)
+    if args.config:
+        return main_config(parser, args)
+    check_histogram_options(parser, args)
     if args.data:
         histogram = read_dataset_histogram(args.data)
         if args.max_seq_length and args.max_seq_length != len(histogram):
