@@ -163,6 +163,31 @@ def layout_contender(layout: Layout, name: str, runner, batch_size: int, torch) 
                             for b in range(layout.rows // batch_size)], runner.train_step)
 
 
+def synthetic_runner(model_kwargs: Dict[str, object], S: int, qa: bool, attention: Optional[str],
+                     micro_batch_size: int, seed: int):
+    """(model, runner): the synthetic bench's model (question answering's head and AdamW, else pretraining's heads
+    and LAMB), seeded, with ``attention`` (None: the shipped default, ``auto``, as a training config on this CPU
+    resolves it); one step = one micro batch on this process's CPU, through the runner training uses."""
+    import torch
+    import transformers
+
+    from ipu_packing.execution import ExecutionConfig, make_runner
+    from ipu_packing.model import PackedBertForPreTraining, PackedBertForQuestionAnswering
+    from ipu_packing.train.optim import LAMB, parameter_groups
+
+    if attention is None:
+        from ipu_packing.train.model_section import resolve_attention
+
+        attention = resolve_attention({}, ExecutionConfig(device="cpu"), S)
+    torch.manual_seed(seed)
+    model_cls = PackedBertForQuestionAnswering if qa else PackedBertForPreTraining
+    model = model_cls(transformers.BertConfig(**model_kwargs), attention=attention)
+    model.train()
+    optimizer = (torch.optim.AdamW if qa else LAMB)(parameter_groups(model, 0.01), lr=1e-4)
+    return model, make_runner(model, optimizer, ExecutionConfig(backend="torch", device="cpu",
+                                                                micro_batch_size=micro_batch_size))
+
+
 def run_bench(
     histogram: np.ndarray,
     S: int,
@@ -179,11 +204,6 @@ def run_bench(
     log=lambda message: None,
 ) -> Result:
     import torch
-    import transformers
-
-    from ipu_packing.execution import ExecutionConfig, make_runner
-    from ipu_packing.model import PackedBertForPreTraining, PackedBertForQuestionAnswering
-    from ipu_packing.train.optim import LAMB, parameter_groups
 
     model_kwargs = dict(MODEL_PRESETS[model_preset])
     model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)
@@ -204,19 +224,8 @@ def run_bench(
            padded.sequences, padded.tokens, S, padded.rows / float(packed.rows))
     )
 
-    if attention is None:  # the shipped default, `auto`, as a training config on this CPU resolves it
-        from ipu_packing.train.model_section import resolve_attention
-
-        attention = resolve_attention({}, ExecutionConfig(device="cpu"), S)
-    torch.manual_seed(seed)
-    model_cls = PackedBertForQuestionAnswering if qa else PackedBertForPreTraining
-    model = model_cls(transformers.BertConfig(**model_kwargs), attention=attention)
-    model.train()
+    model, runner = synthetic_runner(model_kwargs, S, qa, attention, micro_batch_size, seed)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = (torch.optim.AdamW if qa else LAMB)(parameter_groups(model, 0.01), lr=1e-4)
-    # one step = one micro batch, on this process's CPU, through the runner training uses
-    runner = make_runner(model, optimizer, ExecutionConfig(backend="torch", device="cpu",
-                                                           micro_batch_size=micro_batch_size))
     # the harness: a warm-up step of each layout (allocator, kernels), the weights restored, then the repeats
     layouts = (padded, packed)
     timings = measure([layout_contender(layout, layout.name, runner, micro_batch_size, torch) for layout in layouts],
@@ -257,6 +266,6 @@ def run_bench(
         order=order,
         model=dict(model_kwargs, preset=model_preset),
         task=task,
-        attention=model.attention_implementation if hasattr(model, "attention_implementation") else str(attention),
+        attention=str(model.attention_implementation),
         torch_threads=torch.get_num_threads(),
     )
