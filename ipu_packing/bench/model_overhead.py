@@ -111,6 +111,49 @@ def count_flops(step: Callable[[Dict[str, torch.Tensor]], Any], fields: Dict[str
     return float(counter.get_total_flops())
 
 
+def print_report(args, config, workloads: Dict[str, Dict[str, torch.Tensor]], times: Dict[str, List[float]],
+                 cpu_times: Dict[str, List[float]], flops: Dict[str, float]) -> None:
+    """The module docstring's figures, on stdout."""
+    median = {name: statistics.median(values) for name, values in times.items()}
+    cpu_median = {name: statistics.median(values) for name, values in cpu_times.items()}
+    sequences = {name: int((fields["nsp_labels"] != IGNORE_INDEX).sum()) for name, fields in workloads.items()}
+    tokens = {name: int((fields["sequence_ids"] != 0).sum()) for name, fields in workloads.items()}
+    print(
+        "model: preset=%s (H=%d, L=%d, heads=%d, V=%d), attention=%s, precision=%s, device=%s, threads=%d"
+        % (args.preset, config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.vocab_size,
+           args.attention, args.precision, args.device, torch.get_num_threads())
+    )
+    print(
+        "shape: B=%d S=%d; packed K=%d M=%d; padded K=1 M=%d; %d timed steps each (median), %d warm-up"
+        % (args.batch, args.max_seq_length, args.max_sequences_per_pack,
+           workloads["packed"]["mlm_labels"].shape[1], workloads["padded"]["mlm_labels"].shape[1], args.steps,
+           args.warmup)
+    )
+    fastest = {name: min(values) for name, values in times.items()}
+    print("%-8s %14s %14s %14s %12s %14s" % ("run", "median ms/pack", "min ms/pack", "cpu ms/pack", "seq/s",
+                                            "real tokens/s"))
+    for name in workloads:
+        seconds = median[name]
+        print(
+            "%-8s %14.2f %14.2f %14.2f %12.1f %14.0f"
+            % (name, 1000 * seconds / args.batch, 1000 * fastest[name] / args.batch,
+               1000 * cpu_median[name] / args.batch, sequences[name] / seconds, tokens[name] / seconds)
+        )
+
+    def overhead(values: Dict[str, float]) -> float:
+        return 100.0 * (values["packed"] / values["padded"] - 1.0)
+
+    print(
+        "packing overhead per pack (packed vs padded, same shape): %+.2f%% median wall, %+.2f%% min wall, "
+        "%+.2f%% median CPU time" % (overhead(median), overhead(fastest), overhead(cpu_median))
+    )
+    if flops["packed"] and flops["padded"]:
+        print(
+            "matmul FLOPs per step (forward + backward, noise-free): packed %.4g, padded %.4g, overhead %+.2f%%"
+            % (flops["packed"], flops["padded"], overhead(flops))
+        )
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     return run_command(_main, argv)
 
@@ -157,44 +200,7 @@ def _main(argv: Optional[List[str]]) -> int:
     times = {name: timings.calls[i][skip:] for i, name in enumerate(names)}
     cpu_times = {name: timings.cpu[i][skip:] for i, name in enumerate(names)}
 
-    median = {name: statistics.median(values) for name, values in times.items()}
-    cpu_median = {name: statistics.median(values) for name, values in cpu_times.items()}
-    sequences = {name: int((fields["nsp_labels"] != IGNORE_INDEX).sum()) for name, fields in workloads.items()}
-    tokens = {name: int((fields["sequence_ids"] != 0).sum()) for name, fields in workloads.items()}
-    print(
-        "model: preset=%s (H=%d, L=%d, heads=%d, V=%d), attention=%s, precision=%s, device=%s, threads=%d"
-        % (args.preset, config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.vocab_size,
-           args.attention, args.precision, args.device, torch.get_num_threads())
-    )
-    print(
-        "shape: B=%d S=%d; packed K=%d M=%d; padded K=1 M=%d; %d timed steps each (median), %d warm-up"
-        % (args.batch, args.max_seq_length, args.max_sequences_per_pack,
-           workloads["packed"]["mlm_labels"].shape[1], workloads["padded"]["mlm_labels"].shape[1], args.steps,
-           args.warmup)
-    )
-    fastest = {name: min(values) for name, values in times.items()}
-    print("%-8s %14s %14s %14s %12s %14s" % ("run", "median ms/pack", "min ms/pack", "cpu ms/pack", "seq/s",
-                                            "real tokens/s"))
-    for name in workloads:
-        seconds = median[name]
-        print(
-            "%-8s %14.2f %14.2f %14.2f %12.1f %14.0f"
-            % (name, 1000 * seconds / args.batch, 1000 * fastest[name] / args.batch,
-               1000 * cpu_median[name] / args.batch, sequences[name] / seconds, tokens[name] / seconds)
-        )
-
-    def overhead(values: Dict[str, float]) -> float:
-        return 100.0 * (values["packed"] / values["padded"] - 1.0)
-
-    print(
-        "packing overhead per pack (packed vs padded, same shape): %+.2f%% median wall, %+.2f%% min wall, "
-        "%+.2f%% median CPU time" % (overhead(median), overhead(fastest), overhead(cpu_median))
-    )
-    if flops["packed"] and flops["padded"]:
-        print(
-            "matmul FLOPs per step (forward + backward, noise-free): packed %.4g, padded %.4g, overhead %+.2f%%"
-            % (flops["packed"], flops["padded"], overhead(flops))
-        )
+    print_report(args, config, workloads, times, cpu_times, flops)
     return 0
 
 
