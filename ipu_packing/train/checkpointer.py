@@ -58,11 +58,11 @@ class Checkpointer:
         """The summary of the finished run the directory holds, asked for again as it was: nothing is trained or
         written."""
         self.last_saved: Optional[str] = None
+        """The last checkpoint written or resumed from (every checkpoint is finite throughout)."""
         self.fingerprint: Dict[str, Any] = {}
         """What every checkpoint of the run records about its data and batch (choose's)."""
         self.scheduler: Any = None
         """The run's schedule, whose state every checkpoint holds (load_weights')."""
-        """The last checkpoint written or resumed from (every checkpoint is finite throughout)."""
 
     # ---- planning: nothing written -------------------------------------------------------------------------
 
