@@ -233,7 +233,7 @@ class Inputs:
 
 
 @dataclass
-class Contenders:
+class Mode:
     """One mode's entries, what restores their state after the warm-up, and what the result says of the mode."""
 
     entries: List[Entry]
@@ -266,7 +266,7 @@ def hf_entries(data: Inputs, B: int, S: int, grouped_order: Sequence[int], call,
     return entries
 
 
-def serving(hf, padded, packed, tokenizer, data: Inputs, packs, B: int, S: int, transformers, torch) -> Contenders:
+def serving(hf, padded, packed, tokenizer, data: Inputs, packs, B: int, S: int, transformers, torch) -> Mode:
     """Inference: eval mode, no gradients; ours as many packs a call as each predictor takes by default."""
     from ipu_packing.train.evaluate import collect
 
@@ -293,13 +293,13 @@ def serving(hf, padded, packed, tokenizer, data: Inputs, packs, B: int, S: int, 
         Entry("ours predict", [texts], packed.predict, sequences=n)]
     ours_logits = collect(packed.model, packs["ours packed"], B)["logits"]
     hf_logits = torch.cat([hf_forward(b) for b in entries[0].batches]).numpy()
-    return Contenders(entries, None, {
+    return Mode(entries, None, {
         "packs_per_call": {"ours padded": padded.batch_packs, "ours packed": packed.batch_packs},
         "max_logit_difference": float(np.abs(ours_logits - hf_logits).max())})
 
 
 def training(hf, ours, data: Inputs, packs, B: int, S: int, factor: float, seed: int, transformers,
-             torch) -> Contenders:
+             torch) -> Mode:
     """Fine-tuning steps of B sequences: transformers' three batchings (grouped in the Trainer's group_by_length
     order), ours a step as the training app's batch accounting makes it off the IPU, every side AdamW."""
     from ipu_packing.execution import ExecutionConfig, make_runner
@@ -345,7 +345,7 @@ def training(hf, ours, data: Inputs, packs, B: int, S: int, factor: float, seed:
         for o in (hf_optimizer, our_optimizer):
             o.state.clear()
 
-    return Contenders(entries, reset, {
+    return Mode(entries, reset, {
         "packs_per_step": steps, "passes": passes,
         "optimizer": dict(ADAMW, name="AdamW", fused={"transformers": fused(hf_optimizer),
                                                       "ours": fused(our_optimizer)})})
