@@ -25,8 +25,8 @@ from typing import Dict
 import numpy as np
 
 from .presets import MODEL_PRESETS
-from .harness import measure
-from .throughput import layout_contender, plan_histogram, timed_layouts
+from .harness import measure, restorer
+from .throughput import layout_contender, plan_histogram, synthetic_runner, timed_layouts
 
 PAIRS = (("padded", "dense"), ("packed", "dense"), ("padded", "varlen"), ("packed", "varlen"))
 RATIOS = (
@@ -69,32 +69,16 @@ def compare_attention(padded, packed, model_kwargs: Dict[str, object], micro_bat
     One model per attention, from the same initial weights, each stepping through the training runner
     (``make_runner``) as the bench's main comparison does; the four pairs are the harness's contenders."""
     import torch
-    import transformers
-
-    from ipu_packing.execution import ExecutionConfig, make_runner
-    from ipu_packing.model import PackedBertForPreTraining
-    from ipu_packing.train.optim import LAMB, parameter_groups
 
     layouts = {"padded": padded, "packed": packed}
-    torch.manual_seed(seed)
-    config = transformers.BertConfig(**model_kwargs)
-    models, runners, initial = {}, {}, None
-    execution = ExecutionConfig(backend="torch", device="cpu", micro_batch_size=micro_batch_size)
-    for attention in ("dense", "varlen"):
-        models[attention] = PackedBertForPreTraining(config, attention=attention).train()
-        if initial is None:
-            initial = {k: v.clone() for k, v in models[attention].state_dict().items()}
-        models[attention].load_state_dict(initial)
-        optimizer = LAMB(parameter_groups(models[attention], 0.01), lr=1e-4)
-        runners[attention] = make_runner(models[attention], optimizer, execution)
-
-    def reset():  # after the warm-up: the same starting weights for every timed pass
-        for model in models.values():
-            model.load_state_dict(initial)
-
+    models, runners = {}, {}
+    for attention in ("dense", "varlen"):  # the same seed: the same initial weights
+        models[attention], runners[attention] = synthetic_runner(model_kwargs, padded.arrays["input_ids"].shape[1],
+                                                                 False, attention, micro_batch_size, seed)
+    models["varlen"].load_state_dict(models["dense"].state_dict())
     contenders = [layout_contender(layouts[name], "%s+%s" % (name, a), runners[a], micro_batch_size, torch)
                   for name, a in PAIRS]
-    timings = measure(contenders, repeats, order, reset)
+    timings = measure(contenders, repeats, order, restorer(models.values()))
     per_row = {c.name: [s / (len(c.batches) * micro_batch_size) for s in seconds]
                for c, seconds in zip(contenders, timings.seconds)}
     per_sequence = {}

@@ -63,7 +63,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .harness import ORDERS, Contender, measure
+from .harness import ORDERS, Contender, load_line, measure, progress, restorer
 from .inputs import BenchError
 
 BASELINE = "transformers padded"
@@ -117,18 +117,6 @@ def build_models(directory: str, preset: Optional[str], S: int, seed: int, work:
     return model, tokenizer, work
 
 
-def hf_model(work: str, torch):
-    """transformers' classifier of ``work``, with sdpa attention where this transformers has it for BERT."""
-    import transformers
-
-    cls = transformers.BertForSequenceClassification
-    try:
-        model = cls.from_pretrained(work, attn_implementation="sdpa")
-    except (TypeError, ValueError, ImportError):
-        model = cls.from_pretrained(work)
-    return model, str(getattr(model.config, "_attn_implementation", None) or "eager")
-
-
 def hf_batches(encoded: Sequence[Sequence[int]], order: Sequence[int], B: int, S: Optional[int], labels=None,
                token_types: Optional[Sequence[Sequence[int]]] = None):
     """transformers' inputs: ``order`` cut into batches of B, each row padded to S (None: the batch's longest);
@@ -177,15 +165,9 @@ def optimizers(hf, ours, transformers, torch) -> Tuple[Any, Any]:
     """(transformers', ours) AdamW with peers.py's ``ADAMW`` settings and weight-decay groups: transformers' as
     its Trainer builds it at this torch (``TrainingArguments``' default ``optim``: fused from torch 2.8), ours
     as the training app builds it (train/optim.py ``adamw``: fused where torch has the kernel)."""
-    from ipu_packing.train.optim import adamw, parameter_groups
+    from ipu_packing.train.optim import adamw
 
-    from .peers import ADAMW
-
-    def groups(model):
-        out = parameter_groups(model, ADAMW["weight_decay"])
-        for g in out:
-            g.pop("max_weight_norm", None)
-        return out
+    from .peers import ADAMW, adamw_groups as groups
 
     settings = dict(lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"])
     trainer_fused = getattr(transformers.TrainingArguments, "default_optim", "adamw_torch") == "adamw_torch_fused"
@@ -337,15 +319,8 @@ def training(hf, ours, data: Inputs, packs, B: int, S: int, factor: float, seed:
     passes = {name: runner_for(packs_a_step).config.pass_sizes for name, packs_a_step in steps.items()}
     entries = (hf_entries(data, B, S, length_grouped_order(data.lengths, B, seed), hf_step, data.labels)
                + [ours_entry("ours padded"), ours_entry("ours packed")])
-    states = [(model, {k: v.clone() for k, v in model.state_dict().items()}) for model in (hf, ours)]
-
-    def reset():  # after the warm-up: the initial weights, a fresh optimizer state
-        for model, state in states:
-            model.load_state_dict(state)
-        for o in (hf_optimizer, our_optimizer):
-            o.state.clear()
-
-    return Mode(entries, reset, {
+    # after the warm-up: the initial weights, a fresh optimizer state
+    return Mode(entries, restorer([hf, ours], [hf_optimizer, our_optimizer]), {
         "packs_per_step": steps, "passes": passes,
         "optimizer": dict(ADAMW, name="AdamW", fused={"transformers": fused(hf_optimizer),
                                                       "ours": fused(our_optimizer)})})
@@ -353,6 +328,8 @@ def training(hf, ours, data: Inputs, packs, B: int, S: int, factor: float, seed:
 
 def _run(transformers, torch, directory, texts, inputs, S, K, B, repeats, preset, train, seed, order, log):
     from ipu_packing.predict import Predictor
+
+    from .peers import with_sdpa
 
     started = time.perf_counter()
     label_names = None
@@ -363,7 +340,8 @@ def _run(transformers, torch, directory, texts, inputs, S, K, B, repeats, preset
         raise BenchError("no input texts to time")
     with tempfile.TemporaryDirectory() as work:
         _, tokenizer, saved = build_models(directory, preset, S, seed, work)
-        hf, hf_attention = hf_model(saved, torch)
+        cls = transformers.BertForSequenceClassification
+        hf, hf_attention = with_sdpa(lambda **kw: cls.from_pretrained(saved, **kw))
         padded = Predictor.from_pretrained(saved, S, 1)  # serving: the predictor's own packs a call
         packed = Predictor.from_pretrained(saved, S, K)
         padded.model = packed.model  # one model for both of our layouts (as one model serves any K)
@@ -421,8 +399,7 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
         "transformers %s; torch %s, transformers %s" % (
             r["inputs"], r["real_tokens"], r["mean_length"], r["packs"], r["packing_factor"], r["ours_attention"],
             r["transformers_attention"], r["torch_version"], r["transformers_version"]),
-        "load average before %s, after %s" % (" ".join("%.2f" % x for x in r["load_before"]),
-                                              " ".join("%.2f" % x for x in r["load_after"])),
+        load_line(r["load_before"], r["load_after"]),
     ]
     if r["max_logit_difference"] is not None:
         lines.append("largest |logit| difference, ours packed against transformers padded: %.2e"
@@ -457,8 +434,6 @@ CLASSIFIER_OPTIONS = ("classifier", "input", "inputs", "train", "table", "max_se
 
 def main_classifier(parser, args) -> int:
     """``--classifier``: check the options, run, print the table (or JSON) on stdout."""
-    import sys
-
     from .. import jsonout
 
     for action in parser._actions:
@@ -491,7 +466,7 @@ def main_classifier(parser, args) -> int:
         torch.set_num_threads(args.threads)
     if args.table and args.train:
         raise BenchError("--table times serving and fine-tuning steps: leave out --train")
-    log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
+    log = progress(args.json)
     modes = (False, True) if args.table else (args.train,)
     results = [run_classifier_peers(args.classifier, texts, args.inputs, S, K, B, args.repeats, args.model,
                                     train, args.seed, args.order, log) for train in modes]

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from dataclasses import asdict
 from typing import List, Optional, Sequence
 
 from .. import jsonout
 from ..errors import ArgumentParser, run_command
 from .presets import MODEL_PRESETS
-from . import peers, throughput
+from . import harness, peers, throughput
 from .attention_compare import format_comparison, run_comparison
 from .classify_peers import main_classifier
 from .config_bench import main_config
@@ -156,7 +155,7 @@ def _main(argv: Optional[List[str]]) -> int:
         torch.set_num_threads(args.threads)
     if args.peers:
         return peers.main_peers(args, histogram)
-    log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
+    log = harness.progress(args.json)
     result = run_bench(
         histogram,
         S,

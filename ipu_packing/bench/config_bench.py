@@ -41,14 +41,13 @@ attention's figures are the top-level ones; ``attentions`` holds each one's.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import jsonout
-from .harness import ORDERS, Contender, measure
+from .harness import ORDERS, Contender, measure, progress
 from .inputs import BenchError, check_writable, read_histogram_file
 from .throughput import make_sequences, plan_histogram, select_packs
 
@@ -410,7 +409,7 @@ def main_config(parser, args) -> int:
     histogram = read_histogram_file(args.histogram, None) if args.histogram else None
     if args.plot:
         check_writable(args.plot, reading=[args.histogram or ""])
-    log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
+    log = progress(args.json)
     attentions = [a.strip() for a in args.attention.split(",")] if args.attention is not None else [None]
     if args.attention is not None and (any(not a for a in attentions) or len(set(attentions)) != len(attentions)):
         raise BenchError("--attention with --config takes distinct implementations separated by commas, got %r"

@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .. import jsonout
 from ..errors import ArgumentParser, run_command
+from .harness import load_line, progress
 from .inputs import BenchError
 
 LAYOUTS = ("packed", "padded")
@@ -98,9 +99,9 @@ def aggregate(rows: List[Dict[str, Any]]) -> Dict[str, Dict[str, List[float]]]:
 def format_table(result: Dict[str, Any]) -> str:
     rows = result["rows"]
     names = sorted(rows[0]["metrics"]) if rows else []
-    lines = ["%s, %d steps, seeds %s; load average before %s, after %s" % (
+    lines = ["%s, %d steps, seeds %s; %s" % (
         result["config"], rows[0]["steps"] if rows else 0, ",".join(str(s) for s in result["seeds"]),
-        " ".join("%.2f" % x for x in result["load_before"]), " ".join("%.2f" % x for x in result["load_after"])),
+        load_line(result["load_before"], result["load_after"])),
         "%-7s %5s " % ("layout", "seed") + " ".join("%10s" % n[:10] for n in names)
         + " %8s %9s %10s %9s" % ("loss", "seq/step", "seq/s", "train s")]
     for r in rows:
@@ -149,9 +150,7 @@ def command(argv: Optional[List[str]]) -> int:
 
     check_output(args.output, "--output", directory=True, reading=[config.data.dir, config.checkpoint.init_from],
                  ours=made_here, error=BenchError)
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
+    log = progress()
     load_before = list(os.getloadavg())
     rows = []
     for seed in seeds:

@@ -52,6 +52,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import jsonout
 from ..errors import ArgumentParser, one_line, run_command
+from .harness import load_line
 from .inputs import BenchError, read_dataset_histogram, shared_dir
 from .run_compare import KILLED, REPO, checkpoints, compare_runs, read_losses, run_command_line
 RUN_PRETRAINING = os.path.join(REPO, "run_pretraining.py")
@@ -251,10 +252,9 @@ def failures(report: Dict[str, Any]) -> List[str]:
 def format_markdown(report: Dict[str, Any]) -> str:
     m = report["machine"]
     lines = ["# gpu-check (%s mode), %s" % (report["mode"], report["started"]), "",
-             "%s; torch %s, transformers %s, Python %s; load average %s before, %s after; %.0f s in all."
+             "%s; torch %s, transformers %s, Python %s; %s; %.0f s in all."
              % (m["device_name"], m["torch"], m["transformers"], m["python"],
-                " ".join("%.2f" % x for x in m["load_before"]), " ".join("%.2f" % x for x in m["load_after"]),
-                report["seconds"]), "",
+                load_line(m["load_before"], m["load_after"]), report["seconds"]), "",
              "## Training: `run_pretraining.py --config %s`, %d steps, bf16 autocast, data %s (S=%d)"
              % (CONFIG, report["steps"], report["data"]["dir"], report["data"]["max_seq_length"]), "",
              "| attention | exit | steps | loss first -> last | finite | sequences/s (median) | seconds |",

@@ -77,6 +77,35 @@ class Timings:
         return statistics.median(self.seconds[i])
 
 
+def progress(quiet: bool = False) -> Callable[[str], None]:
+    """A bench's progress log: each message a line on stderr (flushed), or nothing when ``quiet`` (``--json``)."""
+    if quiet:
+        return lambda message: None
+    import sys
+
+    return lambda message: print(message, file=sys.stderr, flush=True)
+
+
+def restorer(models: Sequence[Any], optimizers: Sequence[Any] = ()) -> Callable[[], None]:
+    """``measure``'s ``reset``: every model's weights back as they are now (host copies), every optimizer's
+    state emptied."""
+    saved = [(m, {k: v.detach().cpu().clone() for k, v in m.state_dict().items()}) for m in models]
+
+    def reset() -> None:
+        for model, state in saved:
+            model.load_state_dict(state)
+        for optimizer in optimizers:
+            optimizer.state.clear()
+
+    return reset
+
+
+def load_line(before: Sequence[float], after: Sequence[float]) -> str:
+    """``os.getloadavg()`` before and after, as every report says it."""
+    return "load average before %s, after %s" % (" ".join("%.2f" % x for x in before),
+                                                 " ".join("%.2f" % x for x in after))
+
+
 def schedule(counts: Sequence[int], order: str = "calls", repeat: int = 0) -> List[Tuple[int, int]]:
     """(contender, batch) in the order of one pass over ``counts`` batches of each contender, repeat ``repeat``."""
     if order == "passes":
@@ -147,4 +176,4 @@ def measure(contenders: Sequence[Contender], repeats: int = 1, order: str = "cal
     return Timings(timed, seconds, calls, cpu, warmup, peaks, failed, load_before, list(os.getloadavg()))
 
 
-__all__ = ["Contender", "ORDERS", "Timings", "measure", "schedule"]
+__all__ = ["Contender", "ORDERS", "Timings", "load_line", "measure", "progress", "restorer", "schedule"]

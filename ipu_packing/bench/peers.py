@@ -82,30 +82,28 @@ class Contender(harness.Contender):
     """Its model's weights and optimizer state, in bytes (shared with the contenders of the same model)."""
 
 
-def adamw(model, torch):
-    """torch.optim.AdamW with ``ADAMW``'s settings, weight decay on matrices only (parameter_groups)."""
+def adamw_groups(model):
+    """train/optim.py's parameter_groups at ``ADAMW``'s weight decay (matrices only), as AdamW takes them."""
     from ipu_packing.train.optim import parameter_groups
 
     groups = parameter_groups(model, ADAMW["weight_decay"])
     for g in groups:
         g.pop("max_weight_norm", None)
-    return torch.optim.AdamW(groups, lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"])
+    return groups
 
 
-def transformers_model(config) -> Tuple[Any, str]:
-    """(BertForPreTraining built from ``config``, its attention implementation): "sdpa" where this transformers
-    supports it for BERT, else its default (eager)."""
-    import transformers
+def adamw(model, torch):
+    """torch.optim.AdamW with ``ADAMW``'s settings, weight decay on matrices only."""
+    return torch.optim.AdamW(adamw_groups(model), lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"])
 
-    cls = transformers.BertForPreTraining
-    model = None
-    if getattr(cls, "_supports_sdpa", False) and hasattr(cls, "_from_config"):
-        try:
-            model = cls._from_config(config, attn_implementation="sdpa")
-        except (TypeError, ValueError, ImportError):  # a transformers whose BERT has no sdpa path
-            model = None
-    if model is None:
-        model = cls(config)
+
+def with_sdpa(build) -> Tuple[Any, str]:
+    """(transformers model, its attention implementation): ``build(attn_implementation="sdpa")`` where this
+    transformers has sdpa for BERT, else ``build()`` (its default, eager)."""
+    try:
+        model = build(attn_implementation="sdpa")
+    except (TypeError, ValueError, ImportError):  # a transformers whose BERT has no sdpa path
+        model = build()
     return model, str(getattr(model.config, "_attn_implementation", None) or "eager")
 
 
@@ -155,7 +153,8 @@ def build_contenders(padded: Layout, packed: Layout, model_kwargs: Dict[str, Any
     S = int(padded.arrays["input_ids"].shape[1])
     config = transformers.BertConfig(**model_kwargs)
     torch.manual_seed(seed)
-    hf, hf_attention = transformers_model(config)
+    cls = transformers.BertForPreTraining
+    hf, hf_attention = with_sdpa(lambda **kw: cls._from_config(config, **kw) if kw else cls(config))
     hf.to(dev).train()
     hf_optimizer = adamw(hf, torch)
     initial_state = {k: v.detach().cpu().clone() for k, v in hf.state_dict().items()}
@@ -270,14 +269,12 @@ def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny",
 
 def main_peers(args, histogram: np.ndarray) -> int:
     """``--peers``: the command line's checked arguments and length histogram -> table or JSON on stdout."""
-    import sys
-
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise BenchError("--device cuda: torch %s sees no CUDA device" % torch.__version__)
-    log = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda message: None)
+    log = harness.progress(args.json)
     result = run_peers(histogram, len(histogram), args.max_sequences_per_pack, model_preset=args.model,
                        micro_batch_size=args.micro_batch_size, repeats=args.repeats, algorithm=args.algorithm,
                        seed=args.seed, timed_packs=args.timed_packs or None, device=args.device,

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ..fsutil import atomic_open
-from .harness import ORDERS
+from .harness import ORDERS, load_line
 
 
 @dataclass
@@ -193,8 +193,7 @@ def format_peers(r: PeersResult) -> str:
         "timed: %d packs of the plan (K=%d, %s) = %d sequences, %d real tokens; torch %s, transformers %s "
         "(attention %s)" % (r.timed_packs, r.max_sequences_per_pack, r.packing_algorithm, r.num_sequences,
                             r.num_tokens, r.torch_version, r.transformers_version, r.transformers_attention),
-        "load average before %s, after %s" % (" ".join("%.2f" % x for x in r.load_before),
-                                              " ".join("%.2f" % x for x in r.load_after)),
+        load_line(r.load_before, r.load_after),
         "%-26s %6s %10s %11s %12s%s" % ("contender", "steps", "seq/s", "vs HF pad", "computed tok",
                                         "  peak memory" if memory else ""),
     ]

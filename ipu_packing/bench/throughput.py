@@ -44,7 +44,7 @@ import numpy as np
 from ..data.format import IGNORE_INDEX, as_batch, mlm_slots
 from ..data.random_instances import random_instances
 from ..data.reference import Instance, pack_sequences
-from .harness import Contender, measure
+from .harness import Contender, measure, restorer
 from .inputs import BenchError
 from .presets import MODEL_PRESETS
 from .report import Result
@@ -225,11 +225,10 @@ def run_bench(
     )
 
     model, runner = synthetic_runner(model_kwargs, S, qa, attention, micro_batch_size, seed)
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
     # the harness: a warm-up step of each layout (allocator, kernels), the weights restored, then the repeats
     layouts = (padded, packed)
     timings = measure([layout_contender(layout, layout.name, runner, micro_batch_size, torch) for layout in layouts],
-                      repeats, order, lambda: model.load_state_dict(initial), log=log)
+                      repeats, order, restorer([model]), log=log)
     per_row = {layout.name: [s / (layout.rows // micro_batch_size * micro_batch_size) for s in seconds]
                for layout, seconds in zip(layouts, timings.seconds)}  # seconds per row of each repeat
     padded_row = statistics.median(per_row["padded"])
