@@ -82,3 +82,25 @@ def test_the_name_check_finds_a_branch_on_a_task_name():
             os.path.join("ipu_packing", "tasks", "y.py"): 'NAME = "question_answering"\n',
             os.path.join("ipu_packing", "train", "z.py"): '"""Docs may say "question_answering"."""\n'}
     assert house.naming(mods, "question_answering") == [os.path.join("ipu_packing", "train", "x.py")]
+
+
+GIVEN = {"doc_stride": 8, "max_query_length": 8, "sentence1_key": "s1", "sentence2_key": "s2", "label_key": "y",
+         "problem_type": "regression"}
+"""A value, other than the unset one, for each task's own `prepare` option."""
+
+
+@pytest.mark.parametrize("owner, other", [(a, b) for a in tasks.NAMES for b in tasks.NAMES
+                                          if a != b and tasks.get(a).prepare_options])
+def test_a_tasks_own_prepare_options_are_refused_by_every_other_task(owner, other, tmp_path):
+    """Each task's recipe names its own `prepare` options; `prepare --task OTHER` refuses every one of them,
+    naming the task it belongs to, before anything is read or written."""
+    from ipu_packing.data.text.pipeline import PrepareConfig
+    from ipu_packing.errors import DataError
+
+    assert set(tasks.get(owner).prepare_options) <= set(GIVEN)
+    for name in tasks.get(owner).prepare_options:
+        with pytest.raises(DataError) as caught:
+            PrepareConfig(input="default", output=str(tmp_path / "out"), task=other, **{name: GIVEN[name]})
+        assert str(caught.value).startswith("--%s is an option of --task %s (--task %s reads "
+                                            % (name.replace("_", "-"), owner, other)), (name, str(caught.value))
+    assert not (tmp_path / "out").exists()

@@ -50,26 +50,26 @@ def _parser() -> argparse.ArgumentParser:
     from .vocab import DEFAULT_VOCAB_SIZE
 
     defaults = PrepareConfig(input="default", output="-")
+    fine_tuning = " or ".join(task.name for task in tasks.TASKS.values() if task.fine_tuning)
     parser = ArgumentParser(prog="python -m ipu_packing.data", description=__doc__)
     commands = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
     commands.required = True
-    p = commands.add_parser("prepare", help="corpus -> packed/ and padded/ datasets; --task classification or "
-                            "question_answering: train/validation/test files -> OUT/<split>/packed and padded")
+    p = commands.add_parser("prepare", help="corpus -> packed/ and padded/ datasets; --task %s: train/validation/test "
+                            "files -> OUT/<split>/packed and padded" % fine_tuning)
     p.add_argument("--input", default=None,
                    help='file, directory, glob, or "default" (embedded corpus; with a --task: its embedded demo '
                    "task)")
     p.add_argument("--output", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--max-seq-length", type=int, default=None,
-                   help="S [%d; 384 with --task question_answering]" % defaults.max_seq_length)
+                   help="S [%s]" % "; ".join("%d with --task %s" % (task.max_seq_length, task.name)
+                                             for task in tasks.TASKS.values()))
     p.add_argument("--vocab", "--tokenizer", dest="vocab", default=None, metavar="PATH",
                    help='vocab.txt or Hugging Face tokenizer directory (never downloaded), or "default": the default '
                    "corpus' vocabulary. Your own --input needs --vocab or --train-vocab; --input default without "
                    "either gets the default vocabulary. A task needs the model's own tokenizer (--tokenizer DIR)")
-    t = p.add_argument_group("fine-tuning task (--task classification or question_answering; data/finetune/)")
+    t = p.add_argument_group("fine-tuning task (--task %s; data/finetune/)" % fine_tuning)
     t.add_argument("--task", choices=tasks.NAMES, default=tasks.PRETRAINING.name,
-                   help="pretraining (--input: a corpus), classification (--train, --validation, --test: "
-                   "run_glue.py's CSV, TSV, JSON Lines; Parquet or a datasets directory with the datasets extra) or "
-                   "question_answering (SQuAD v1.1 JSON, or run_qa.py's JSON Lines: id, question, context, answers)")
+                   help=", ".join("%s (%s)" % (task.name, task.inputs) for task in tasks.TASKS.values()))
     t.add_argument("--train", default=None, metavar="FILE", help="the train split (it decides columns and labels)")
     t.add_argument("--validation", default=None, metavar="FILE", help="the validation split")
     t.add_argument("--test", default=None, metavar="FILE", help="the test split (optional; may have no labels)")

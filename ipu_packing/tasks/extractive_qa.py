@@ -53,6 +53,8 @@ QUESTION_ANSWERING = Task(
     companions=(("examples_file", "examples_sha256"),),
     max_seq_length=384,
     hint_options=" --doc-stride 128",
+    inputs="SQuAD v1.1 JSON, or run_qa.py's JSON Lines: id, question, context, answers",
+    prepare_options={"doc_stride": None, "max_query_length": None},
     hooks={
         "check_entry": "ipu_packing.data.format:check_question_entry",
         "check_counts": "ipu_packing.data.format:check_question_counts",

@@ -25,6 +25,7 @@ PRETRAINING = Task(
     compared=("mlm_loss", "mlm_accuracy", "nsp_accuracy"),
     presence="nsp_labels",
     launcher="run_pretraining.py",
+    inputs="--input: a corpus",
     hooks={
         "broken_slots": "ipu_packing.data.shards:broken_mlm_slots",
         "first_broken_slot": "ipu_packing.data.shards:first_broken_mlm_slot",

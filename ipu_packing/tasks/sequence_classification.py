@@ -65,6 +65,9 @@ CLASSIFICATION = Classification(
     manifest_keys=MANIFEST_KEYS,
     labelled_key="has_labels",
     dataset_decides_model=True,
+    inputs="--train, --validation, --test: run_glue.py's CSV, TSV, JSON Lines; Parquet or a datasets directory with "
+    "the datasets extra",
+    prepare_options={"sentence1_key": None, "sentence2_key": None, "label_key": "label", "problem_type": None},
     hooks={
         "check_entry": "ipu_packing.data.format:check_classification_entry",
         "check_counts": "ipu_packing.data.format:check_classification_counts",

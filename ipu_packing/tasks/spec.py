@@ -93,6 +93,11 @@ class Task:
     """The script a PopRun launch of this task runs (the dry run prints it)."""
     dataset_decides_model: bool = False
     """Whether its model needs the dataset (a classifier's labels), so compile-only cannot build it without one."""
+    inputs: str = ""
+    """What `prepare --task NAME` reads, in words (its --help)."""
+    prepare_options: Dict[str, Any] = field(default_factory=dict)
+    """`prepare`'s options of this task alone, each with its value when not given (PrepareConfig's field names):
+    another task refuses them (data/text/pipeline.py ``refuse_other_tasks_options``)."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.hooks) - set(HOOKS))

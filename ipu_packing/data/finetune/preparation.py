@@ -202,9 +202,9 @@ def split_summary(name: str, output: str, packed: dict, padded: Optional[dict]) 
 
 def check_options(config: Any) -> None:
     """`prepare --task classification`'s options on their own (its inputs are read, and refused, below)."""
-    from ..text.pipeline import check_task_inputs, refuse_question_options
+    from ..text.pipeline import check_task_inputs, refuse_other_tasks_options
 
-    refuse_question_options(config)
+    refuse_other_tasks_options(config)
     check_task_inputs(config)
 
 

@@ -30,7 +30,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ... import tasks
-from ...errors import DataError
 from ..format import SPLITS, FieldLayout
 from ..vocab import TokenizerSpec
 from ..write.datasets import PackSettings, write_datasets
@@ -142,15 +141,10 @@ def qa_split_summary(name: str, output: str, packed: dict, padded: Optional[dict
 def check_options(config: Any) -> None:
     """`prepare --task question_answering`'s options on their own; the window settings' defaults filled."""
     from .windows import DOC_STRIDE, MAX_QUERY_LENGTH, check_window_settings
-    from ..text.pipeline import check_task_inputs
+    from ..text.pipeline import check_task_inputs, refuse_other_tasks_options
 
     check_task_inputs(config)
-    for name in ("sentence1_key", "sentence2_key", "problem_type"):
-        if getattr(config, name) is not None:
-            raise DataError("--%s is an option of --task classification (a question-answering split has "
-                            "id, question, context and answers)" % name.replace("_", "-"))
-    if config.label_key != "label":
-        raise DataError("--label-key is an option of --task classification")
+    refuse_other_tasks_options(config)
     if config.doc_stride is None:
         config.doc_stride = DOC_STRIDE
     if config.max_query_length is None:

@@ -185,20 +185,23 @@ class PrepareResult:
     """A task: {split: {"packed": manifest, "padded": manifest}} in the order train, validation, test."""
 
 
-def refuse_question_options(config: "PrepareConfig") -> None:
-    """A task without question windows refuses their options."""
-    for name in ("doc_stride", "max_query_length"):
-        if getattr(config, name) is not None:
-            raise DataError("--%s is an option of --task question_answering" % name.replace("_", "-"))
+def refuse_other_tasks_options(config: "PrepareConfig") -> None:
+    """Another task's own options (its recipe's ``prepare_options``), given with ``config.task``, refused."""
+    task = tasks.get(config.task)
+    for other in tasks.TASKS.values():
+        for name, unset in other.prepare_options.items():
+            if other is not task and name not in task.prepare_options and getattr(config, name) != unset:
+                raise DataError("--%s is an option of --task %s (--task %s reads %s)"
+                                % (name.replace("_", "-"), other.name, task.name, task.inputs))
 
 
 def check_corpus_options(config: "PrepareConfig") -> None:
     """Pretraining's options on their own (tasks/pretraining.py)."""
-    refuse_question_options(config)
-    for name in ("train", "validation", "test", "sentence1_key", "sentence2_key", "problem_type"):
+    refuse_other_tasks_options(config)
+    for name in ("train", "validation", "test"):
         if getattr(config, name) is not None:
-            raise DataError("--%s is an option of a fine-tuning task (--task classification)"
-                            % name.replace("_", "-"))
+            raise DataError("--%s is an option of a fine-tuning task (--task %s)" % (
+                name.replace("_", "-"), " or ".join(t.name for t in tasks.TASKS.values() if t.fine_tuning)))
     if not config.input:
         raise DataError("--input is required: a corpus (file, directory or glob) or default")
     if config.train_vocab is not None and config.vocab is not None:
