@@ -1,5 +1,5 @@
-"""The pipeline parts the task models declare (model/stages.py: classification_stages,
-question_answering_stages): running every part in order is the forward, every parameter belongs to exactly
+"""The pipeline parts the task models declare (each model module's ``pipeline_stages``, model/stages.py
+``heads_on_last_device``): running every part in order is the forward, every parameter belongs to exactly
 one part, the heads sit on the last device, and the training step traces under the PopTorch stand-in
 (tests/fake_poptorch) as PopART would accept it: every op in a block, every weight and every input stream on
 one IPU while pipelining, supported ops only, the loss through identity_loss.
@@ -21,17 +21,11 @@ from ipu_packing.model import (
     PackedBertForQuestionAnswering,
     PackedBertForSequenceClassification,
 )
-from ipu_packing.model.stages import (
-    CLASSIFICATION_INPUTS,
-    HIDDEN,
-    OUTPUT,
-    QUESTION_ANSWERING_INPUTS,
-    classification_stages,
-    model_stages,
-    parameter_owners,
-    pretraining_stages,
-    question_answering_stages,
-)
+from ipu_packing.model.classification import INPUTS as CLASSIFICATION_INPUTS
+from ipu_packing.model.classification import pipeline_stages as classification_stages
+from ipu_packing.model.question_answering import INPUTS as QUESTION_ANSWERING_INPUTS
+from ipu_packing.model.question_answering import pipeline_stages as question_answering_stages
+from ipu_packing.model.stages import HIDDEN, OUTPUT, model_stages, parameter_owners, pretraining_stages
 from task_packs import slots, task_packs
 
 import poptorch_stand_in as si

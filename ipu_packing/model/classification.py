@@ -25,7 +25,7 @@ Shape legend: B packs, S tokens per pack, K sequence slots per pack, H hidden si
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ from torch import nn
 from .. import tasks
 from .heads import PackedBertTaskModel
 from .modeling import IGNORE_INDEX
+from .stages import INPUTS as PRETRAINING_INPUTS, Stages, heads_on_last_device
 from .per_sequence import (
     binary_cross_entropy_with_logits,
     gather_positions,
@@ -43,6 +44,9 @@ from .per_sequence import (
     slots_in_use,
     squared_error,
 )
+
+INPUTS = PRETRAINING_INPUTS[:4] + ("cls_positions", "labels")
+"""PackedBertForSequenceClassification's batch fields, in its forward's argument order."""
 
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 """``config.problem_type`` values (transformers'), besides None (chosen from num_labels and the labels)."""
@@ -223,9 +227,19 @@ class PackedBertForSequenceClassification(PackedBertTaskModel):
         return cls._from_pretrained(directory, attention, fused_qkv, strict, overrides, output_loading_info)
 
 
+
+def pipeline_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
+    """The parts of ``PackedBertForSequenceClassification`` (model/stages.py): the heads (pooler, dropout,
+    classifier, loss) on the last device."""
+    return heads_on_last_device(num_layers, layers_per_ipu, INPUTS, ("bert.pooler", "classifier"),
+                                "classification_heads")
+
+
 __all__ = [
+    "INPUTS",
     "PROBLEM_TYPES",
     "PackedBertForSequenceClassification",
     "PackedBertSequenceClassifierOutput",
     "SequenceClassificationHeads",
+    "pipeline_stages",
 ]

@@ -31,7 +31,7 @@ Shape legend: B packs, S tokens per pack, K sequence slots per pack, H hidden si
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -40,6 +40,10 @@ from .. import tasks
 from .heads import PackedBertTaskModel
 from .modeling import IGNORE_INDEX
 from .per_sequence import mean_loss_and_accuracy, slot_membership
+from .stages import INPUTS as PRETRAINING_INPUTS, Stages, heads_on_last_device
+
+INPUTS = PRETRAINING_INPUTS[:4] + ("start_positions", "end_positions")
+"""PackedBertForQuestionAnswering's batch fields, in its forward's argument order."""
 
 
 def excluded_value(dtype: torch.dtype) -> float:
@@ -204,5 +208,12 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
         return cls._from_pretrained(directory, attention, fused_qkv, strict, {"num_labels": 2}, output_loading_info)
 
 
-__all__ = ["PackedBertForQuestionAnswering", "PackedBertQuestionAnsweringOutput", "QuestionAnsweringHeads",
-           "excluded_value"]
+
+def pipeline_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
+    """The parts of ``PackedBertForQuestionAnswering`` (model/stages.py): the heads (qa_outputs, per-sequence
+    logits, loss) on the last device."""
+    return heads_on_last_device(num_layers, layers_per_ipu, INPUTS, ("qa_outputs",), "question_answering_heads")
+
+
+__all__ = ["INPUTS", "PackedBertForQuestionAnswering", "PackedBertQuestionAnsweringOutput", "QuestionAnsweringHeads",
+           "excluded_value", "pipeline_stages"]

@@ -13,8 +13,9 @@ The parts of ``PackedBertForPreTraining`` (``pretraining_stages``), in the order
                 inside cls.forward)             so the heads sit with the embeddings and that weight is used
                                                 on one device only; reads the four label fields
 
-The task models (``classification_stages``, ``question_answering_stages``) have the same Embedding and
-EncoderN parts, and their own last part:
+A task model declares its parts beside itself (its module's ``pipeline_stages``: classification.py and the
+extractive QA model's, each a call of ``heads_on_last_device``): the same Embedding and EncoderN parts, and its
+own last part:
 
     Heads       heads (+ bert.pooler, dropout,  the LAST device of the split: the heads share no weight with
                 classifier / qa_outputs,        the embeddings, so they follow the last layer, as Graphcore's
@@ -67,12 +68,6 @@ INPUTS = (
     "nsp_labels",
 )
 """The pretraining forward's batch fields, in its argument order (shapes: see the package docstring)."""
-
-CLASSIFICATION_INPUTS = INPUTS[:4] + ("cls_positions", "labels")
-"""PackedBertForSequenceClassification's batch fields, in its forward's argument order."""
-
-QUESTION_ANSWERING_INPUTS = INPUTS[:4] + ("start_positions", "end_positions")
-"""PackedBertForQuestionAnswering's batch fields, in its forward's argument order."""
 
 _EMBEDDING_FIELDS = INPUTS[:3]
 _MASK_FIELD = INPUTS[3]
@@ -167,22 +162,15 @@ def pretraining_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> S
     return Stages(tuple(parts))
 
 
-def classification_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
-    """The parts of ``PackedBertForSequenceClassification``: the heads (pooler, dropout, classifier, loss)
-    on the last device."""
+def heads_on_last_device(num_layers: int, layers_per_ipu: Sequence[int], inputs: Tuple[str, ...],
+                         modules: Tuple[str, ...], heads: str) -> Stages:
+    """The parts of a task model (module docstring): Embedding, EncoderN, and its heads part, whose ``modules``
+    share no weight with the embeddings, on the last device; ``inputs``: its forward's batch fields in argument
+    order, the four token fields first (the heads part reads sequence_ids and the ones after it); ``heads``: the
+    model's method a torch pipeline's last stage calls."""
     parts, devices = _embedding_and_layers(num_layers, layers_per_ipu)
-    reads = (HIDDEN,) + CLASSIFICATION_INPUTS[3:]  # sequence_ids, cls_positions, labels
-    parts.append(Part("Heads", "heads", ("bert.pooler", "classifier"), devices - 1, reads, (OUTPUT,)))
-    return Stages(tuple(parts), inputs=CLASSIFICATION_INPUTS, heads="classification_heads")
-
-
-def question_answering_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
-    """The parts of ``PackedBertForQuestionAnswering``: the heads (qa_outputs, per-sequence logits, loss) on
-    the last device."""
-    parts, devices = _embedding_and_layers(num_layers, layers_per_ipu)
-    reads = (HIDDEN,) + QUESTION_ANSWERING_INPUTS[3:]  # sequence_ids, start_positions, end_positions
-    parts.append(Part("Heads", "heads", ("qa_outputs",), devices - 1, reads, (OUTPUT,)))
-    return Stages(tuple(parts), inputs=QUESTION_ANSWERING_INPUTS, heads="question_answering_heads")
+    parts.append(Part("Heads", "heads", modules, devices - 1, (HIDDEN,) + inputs[3:], (OUTPUT,)))
+    return Stages(tuple(parts), inputs=inputs, heads=heads)
 
 
 def model_stages(model: torch.nn.Module, layers_per_ipu: Sequence[int] = ()) -> Stages:
@@ -216,18 +204,15 @@ def parameter_owners(model: torch.nn.Module, stages: Stages) -> Dict[str, Part]:
 
 
 __all__ = [
-    "CLASSIFICATION_INPUTS",
     "HIDDEN",
     "INPUTS",
     "OUTPUT",
-    "QUESTION_ANSWERING_INPUTS",
     "Part",
     "Stages",
-    "classification_stages",
+    "heads_on_last_device",
     "layer_split",
     "model_stages",
     "parameter_owners",
     "pretraining_stages",
-    "question_answering_stages",
 ]
 

@@ -9,8 +9,8 @@ answer among its own context tokens.
   shards (MANIFEST_KEYS; checked by data/format.py check_question_entry).
 - preparation: SQuAD v1.1 JSON or run_qa.py's JSON Lines -> windows (data/finetune/qa_preparation.py, windows.py;
   the examples file: questions.py, the one reader).
-- model: PackedBertForQuestionAnswering (model/question_answering.py); its parts: model/stages.py
-  question_answering_stages. Its dataset decides nothing about the model, so compile-only builds it without one.
+- model: PackedBertForQuestionAnswering (model/question_answering.py); its parts: that module's
+  pipeline_stages. Its dataset decides nothing about the model, so compile-only builds it without one.
 - metrics: the loss ((start + end cross-entropy) / 2 over each window's own tokens), start and end accuracy;
   evaluation: each question's best span over its windows by run_qa.py's rule, SQuAD v1.1 exact match and F1
   (train/evaluate.py, data/finetune/answers.py); serving: predict.py ``QuestionAnswerer``; export:
@@ -65,7 +65,7 @@ QUESTION_ANSWERING = Task(
         "prepare": "ipu_packing.data.finetune.qa_preparation:prepare_questions",
         "prepared": "ipu_packing.data.finetune.qa_preparation:prepared_lines",
         "model": "ipu_packing.model.question_answering:PackedBertForQuestionAnswering",
-        "stages": "ipu_packing.model.stages:question_answering_stages",
+        "stages": "ipu_packing.model.question_answering:pipeline_stages",
         "check_eval_data": "ipu_packing.data.finetune.questions:read_examples",
         "evaluate": "ipu_packing.train.evaluate:evaluate_questions",
         "predictor": "ipu_packing.predict:QuestionAnswerer",

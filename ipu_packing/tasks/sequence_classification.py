@@ -6,8 +6,8 @@ multi-hot row) per sequence, scored from that sequence's own [CLS] through the p
   (MANIFEST_KEYS; checked by data/format.py check_classification_entry).
 - preparation: run_glue.py's CSV, TSV, JSON Lines (Parquet, a datasets directory) -> labelled examples
   (data/finetune/preparation.py; columns and labels as run_glue.py picks them: data/finetune/labels.py).
-- model: PackedBertForSequenceClassification (model/classification.py); its parts: model/stages.py
-  classification_stages; its labels: the dataset's (``for_dataset``).
+- model: PackedBertForSequenceClassification (model/classification.py); its parts: that module's
+  pipeline_stages; its labels: the dataset's (``for_dataset``).
 - metrics: the loss and accuracy (a regression: the loss); evaluation per example with run_glue.py's metrics of the
   problem type (train/evaluate.py, train/task_metrics.py); serving: predict.py ``Predictor``; export:
   BertForSequenceClassification.
@@ -78,7 +78,7 @@ CLASSIFICATION = Classification(
         "prepare": "ipu_packing.data.finetune.preparation:prepare_task",
         "prepared": "ipu_packing.data.finetune.preparation:prepared_lines",
         "model": "ipu_packing.model.classification:PackedBertForSequenceClassification",
-        "stages": "ipu_packing.model.stages:classification_stages",
+        "stages": "ipu_packing.model.classification:pipeline_stages",
         "evaluate": "ipu_packing.train.evaluate:evaluate_examples",
         "predictor": "ipu_packing.predict:Predictor",
     },
