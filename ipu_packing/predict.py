@@ -31,7 +31,7 @@ transformers saved; chosen by its config.json's architectures):
 
 The input is SQuAD v1.1 JSON, or JSON Lines (Parquet, datasets) with run_qa.py's columns id, question and context
 (answers, when present, are ignored: neither read nor checked), read and checked by data/finetune/questions.py as
-``prepare --task question_answering`` reads a split; each question + context is cut into windows exactly as
+``prepare`` reads a question-answering split; each question + context is cut into windows exactly as
 prepare cuts them (data/finetune/windows.py: run_qa.py's BertTokenizerFast call, questions over max_query_length tokens
 cut at a word boundary), the windows packed by the same planner and pack builder, scored by the same loop as the
 evaluation (train/evaluate.collect_answers), and each question's answer chosen by data/finetune/answers.py (run_qa.py's

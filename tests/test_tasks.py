@@ -77,6 +77,15 @@ def test_no_module_outside_the_tasks_spells_a_tasks_name():
     assert house.task_lists(mods) == []
 
 
+def test_the_question_answering_task_is_named_only_by_its_recipe_and_its_model():
+    """Its name is no word of the prose, so its text shows where the task reaches: its recipe, its model module
+    and the model package's export of it; the CLI help, option refusals, messages and docs elsewhere read the
+    registry or say what the recipe says."""
+    assert house.mentions(house.modules(REPO), "question_answering") == [
+        os.path.join("ipu_packing", *path) for path in (("model", "__init__.py"), ("model", "question_answering.py"),
+                                                        ("tasks", "extractive_qa.py"))]
+
+
 def test_the_name_check_finds_a_branch_on_a_task_name():
     mods = {os.path.join("ipu_packing", "train", "x.py"): 'if task.name == "question_answering":\n    pass\n',
             os.path.join("ipu_packing", "tasks", "y.py"): 'NAME = "question_answering"\n',

@@ -7,10 +7,8 @@ Command line::
     python -m ipu_packing.data pack --input PATH|DIR|GLOB --vocab VOCAB --output DIR \\
         --max-sequences-per-pack K [--format auto|hdf5|tfrecord] [--workers N] [--no-padded] [--seed N]
     python -m ipu_packing.data inspect DIR/packed
-    python -m ipu_packing.data prepare --task classification --train FILE --validation FILE [--test FILE] \
+    python -m ipu_packing.data prepare --task NAME --train FILE --validation FILE [--test FILE] \
         --tokenizer DIR --output DIR --max-seq-length S --max-sequences-per-pack K     (or --input default: the demo)
-    python -m ipu_packing.data prepare --task question_answering --train train-v1.1.json --validation dev-v1.1.json \
-        --tokenizer DIR --output DIR [--max-seq-length 384 --doc-stride 128 --max-query-length 64]  (or --input default)
 
 `prepare` writes DIR/packed/ (K sequences per pack) and DIR/padded/ (the same instances, one per
 row: K = 1, the padded baseline), each a dataset directory: manifest.json, shard-*.npy and a copy of
@@ -40,26 +38,22 @@ is one line; the command line prints it and exits with status 2.
 `pack` writes the same two datasets from data that is already masked and paired (NVIDIA BERT HDF5,
 google-research/bert TFRecords), keeping every instance exactly (existing/pack.py).
 
-`prepare --task classification` writes DIR/train, DIR/validation and DIR/test, each with packed/ and padded/, from
-run_glue.py-style CSV, TSV, JSON Lines (Parquet, datasets directories with the datasets extra) tokenized with the
-model's own tokenizer (task/): the same format with the classification field set (format.FIELD_SETS), so
-`open_dataset(DIR/train/packed)[i]` is a dict of input_ids, token_type_ids, position_ids, sequence_ids,
-cls_positions, labels, example_ids; `ds.task` says the problem type and the number of labels, `ds.manifest["task"]`
-the rest (tasks/sequence_classification.py MANIFEST_KEYS).
-
-`prepare --task question_answering` writes the same splits from SQuAD v1.1 JSON or run_qa.py's JSON Lines (id,
-question, context, answers): question + context windows with stride, as run_qa.py's BertTokenizerFast call makes
-them, in the question-answering field set (start_positions, end_positions, example_ids, feature_ids, offsets), with
-the split's questions and contexts beside the packs (task/questions.py `read_examples`).
+`prepare --task NAME` (a fine-tuning task) writes DIR/train, DIR/validation and DIR/test, each with packed/ and
+padded/, from the task's files (`prepare --help`: what each reads) tokenized with the model's own tokenizer
+(finetune/): the same format with the task's field set (format.FIELD_SETS), so `open_dataset(DIR/train/packed)[i]`
+is a dict of the task's fields (classification: input_ids, token_type_ids, position_ids, sequence_ids,
+cls_positions, labels, example_ids); `ds.task` is the task with the dataset's settings (a classifier's problem
+type and labels), `ds.manifest["task"]` its entry. Each task's recipe (tasks/) describes its fields, their
+invariants and its entry.
 
 Rooms: `prepare` and `pack` each turn their source into instance files, which the write phase they
 share packs into shards and manifests.
 
-- text/ (`prepare`): corpus (text -> documents), recipe (documents -> NSP/MLM instances), tasks (the
-  worker's shard task), pipeline (the command: PrepareConfig, prepare).
+- text/ (`prepare`): corpus (text -> documents), recipe (documents -> NSP/MLM instances), shard_worker
+  (the worker's shard task), pipeline (the command: PrepareConfig, prepare).
 - existing/ (`pack`): read (HDF5 and TFRecord inputs -> instances), tfrecord and tfexample (TFRecord
   framing and tf.train.Example without TensorFlow), pack (the command: PackConfig, pack).
-- task/ (`prepare --task`): rows (split files -> rows), labels (columns and labels as run_glue.py decides them),
+- finetune/ (`prepare --task`): rows (split files -> rows), labels (columns and labels as run_glue.py decides them),
   encode (the worker's tokenization), demo (the embedded demo task), preparation (the command's task half);
   questions, windows, qa_demo, qa_preparation and answers (question answering, as run_qa.py does it).
 - write/ (both): datasets (PackingOptions, one plan, scatter and gather, manifests), packs (the vectorised
@@ -68,10 +62,9 @@ share packs into shards and manifests.
 - shared: format (the pack format, M's sizing and the manifest with its value checks, numpy only), shards
   (every shard's values and counts checked against its manifest when a dataset is opened), limits (the size
   limits of both commands), reference (its plain reference builder), instance_files (Instances and their
-  temporary files), vocab (tokenizers), errors, dataset (torch Dataset), synthetic (a tiny text corpus and
-  vocabulary for tests), random_instances (the one generator of random NSP/MLM instances and packs, for tests
-  and benchmarks), cli; pack_bench and scale_bench are benchmark commands
-  (`python -m ipu_packing.bench.pack_existing`, `.scale_bench`).
+  temporary files), vocab (tokenizers), dataset (torch Dataset), random_instances (the one generator of random
+  NSP/MLM instances and packs, for tests and benchmarks), cli. The data benchmarks are bench/'s
+  (`python -m ipu_packing.bench.pack_existing`, `.prepare_scale`).
 """
 
 from ..errors import DataError

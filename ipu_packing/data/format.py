@@ -66,91 +66,22 @@ position inside the right sequence where two sequences' predictions could be exc
 breaking the order.
 
 Tasks: one format, a field set per task. The fields above are the pretraining task's. A dataset for another
-task (fine-tuning data, `prepare --task classification`, data/finetune/) is the same format, directory, shards,
+task (fine-tuning data, `prepare --task NAME`, data/finetune/) is the same format, directory, shards,
 dtypes rule and checks, with its own field set (`FIELD_SETS`; each field's shape and kind of values in
 `FIELD_TABLE`), told apart by the manifest's `task` key (absent: pretraining, so a pretraining dataset is
 byte for byte what it was). Legend as above, plus L = num_labels.
 
-    classification  input_ids, token_type_ids, position_ids, sequence_ids   (S,) as above
-                    cls_positions   (K,)  as above
-                    labels          (K,)  int: single-label class in [0, L); IGNORE_INDEX in an empty slot and
-                                          everywhere in a split without labels (an unlabelled test split)
-                                    (K,)  float32: regression with L = 1; 0 in an empty slot
-                                    (K, L) float32: regression with L > 1 (0 in an empty slot), or multi-label:
-                                          multi-hot 0/1 over the label names (0 in an empty slot)
-                    example_ids     (K,)  int32: the example's row in its split (0-based, data rows in file
-                                          order); -1 in an empty slot
-
-    The order is the model's forward order (input_ids, token_type_ids, position_ids, sequence_ids,
-    cls_positions, labels), then example_ids (to match predictions back to the input rows).
-
-    question_answering  (`prepare --task question_answering`, data/finetune/questions.py and windows.py: SQuAD's
-                    question + context windows, as transformers' run_qa.py makes them)
-                    input_ids, token_type_ids, position_ids, sequence_ids   (S,) as above: [CLS] question [SEP]
-                                          context window [SEP], token types 0 then 1
-                    cls_positions   (K,)  as above
-                    start_positions (K,)  int: the answer's first token, a position in the pack (absolute, not
-                                          relative to the window's [CLS]); the window's own [CLS] where the
-                                          answer is not wholly inside the window (run_qa's rule for training
-                                          features); IGNORE_INDEX in an empty slot
-                    end_positions   (K,)  int: the answer's last token, likewise
-                    example_ids     (K,)  int32: the question's row in its split (0-based, in file order; several
-                                          windows of one context share it); -1 in an empty slot
-                    feature_ids     (K,)  int32: the window's row in its split (0-based, windows in question
-                                          order, each question's windows in context order; unique); -1 if empty
-                    offsets         (S, 2) int32: a context token's [start, end) characters in its context;
-                                          -1 for every other token (question, [CLS], [SEP], padding)
-
-    The order is the model's forward order (the four token fields, start_positions, end_positions, with
-    cls_positions, which a no-answer label points at, before them), then the ids and offsets (to cut an
-    answer's text out of its context at evaluation). The questions and contexts themselves are beside the packs
-    in the dataset directory (the manifest's task.examples_file, checksummed: data/finetune/questions.py).
+    Each task's recipe (tasks/sequence_classification.py, tasks/extractive_qa.py) describes its field set, in its
+    model's forward order, the invariants of its packs besides sequences, positions, token types and [CLS]
+    above, and its manifest `task` entry, with an example.
 
     A field's shape and kind of values (FIELD_TABLE) decide its stored type and range; a (K,) field is carried
     per sequence, an (S, ...) field other than the four token fields per token (data/write/packs.py), and a (K,)
     field of kind "answer_position" is stored relative to its sequence in the instances and moved to the pack
     position by the writer.
 
-    Invariants of a classification pack, besides sequences, positions, token types and [CLS] above:
-
-    example slots   example_ids[j] is used (not -1) exactly when j < k, and no example id appears twice in
-                    the dataset (over all its packs: every example of the split exactly once)
-    label slots     single-label: labels[j] is used (not IGNORE_INDEX) exactly when j < k in a split with
-                    labels, and IGNORE_INDEX everywhere in a split without; float labels: an empty slot's
-                    are 0 (a used one may be 0 too: example_ids says which slots hold a sequence)
-
-    Invariants of a question-answering pack, besides sequences, positions, token types and [CLS] above:
-
-    example slots   example_ids[j] is used (not -1) exactly when j < k; feature slots likewise, and no
-                    feature id appears twice in the dataset (every window of the split exactly once)
-    offsets         offsets[t] is used (both values not -1) exactly on the context tokens: the tokens of token
-                    type 1 but the last of their sequence (its final [SEP]); a used pair has 0 <= start <= end
-    answer slots    start_positions[j] and end_positions[j] are used (not IGNORE_INDEX) exactly when j < k;
-                    a used pair is either both sequence j + 1's [CLS] (no answer in the window) or both on
-                    context tokens of sequence j + 1 with start <= end: an answer never points into the
-                    question, another sequence or padding
-
     The manifest of a task dataset has no mlm_slots, num_masked_tokens, recipe or corpus (they describe
-    pretraining instances; PRETRAINING_MANIFEST_KEYS) and has `task` (its task's MANIFEST_KEYS, tasks/), e.g.
-
-        {"name": "classification", "problem_type": "single_label_classification", "num_labels": 3,
-         "labels": ["contradiction", "entailment", "neutral"], "label_counts": [61, 70, 69],
-         "split": "validation", "has_labels": true, "text_columns": ["sentence1", "sentence2"],
-         "label_column": "label", "truncated": 2, "tokenizer": "output/runs/demo/final",
-         "source": {"file": "dev.tsv", "format": "tsv", "rows": 200, "sha256": "..."}}
-
-    problem_type is one of PROBLEM_TYPES (transformers' names); labels: the class names by id (single-label,
-    sorted as run_glue.py sorts its label_list), the label names of the multi-hot columns (multi-label), or
-    null (integer classes kept as they are, regression); label_counts: examples of each class (single-label)
-    or with each label (multi-label), null for regression or without labels; truncated: examples cut to S;
-    source: the split's input file (its name, format, data rows and sha256).
-
-    A question-answering dataset's task key has tasks/extractive_qa.py's MANIFEST_KEYS instead, e.g.
-
-        {"name": "question_answering", "split": "validation", "num_examples": 310, "answered": 310,
-         "max_query_length": 64, "doc_stride": 128, "questions_truncated": 0, "windows_without_answer": 12,
-         "examples_file": "examples.jsonl", "examples_sha256": "...", "tokenizer": "default (...)",
-         "source": {"file": "dev-v1.1.json", "format": "squad", "rows": 310, "sha256": "..."}}
+    pretraining instances; PRETRAINING_MANIFEST_KEYS) and has `task` (its task's MANIFEST_KEYS, tasks/).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 applied from outside).
 
 Mathematically equivalent to running each sequence of a pack on its own (checked against transformers'
-BertForPreTraining in tests/test_model_equivalence.py, BertForSequenceClassification in
-tests/test_model_classification.py, BertForQuestionAnswering in tests/test_model_question_answering.py): no
+BertForPreTraining in tests/test_model_equivalence.py, and each task model against its transformers class in its
+own test module): no
 token attends across sequences, positions restart in each sequence, MLM only at the masked slots, NSP and
 classification once per sequence from its own [CLS], each QA softmax over its own sequence's positions.
 
@@ -31,8 +31,8 @@ sequences (each 0, not NaN, when there are none). To combine micro batches exact
 Output: ``PackedBertOutput`` is a typing.NamedTuple of tensors (attribute access; a plain tuple to
 torch.compile, DDP, torch.distributed.pipelining and PopTorch).
 
-Fine-tuning and serving heads, on the same packed encoder (classification.py, question_answering.py; what
-they share: heads.py, and per_sequence.py with the pretraining heads):
+Fine-tuning and serving heads, on the same packed encoder (each task's model module, named by its recipe in
+tasks/; what they share: heads.py, and per_sequence.py with the pretraining heads):
 
     from ipu_packing.model import PackedBertForSequenceClassification, PackedBertForQuestionAnswering
     model = PackedBertForSequenceClassification(config)  # config.num_labels (L), config.problem_type

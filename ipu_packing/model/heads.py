@@ -1,13 +1,13 @@
-"""What the packed task models (classification.py, question_answering.py) share: the packed encoder run with
+"""What the packed task models (each fine-tuning task's ``model``, tasks/) share: the packed encoder run with
 the per-sequence tensors derived where PopTorch wants them, and transformers-format loading and saving
 (pretrained.py). The per-slot bookkeeping and losses are in per_sequence.py, with the pretraining heads'.
 
 Where the per-sequence tensors (slots.slots_in_use, slots.slot_membership) are computed: ``forward`` derives
 them right after the embeddings, where the attention mask is built, so under PopTorch ``sequence_ids`` is
 read on the embeddings' IPU only and the derived tensors travel to the heads' IPU as activations (PopART
-streams an input onto one IPU only while pipelining). The heads' own entry point (``classification_heads`` /
-``question_answering_heads``, what stages.py runs for a torch pipeline, where any stage may read any batch
-field) derives them from ``sequence_ids`` itself.
+streams an input onto one IPU only while pipelining). The heads' own entry point (the method a task model's
+``pipeline_stages`` names, what stages.py runs for a torch pipeline, where any stage may read any batch field)
+derives them from ``sequence_ids`` itself.
 
 Shape legend: B packs, S tokens per pack, K sequence slots per pack, H hidden size.
 """

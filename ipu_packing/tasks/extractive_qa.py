@@ -15,6 +15,48 @@ answer among its own context tokens.
   evaluation: each question's best span over its windows by run_qa.py's rule, SQuAD v1.1 exact match and F1
   (train/evaluate.py, data/finetune/answers.py); serving: predict.py ``QuestionAnswerer``; export:
   BertForQuestionAnswering.
+
+Its field set in the one pack format (data/format.py, whose legend this uses):
+
+    question_answering  (`prepare --task question_answering`, data/finetune/questions.py and windows.py: SQuAD's
+                    question + context windows, as transformers' run_qa.py makes them)
+                    input_ids, token_type_ids, position_ids, sequence_ids   (S,) as in format.py:
+                                          [CLS] question [SEP] context window [SEP], token types 0 then 1
+                    cls_positions   (K,)  as in format.py
+                    start_positions (K,)  int: the answer's first token, a position in the pack (absolute, not
+                                          relative to the window's [CLS]); the window's own [CLS] where the
+                                          answer is not wholly inside the window (run_qa's rule for training
+                                          features); IGNORE_INDEX in an empty slot
+                    end_positions   (K,)  int: the answer's last token, likewise
+                    example_ids     (K,)  int32: the question's row in its split (0-based, in file order; several
+                                          windows of one context share it); -1 in an empty slot
+                    feature_ids     (K,)  int32: the window's row in its split (0-based, windows in question
+                                          order, each question's windows in context order; unique); -1 if empty
+                    offsets         (S, 2) int32: a context token's [start, end) characters in its context;
+                                          -1 for every other token (question, [CLS], [SEP], padding)
+
+    The order is the model's forward order (the four token fields, start_positions, end_positions, with
+    cls_positions, which a no-answer label points at, before them), then the ids and offsets (to cut an
+    answer's text out of its context at evaluation). The questions and contexts themselves are beside the packs
+    in the dataset directory (the manifest's task.examples_file, checksummed: data/finetune/questions.py).
+
+    Invariants of a question-answering pack, besides format.py's sequences, positions, token types and [CLS]:
+
+    example slots   example_ids[j] is used (not -1) exactly when j < k; feature slots likewise, and no
+                    feature id appears twice in the dataset (every window of the split exactly once)
+    offsets         offsets[t] is used (both values not -1) exactly on the context tokens: the tokens of token
+                    type 1 but the last of their sequence (its final [SEP]); a used pair has 0 <= start <= end
+    answer slots    start_positions[j] and end_positions[j] are used (not IGNORE_INDEX) exactly when j < k;
+                    a used pair is either both sequence j + 1's [CLS] (no answer in the window) or both on
+                    context tokens of sequence j + 1 with start <= end: an answer never points into the
+                    question, another sequence or padding
+
+    A question-answering dataset's `task` entry (MANIFEST_KEYS below), e.g.
+
+        {"name": "question_answering", "split": "validation", "num_examples": 310, "answered": 310,
+         "max_query_length": 64, "doc_stride": 128, "questions_truncated": 0, "windows_without_answer": 12,
+         "examples_file": "examples.jsonl", "examples_sha256": "...", "tokenizer": "default (...)",
+         "source": {"file": "dev-v1.1.json", "format": "squad", "rows": 310, "sha256": "..."}}
 """
 
 from __future__ import annotations

@@ -11,6 +11,43 @@ multi-hot row) per sequence, scored from that sequence's own [CLS] through the p
 - metrics: the loss and accuracy (a regression: the loss); evaluation per example with run_glue.py's metrics of the
   problem type (train/evaluate.py, train/task_metrics.py); serving: predict.py ``Predictor``; export:
   BertForSequenceClassification.
+
+Its field set in the one pack format (data/format.py, whose legend this uses, plus L = num_labels):
+
+    classification  input_ids, token_type_ids, position_ids, sequence_ids   (S,) as in format.py
+                    cls_positions   (K,)  as in format.py
+                    labels          (K,)  int: single-label class in [0, L); IGNORE_INDEX in an empty slot and
+                                          everywhere in a split without labels (an unlabelled test split)
+                                    (K,)  float32: regression with L = 1; 0 in an empty slot
+                                    (K, L) float32: regression with L > 1 (0 in an empty slot), or multi-label:
+                                          multi-hot 0/1 over the label names (0 in an empty slot)
+                    example_ids     (K,)  int32: the example's row in its split (0-based, data rows in file
+                                          order); -1 in an empty slot
+
+    The order is the model's forward order (input_ids, token_type_ids, position_ids, sequence_ids,
+    cls_positions, labels), then example_ids (to match predictions back to the input rows).
+
+    Invariants of a classification pack, besides format.py's sequences, positions, token types and [CLS]:
+
+    example slots   example_ids[j] is used (not -1) exactly when j < k, and no example id appears twice in
+                    the dataset (over all its packs: every example of the split exactly once)
+    label slots     single-label: labels[j] is used (not IGNORE_INDEX) exactly when j < k in a split with
+                    labels, and IGNORE_INDEX everywhere in a split without; float labels: an empty slot's
+                    are 0 (a used one may be 0 too: example_ids says which slots hold a sequence)
+
+    A classification dataset's `task` entry (MANIFEST_KEYS below), e.g.
+
+        {"name": "classification", "problem_type": "single_label_classification", "num_labels": 3,
+         "labels": ["contradiction", "entailment", "neutral"], "label_counts": [61, 70, 69],
+         "split": "validation", "has_labels": true, "text_columns": ["sentence1", "sentence2"],
+         "label_column": "label", "truncated": 2, "tokenizer": "output/runs/demo/final",
+         "source": {"file": "dev.tsv", "format": "tsv", "rows": 200, "sha256": "..."}}
+
+    problem_type is one of PROBLEM_TYPES (transformers' names); labels: the class names by id (single-label,
+    sorted as run_glue.py sorts its label_list), the label names of the multi-hot columns (multi-label), or
+    null (integer classes kept as they are, regression); label_counts: examples of each class (single-label)
+    or with each label (multi-label), null for regression or without labels; truncated: examples cut to S;
+    source: the split's input file (its name, format, data rows and sha256).
 """
 
 from __future__ import annotations

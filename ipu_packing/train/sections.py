@@ -227,10 +227,8 @@ TASKS = tasks.NAMES
 @dataclass
 class TaskConfig:
     name: str = tasks.PRETRAINING.name
-    """What the run trains: "pretraining" (MLM and NSP on prepared text), "classification" (a head per sequence
-    on a task dataset, `prepare --task classification`: single label, regression or multi-label, as its manifest
-    says) or "question_answering" (a start and end per token, each window's answer among its own context tokens,
-    `prepare --task question_answering`: SQuAD)."""
+    """What the run trains: a task's name (tasks/; the default, pretraining: MLM and NSP on prepared text); a
+    fine-tuning task trains on a dataset of its own (`prepare --task NAME`), each recipe saying what it trains."""
     eval_split: str = "validation"
     """The split (under data.dir) a fine-tuning run is evaluated on, per example; "" for none."""
     eval_every_steps: int = 0

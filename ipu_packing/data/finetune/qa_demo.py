@@ -35,8 +35,8 @@ the others gives (`guess_levels`; docs/finetuning.md, question answering, has th
 words it stayed near a random guess for 5,000 steps.
 
 The files (`write_qa_demo`) are SQuAD v1.1 JSON (train.json and validation.json, one article per standard-library
-file, one paragraph per passage); `prepare --task question_answering --input default` writes them into its work
-directory and reads them from there.
+file, one paragraph per passage); the QA task's `prepare --input default` writes them into its work directory
+and reads them from there.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""`prepare --task question_answering`: SQuAD splits -> checked questions -> windows -> the packing phase `prepare`
-and `pack` share -> OUT/train, OUT/validation (and OUT/test), each with packed/ and padded/.
+"""The QA task's `prepare` (tasks/extractive_qa.py): SQuAD splits -> checked questions -> windows -> the packing
+phase `prepare` and `pack` share -> OUT/train, OUT/validation (and OUT/test), each with packed/ and padded/.
 
 Order of work (the same claiming, temporary directory, worker processes and write phase as every `prepare`):
 
@@ -43,8 +43,7 @@ EVALUATED = ("validation",)
 
 
 def prepare_questions(config) -> TaskResult:
-    """Run the whole preparation (the module notes). `config` is text/pipeline.py's PrepareConfig with task
-    "question_answering"."""
+    """Run the whole preparation (the module notes). `config` is text/pipeline.py's PrepareConfig of this task."""
     return prepare_into_output(config, _prepare_into)
 
 
@@ -139,7 +138,7 @@ def qa_split_summary(name: str, output: str, packed: dict, padded: Optional[dict
 
 
 def check_options(config: Any) -> None:
-    """`prepare --task question_answering`'s options on their own; the window settings' defaults filled."""
+    """The QA task's `prepare` options on their own; the window settings' defaults filled."""
     from .windows import DOC_STRIDE, MAX_QUERY_LENGTH, check_window_settings
     from ..text.pipeline import check_task_inputs, refuse_other_tasks_options
 
@@ -157,8 +156,8 @@ def inspect_lines(directory: str, manifest: Dict[str, Any]) -> List[str]:
     its evaluation reads it."""
     task, n = manifest["task"], manifest["num_sequences"]
     read_examples(directory, manifest)
-    return ["  %-24s question_answering, %s split, %d questions (%d with an answer) in %d windows from %s (%s, "
-            "sha256 %s)" % ("task", task["split"], task["num_examples"], task["answered"], n,
+    return ["  %-24s %s, %s split, %d questions (%d with an answer) in %d windows from %s (%s, "
+            "sha256 %s)" % ("task", task["name"], task["split"], task["num_examples"], task["answered"], n,
                             task["source"]["file"], task["source"]["format"], task["source"]["sha256"][:12]),
             "  %-24s doc stride %d, max query length %d (%d questions cut to it)"
             % ("windows", task["doc_stride"], task["max_query_length"], task["questions_truncated"]),
@@ -173,8 +172,8 @@ def prepared_lines(output: str, result: Any) -> List[str]:
     """What `prepare` prints on the question-answering splits it wrote."""
     packed, seconds = result.packed, result.seconds
     task = packed["task"]
-    return (["prepared %s in %.1f s: task question_answering; S = %d, K = %d, doc stride %d, max query length %d"
-             % (output, seconds["total"], packed["max_seq_length"], packed["max_sequences_per_pack"],
+    return (["prepared %s in %.1f s: task %s; S = %d, K = %d, doc stride %d, max query length %d"
+             % (output, seconds["total"], task["name"], packed["max_seq_length"], packed["max_sequences_per_pack"],
                 task["doc_stride"], task["max_query_length"])]
             + ["  " + qa_split_summary(name, output, m["packed"], m.get("padded"))
                for name, m in result.splits.items()])
