@@ -84,8 +84,84 @@ def packs_per_call(config: Any, max_seq_length: int, device: str) -> int:
     return max(1, min(64, max(SERVING_CALL_BYTES, layer_weights) // per_pack))
 
 
+def _load_served(model_class: Any, kind: str, directory: str, max_seq_length: int, max_sequences_per_pack: int,
+                 batch_packs: Optional[int], device: str, attention: Optional[str],
+                 execution: Any) -> Tuple[Any, Any, int]:
+    """(model, tokenizer, packs a call) of a served model directory (``model_class``, a packed task model; ``kind``
+    names it in messages): its weights, strictly, and its tokenizer, both checked; on ``device``, or as
+    ``execution`` (an ExecutionConfig) says; attention: the fastest exact one for S there (train/model_section.py
+    resolve_attention), unless given; packs a call: packs_per_call, unless given."""
+    import warnings
+
+    import torch
+
+    from .data.vocab import load_tokenizer
+
+    if not os.path.isdir(directory):
+        raise UserError("--model %s is not a directory (a Hugging Face %s: config.json, weights, tokenizer)"
+                        % (directory, kind))
+    if not 1 <= max_sequences_per_pack <= 255:
+        raise UserError("--max-sequences-per-pack must be in [1, 255], got %d" % (max_sequences_per_pack,))
+    tokenizer = load_tokenizer(directory)
+    if execution is not None:
+        device = execution.device if execution.backend == "torch" else "cpu"
+    if attention is None:
+        attention = _fastest_attention(device, max_seq_length, execution)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a served directory holds every weight its model needs
+        try:
+            model = model_class.from_pretrained(directory, attention=attention, strict=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise UserError("--model %s is not a %s directory (%s)" % (directory, kind, exc))
+    _check_tokenizer_size(tokenizer, model, directory)
+    if max_seq_length > int(model.config.max_position_embeddings):
+        raise UserError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
+                        % (max_seq_length, model.config.max_position_embeddings))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: torch sees no CUDA device")
+    check_finite_weights(model, directory)
+    model.to(torch.device(device)).eval()
+    if batch_packs is None:
+        batch_packs = packs_per_call(model.config, max_seq_length, device)
+    return model, tokenizer, batch_packs
+
+
+def _build_packs(instances: Any, lengths: np.ndarray, S: int, K: int, planner: str, cls_id: int, fields: Any,
+                 num_sequences: int) -> "Packs":
+    """``instances`` packed by ``planner`` and the writer's pack builder into Packs of the one format, with the
+    field layout ``fields`` (data/format.py FieldLayout)."""
+    from .data.format import as_batch
+    from .data.instance_files import gather_instances
+    from .data.write.packs import PackLayout, build_packs
+    from .packing import assign_sequences, histogram_from_lengths, plan_packing
+
+    plan = plan_packing(histogram_from_lengths(lengths, S), S, K, planner)
+    assignment = assign_sequences(plan, lengths, 0)
+    layout = PackLayout(S, K, 0, None, cls_id, fields, num_sequences=num_sequences)
+    order = np.asarray(assignment.indices, dtype=np.int64)
+    records = build_packs(gather_instances(instances, order), np.asarray(assignment.offsets, np.int64), layout)
+    return Packs(as_batch(records, None))
+
+
+class _Served:
+    """What a served model's class (Predictor, QuestionAnswerer) shares: where its forward passes run."""
+
+    model: Any
+    execution: Any
+
+    def runnable(self) -> Any:
+        """The model, or its inference executable where ``execution`` says (compiled once, PopTorch, then reused)."""
+        from .execution.inference import make_inference
+
+        if self.execution is None:
+            return self.model
+        if getattr(self, "_infer", None) is None:
+            self._infer = make_inference(self.model, self.execution)
+        return self._infer
+
+
 @dataclass
-class Predictor:
+class Predictor(_Served):
     """A packed classifier and its tokenizer (``from_pretrained``), ready to score texts."""
 
     model: Any
@@ -119,42 +195,12 @@ class Predictor:
                         batch_packs: Optional[int] = None, device: str = "cpu", attention: Optional[str] = None,
                         execution: Any = None) -> "Predictor":
         """The classifier of ``directory`` (its weights and its tokenizer) on ``device``, or as ``execution`` (an
-        ExecutionConfig) says; attention: the fastest exact one for S there (train/model_section.py
-        resolve_attention), unless given."""
-        import warnings
-
-        import torch
-
-        from .data.vocab import load_tokenizer
+        ExecutionConfig) says; attention: the fastest exact one for S there, unless given."""
         from .model import PackedBertForSequenceClassification
 
-        if not os.path.isdir(directory):
-            raise UserError("--model %s is not a directory (a Hugging Face BERT classifier: config.json, weights, "
-                            "tokenizer)" % (directory,))
-        if not 1 <= max_sequences_per_pack <= 255:
-            raise UserError("--max-sequences-per-pack must be in [1, 255], got %d" % (max_sequences_per_pack,))
-        tokenizer = load_tokenizer(directory)
-        if execution is not None:
-            device = execution.device if execution.backend == "torch" else "cpu"
-        if attention is None:
-            attention = _fastest_attention(device, max_seq_length, execution)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # a classifier directory holds every weight it needs
-            try:
-                model = PackedBertForSequenceClassification.from_pretrained(directory, attention=attention,
-                                                                             strict=True)
-            except (OSError, ValueError, KeyError) as exc:
-                raise UserError("--model %s is not a BERT classifier directory (%s)" % (directory, exc))
-        _check_tokenizer_size(tokenizer, model, directory)
-        if max_seq_length > int(model.config.max_position_embeddings):
-            raise UserError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
-                            % (max_seq_length, model.config.max_position_embeddings))
-        if device == "cuda" and not torch.cuda.is_available():
-            raise UserError("--device cuda: torch sees no CUDA device")
-        check_finite_weights(model, directory)
-        model.to(torch.device(device)).eval()
-        if batch_packs is None:
-            batch_packs = packs_per_call(model.config, max_seq_length, device)
+        model, tokenizer, batch_packs = _load_served(
+            PackedBertForSequenceClassification, "BERT classifier", directory, max_seq_length, max_sequences_per_pack,
+            batch_packs, device, attention, execution)
         return cls(model, tokenizer, max_seq_length, max_sequences_per_pack, batch_packs, execution)
 
     @property
@@ -165,11 +211,9 @@ class Predictor:
     def packs(self, texts: Sequence[Text]) -> Any:
         """The inputs as packs of the one format (a Dataset of the classification fields, example ids = input
         indices), by the planner and the writer's pack builder."""
-        from .data.format import IGNORE_INDEX, FieldLayout, as_batch
-        from .data.instance_files import Instances, gather_instances
+        from .data.format import IGNORE_INDEX, FieldLayout
+        from .data.instance_files import Instances
         from .data.finetune.encode import build_encoder, encode
-        from .data.write.packs import PackLayout, build_packs
-        from .packing import assign_sequences, histogram_from_lengths, plan_packing
 
         if not texts:
             raise UserError("no input to score")
@@ -191,13 +235,8 @@ class Predictor:
         instances = Instances(tokens, lengths.astype(np.int32), a_lengths.astype(np.int32), zeros, zeros,
                               np.zeros(0, np.int32), np.zeros(0, np.int32),
                               extra={"labels": labels, "example_ids": np.arange(n, dtype=np.int32)})
-        plan = plan_packing(histogram_from_lengths(lengths, S), S, K, SERVING_PLANNER)
-        assignment = assign_sequences(plan, lengths, 0)
-        task = FieldLayout(tasks.CLASSIFICATION.name, problem_type, int(self.model.config.num_labels), False)
-        layout = PackLayout(S, K, 0, None, ids["[CLS]"], task, num_sequences=n)
-        order = np.asarray(assignment.indices, dtype=np.int64)
-        records = build_packs(gather_instances(instances, order), np.asarray(assignment.offsets, np.int64), layout)
-        return Packs(as_batch(records, None))
+        fields = FieldLayout(tasks.CLASSIFICATION.name, problem_type, int(self.model.config.num_labels), False)
+        return _build_packs(instances, lengths, S, K, SERVING_PLANNER, ids["[CLS]"], fields, n)
 
     @property
     def problem_type(self) -> str:
@@ -219,12 +258,9 @@ class Predictor:
 
     def logits(self, texts: Sequence[Text]) -> np.ndarray:
         """(N, L) logits of each input, in input order (float64 of the model's float32)."""
-        from .execution.inference import make_inference
         from .train.evaluate import collect
 
-        if self.execution is not None and getattr(self, "_infer", None) is None:
-            self._infer = make_inference(self.model, self.execution)  # compiled once (PopTorch), then reused
-        got = collect(getattr(self, "_infer", None) or self.model, self.packs(texts), self.batch_packs)
+        got = collect(self.runnable(), self.packs(texts), self.batch_packs)
         if got["example_ids"].tolist() != list(range(len(texts))):  # every input exactly once: the format's rule
             raise AssertionError("the packs did not hold every input once")
         return got["logits"].astype(np.float64)
@@ -286,7 +322,7 @@ def model_architecture(directory: str) -> str:
 
 
 @dataclass
-class QuestionAnswerer:
+class QuestionAnswerer(_Served):
     """A packed BertForQuestionAnswering and its tokenizer (``from_pretrained``), ready to answer questions."""
 
     model: Any
@@ -324,41 +360,13 @@ class QuestionAnswerer:
                         execution: Any = None) -> "QuestionAnswerer":
         """The question-answering model of ``directory`` (its weights and its tokenizer) on ``device``, or as
         ``execution`` (an ExecutionConfig) says."""
-        import warnings
-
-        import torch
-
         from .data.finetune.windows import check_window_settings
-        from .data.vocab import load_tokenizer
         from .model import PackedBertForQuestionAnswering
 
-        if not os.path.isdir(directory):
-            raise UserError("--model %s is not a directory (a Hugging Face BERT question-answering model: "
-                            "config.json, weights, tokenizer)" % (directory,))
-        if not 1 <= max_sequences_per_pack <= 255:
-            raise UserError("--max-sequences-per-pack must be in [1, 255], got %d" % (max_sequences_per_pack,))
         check_window_settings(max_seq_length, doc_stride, max_query_length)
-        tokenizer = load_tokenizer(directory)
-        if execution is not None:
-            device = execution.device if execution.backend == "torch" else "cpu"
-        if attention is None:
-            attention = _fastest_attention(device, max_seq_length, execution)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            try:
-                model = PackedBertForQuestionAnswering.from_pretrained(directory, attention=attention, strict=True)
-            except (OSError, ValueError, KeyError) as exc:
-                raise UserError("--model %s is not a BERT question-answering directory (%s)" % (directory, exc))
-        _check_tokenizer_size(tokenizer, model, directory)
-        if max_seq_length > int(model.config.max_position_embeddings):
-            raise UserError("--max-seq-length %d exceeds the model's max_position_embeddings %d"
-                            % (max_seq_length, model.config.max_position_embeddings))
-        if device == "cuda" and not torch.cuda.is_available():
-            raise UserError("--device cuda: torch sees no CUDA device")
-        check_finite_weights(model, directory)
-        model.to(torch.device(device)).eval()
-        if batch_packs is None:
-            batch_packs = packs_per_call(model.config, max_seq_length, device)
+        model, tokenizer, batch_packs = _load_served(
+            PackedBertForQuestionAnswering, "BERT question-answering model", directory, max_seq_length,
+            max_sequences_per_pack, batch_packs, device, attention, execution)
         return cls(model, tokenizer, max_seq_length, doc_stride, max_query_length, max_sequences_per_pack,
                    batch_packs, execution)
 
@@ -366,11 +374,9 @@ class QuestionAnswerer:
         """The questions' windows as packs of the one format (the question-answering fields; example ids = input
         indices, feature ids = windows in input order), cut by data/finetune/windows.py as prepare cuts them, packed
         by the planner and the writer's pack builder."""
-        from .data.format import FieldLayout, as_batch
-        from .data.instance_files import Instances, gather_instances
+        from .data.format import FieldLayout
+        from .data.instance_files import Instances
         from .data.finetune.windows import build_window_tokenizers, cut_question, window_examples
-        from .data.write.packs import PackLayout, build_packs
-        from .packing import assign_sequences, histogram_from_lengths, plan_packing
 
         if not questions:
             raise UserError("no question to answer")
@@ -390,25 +396,16 @@ class QuestionAnswerer:
         instances = Instances(tokens, lengths, a_lengths, zeros, zeros, np.zeros(0, np.int32), np.zeros(0, np.int32),
                               {"start_positions": starts, "end_positions": ends, "example_ids": owner,
                                "feature_ids": np.arange(windows, dtype=np.int32)}, {"offsets": offsets})
-        plan = plan_packing(histogram_from_lengths(lengths, S), S, K, "optimal")
-        assignment = assign_sequences(plan, lengths, 0)
-        layout = PackLayout(S, K, 0, None, cls_id, FieldLayout(tasks.QUESTION_ANSWERING.name, num_examples=n),
-                            num_sequences=n)
-        order = np.asarray(assignment.indices, dtype=np.int64)
-        records = build_packs(gather_instances(instances, order), np.asarray(assignment.offsets, np.int64), layout)
-        return Packs(as_batch(records, None))
+        return _build_packs(instances, lengths, S, K, "optimal", cls_id,
+                            FieldLayout(tasks.QUESTION_ANSWERING.name, num_examples=n), n)
 
     def answers(self, questions: Sequence[str], contexts: Sequence[str]) -> List[Any]:
         """Each question's data/finetune/answers.py Prediction (its text, score, window, characters), in input order."""
         from .data.finetune.answers import AnswerSearch
-        from .execution.inference import make_inference
         from .train.evaluate import collect_answers
 
-        if self.execution is not None and getattr(self, "_infer", None) is None:
-            self._infer = make_inference(self.model, self.execution)  # compiled once (PopTorch), then reused
         search = AnswerSearch()
-        collect_answers(getattr(self, "_infer", None) or self.model, self.packs(questions, contexts), self.batch_packs,
-                        search)
+        collect_answers(self.runnable(), self.packs(questions, contexts), self.batch_packs, search)
         predictions = search.predictions(list(contexts))
         return [predictions[i] for i in range(len(contexts))]
 
