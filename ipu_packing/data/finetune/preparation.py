@@ -177,8 +177,17 @@ def _write_split(config, spec: TokenizerSpec, name: str, table: SplitTable, show
         "source": {"file": shown, "format": table.format, "rows": n, "sha256": table.sha256},
     }
 
+    return write_split(config, spec, name, task, paths, lengths, lambda directory: entry, workers, temp, lap)
+
+
+def write_split(config, spec: TokenizerSpec, name: str, task: FieldLayout, paths: List[str], lengths: List[np.ndarray],
+                entry_for, workers: Workers, temp: str, lap) -> Dict[str, dict]:
+    """A task split's instance files (``paths``, their sequences' ``lengths``) packed and written into
+    temp/<name> by the shared write phase, with ``task``'s field layout; each dataset's manifest gets the
+    tokenizer's files and ``entry_for(directory)``, its `task` entry. Its manifests."""
+
     def describe(directory: str, kind: str) -> dict:
-        return {**spec.write_vocab(directory), "seed": config.packing.seed, "task": entry}
+        return {**spec.write_vocab(directory), "seed": config.packing.seed, "task": entry_for(directory)}
 
     settings = PackSettings(max_seq_length=config.max_seq_length, vocab_size=len(spec.vocab),
                             mlm_slots=lambda k: 0, options=config.packing, group_tokens=config.group_tokens,

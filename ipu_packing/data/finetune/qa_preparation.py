@@ -32,9 +32,8 @@ import numpy as np
 from ... import tasks
 from ..format import SPLITS, FieldLayout
 from ..vocab import TokenizerSpec
-from ..write.datasets import PackSettings, write_datasets
 from ..write.workers import Phases, Workers, progress
-from .preparation import TaskResult, prepare_into_output, split_inputs, task_tokenizer
+from .preparation import TaskResult, prepare_into_output, split_inputs, task_tokenizer, write_split
 from .questions import QuestionSplit, read_examples, read_questions, write_examples
 from .windows import CHUNK_QUESTIONS, shift_feature_ids, start_windows, window_chunk
 
@@ -109,18 +108,8 @@ def _write_split(config, spec: TokenizerSpec, name: str, split: QuestionSplit, s
         "source": {"file": shown, "format": split.format, "rows": n, "sha256": split.sha256},
     }
 
-    def describe(directory: str, kind: str) -> dict:
-        task_entry = dict(entry, **write_examples(directory, examples))
-        return {**spec.write_vocab(directory), "seed": config.packing.seed, "task": task_entry}
-
-    settings = PackSettings(max_seq_length=config.max_seq_length, vocab_size=len(spec.vocab),
-                            mlm_slots=lambda k: 0, options=config.packing, group_tokens=config.group_tokens,
-                            cls_id=spec.special_token_ids["[CLS]"],
-                            task=FieldLayout(tasks.QUESTION_ANSWERING.name, num_examples=n))
-    directory = os.path.join(temp, name)
-    manifests = write_datasets(paths, lengths, 0, settings, directory, workers, describe, lap)
-    shutil.rmtree(os.path.join(directory, "work"))
-    return manifests
+    return write_split(config, spec, name, FieldLayout(tasks.QUESTION_ANSWERING.name, num_examples=n), paths, lengths,
+                       lambda directory: dict(entry, **write_examples(directory, examples)), workers, temp, lap)
 
 
 def qa_split_summary(name: str, output: str, packed: dict, padded: Optional[dict]) -> str:
