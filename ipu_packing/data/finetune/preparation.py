@@ -198,15 +198,19 @@ def write_split(config, spec: TokenizerSpec, name: str, task: FieldLayout, paths
     return manifests
 
 
+def packs_summary(packed: dict, padded: Optional[dict]) -> str:
+    """A split's packs, packing factor and efficiency, and the padded baseline's rows and efficiency."""
+    return ("%d packs (packing factor %.3f, efficiency %.1f%%)" % (
+        packed["num_packs"], packed["packing_factor"], 100 * packed["packing_efficiency"])
+        + ("; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"], 100 * padded["packing_efficiency"])
+           if padded else ""))
+
+
 def split_summary(name: str, output: str, packed: dict, padded: Optional[dict]) -> str:
     """The command's line for one split: sequences, packs, packing factor, efficiency (and the padded baseline's)."""
-    task = packed["task"]
-    return ("%s: %d sequences (%d truncated to %d) -> %d packs (packing factor %.3f, efficiency %.1f%%)%s"
-            % (os.path.join(output, name), packed["num_sequences"], task["truncated"], packed["max_seq_length"],
-               packed["num_packs"], packed["packing_factor"], 100 * packed["packing_efficiency"],
-               "; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"],
-                                                                   100 * padded["packing_efficiency"])
-               if padded else ""))
+    return "%s: %d sequences (%d truncated to %d) -> %s" % (
+        os.path.join(output, name), packed["num_sequences"], packed["task"]["truncated"], packed["max_seq_length"],
+        packs_summary(packed, padded))
 
 
 def check_options(config: Any) -> None:

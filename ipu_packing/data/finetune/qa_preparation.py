@@ -33,7 +33,7 @@ from ... import tasks
 from ..format import SPLITS, FieldLayout
 from ..vocab import TokenizerSpec
 from ..write.workers import Phases, Workers, progress
-from .preparation import TaskResult, prepare_into_output, split_inputs, task_tokenizer, write_split
+from .preparation import TaskResult, packs_summary, prepare_into_output, split_inputs, task_tokenizer, write_split
 from .questions import QuestionSplit, read_examples, read_questions, write_examples
 from .windows import CHUNK_QUESTIONS, shift_feature_ids, start_windows, window_chunk
 
@@ -116,14 +116,9 @@ def qa_split_summary(name: str, output: str, packed: dict, padded: Optional[dict
     """The command's line for one split: questions, windows, packs, packing factor, efficiency (and the padded
     baseline's)."""
     task = packed["task"]
-    return ("%s: %d questions (%d cut to %d tokens) -> %d windows (%d without the answer) -> %d packs (packing factor "
-            "%.3f, efficiency %.1f%%)%s"
-            % (os.path.join(output, name), task["num_examples"], task["questions_truncated"], task["max_query_length"],
-               packed["num_sequences"], task["windows_without_answer"], packed["num_packs"], packed["packing_factor"],
-               100 * packed["packing_efficiency"],
-               "; padded baseline %d rows (efficiency %.1f%%)" % (padded["num_packs"],
-                                                                   100 * padded["packing_efficiency"])
-               if padded else ""))
+    return "%s: %d questions (%d cut to %d tokens) -> %d windows (%d without the answer) -> %s" % (
+        os.path.join(output, name), task["num_examples"], task["questions_truncated"], task["max_query_length"],
+        packed["num_sequences"], task["windows_without_answer"], packs_summary(packed, padded))
 
 
 def check_options(config: Any) -> None:
