@@ -69,7 +69,7 @@ Tasks: one format, a field set per task. The fields above are the pretraining ta
 task (fine-tuning data, `prepare --task NAME`, data/finetune/) is the same format, directory, shards,
 dtypes rule and checks, with its own field set (`FIELD_SETS`; each field's shape and kind of values in
 `FIELD_TABLE`), told apart by the manifest's `task` key (absent: pretraining, so a pretraining dataset is
-byte for byte what it was). Legend as above, plus L = num_labels.
+byte for byte what it was).
 
     Each task's recipe (tasks/sequence_classification.py, tasks/extractive_qa.py) describes its field set, in its
     model's forward order, the invariants of its packs besides sequences, positions, token types and [CLS]
