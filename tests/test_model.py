@@ -154,7 +154,7 @@ def test_attention_paths_agree():
 def _has_flex() -> bool:
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:
+    except ImportError:  # torch < 2.5: no flex attention module (torch's, not this project's)
         return False
     return True
 

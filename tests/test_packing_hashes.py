@@ -101,12 +101,12 @@ def test_plan_hash_is_pinned(name):
 
 def _dispatched_features():
     """numpy's dispatched SIMD targets this CPU has, lowest first (e.g. X86_V3, X86_V4, AVX512_ICL)."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
-    except ImportError:  # numpy < 2 (the Poplar SDK's 1.24)
-        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    import importlib
+    import importlib.util
 
-    return [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
+    core = "numpy._core" if importlib.util.find_spec("numpy._core") is not None else "numpy.core"  # numpy < 2: core
+    umath = importlib.import_module(core + "._multiarray_umath")
+    return [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
 
 
 def _variants():

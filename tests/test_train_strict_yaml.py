@@ -1,5 +1,5 @@
-"""Strict configs: hostile YAML files and overrides, each through run_pretraining.py's
-main() (the one wrapper): one line `error: <cause>` naming the cause, exit 2, nothing on stdout.
+"""Strict configs: hostile YAML files and overrides, each through run_pretraining.py's main() (the one
+wrapper): one line `error: <cause>` naming the cause, exit 2, nothing on stdout.
 
 The mechanism is the one YAML reader, ipu_packing/train/strict_yaml.py `yaml_load`: a file is read at most
 MAX_CONFIG_BYTES; anchors, aliases and merge keys (`<<`) are refused; nesting is at most MAX_DEPTH; a key

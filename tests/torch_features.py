@@ -31,7 +31,7 @@ def _torch_compile_missing() -> Optional[str]:
 def _module_missing(name: str, since: str) -> Optional[str]:
     try:
         found = importlib.util.find_spec(name) is not None
-    except ImportError:
+    except ImportError:  # a parent package torch lacks (before torch.distributed.pipelining, say): torch's, not ours
         found = False
     return None if found else "%s needs torch >= %s, this is torch %s" % (name, since, torch.__version__)
 
