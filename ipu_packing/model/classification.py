@@ -227,7 +227,6 @@ class PackedBertForSequenceClassification(PackedBertTaskModel):
         return cls._from_pretrained(directory, attention, fused_qkv, strict, overrides, output_loading_info)
 
 
-
 def pipeline_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
     """The parts of ``PackedBertForSequenceClassification`` (model/stages.py): the heads (pooler, dropout,
     classifier, loss) on the last device."""

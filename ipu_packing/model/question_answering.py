@@ -208,7 +208,6 @@ class PackedBertForQuestionAnswering(PackedBertTaskModel):
         return cls._from_pretrained(directory, attention, fused_qkv, strict, {"num_labels": 2}, output_loading_info)
 
 
-
 def pipeline_stages(num_layers: int, layers_per_ipu: Sequence[int] = ()) -> Stages:
     """The parts of ``PackedBertForQuestionAnswering`` (model/stages.py): the heads (qa_outputs, per-sequence
     logits, loss) on the last device."""
