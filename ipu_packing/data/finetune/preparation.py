@@ -94,25 +94,26 @@ def task_tokenizer(config) -> TokenizerSpec:
     return train_default_vocab([sentence for document in default_documents() for sentence in document])
 
 
-def split_inputs(config, work: str, write_demo) -> Tuple[Dict[str, str], Dict[str, str]]:
-    """({split: input path}, {split: how the manifest names it}): the config's split files, or with ``--input
-    default`` the demo task that ``write_demo(directory)`` writes into ``work``."""
-    paths = split_paths(config)
-    if config.input != DEMO_INPUT:
-        return paths, dict(paths)
-    paths = write_demo(os.path.join(work, "demo"))
-    return paths, {name: "default (%s)" % os.path.basename(path) for name, path in paths.items()}
-
-
-def _prepare_into(config, temp: str) -> TaskResult:
-    from .demo import write_demo_task
-
+def start_splits(config, temp: str, write_demo) -> Tuple[Phases, TokenizerSpec, str, Dict[str, str], Dict[str, str]]:
+    """How a task's preparation starts: (the phase timer, the model's tokenizer (timed as "vocab"), the work
+    directory temp/work, {split: input path}, {split: how the manifest names it}): the config's split files, or with
+    ``--input default`` the demo task that ``write_demo(directory)`` writes into the work directory."""
     lap = Phases()
     spec = task_tokenizer(config)
     lap("vocab")
     work = os.path.join(temp, "work")
     os.makedirs(work)
-    paths, shown = split_inputs(config, work, write_demo_task)
+    paths = split_paths(config)
+    if config.input != DEMO_INPUT:
+        return lap, spec, work, paths, dict(paths)
+    paths = write_demo(os.path.join(work, "demo"))
+    return lap, spec, work, paths, {name: "default (%s)" % os.path.basename(path) for name, path in paths.items()}
+
+
+def _prepare_into(config, temp: str) -> TaskResult:
+    from .demo import write_demo_task
+
+    lap, spec, work, paths, shown = start_splits(config, temp, write_demo_task)
     tables = {name: read_split(paths[name]) for name in SPLITS if name in paths}
     for name, table in tables.items():
         if table.rows == 0:

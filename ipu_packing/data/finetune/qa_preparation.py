@@ -32,8 +32,8 @@ import numpy as np
 from ... import tasks
 from ..format import SPLITS, FieldLayout
 from ..vocab import TokenizerSpec
-from ..write.workers import Phases, Workers, progress
-from .preparation import TaskResult, packs_summary, prepare_into_output, split_inputs, task_tokenizer, write_split
+from ..write.workers import Workers, progress
+from .preparation import TaskResult, packs_summary, prepare_into_output, start_splits, write_split
 from .questions import QuestionSplit, read_examples, read_questions, write_examples
 from .windows import CHUNK_QUESTIONS, shift_feature_ids, start_windows, window_chunk
 
@@ -49,12 +49,7 @@ def prepare_questions(config) -> TaskResult:
 def _prepare_into(config, temp: str) -> TaskResult:
     from .qa_demo import write_qa_demo
 
-    lap = Phases()
-    spec = task_tokenizer(config)
-    lap("vocab")
-    work = os.path.join(temp, "work")
-    os.makedirs(work)
-    paths, shown = split_inputs(config, work, write_qa_demo)
+    lap, spec, work, paths, shown = start_splits(config, temp, write_qa_demo)
     splits = {name: read_questions(paths[name], name, name in EVALUATED) for name in SPLITS if name in paths}
     lap("read")
     workers = Workers(config.packing.num_workers, start_windows,
