@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import Dict, Iterator, List, Optional
 
@@ -31,7 +29,7 @@ import numpy as np
 
 from ..data.format import SPECIAL_TOKENS
 from ..data.random_instances import draw_instances
-from .prepare_scale import check_workdir, du, run_measured
+from .prepare_scale import du, run_measured, scratch
 from .. import jsonin, jsonout
 from ..data.write.datasets import PackingOptions
 from ..errors import ArgumentParser, run_command
@@ -153,11 +151,7 @@ def _main(argv: Optional[List[str]] = None) -> int:
         parser.error("--instances must be >= --files >= 1")
     s = args.max_seq_length
     p = int(round(0.15 * s)) + 1
-    check_workdir(args.workdir)
-    if args.workdir is not None:
-        os.makedirs(args.workdir, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="pack-bench-", dir=args.workdir)
-    try:
+    with scratch(args.workdir, "pack-bench-", args.keep) as work:
         vocab = write_vocab(os.path.join(work, "vocab.txt"))
         inputs = os.path.join(work, "input")
         os.makedirs(inputs)
@@ -190,9 +184,6 @@ def _main(argv: Optional[List[str]] = None) -> int:
                   % (result["workers"], result["wall_s"], result["cpu_s"], result["instances_per_s"],
                      result["peak_rss_mib"], result["parent_peak_rss_mib"], result["worker_peak_rss_mib"]))
             print(result["stdout"].splitlines()[-1] if result["stdout"] else "")
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -15,6 +15,7 @@ and the output's size on disk. Building the corpus is not timed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -162,6 +163,21 @@ def check_workdir(path: Optional[str]) -> None:
         check_output(path, "--workdir", directory=True, ours=lambda directory: True)
 
 
+@contextlib.contextmanager
+def scratch(workdir: Optional[str], prefix: str, keep: bool) -> Iterator[str]:
+    """A new work directory (mkdtemp) inside --workdir, checked first (``check_workdir``), or in the system's temp
+    directory; removed afterwards unless ``keep``."""
+    check_workdir(workdir)
+    if workdir is not None:
+        os.makedirs(workdir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=prefix, dir=workdir)
+    try:
+        yield work
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     return run_command(_main, argv)
 
@@ -182,11 +198,7 @@ def _main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.mb <= 0:
         parser.error("--mb must be > 0")
-    check_workdir(args.workdir)
-    if args.workdir is not None:
-        os.makedirs(args.workdir, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="scale-bench-", dir=args.workdir)
-    try:
+    with scratch(args.workdir, "scale-bench-", args.keep) as work:
         corpus = os.path.join(work, "corpus.txt")
         built = build_corpus(corpus, args.mb)
         output = os.path.join(work, "out")
@@ -216,9 +228,6 @@ def _main(argv: Optional[List[str]] = None) -> int:
                   % (result["peak_rss_mib"], result["parent_peak_rss_mib"], result["worker_peak_rss_mib"],
                      result["max_fds_one_process"], result["max_fds_all_processes"], result["processes"]))
             print(result["stdout"].splitlines()[-1] if result["stdout"] else "")
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
