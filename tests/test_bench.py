@@ -205,3 +205,11 @@ def test_the_harness_runs_passes_back_to_back_rotated_and_leaves_out_a_failing_w
     assert calls == [1, 3] + [1, 2, 3] + [3, 1, 2]
     with pytest.raises(ValueError):
         measure(contenders, order="blocks")
+
+
+@pytest.mark.parametrize("mode", [["--histogram", "h.json"], ["--config", "demo"]])
+@pytest.mark.parametrize("attention", ["dense,dense", "dense,,varlen"])
+def test_attention_lists_are_distinct_names_in_both_modes(mode, attention):
+    code, out, err = run_main(mode + ["--attention", attention])
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--attention takes distinct implementations separated by commas, got %r" % attention in err

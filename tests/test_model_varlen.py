@@ -215,7 +215,7 @@ def test_varlen_under_torch_compile_aot_eager():
 def test_flop_model_counts_only_within_sequence_pairs():
     """The bench's FLOP model, by hand: per-row linear + L * 4H * (S^2 or sum l_i^2) + heads, per sequence."""
     from ipu_packing.bench import throughput as bench
-    from ipu_packing.bench.attention_compare import flops_per_sequence
+    from ipu_packing.bench.throughput import flops_per_sequence
 
     lengths = np.array([10, 6, 12, 3])
     sequences = bench.make_sequences(lengths, 100, seed=0)
@@ -230,10 +230,10 @@ def test_flop_model_counts_only_within_sequence_pairs():
     assert flops_per_sequence(packed, model, "varlen") == pytest.approx(varlen, rel=1e-12)
 
 
-def test_bench_varlen_reports_the_attention_comparison(tmp_path):
-    """``python -m ipu_packing.bench --attention varlen --json`` adds the four pairs and their ratios, each
-    measured ratio being the ratio of the reported seconds per sequence, beside the FLOP model's."""
-    from ipu_packing.bench.attention_compare import RATIOS
+def test_bench_times_every_attention_given_and_reports_the_comparison(tmp_path):
+    """``python -m ipu_packing.bench --attention dense,varlen --json`` times both layouts with each attention:
+    every pair's sequences/s and its ratio to padded dense's, beside the FLOP model's ratio; the top-level
+    figures are the first attention's."""
     from app_fixtures import captured
     from ipu_packing.bench.cli import main as bench_main
     from packing_fixtures import synthetic_histogram
@@ -244,20 +244,22 @@ def test_bench_varlen_reports_the_attention_comparison(tmp_path):
     try:
         code, out, err = captured(bench_main, [
             "--histogram", str(hist_file), "--max-seq-length", "64", "--timed-packs", "8", "--micro-batch-size", "4",
-            "--repeats", "1", "--threads", "1", "--json", "--plot", "", "--attention", "varlen"])
+            "--repeats", "1", "--threads", "1", "--json", "--plot", "", "--attention", "dense,varlen"])
     finally:
         torch.set_num_threads(threads)
     assert code == 0, err
     result = json.loads(out)
-    assert result["attention"] == "varlen"
-    comparison = result["attention_comparison"]
-    seconds, flops = comparison["seconds_per_sequence"], comparison["flops_per_sequence"]
-    assert sorted(seconds) == sorted(flops) == ["packed+dense", "packed+varlen", "padded+dense", "padded+varlen"]
-    assert [row["name"] for row in comparison["speedups"]] == [name for name, _, _ in RATIOS]
-    for row, (_, top, bottom) in zip(comparison["speedups"], RATIOS):
-        top, bottom = "%s+%s" % top, "%s+%s" % bottom
-        assert row["measured"] == pytest.approx(seconds[bottom] / seconds[top])
-        assert row["flop_model"] == pytest.approx(flops[bottom] / flops[top])
+    assert result["attention"] == "dense"
+    pairs = {(a["attention"], a["layout"]): a for a in result["attentions"]}
+    assert list(pairs) == [("dense", "padded"), ("dense", "packed"), ("varlen", "padded"), ("varlen", "packed")]
+    first = pairs["dense", "padded"]
+    assert (first["ratio"], first["flop_model_ratio"]) == (1.0, 1.0)
+    assert result["padded_sequences_per_second"] == first["sequences_per_second"]
+    assert result["packed_sequences_per_second"] == pairs["dense", "packed"]["sequences_per_second"]
+    for a in pairs.values():
+        assert a["ratio"] == pytest.approx(a["sequences_per_second"] / first["sequences_per_second"])
+        assert a["flop_model_ratio"] == pytest.approx(first["flops_per_sequence"] / a["flops_per_sequence"])
+    flops = {"%s+%s" % (layout, attention): a["flops_per_sequence"] for (attention, layout), a in pairs.items()}
     # the model's predictions: varlen never costs more FLOPs, packing beats padding
     assert flops["packed+varlen"] < flops["packed+dense"] < flops["padded+dense"]
     assert flops["padded+varlen"] < flops["padded+dense"]

@@ -1,8 +1,8 @@
 """The command line of ``python -m ipu_packing.bench`` (the console script ipu-packing-bench): the synthetic
-mode (throughput.py), --config (config_bench.py), with --attention varlen the attention comparison
-(attention_compare.py), --peers, ours against transformers' BertForPreTraining (peers.py), and --classifier,
-sequence classification against transformers' BertForSequenceClassification and its pipeline, inference or
-fine-tuning steps (classify_peers.py). throughput.py's docstring says what is measured."""
+mode (throughput.py; --attention A,B,... times each attention), --config (config_bench.py), --peers, ours against
+transformers' BertForPreTraining (peers.py), and --classifier, sequence classification against transformers'
+BertForSequenceClassification and its pipeline, inference or fine-tuning steps (classify_peers.py).
+throughput.py's docstring says what is measured."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from .. import jsonout
 from ..errors import ArgumentParser, run_command
 from .presets import MODEL_PRESETS
 from . import harness, peers, throughput
-from .attention_compare import format_comparison, run_comparison
 from .classify_peers import main_classifier
 from .config_bench import main_config
 from .harness import ORDERS
-from .inputs import BenchError, check_writable, read_dataset_histogram, read_histogram_file, shared_dir
+from .inputs import (BenchError, attention_list, check_writable, read_dataset_histogram, read_histogram_file,
+                     shared_dir)
 from .report import draw_plot, format_result
 from .throughput import run_bench
 
@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="BERT size (default: tiny; with --classifier: the directory's architecture)")
     p.add_argument("--attention", default=None,
                    help="model attention implementation (dense, sdpa, ...; default: a training config's `auto` for "
-                   "S on this CPU: sdpa below S=256, varlen from it); with --config, "
-                   "one or more separated by commas, each timed with both layouts, interleaved")
+                   "S on this CPU: sdpa below S=256, varlen from it); one or more separated by commas, each timed "
+                   "with both layouts, interleaved")
     p.add_argument("--algorithm", default=None, help="packing algorithm (default: optimal)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default: %(default)s: steadier timings on a shared machine; 0 = torch default)")
@@ -133,6 +133,7 @@ def _main(argv: Optional[List[str]]) -> int:
     if args.config:
         return main_config(parser, args)
     check_histogram_options(parser, args)
+    attentions = attention_list(args)
     if args.data:
         histogram = read_dataset_histogram(args.data)
         if args.max_seq_length and args.max_seq_length != len(histogram):
@@ -156,34 +157,12 @@ def _main(argv: Optional[List[str]]) -> int:
     if args.peers:
         return peers.main_peers(args, histogram)
     log = harness.progress(args.json)
-    result = run_bench(
-        histogram,
-        S,
-        args.max_sequences_per_pack,
-        model_preset=args.model,
-        micro_batch_size=args.micro_batch_size,
-        repeats=args.repeats,
-        algorithm=args.algorithm,
-        attention=args.attention,
-        seed=args.seed,
-        timed_packs=args.timed_packs or None,
-        task=args.task,
-        order=args.order,
-        log=log,
-    )
-    comparison = None
-    # side by side with dense, on the same sequences (attention.py)
-    if args.attention == "varlen" and args.task == "pretraining":
-        comparison = run_comparison(histogram, S, args.max_sequences_per_pack, args.model, args.micro_batch_size,
-                                    args.repeats, args.algorithm, args.seed, args.timed_packs or None, args.order)
+    result = run_bench(histogram, S, args.max_sequences_per_pack, model_preset=args.model,
+                       micro_batch_size=args.micro_batch_size, repeats=args.repeats, algorithm=args.algorithm,
+                       attentions=attentions, seed=args.seed, timed_packs=args.timed_packs or None,
+                       task=args.task, order=args.order, log=log)
     if args.plot:
         result.plot = draw_plot(result, histogram, args.plot)
-    if args.json:
-        print(jsonout.dumps(dict(asdict(result), **({"attention_comparison": comparison} if comparison else {})),
-                            sort_keys=True))
-    else:
-        print(format_result(result))
-        if comparison:
-            print(format_comparison(comparison))
+    print(jsonout.dumps(asdict(result), sort_keys=True) if args.json else format_result(result))
     return 0
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from .. import jsonout
 from .harness import ORDERS, Contender, measure, progress
-from .inputs import BenchError, check_writable, read_histogram_file
+from .inputs import BenchError, attention_list, check_writable, read_histogram_file
 from .throughput import make_sequences, plan_histogram, select_packs
 
 
@@ -410,10 +410,7 @@ def main_config(parser, args) -> int:
     if args.plot:
         check_writable(args.plot, reading=[args.histogram or ""])
     log = progress(args.json)
-    attentions = [a.strip() for a in args.attention.split(",")] if args.attention is not None else [None]
-    if args.attention is not None and (any(not a for a in attentions) or len(set(attentions)) != len(attentions)):
-        raise BenchError("--attention with --config takes distinct implementations separated by commas, got %r"
-                         % (args.attention,))
+    attentions = attention_list(args)
     if any(a and "model.packed_attention=" in o for a in attentions for o in args.overrides):
         raise BenchError("--attention and the override model.packed_attention both choose the attention: give one")
     result = run_config_bench(args.config, args.overrides, args.steps, histogram, args.histogram or "", log=log,

@@ -1,10 +1,11 @@
 """What the benches read and write before anything is timed: length histograms (a file, or a prepared
-dataset's manifest), the shared data directory, and the check that an output path can take a file."""
+dataset's manifest), the shared data directory, the attentions to time, and the check that an output path
+can take a file."""
 
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -13,6 +14,16 @@ from ..errors import UserError
 
 class BenchError(UserError):
     """Bad input: printed as one line, exit status 2."""
+
+
+def attention_list(args) -> List[Optional[str]]:
+    """``--attention A,B,...`` as a list of distinct implementations ([None]: not given, the default)."""
+    if args.attention is None:
+        return [None]
+    attentions = [a.strip() for a in args.attention.split(",")]
+    if any(not a for a in attentions) or len(set(attentions)) != len(attentions):
+        raise BenchError("--attention takes distinct implementations separated by commas, got %r" % (args.attention,))
+    return attentions
 
 
 def shared_dir() -> str:

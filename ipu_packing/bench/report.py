@@ -4,7 +4,7 @@ peers bench's (peers.py: ours against transformers), as a table."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -48,6 +48,10 @@ class Result:
     plot: Optional[str] = None
     order: str = "calls"
     """The order of each repeat's calls (harness.ORDERS)."""
+    attentions: List[Dict[str, Any]] = field(default_factory=list)
+    """With more than one attention: every (attention, layout) pair's sequences_per_second, its ``ratio`` to the
+    first pair's (the first attention, padded), ``flops_per_sequence`` and ``flop_model_ratio`` (the FLOP model's
+    prediction of that ratio; None for question answering) and ``seconds_per_row`` of each repeat."""
 
 
 def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
@@ -109,6 +113,13 @@ def format_result(r: Result) -> str:
             "theoretical speed-up: %.3fx (padded rows / packs)" % r.theoretical_speedup,
             "packing overhead:     %.2f%% (time per pack / time per padded row - 1)" % (100 * r.overhead),
         ]
+        + (["attention comparison: each pair's sequences/s over padded %s's, measured and by the FLOP model"
+            % r.attentions[0]["attention"],
+            "%-9s %-7s %12s %11s %11s" % ("attention", "layout", "sequences/s", "measured", "FLOP model")]
+           + ["%-9s %-7s %12.2f %10.3fx %11s" % (
+               a["attention"], a["layout"], a["sequences_per_second"], a["ratio"],
+               "-" if a["flop_model_ratio"] is None else "%.3fx" % a["flop_model_ratio"]) for a in r.attentions]
+           if r.attentions else [])
         + (["plot: %s" % r.plot] if r.plot else [])
     )
 

@@ -31,6 +31,22 @@ It reports sequences/s and real tokens/s of both, the measured speed-up (packed 
 per second), the theoretical speed-up (padded rows / packs) and the packing overhead: how much longer
 one packed row takes than one padded row (mask, extra MLM and NSP slots), i.e.
 theoretical / measured - 1. Speed is reported, never asserted.
+
+`--attention A,B,...` times both layouts with each attention implementation: one model per attention from the
+same initial weights, every (layout, attention) pair a contender of the same interleaved repeats, so a shared
+machine slows them alike. The first attention's figures are the top-level ones; ``attentions`` holds every
+pair's sequences/s, its ratio to the first attention's padded layout, and the FLOP model's prediction of that
+ratio (pretraining only). The FLOP model (training FLOPs are ~3x forward for every term, so forward counts give
+the ratios), per row of S tokens, with H hidden, FF intermediate, L layers, V vocabulary, M MLM slots and
+sequence lengths l_i:
+
+    linear    L * S * 2 * (4 H^2 + 2 H FF)     every token, padding included (shapes are static)
+    attention L * 4 H * S^2   (dense, sdpa)     QK^T and PV over all S x S pairs
+              L * 4 H * sum l_i^2   (varlen)    only pairs within a sequence
+    heads     M * 2 * (H^2 + H V)               MLM transform and decoder per slot
+
+It leaves out softmax, LayerNorm, GELU, embeddings, the optimizer step and varlen's gathers: a lower bound on
+overhead.
 """
 
 from __future__ import annotations
@@ -188,6 +204,24 @@ def synthetic_runner(model_kwargs: Dict[str, object], S: int, qa: bool, attentio
                                                                 micro_batch_size=micro_batch_size))
 
 
+def sequence_lengths(sequence_ids: np.ndarray) -> List[List[int]]:
+    """Per row of (rows, S) ``sequence_ids``: the lengths of its sequences, in slot order."""
+    return [[int(n) for n in np.bincount(row[row > 0])[1:] if n > 0] for row in np.asarray(sequence_ids)]
+
+
+def flops_per_sequence(layout: Layout, model: Dict[str, int], attention: str) -> float:
+    """Forward FLOPs of the FLOP model (module docstring), per real sequence of ``layout``."""
+    H, FF, L, V = (int(model[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
+    ids = layout.arrays["sequence_ids"]
+    rows, S = ids.shape
+    M = layout.arrays["mlm_positions"].shape[1]
+    linear = rows * L * S * 2.0 * (4 * H * H + 2 * H * FF)
+    pairs = (float(sum(n * n for lengths in sequence_lengths(ids) for n in lengths)) if attention == "varlen"
+             else rows * float(S) * S)
+    heads = rows * M * 2.0 * (H * H + H * V)
+    return (linear + L * 4.0 * H * pairs + heads) / layout.sequences
+
+
 def run_bench(
     histogram: np.ndarray,
     S: int,
@@ -196,13 +230,14 @@ def run_bench(
     micro_batch_size: int = 8,
     repeats: int = 3,
     algorithm: Optional[str] = None,
-    attention: Optional[str] = None,
+    attentions: Sequence[Optional[str]] = (None,),
     seed: int = 0,
     timed_packs: Optional[int] = 128,
     task: str = "pretraining",
     order: str = "calls",
     log=lambda message: None,
 ) -> Result:
+    """The module docstring's bench; ``attentions``: each one's model times both layouts (None: the default)."""
     import torch
 
     model_kwargs = dict(MODEL_PRESETS[model_preset])
@@ -223,27 +258,34 @@ def run_bench(
         % (plan.num_sequences, plan.num_packs, K, plan.algorithm, plan.seconds, plan_theoretical, packed.rows,
            padded.sequences, padded.tokens, S, padded.rows / float(packed.rows))
     )
-
-    model, runner = synthetic_runner(model_kwargs, S, qa, attention, micro_batch_size, seed)
-    # the harness: a warm-up step of each layout (allocator, kernels), the weights restored, then the repeats
+    # one model per attention, the same seed: the same initial weights; every (layout, attention) pair a contender
+    built = [synthetic_runner(model_kwargs, S, qa, attention, micro_batch_size, seed) for attention in attentions]
     layouts = (padded, packed)
-    timings = measure([layout_contender(layout, layout.name, runner, micro_batch_size, torch) for layout in layouts],
-                      repeats, order, restorer([model]), log=log)
-    per_row = {layout.name: [s / (layout.rows // micro_batch_size * micro_batch_size) for s in seconds]
-               for layout, seconds in zip(layouts, timings.seconds)}  # seconds per row of each repeat
-    padded_row = statistics.median(per_row["padded"])
-    packed_row = statistics.median(per_row["packed"])
-    padded_seq_s = (padded.sequences / float(padded.rows)) / padded_row
-    packed_seq_s = (packed.sequences / float(packed.rows)) / packed_row
+    contenders = [layout_contender(layout, "%s %s" % (layout.name, model.attention_implementation), runner,
+                                   micro_batch_size, torch) for model, runner in built for layout in layouts]
+    # the harness: a warm-up step of each pair (allocator, kernels), the weights restored, then the repeats
+    timings = measure(contenders, repeats, order, restorer([model for model, _ in built]), log=log)
+    pairs = []  # every (attention, layout), in the contenders' order: padded, packed of each attention
+    for i, (contender, seconds) in enumerate(zip(contenders, timings.seconds)):
+        attention, layout = str(built[i // 2][0].attention_implementation), layouts[i % 2]
+        per_row = [s / (len(contender.batches) * micro_batch_size) for s in seconds]
+        pairs.append(dict(attention=attention, layout=layout.name, seconds_per_row=per_row,
+                          sequences_per_second=layout.sequences / float(layout.rows) / statistics.median(per_row),
+                          flops_per_sequence=None if qa else flops_per_sequence(layout, model_kwargs, attention)))
+    for pair in pairs:  # over the first attention's padded layout
+        pair["ratio"] = pair["sequences_per_second"] / pairs[0]["sequences_per_second"]
+        pair["flop_model_ratio"] = None if qa else pairs[0]["flops_per_sequence"] / pair["flops_per_sequence"]
+    rates = [pair["sequences_per_second"] for pair in pairs[:2]]
+    per_row = [pair["seconds_per_row"] for pair in pairs[:2]]
+    padded_row, packed_row = statistics.median(per_row[0]), statistics.median(per_row[1])
     theoretical = padded.rows / float(packed.rows)
-    speedup = packed_seq_s / padded_seq_s
     tokens_per_sequence = padded.tokens / float(padded.sequences)
     return Result(
-        padded_sequences_per_second=padded_seq_s,
-        packed_sequences_per_second=packed_seq_s,
-        padded_tokens_per_second=padded_seq_s * tokens_per_sequence,
-        packed_tokens_per_second=packed_seq_s * tokens_per_sequence,
-        speedup=speedup,
+        padded_sequences_per_second=rates[0],
+        packed_sequences_per_second=rates[1],
+        padded_tokens_per_second=rates[0] * tokens_per_sequence,
+        packed_tokens_per_second=rates[1] * tokens_per_sequence,
+        speedup=rates[1] / rates[0],
         theoretical_speedup=theoretical,
         overhead=packed_row / padded_row - 1.0,
         plan_sequences=int(plan.num_sequences),
@@ -258,13 +300,14 @@ def run_bench(
         packing_algorithm=plan.algorithm,
         packing_efficiency=packed.tokens / float(packed.rows * S),
         packing_plan_seconds=float(plan.seconds),
-        padded_seconds_per_row=per_row["padded"],
-        packed_seconds_per_row=per_row["packed"],
+        padded_seconds_per_row=per_row[0],
+        packed_seconds_per_row=per_row[1],
         micro_batch_size=micro_batch_size,
         repeats=repeats,
         order=order,
         model=dict(model_kwargs, preset=model_preset),
         task=task,
-        attention=str(model.attention_implementation),
+        attention=pairs[0]["attention"],
         torch_threads=torch.get_num_threads(),
+        attentions=pairs if len(built) > 1 else [],
     )
