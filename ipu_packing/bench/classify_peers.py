@@ -65,6 +65,8 @@ import numpy as np
 
 from .harness import ORDERS, Contender, load_line, measure, progress, restorer
 from .inputs import BenchError
+from .peer_batches import hf_batches
+from .peers import to_tensors
 
 BASELINE = "transformers padded"
 
@@ -115,35 +117,6 @@ def build_models(directory: str, preset: Optional[str], S: int, seed: int, work:
     model.save_pretrained(work)
     tokenizer.save_pretrained(work)
     return model, tokenizer, work
-
-
-def hf_batches(encoded: Sequence[Sequence[int]], order: Sequence[int], B: int, S: Optional[int], labels=None,
-               token_types: Optional[Sequence[Sequence[int]]] = None):
-    """transformers' inputs: ``order`` cut into batches of B, each row padded to S (None: the batch's longest);
-    ``token_types``: each input's token type ids (pairs; None: all 0). Returns (batches of int64 tensors, computed
-    tokens)."""
-    import torch
-
-    batches, computed = [], 0
-    for start in range(0, len(order), B):
-        chunk = list(order[start:start + B])
-        L = S or max(len(encoded[i]) for i in chunk)
-        ids = np.zeros((len(chunk), L), np.int64)
-        mask = np.zeros((len(chunk), L), np.int64)
-        types = np.zeros((len(chunk), L), np.int64)
-        for r, i in enumerate(chunk):
-            e = encoded[i]
-            ids[r, :len(e)] = e
-            mask[r, :len(e)] = 1
-            if token_types is not None:
-                types[r, :len(e)] = token_types[i]
-        batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
-                 "token_type_ids": torch.from_numpy(types)}
-        if labels is not None:
-            batch["labels"] = torch.as_tensor([int(labels[i]) for i in order[start:start + B]], dtype=torch.long)
-        batches.append(batch)
-        computed += len(chunk) * L
-    return batches, computed
 
 
 def pack_batches(packs, B: int, labels=None):
@@ -239,12 +212,17 @@ def tokenize(texts: List[Any], label_names: Optional[List[str]], tokenizer, S: i
 
 def hf_entries(data: Inputs, B: int, S: int, grouped_order: Sequence[int], call, labels) -> List[Entry]:
     """transformers padded to S, with dynamic padding (input order) and grouped (``grouped_order``), B a call."""
-    in_order = list(range(len(data.texts)))
+    import torch
+
+    rows = [dict(input_ids=e, token_type_ids=data.token_types[i] if data.token_types else [0] * len(e),
+                 **({"labels": int(labels[i])} if labels is not None else {})) for i, e in enumerate(data.encoded)]
     entries = []
-    for name, order, length in (("transformers padded", in_order, S), ("transformers dynamic", in_order, None),
+    for name, order, length in (("transformers padded", range(len(rows)), S),
+                                ("transformers dynamic", range(len(rows)), None),
                                 ("transformers grouped", grouped_order, None)):
-        batches, computed = hf_batches(data.encoded, order, B, length, labels, data.token_types)
-        entries.append(Entry(name, batches, call, sequences=len(data.texts), computed_tokens=computed))
+        batches = hf_batches(rows, order, B, length)
+        entries.append(Entry(name, to_tensors(batches, torch), call, sequences=len(rows),
+                             computed_tokens=sum(int(b["input_ids"].size) for b in batches)))
     return entries
 
 

@@ -9,7 +9,7 @@ Shape legend: B sequences (or packs) per batch, L the batch's row length (S, or 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -27,27 +27,40 @@ def layout_instances(layout: Layout) -> List[Instance]:
     return [s for p in range(layout.rows) for s in unpack({k: v[p] for k, v in arrays.items()})]
 
 
-def hf_batch(instances: Sequence[Instance], length: int) -> Dict[str, np.ndarray]:
-    """transformers' BertForPreTraining inputs for ``instances``, each padded to ``length`` (pad id 0): input_ids,
-    token_type_ids, attention_mask (B, L); labels (B, L), each masked token's original id at its position and
-    -100 elsewhere; next_sentence_label (B,)."""
-    B = len(instances)
-    input_ids = np.zeros((B, length), dtype=np.int64)  # (B, L)
-    token_type_ids = np.zeros((B, length), dtype=np.int64)  # (B, L)
-    attention_mask = np.zeros((B, length), dtype=np.int64)  # (B, L)
-    labels = np.full((B, length), IGNORE_INDEX, dtype=np.int64)  # (B, L)
-    next_sentence_label = np.zeros(B, dtype=np.int64)  # (B,)
-    for i, s in enumerate(instances):
-        n = len(s)
-        if n > length:
-            raise ValueError("a sequence of %d tokens does not fit a row of %d" % (n, length))
-        input_ids[i, :n] = s.input_ids
-        token_type_ids[i, :n] = s.token_type_ids
-        attention_mask[i, :n] = 1
-        labels[i, np.asarray(s.mlm_positions, dtype=np.int64)] = s.mlm_labels
-        next_sentence_label[i] = s.nsp_label
-    return dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, labels=labels,
-                next_sentence_label=next_sentence_label)
+def hf_batch(rows: Sequence[Dict[str, Any]], length: Optional[int] = None) -> Dict[str, np.ndarray]:
+    """transformers' inputs of ``rows`` (each one sequence's fields: a list as long as its input_ids, or one
+    number), padded to ``length`` (None: the longest row): each list field (B, L), padded with 0 (``labels``:
+    -100), attention_mask (B, L) over the real tokens, each number field (B,)."""
+    L = length or max(len(r["input_ids"]) for r in rows)
+    out = {"attention_mask": np.zeros((len(rows), L), dtype=np.int64)}  # (B, L)
+    for name, value in rows[0].items():
+        out[name] = (np.full((len(rows), L), IGNORE_INDEX if name == "labels" else 0, dtype=np.int64) if np.ndim(value)
+                     else np.zeros(len(rows), dtype=np.int64))  # (B, L) or (B,)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        if n > L:
+            raise ValueError("a sequence of %d tokens does not fit a row of %d" % (n, L))
+        out["attention_mask"][i, :n] = 1
+        for name, value in row.items():
+            if np.ndim(value):
+                out[name][i, :n] = value
+            else:
+                out[name][i] = value
+    return out
+
+
+def hf_batches(rows: Sequence[Dict[str, Any]], order: Sequence[int], batch_size: int,
+               length: Optional[int] = None) -> List[Dict[str, np.ndarray]]:
+    """``order`` cut into batches of ``batch_size`` rows, each padded to ``length`` (None: its longest row)."""
+    return [hf_batch([rows[j] for j in order[i:i + batch_size]], length) for i in range(0, len(order), batch_size)]
+
+
+def pretraining_row(s: Instance) -> Dict[str, Any]:
+    """transformers' BertForPreTraining fields of one sequence: input_ids, token_type_ids, labels (each masked
+    token's original id at its position, -100 elsewhere), next_sentence_label."""
+    labels = np.full(len(s), IGNORE_INDEX, dtype=np.int64)
+    labels[np.asarray(s.mlm_positions, dtype=np.int64)] = s.mlm_labels
+    return dict(input_ids=s.input_ids, token_type_ids=s.token_type_ids, labels=labels, next_sentence_label=s.nsp_label)
 
 
 def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int) -> List[int]:
@@ -73,18 +86,14 @@ def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int) -> 
 
 def padded_batches(instances: Sequence[Instance], batch_size: int, S: int) -> List[Dict[str, np.ndarray]]:
     """``transformers padded``: consecutive batches of ``batch_size`` sequences, every row padded to S."""
-    return [hf_batch(instances[i:i + batch_size], S) for i in range(0, len(instances), batch_size)]
+    return hf_batches([pretraining_row(s) for s in instances], range(len(instances)), batch_size, S)
 
 
 def grouped_batches(instances: Sequence[Instance], batch_size: int, seed: int) -> List[Dict[str, np.ndarray]]:
     """``transformers grouped``: ``length_grouped_order`` cut into batches of ``batch_size``, each padded to its
     own longest sequence (what the Trainer's padding collator does)."""
     order = length_grouped_order([len(s) for s in instances], batch_size, seed)
-    out = []
-    for i in range(0, len(order), batch_size):
-        chosen = [instances[j] for j in order[i:i + batch_size]]
-        out.append(hf_batch(chosen, max(len(s) for s in chosen)))
-    return out
+    return hf_batches([pretraining_row(s) for s in instances], order, batch_size)
 
 
 def layout_batches(layout: Layout, batch_size: int) -> List[Dict[str, np.ndarray]]:
