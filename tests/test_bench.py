@@ -90,6 +90,24 @@ def test_json_output_and_plot(tmp_path):
         result["packed_sequences_per_second"] / result["padded_sequences_per_second"])
     assert result["overhead"] == pytest.approx(result["theoretical_speedup"] / result["speedup"] - 1.0)
     assert open(str(plot), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # the same-shape overhead of a packed row in CPU time and matmul FLOPs, beside the wall time's
+    padded, packed = result["attentions"]
+    assert [(a["layout"], a["attention"]) for a in (padded, packed)] == [("padded", result["attention"]),
+                                                                        ("packed", result["attention"])]
+    assert result["cpu_overhead"] == pytest.approx(packed["cpu_seconds_per_row"] / padded["cpu_seconds_per_row"] - 1)
+    assert result["flops_overhead"] == pytest.approx(
+        packed["matmul_flops_per_row"] / padded["matmul_flops_per_row"] - 1)
+    assert 0 < result["flops_overhead"] < 0.5  # the heads' extra slots, in rows of the same shape
+
+
+def test_the_matmul_flops_of_a_step_are_torch_s_count():
+    """The bench's FLOP count is torch's FlopCounterMode over one step: a (B, S, H) x (H, F) linear's forward and
+    backward (the gradients of its input and its weight) are 3 * 2 * B * S * H * F."""
+    import torch
+
+    layer = torch.nn.Linear(8, 5, bias=False)
+    step = lambda x: layer(x).sum().backward()  # noqa: E731
+    assert bench.matmul_flops(step, torch.ones(2, 3, 8, requires_grad=True)) == 3 * 2 * 2 * 3 * 8 * 5
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path):
@@ -112,8 +130,8 @@ def test_the_timed_steps_are_the_training_runner_s(monkeypatch):
 
     monkeypatch.setattr(TorchRunner, "train_step", counting)
     result = bench.run_bench(synthetic_histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=8)
-    # a warm-up step of each layout, then every full micro batch of both layouts once
-    assert rows == [4] * (2 + result.padded_rows // 4 + result.num_packs // 4)
+    # a FLOP-counted and a warm-up step of each layout, then every full micro batch of both layouts once
+    assert rows == [4] * (4 + result.padded_rows // 4 + result.num_packs // 4)
 
 
 def test_question_answering_rows_keep_the_tokens_and_answer_inside_each_sequence():
@@ -158,7 +176,7 @@ def test_question_answering_steps_are_the_qa_model_s(monkeypatch):
     assert result.task == "question_answering"
     assert {model for model, _ in seen} == {PackedBertForQuestionAnswering}
     assert all("start_positions" in names and "mlm_labels" not in names for _, names in seen)
-    assert len(seen) == 2 + result.padded_rows // 4 + result.num_packs // 4
+    assert len(seen) == 4 + result.padded_rows // 4 + result.num_packs // 4
 
 
 def test_task_is_an_option_of_the_synthetic_mode():

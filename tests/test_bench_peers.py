@@ -198,8 +198,8 @@ def test_an_attention_this_torch_cannot_run_is_left_out_and_said(monkeypatch):
     (["--peers", "--config", "demo"], "--peers and --config"),
     (["--peers", "--attention", "dense"], "--attention is not an option of --peers"),
     (["--peers", "--plot", "x.png"], "--plot is not an option of --peers"),
-    (["--device", "cuda"], "--device is an option of --peers"),
-    (["--precision", "bf16"], "--precision is an option of --peers"),
+    (["--config", "demo", "--device", "cuda"], "--device does not apply with --config"),
+    (["--config", "demo", "--precision", "bf16"], "--precision does not apply with --config"),
     (["--peers", "--precision", "fp16"], "invalid choice"),
     (["--peers", "--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
 ])
@@ -213,10 +213,11 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a torch without CUDA")
-def test_device_cuda_without_cuda_is_one_line_exit_2(tmp_path):
+@pytest.mark.parametrize("mode", [["--peers"], []], ids=["peers", "synthetic"])
+def test_device_cuda_without_cuda_is_one_line_exit_2(tmp_path, mode):
     hist_file = tmp_path / "hist.json"
     hist_file.write_text(json.dumps({"histogram": histogram().tolist()}))
-    code, out, err = run_main(["--histogram", str(hist_file), "--peers", "--device", "cuda"])
+    code, out, err = run_main(["--histogram", str(hist_file), "--device", "cuda"] + mode)
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and "--device cuda: torch" in err and "sees no CUDA device" in err
 

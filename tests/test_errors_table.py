@@ -19,7 +19,6 @@ from ipu_packing.bench.cli import main as bench_main
 from ipu_packing.data.cli import main as data_main
 from synthetic_corpus import make_inputs
 from ipu_packing.train.cli import execution_main
-from ipu_packing.bench.model_overhead import main as model_bench_main
 from ipu_packing.bench.planner import main as packing_bench_main
 from ipu_packing.packing.cli import main as packing_main
 from ipu_packing.train.cli import main as train_main
@@ -29,7 +28,7 @@ from app_fixtures import TINY
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEEP = "[" * 100000 + "]" * 100000
 COMMANDS = {"train": train_main, "data": data_main, "packing": packing_main, "packing.bench": packing_bench_main,
-            "bench": bench_main, "model.bench": model_bench_main, "execution": execution_main}
+            "bench": bench_main, "execution": execution_main}
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +153,7 @@ CASES = [
                          os.path.join(w["root"], "a_file", "bench.png")], ["a_file"]),
     ("bench", lambda w: ["--histogram", os.path.join(w["root"], "zero.json"), "--plot", ""], ["no sequences"]),
     ("bench", lambda w: ["--histogram", os.path.join(w["root"], "ok.json"), "--repeats", "0"], ["--repeats"]),
-    ("model.bench", lambda w: ["--preset", "nope"], ["--preset"]),
+    ("bench", lambda w: ["--histogram", os.path.join(w["root"], "ok.json"), "--model", "nope"], ["--model"]),
 ]
 
 

@@ -194,7 +194,7 @@ def test_a_run_refuses_an_output_dir_it_must_not_write_into(name, make, words, d
 # -- every other command's outputs ---------------------------------------------------------------------------
 # Each command that writes a file or directory the user names checks it by the same rule before any work: the work
 # (the function each command's arguments name) is replaced by one that records its call, and must never be called.
-# The other commands (ipu_packing.packing, bench.planner, bench.model_overhead, --json everywhere) print only.
+# The other commands (ipu_packing.packing, bench.planner, --json everywhere) print only.
 
 
 def _histogram(tmp_path):

@@ -66,9 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", action="store_true", help="ours (padded and packed, every attention) against "
                    "transformers' BertForPreTraining (padded, and grouped by length), on the same sequences "
                    "(peers.py)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="with --peers (default: %(default)s)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="with --peers: bf16 = torch.autocast bfloat16 for every contender (default: %(default)s)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="synthetic mode and --peers (default: %(default)s)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="synthetic mode and --peers: "
+                   "bf16 = torch.autocast bfloat16 for every contender (default: %(default)s)")
     p.add_argument("--classifier", default=None, metavar="DIR", help="sequence classification, ours (padded and "
                    "packed, through ipu_packing.predict) against transformers' BertForSequenceClassification (padded, "
                    "grouped, its pipeline) on the same texts: DIR, a BERT directory with its tokenizer "
@@ -97,9 +98,6 @@ def check_histogram_options(parser, args) -> None:
     if args.steps != parser.get_default("steps") or args.overrides:
         raise BenchError("%s is an option of --config" % ("--steps" if args.steps != parser.get_default("steps") else
                                                           "section.key=value (%s)" % args.overrides[0]))
-    for name in ("device", "precision"):
-        if not args.peers and getattr(args, name) != parser.get_default(name):
-            raise BenchError("--%s is an option of --peers" % name)
     if args.peers:
         if args.attention is not None:
             raise BenchError("--attention is not an option of --peers: it times every attention (%s)"
@@ -108,6 +106,11 @@ def check_histogram_options(parser, args) -> None:
             raise BenchError("--plot is not an option of --peers (it prints a table, or JSON with --json)")
         args.plot = None
     # Every input is checked before anything is timed or written.
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BenchError("--device cuda: torch %s sees no CUDA device" % torch.__version__)
     if args.timed_packs < 0:
         raise BenchError("--timed-packs must be >= 0")
     for name in ("micro_batch_size", "repeats", "max_sequences_per_pack"):
@@ -160,7 +163,7 @@ def _main(argv: Optional[List[str]]) -> int:
     result = run_bench(histogram, S, args.max_sequences_per_pack, model_preset=args.model,
                        micro_batch_size=args.micro_batch_size, repeats=args.repeats, algorithm=args.algorithm,
                        attentions=attentions, seed=args.seed, timed_packs=args.timed_packs or None,
-                       task=args.task, order=args.order, log=log)
+                       task=args.task, order=args.order, device=args.device, precision=args.precision, log=log)
     if args.plot:
         result.plot = draw_plot(result, histogram, args.plot)
     print(jsonout.dumps(asdict(result), sort_keys=True) if args.json else format_result(result))

@@ -269,11 +269,6 @@ def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny",
 
 def main_peers(args, histogram: np.ndarray) -> int:
     """``--peers``: the command line's checked arguments and length histogram -> table or JSON on stdout."""
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise BenchError("--device cuda: torch %s sees no CUDA device" % torch.__version__)
     log = harness.progress(args.json)
     result = run_peers(histogram, len(histogram), args.max_sequences_per_pack, model_preset=args.model,
                        micro_batch_size=args.micro_batch_size, repeats=args.repeats, algorithm=args.algorithm,

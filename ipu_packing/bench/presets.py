@@ -1,5 +1,5 @@
-"""Model sizes of the benches: the one table both `python -m ipu_packing.bench --model` and
-`python -m ipu_packing.bench.model_overhead --preset` take their BERT shapes from (training configs give their own).
+"""Model sizes of the benches: the one table `python -m ipu_packing.bench --model` takes its BERT shapes from in
+every mode that builds its own model (training configs give their own).
 
     transformers.BertConfig(**MODEL_PRESETS["small"], max_position_embeddings=512)
 

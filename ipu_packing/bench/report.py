@@ -23,6 +23,11 @@ class Result:
     theoretical_speedup: float
     """Padded rows / packs of the timed sequences."""
     overhead: float
+    """Seconds per packed row / seconds per padded row - 1 (the same shape, the first attention's), wall time."""
+    cpu_overhead: float
+    """The same ratio of this process's CPU seconds (a call's time descheduled by other processes left out)."""
+    flops_overhead: Optional[float]
+    """The same ratio of matmul FLOPs (torch's FlopCounterMode, one step of each; None before torch 2.1)."""
     plan_sequences: int
     plan_packs: int
     plan_theoretical_speedup: float
@@ -49,9 +54,12 @@ class Result:
     order: str = "calls"
     """The order of each repeat's calls (harness.ORDERS)."""
     attentions: List[Dict[str, Any]] = field(default_factory=list)
-    """With more than one attention: every (attention, layout) pair's sequences_per_second, its ``ratio`` to the
-    first pair's (the first attention, padded), ``flops_per_sequence`` and ``flop_model_ratio`` (the FLOP model's
-    prediction of that ratio; None for question answering) and ``seconds_per_row`` of each repeat."""
+    """Every (attention, layout) pair's sequences_per_second, its ``ratio`` to the first pair's (the first
+    attention, padded), ``flops_per_sequence`` and ``flop_model_ratio`` (the FLOP model's prediction of that
+    ratio; None for question answering), ``seconds_per_row`` of each repeat, ``cpu_seconds_per_row`` (median)
+    and ``matmul_flops_per_row``."""
+    device: str = "cpu"
+    precision: str = "fp32"
 
 
 def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
@@ -98,10 +106,10 @@ def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
 def format_result(r: Result) -> str:
     return "\n".join(
         [
-            "%s model %s (hidden %d, %d layers, vocab %d), attention %s, micro batch %d, %d torch threads, %d repeats"
-            " (%s)" % (r.task, r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"],
-                       r.model["vocab_size"], r.attention, r.micro_batch_size, r.torch_threads, r.repeats,
-                       ORDERS[r.order]),
+            "%s model %s (hidden %d, %d layers, vocab %d), attention %s, %s on %s, micro batch %d, %d torch threads, "
+            "%d repeats (%s)" % (r.task, r.model["preset"], r.model["hidden_size"], r.model["num_hidden_layers"],
+                                 r.model["vocab_size"], r.attention, r.precision, r.device, r.micro_batch_size,
+                                 r.torch_threads, r.repeats, ORDERS[r.order]),
             "plan: %d sequences -> %d packs (K=%d, %s): theoretical speed-up %.3fx"
             % (r.plan_sequences, r.plan_packs, r.max_sequences_per_pack, r.packing_algorithm,
                r.plan_theoretical_speedup),
@@ -111,7 +119,11 @@ def format_result(r: Result) -> str:
             "packed: %10.2f sequences/s %12.1f tokens/s" % (r.packed_sequences_per_second, r.packed_tokens_per_second),
             "measured speed-up:    %.3fx" % r.speedup,
             "theoretical speed-up: %.3fx (padded rows / packs)" % r.theoretical_speedup,
-            "packing overhead:     %.2f%% (time per pack / time per padded row - 1)" % (100 * r.overhead),
+            "packing overhead:     %.2f%% (time per pack / time per padded row - 1); CPU time %+.2f%%%s"
+            % (100 * r.overhead, 100 * r.cpu_overhead, "" if r.flops_overhead is None else
+               "; matmul FLOPs %+.2f%% (%.4g against %.4g a row)" % (
+                   100 * r.flops_overhead, r.attentions[1]["matmul_flops_per_row"],
+                   r.attentions[0]["matmul_flops_per_row"])),
         ]
         + (["attention comparison: each pair's sequences/s over padded %s's, measured and by the FLOP model"
             % r.attentions[0]["attention"],
@@ -119,7 +131,7 @@ def format_result(r: Result) -> str:
            + ["%-9s %-7s %12.2f %10.3fx %11s" % (
                a["attention"], a["layout"], a["sequences_per_second"], a["ratio"],
                "-" if a["flop_model_ratio"] is None else "%.3fx" % a["flop_model_ratio"]) for a in r.attentions]
-           if r.attentions else [])
+           if len(r.attentions) > 2 else [])
         + (["plot: %s" % r.plot] if r.plot else [])
     )
 

@@ -180,10 +180,10 @@ def layout_contender(layout: Layout, name: str, runner, batch_size: int, torch) 
 
 
 def synthetic_runner(model_kwargs: Dict[str, object], S: int, qa: bool, attention: Optional[str],
-                     micro_batch_size: int, seed: int):
+                     micro_batch_size: int, seed: int, device: str = "cpu", precision: str = "fp32"):
     """(model, runner): the synthetic bench's model (question answering's head and AdamW, else pretraining's heads
-    and LAMB), seeded, with ``attention`` (None: the shipped default, ``auto``, as a training config on this CPU
-    resolves it); one step = one micro batch on this process's CPU, through the runner training uses."""
+    and LAMB), seeded, with ``attention`` (None: the shipped default, ``auto``, as a training config on ``device``
+    resolves it); one step = one micro batch on ``device`` at ``precision``, through the runner training uses."""
     import torch
     import transformers
 
@@ -191,17 +191,30 @@ def synthetic_runner(model_kwargs: Dict[str, object], S: int, qa: bool, attentio
     from ipu_packing.model import PackedBertForPreTraining, PackedBertForQuestionAnswering
     from ipu_packing.train.optim import LAMB, parameter_groups
 
+    execution = ExecutionConfig(backend="torch", device=device, micro_batch_size=micro_batch_size,
+                                precision=precision)
     if attention is None:
         from ipu_packing.train.model_section import resolve_attention
 
-        attention = resolve_attention({}, ExecutionConfig(device="cpu"), S)
+        attention = resolve_attention({}, execution, S)
     torch.manual_seed(seed)
     model_cls = PackedBertForQuestionAnswering if qa else PackedBertForPreTraining
-    model = model_cls(transformers.BertConfig(**model_kwargs), attention=attention)
+    model = model_cls(transformers.BertConfig(**model_kwargs), attention=attention).to(device)
     model.train()
     optimizer = (torch.optim.AdamW if qa else LAMB)(parameter_groups(model, 0.01), lr=1e-4)
-    return model, make_runner(model, optimizer, ExecutionConfig(backend="torch", device="cpu",
-                                                                micro_batch_size=micro_batch_size))
+    return model, make_runner(model, optimizer, execution)
+
+
+def matmul_flops(step, batch) -> Optional[float]:
+    """Matmul FLOPs of ``step(batch)`` (forward and backward), from torch's FlopCounterMode (None before torch 2.1)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return None
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step(batch)
+    return float(counter.get_total_flops())
 
 
 def sequence_lengths(sequence_ids: np.ndarray) -> List[List[int]]:
@@ -235,6 +248,8 @@ def run_bench(
     timed_packs: Optional[int] = 128,
     task: str = "pretraining",
     order: str = "calls",
+    device: str = "cpu",
+    precision: str = "fp32",
     log=lambda message: None,
 ) -> Result:
     """The module docstring's bench; ``attentions``: each one's model times both layouts (None: the default)."""
@@ -259,24 +274,30 @@ def run_bench(
            padded.sequences, padded.tokens, S, padded.rows / float(packed.rows))
     )
     # one model per attention, the same seed: the same initial weights; every (layout, attention) pair a contender
-    built = [synthetic_runner(model_kwargs, S, qa, attention, micro_batch_size, seed) for attention in attentions]
+    built = [synthetic_runner(model_kwargs, S, qa, attention, micro_batch_size, seed, device, precision)
+             for attention in attentions]
     layouts = (padded, packed)
     contenders = [layout_contender(layout, "%s %s" % (layout.name, model.attention_implementation), runner,
                                    micro_batch_size, torch) for model, runner in built for layout in layouts]
+    flops = [matmul_flops(c.call, c.batches[0]) for c in contenders]  # noise-free, one step of each pair
     # the harness: a warm-up step of each pair (allocator, kernels), the weights restored, then the repeats
-    timings = measure(contenders, repeats, order, restorer([model for model, _ in built]), log=log)
+    timings = measure(contenders, repeats, order, restorer([model for model, _ in built]), torch=torch,
+                      cuda=device == "cuda", log=log)
     pairs = []  # every (attention, layout), in the contenders' order: padded, packed of each attention
     for i, (contender, seconds) in enumerate(zip(contenders, timings.seconds)):
         attention, layout = str(built[i // 2][0].attention_implementation), layouts[i % 2]
         per_row = [s / (len(contender.batches) * micro_batch_size) for s in seconds]
         pairs.append(dict(attention=attention, layout=layout.name, seconds_per_row=per_row,
                           sequences_per_second=layout.sequences / float(layout.rows) / statistics.median(per_row),
+                          cpu_seconds_per_row=statistics.median(timings.cpu[i]) / micro_batch_size,
+                          matmul_flops_per_row=None if flops[i] is None else flops[i] / micro_batch_size,
                           flops_per_sequence=None if qa else flops_per_sequence(layout, model_kwargs, attention)))
     for pair in pairs:  # over the first attention's padded layout
         pair["ratio"] = pair["sequences_per_second"] / pairs[0]["sequences_per_second"]
         pair["flop_model_ratio"] = None if qa else pairs[0]["flops_per_sequence"] / pair["flops_per_sequence"]
     rates = [pair["sequences_per_second"] for pair in pairs[:2]]
     per_row = [pair["seconds_per_row"] for pair in pairs[:2]]
+    padded_flops, packed_flops = (pair["matmul_flops_per_row"] for pair in pairs[:2])
     padded_row, packed_row = statistics.median(per_row[0]), statistics.median(per_row[1])
     theoretical = padded.rows / float(packed.rows)
     tokens_per_sequence = padded.tokens / float(padded.sequences)
@@ -288,6 +309,8 @@ def run_bench(
         speedup=rates[1] / rates[0],
         theoretical_speedup=theoretical,
         overhead=packed_row / padded_row - 1.0,
+        cpu_overhead=pairs[1]["cpu_seconds_per_row"] / pairs[0]["cpu_seconds_per_row"] - 1.0,
+        flops_overhead=None if padded_flops is None else packed_flops / padded_flops - 1.0,
         plan_sequences=int(plan.num_sequences),
         plan_packs=int(plan.num_packs),
         plan_theoretical_speedup=plan_theoretical,
@@ -309,5 +332,7 @@ def run_bench(
         task=task,
         attention=pairs[0]["attention"],
         torch_threads=torch.get_num_threads(),
-        attentions=pairs if len(built) > 1 else [],
+        attentions=pairs,
+        device=device,
+        precision=precision,
     )

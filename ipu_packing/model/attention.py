@@ -36,7 +36,7 @@ Implementations (chosen per model, see ``resolve_attention``):
   - ``"nested"`` (CUDA default, torch >= 2.3 ``torch.nested.nested_tensor_from_jagged``): one jagged batch
     (``layout=torch.jagged`` from offsets), which SDPA dispatches to flash / memory-efficient kernels on
     CUDA. It runs forward and backward on CPU too, but torch's CPU jagged SDPA is slower than dense there
-    (``python -m ipu_packing.bench.model_overhead``-style timing in docs/model.md), hence "grouped" on CPU.
+    (``python -m ipu_packing.bench --attention ...`` timings in docs/model.md), hence "grouped" on CPU.
 
   torch.compile: the layout depends on the data (how many sequences of which lengths), so building it is
   eager work; ``torch.compile(model, backend="aot_eager")`` runs the model with graph breaks around it and
