@@ -182,7 +182,15 @@ def test_question_answering_steps_are_the_qa_model_s(monkeypatch):
 def test_task_is_an_option_of_the_synthetic_mode():
     code, out, err = run_main(["--config", "finetune_qa_demo", "--task", "question_answering"])
     assert code == 2 and out == "" and err.count("\n") == 1
-    assert "--task is an option of the synthetic mode" in err
+    assert "--task is an option of the synthetic mode, not of --config" in err
+
+
+def test_every_option_of_the_bench_belongs_to_a_mode():
+    """inputs.MODES says which options each mode takes: an option no mode takes could never be given."""
+    from ipu_packing.bench.inputs import MODES
+
+    dests = {action.dest for action in bench_cli.build_parser()._actions} - {"help"}
+    assert dests == {dest for options in MODES.values() for dest in options}
 
 
 def test_the_harness_interleaves_every_contender_in_proportion():

@@ -125,15 +125,15 @@ def test_the_table_times_pairs_serving_then_fine_tuning(classifier, tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--classifier", "{dir}", "--config", "demo"], "two modes of the bench"),
-    (["--classifier", "{dir}", "--histogram", "h.json"], "--histogram does not apply with --classifier"),
+    (["--classifier", "{dir}", "--histogram", "h.json"], "--histogram is an option of the synthetic mode, --peers and --config, not of --classifier"),
     (["--classifier", "{dir}", "--inputs", "0"], "--inputs must be >= 1"),
     (["--classifier", "{dir}", "--table", "--train"], "--table times serving and fine-tuning steps: leave out --train"),
-    (["--classifier", "{dir}", "--plot", "x.png"], "--plot is not an option of --classifier"),
+    (["--classifier", "{dir}", "--plot", "x.png"], "--plot is an option of the synthetic mode and --config, not of --classifier"),
     (["--classifier", "{missing}"], "is not a directory"),
     (["--classifier", "{dir}", "--input", "{missing}"], "is not a file"),
-    (["--inputs", "5"], "--inputs is an option of --classifier"),
-    (["--train"], "--train is an option of --classifier"),
-    (["--table"], "--table is an option of --classifier"),
+    (["--inputs", "5"], "--inputs is an option of --classifier, not of the synthetic mode"),
+    (["--train"], "--train is an option of --classifier, not of the synthetic mode"),
+    (["--table"], "--table is an option of --classifier, not of the synthetic mode"),
 ], ids=["with --config", "with --histogram", "no inputs", "--table with --train", "a plot", "no directory",
         "no input file", "--inputs alone", "--train alone", "--table alone"])
 def test_a_bad_option_is_one_line(classifier, tmp_path, args, words):

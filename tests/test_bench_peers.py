@@ -196,10 +196,10 @@ def test_an_attention_this_torch_cannot_run_is_left_out_and_said(monkeypatch):
 
 @pytest.mark.parametrize("args,message", [
     (["--peers", "--config", "demo"], "--peers and --config"),
-    (["--peers", "--attention", "dense"], "--attention is not an option of --peers"),
-    (["--peers", "--plot", "x.png"], "--plot is not an option of --peers"),
-    (["--config", "demo", "--device", "cuda"], "--device does not apply with --config"),
-    (["--config", "demo", "--precision", "bf16"], "--precision does not apply with --config"),
+    (["--peers", "--attention", "dense"], "--attention is an option of the synthetic mode and --config, not of --peers"),
+    (["--peers", "--plot", "x.png"], "--plot is an option of the synthetic mode and --config, not of --peers"),
+    (["--config", "demo", "--device", "cuda"], "--device is an option of the synthetic mode and --peers, not of --config"),
+    (["--config", "demo", "--precision", "bf16"], "--precision is an option of the synthetic mode and --peers, not of --config"),
     (["--peers", "--precision", "fp16"], "invalid choice"),
     (["--peers", "--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
 ])

@@ -64,7 +64,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .harness import ORDERS, Contender, load_line, measure, progress, restorer
-from .inputs import BenchError
+from .inputs import BenchError, refuse_other_modes_options
 from .peer_batches import hf_batches
 from .peers import to_tensors
 
@@ -405,21 +405,11 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-CLASSIFIER_OPTIONS = ("classifier", "input", "inputs", "train", "table", "max_seq_length", "max_sequences_per_pack",
-                      "micro_batch_size", "repeats", "order", "model", "threads", "seed", "json", "help", "plot")
-"""bench's options that --classifier takes (--plot: only its default; nothing is drawn)."""
-
-
 def main_classifier(parser, args) -> int:
     """``--classifier``: check the options, run, print the table (or JSON) on stdout."""
     from .. import jsonout
 
-    for action in parser._actions:
-        value = getattr(args, action.dest, action.default)
-        if action.dest not in CLASSIFIER_OPTIONS and value != action.default and value != []:
-            raise BenchError("%s does not apply with --classifier" % ("/".join(action.option_strings) or action.dest,))
-    if args.plot != parser.get_default("plot"):
-        raise BenchError("--plot is not an option of --classifier (it prints a table, or JSON with --json)")
+    refuse_other_modes_options(parser, args, "--classifier")
     S = 128 if args.max_seq_length is None else args.max_seq_length
     K = 32 if args.max_sequences_per_pack is None else args.max_sequences_per_pack
     B = 32 if args.micro_batch_size is None else args.micro_batch_size

@@ -19,7 +19,7 @@ from .classify_peers import main_classifier
 from .config_bench import main_config
 from .harness import ORDERS
 from .inputs import (BenchError, attention_list, check_writable, read_dataset_histogram, read_histogram_file,
-                     shared_dir)
+                     refuse_other_modes_options, shared_dir)
 from .report import draw_plot, format_result
 from .throughput import run_bench
 
@@ -92,18 +92,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def check_histogram_options(parser, args) -> None:
     """The synthetic mode's and --peers' options (a length histogram's), checked before anything is timed or
     written; the defaults both take filled in."""
+    refuse_other_modes_options(parser, args, "--peers" if args.peers else "the synthetic mode")
     for name, default in (("model", "tiny"), ("max_sequences_per_pack", 3), ("micro_batch_size", 8)):
         if getattr(args, name) is None:
             setattr(args, name, default)
-    if args.steps != parser.get_default("steps") or args.overrides:
-        raise BenchError("%s is an option of --config" % ("--steps" if args.steps != parser.get_default("steps") else
-                                                          "section.key=value (%s)" % args.overrides[0]))
     if args.peers:
-        if args.attention is not None:
-            raise BenchError("--attention is not an option of --peers: it times every attention (%s)"
-                             % ", ".join(peers.ATTENTIONS))
-        if args.plot and args.plot != parser.get_default("plot"):
-            raise BenchError("--plot is not an option of --peers (it prints a table, or JSON with --json)")
         args.plot = None
     # Every input is checked before anything is timed or written.
     if args.device == "cuda":
@@ -124,13 +117,6 @@ def _main(argv: Optional[List[str]]) -> int:
     modes = [name for name in ("peers", "config", "classifier") if getattr(args, name)]
     if len(modes) > 1:
         raise BenchError("--%s and --%s are two modes of the bench: give one" % tuple(modes[:2]))
-    for name in ("input", "inputs", "train", "table"):
-        if not args.classifier and getattr(args, name) != parser.get_default(name):
-            raise BenchError("--%s is an option of --classifier" % name)
-    if modes and args.task != parser.get_default("task"):
-        raise BenchError("--task is an option of the synthetic mode (--histogram or --data); --%s takes the task "
-                         "from its %s" % (modes[0], {"config": "config", "classifier": "model directory",
-                                                      "peers": "pretraining model"}[modes[0]]))
     if args.classifier:
         return main_classifier(parser, args)
     if args.config:

@@ -48,7 +48,7 @@ import numpy as np
 
 from .. import jsonout
 from .harness import ORDERS, Contender, measure, progress
-from .inputs import BenchError, attention_list, check_writable, read_histogram_file
+from .inputs import BenchError, attention_list, check_writable, read_histogram_file, refuse_other_modes_options
 from .throughput import make_sequences, plan_histogram, select_packs
 
 
@@ -394,16 +394,9 @@ def draw_config_plot(r: Dict[str, Any], path: str) -> str:
     return path
 
 
-SHARED_OPTIONS = ("config", "histogram", "plot", "json", "steps", "overrides", "help", "attention", "order")
-"""bench's options that --config takes; the synthetic mode's others are the config's values (refused)."""
-
-
 def main_config(parser, args) -> int:
     """bench --config: check the options, run, then print (and plot) on the first process only."""
-    for action in parser._actions:
-        if action.dest not in SHARED_OPTIONS and getattr(args, action.dest) != action.default:
-            raise BenchError("%s does not apply with --config: set the value in the config (section.key=value)"
-                                   % ("/".join(action.option_strings),))
+    refuse_other_modes_options(parser, args, "--config")
     if args.steps < 1:
         raise BenchError("--steps must be >= 1")
     histogram = read_histogram_file(args.histogram, None) if args.histogram else None

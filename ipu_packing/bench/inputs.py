@@ -1,6 +1,6 @@
 """What the benches read and write before anything is timed: length histograms (a file, or a prepared
-dataset's manifest), the shared data directory, the attentions to time, and the check that an output path
-can take a file."""
+dataset's manifest), the shared data directory, the options each mode takes, the attentions to time, and the
+check that an output path can take a file."""
 
 from __future__ import annotations
 
@@ -14,6 +14,31 @@ from ..errors import UserError
 
 class BenchError(UserError):
     """Bad input: printed as one line, exit status 2."""
+
+
+SOURCE = ("histogram", "data", "max_seq_length", "max_sequences_per_pack", "timed_packs", "micro_batch_size",
+          "repeats", "order", "model", "algorithm", "threads", "seed", "json", "device", "precision")
+MODES = {
+    "the synthetic mode": SOURCE + ("attention", "task", "plot"),
+    "--peers": SOURCE + ("peers",),
+    "--config": ("config", "histogram", "plot", "json", "steps", "overrides", "attention", "order"),
+    "--classifier": ("classifier", "input", "inputs", "train", "table", "max_seq_length", "max_sequences_per_pack",
+                     "micro_batch_size", "repeats", "order", "model", "threads", "seed", "json"),
+}
+"""The options (argparse dests) each mode of the bench takes; any other option given is refused, naming the modes
+that take it. --config takes the rest from the config (section.key=value)."""
+
+
+def refuse_other_modes_options(parser, args, mode: str) -> None:
+    """One line for the first option given (not at its default) that ``mode`` does not take."""
+    for action in parser._actions:
+        if action.dest in MODES[mode] or action.dest == "help" or getattr(args, action.dest) in (action.default, []):
+            continue
+        owners = [name for name, options in MODES.items() if action.dest in options]
+        raise BenchError("%s is an option of %s, not of %s%s" % (
+            "/".join(action.option_strings) or "section.key=value (%s)" % args.overrides[0],
+            ", ".join(owners[:-1]) + " and " + owners[-1] if len(owners) > 1 else owners[0], mode,
+            ": set the value in the config (section.key=value)" if mode == "--config" else ""))
 
 
 def attention_list(args) -> List[Optional[str]]:
