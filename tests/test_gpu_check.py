@@ -77,7 +77,7 @@ def test_cpu_mode_records_every_check(default_data_128, tmp_path):
 
     markdown = (output / "gpu_check.md").read_text()
     assert markdown in out and "every check passed" in markdown
-    for line in ("| dense | 0 | 4 |", "| ours packed varlen |", "| True | step_0000002.pt | 0 | True | True of "):
+    for line in ("| dense | 0 | 4 |", "\nours packed varlen ", "| True | step_0000002.pt | 0 | True | True of "):
         assert line in markdown, line
     assert torch.get_num_threads() == threads  # the CPU mode's one thread is put back as it was
 

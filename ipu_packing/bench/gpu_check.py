@@ -299,17 +299,7 @@ def format_markdown(report: Dict[str, Any]) -> str:
         if "error" in p:
             lines.append("error: %s" % p["error"])
             continue
-        r = p["result"]
-        lines += ["%d timed packs = %d sequences, micro batch %d, %d repeats, %s, load %s -> %s"
-                  % (r["timed_packs"], r["num_sequences"], r["micro_batch_size"], r["repeats"], r["precision"],
-                     " ".join("%.2f" % x for x in r["load_before"]), " ".join("%.2f" % x for x in r["load_after"])),
-                  "", "| contender | sequences/s | vs transformers padded | peak memory (MiB) |", "|---|---|---|---|"]
-        for row in r["rows"]:
-            lines.append("| %s | %.2f | %.2fx | %s |" % (
-                row["name"], row["sequences_per_second"], row["ratio"],
-                "%.0f" % (row["peak_memory_bytes"] / 2.0 ** 20) if row["peak_memory_bytes"] is not None else "-"))
-        lines.extend("\nskipped %s" % note for note in r["skipped"])
-        lines.extend("\nFAILED %s" % note for note in r["failed"])
+        lines += ["```", p["table"], "```"]  # the peers bench's own table (format_peers)
     fails = report["failures"]
     lines += ["", "**%s**" % ("every check passed" if not fails else "FAILED: " + "; ".join(fails))]
     return "\n".join(lines) + "\n"
