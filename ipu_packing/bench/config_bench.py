@@ -106,23 +106,33 @@ def open_source(config, histogram: Optional[np.ndarray], path: str):
     return plan, plan.num_sequences / float(plan.num_packs)
 
 
+def first_epoch_packs(config, data, packed_rows: int, padded_rows: int, count, what: str) -> List[Any]:
+    """The records of ``data`` (TrainingData) in the order of the run's first epoch (epoch_order, as the training
+    loop orders them), until there are ``packed_rows`` packs and ``padded_rows`` of ``what`` (``count`` of each
+    record's, summed)."""
+    records, counted = [], 0
+    for index in data.epoch_order(config.training.seed, 0):
+        if len(records) >= packed_rows and counted >= padded_rows:
+            break
+        records.append(data.dataset[int(index)])
+        counted += count(records[-1])
+    if len(records) < packed_rows or counted < padded_rows:
+        raise BenchError(
+            "dataset %s has %d packs (%d %s): fewer than the %d packs and %d %s of a warm-up call and --steps of "
+            "both layouts; lower --steps" % (data.path, data.num_packs, data.num_sequences, what, packed_rows,
+                                             padded_rows, what))
+    return records
+
+
 def dataset_groups(config, data, packed_rows: int, padded_rows: int) -> Tuple[List[List[Any]], Dict[str, Any]]:
     """Sequences of the prepared dataset, grouped as DIR/packed packs them: the packs of the run's first
     epoch in its order (TrainingData.epoch_order), until there are `packed_rows` packs and `padded_rows`
     sequences."""
     from ipu_packing.data.reference import unpack
 
-    groups, sequences = [], 0
-    for index in data.epoch_order(config.training.seed, 0):
-        if len(groups) >= packed_rows and sequences >= padded_rows:
-            break
-        groups.append(unpack(data.dataset[int(index)]))
-        sequences += len(groups[-1])
-    if len(groups) < packed_rows or sequences < padded_rows:
-        raise BenchError(
-            "dataset %s has %d packs (%d sequences): fewer than the %d packs and %d sequences of a warm-up call "
-            "and --steps of both layouts; lower --steps" % (data.path, data.num_packs, data.num_sequences,
-                                                            packed_rows, padded_rows))
+    records = first_epoch_packs(config, data, packed_rows, padded_rows,
+                                lambda record: int(np.max(record["sequence_ids"])), "sequences")  # numbered 1..k
+    groups = [unpack(record) for record in records]
     return groups, {"source": data.path, "packed_mlm_slots": int(data.dataset.mlm_slots),
                     "recipe": data.dataset.manifest.get("recipe") or {}}
 
@@ -367,30 +377,18 @@ def format_config_result(r: Dict[str, Any]) -> str:
 
 def draw_config_plot(r: Dict[str, Any], path: str) -> str:
     """Seconds of each timed call of both layouts, in the order they ran, and sequences/s."""
-    import matplotlib
+    from .report import draw_bars, two_panels
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..fsutil import atomic_open
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in ("padded", "packed"):
-        seconds = r[name]["call_seconds"]
-        left.plot(range(1, len(seconds) + 1), seconds, marker="o", label=name)
-    left.set_xlabel("timed call (interleaved)")
-    left.set_ylabel("seconds")
-    left.legend()
-    values = [r["padded_sequences_per_second"], r["packed_sequences_per_second"],
-              r["padded_sequences_per_second"] * r["theoretical_speedup"]]
-    right.bar(["padded", "packed", "packed (theory)"], values, color=["C0", "C1", "0.7"])
-    right.set_ylabel("sequences / s")
-    right.set_title("speed-up %.2fx of %.2fx" % (r["speedup"], r["theoretical_speedup"]))
-    fig.suptitle("%s: packed vs padded through the %s runner" % (r["config"], r["backend"]))
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=90)
-    plt.close(fig)
+    with two_panels(path) as (fig, left, right):
+        for name in ("padded", "packed"):
+            seconds = r[name]["call_seconds"]
+            left.plot(range(1, len(seconds) + 1), seconds, marker="o", label=name)
+        left.set_xlabel("timed call (interleaved)")
+        left.set_ylabel("seconds")
+        left.legend()
+        draw_bars(right, r["padded_sequences_per_second"], r["packed_sequences_per_second"], r["theoretical_speedup"],
+                  "speed-up %.2fx of %.2fx" % (r["speedup"], r["theoretical_speedup"]))
+        fig.suptitle("%s: packed vs padded through the %s runner" % (r["config"], r["backend"]))
     return path
 
 

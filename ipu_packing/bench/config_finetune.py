@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
+from .config_bench import first_epoch_packs
 from .inputs import BenchError
 
 
@@ -72,19 +73,10 @@ def task_layouts(config, packed, padded, packed_rows: int, padded_rows: int
     from ipu_packing.data.format import field_layout
 
     unique = field_layout(packed.manifest).unique_ids  # a classification example's row, a QA window's
-    records, examples = [], []  # examples: (pack, slot, unique id) in pack and slot order
-    for index in packed.epoch_order(config.training.seed, 0):
-        if len(records) >= packed_rows and len(examples) >= padded_rows:
-            break
-        record = packed.dataset[int(index)]
-        ids = np.asarray(record[unique])
-        examples.extend((len(records), k, int(e)) for k, e in enumerate(ids) if e >= 0)
-        records.append(record)
-    if len(records) < packed_rows or len(examples) < padded_rows:
-        raise BenchError(
-            "dataset %s has %d packs (%d examples): fewer than the %d packs and %d examples of a warm-up call and "
-            "--steps of both layouts; lower --steps" % (packed.path, packed.num_packs, packed.num_sequences,
-                                                        packed_rows, padded_rows))
+    records = first_epoch_packs(config, packed, packed_rows, padded_rows,
+                                lambda record: int((np.asarray(record[unique]) >= 0).sum()), "examples")
+    examples = [(p, k, int(e)) for p, record in enumerate(records)  # (pack, slot, unique id) in pack and slot order
+                for k, e in enumerate(np.asarray(record[unique])) if e >= 0]
     wanted = {e for _, _, e in examples}
     row_of = {}  # unique id -> its padded row
     for i in range(len(padded.dataset)):

@@ -1,11 +1,13 @@
-"""What the benches report: the packed-vs-padded bench's result (throughput.py), as a table and a plot, and the
-peers bench's (peers.py: ours against transformers), as a table."""
+"""What the benches report: the packed-vs-padded bench's result (throughput.py), as a table and a plot (the two
+panels and the throughput bars --config's plot draws too), and the peers bench's (peers.py: ours against
+transformers), as a table."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -62,45 +64,51 @@ class Result:
     precision: str = "fp32"
 
 
-def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
+@contextlib.contextmanager
+def two_panels(path: str) -> Iterator[Tuple[Any, Any, Any]]:
+    """(figure, left axes, right axes) of a bench's plot, written to ``path`` (PNG, atomically) on exit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    names = ["padded", "packed", "padded x theoretical"]
-    values = [
-        result.padded_sequences_per_second,
-        result.packed_sequences_per_second,
-        result.padded_sequences_per_second * result.theoretical_speedup,
-    ]
-    bars = left.bar(names, values, color=["#999999", "#1f77b4", "#c6dbef"])
-    for bar, value in zip(bars, values):
-        left.text(bar.get_x() + bar.get_width() / 2, value, "%.1f" % value, ha="center", va="bottom")
-    left.set_ylabel("sequences / s (training steps)")
-    left.set_title(
-        "S=%d: speed-up %.2fx measured, %.2fx theoretical, overhead %.1f%%"
-        % (result.max_seq_length, result.speedup, result.theoretical_speedup, 100 * result.overhead),
-        fontsize=9,
-    )
-    right.bar(np.arange(1, len(histogram) + 1), histogram / max(histogram.sum(), 1), width=1.0, color="#1f77b4")
-    right.set_xlabel("sequence length (tokens)")
-    right.set_ylabel("fraction of sequences")
-    right.set_yscale("log")
-    right.set_title(
-        "%d sequences -> %d packs (%.3fx); timed: %d rows vs %d packs"
-        % (result.plan_sequences, result.plan_packs, result.plan_theoretical_speedup, result.padded_rows,
-           result.num_packs),
-        fontsize=9,
-    )
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
+    try:
+        yield fig, left, right
+        fig.tight_layout()
+        with atomic_open(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+
+
+def draw_plot(result: Result, histogram: np.ndarray, path: str) -> str:
+    with two_panels(path) as (_, left, right):
+        draw_bars(left, result.padded_sequences_per_second, result.packed_sequences_per_second,
+                  result.theoretical_speedup, "S=%d: speed-up %.2fx measured, %.2fx theoretical, overhead %.1f%%"
+                  % (result.max_seq_length, result.speedup, result.theoretical_speedup, 100 * result.overhead))
+        right.bar(np.arange(1, len(histogram) + 1), histogram / max(histogram.sum(), 1), width=1.0, color="#1f77b4")
+        right.set_xlabel("sequence length (tokens)")
+        right.set_ylabel("fraction of sequences")
+        right.set_yscale("log")
+        right.set_title(
+            "%d sequences -> %d packs (%.3fx); timed: %d rows vs %d packs"
+            % (result.plan_sequences, result.plan_packs, result.plan_theoretical_speedup, result.padded_rows,
+               result.num_packs),
+            fontsize=9,
+        )
     return path
+
+
+def draw_bars(axes, padded: float, packed: float, theoretical: float, title: str) -> None:
+    """Sequences/s of the padded and packed layouts, and the padded one's times the theoretical speed-up."""
+    values = [padded, packed, padded * theoretical]
+    bars = axes.bar(["padded", "packed", "padded x theoretical"], values, color=["#999999", "#1f77b4", "#c6dbef"])
+    for bar, value in zip(bars, values):
+        axes.text(bar.get_x() + bar.get_width() / 2, value, "%.1f" % value, ha="center", va="bottom")
+    axes.set_ylabel("sequences / s (training steps)")
+    axes.set_title(title, fontsize=9)
 
 
 def format_result(r: Result) -> str:
