@@ -19,7 +19,6 @@ P = round(0.15 S) + 1, NSP labels 0/1).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -29,10 +28,10 @@ import numpy as np
 
 from ..data.format import SPECIAL_TOKENS
 from ..data.random_instances import draw_instances
-from .prepare_scale import du, run_measured, scratch
+from .prepare_scale import data_bench_parser, du, run_measured, scratch
 from .. import jsonin, jsonout
 from ..data.write.datasets import PackingOptions
-from ..errors import ArgumentParser, run_command
+from ..errors import run_command
 
 VOCAB_SIZE = 30522
 CHUNK = 1 << 15
@@ -134,18 +133,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _main(argv: Optional[List[str]] = None) -> int:
-    parser = ArgumentParser(prog="python -m ipu_packing.bench.pack_existing", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = data_bench_parser("python -m ipu_packing.bench.pack_existing", __doc__)
     parser.add_argument("--instances", type=int, required=True)
     parser.add_argument("--format", choices=("hdf5", "tfrecord"), default="hdf5")
     parser.add_argument("--files", type=int, default=1, help="input files (the instances split evenly)")
-    parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--max-sequences-per-pack", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--no-padded", action="store_true")
-    parser.add_argument("--workdir", default=None, help="where the input and output go (default: a temp dir)")
-    parser.add_argument("--keep", action="store_true", help="keep the input and output")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.instances < args.files or args.files < 1:
         parser.error("--instances must be >= --files >= 1")

@@ -178,23 +178,29 @@ def scratch(workdir: Optional[str], prefix: str, keep: bool) -> Iterator[str]:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def data_bench_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The options both data benches take (this one and pack_existing.py): the work directory, the command's
+    S, workers and --no-padded, and --json."""
+    parser = ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", default=None, help="where the input and output go (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the input and output")
+    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--no-padded", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     return run_command(_main, argv)
 
 
 def _main(argv: Optional[List[str]] = None) -> int:
-    parser = ArgumentParser(prog="python -m ipu_packing.bench.prepare_scale", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = data_bench_parser("python -m ipu_packing.bench.prepare_scale", __doc__)
     parser.add_argument("--mb", type=float, required=True, help="corpus size in MB (2**20 bytes)")
     parser.add_argument("--nofile", type=int, default=1024, help="RLIMIT_NOFILE of prepare")
-    parser.add_argument("--workdir", default=None, help="where the corpus and output go (default: a temp dir)")
-    parser.add_argument("--keep", action="store_true", help="keep the corpus and output")
-    parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--dupe-factor", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--no-padded", action="store_true")
     parser.add_argument("--shard-chars", type=int, default=None, help="prepare's --shard-chars")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.mb <= 0:
         parser.error("--mb must be > 0")
