@@ -1,6 +1,7 @@
 """The packed-vs-padded bench: same sequences in both layouts, the plan's mix in the timed sample,
 the JSON keys and the plot. Speed itself is reported by the command, never asserted."""
 
+import importlib.util
 import json
 
 import numpy as np
@@ -11,11 +12,8 @@ from ipu_packing.bench import cli as bench_cli
 from ipu_packing.bench import throughput as bench
 from packing_fixtures import synthetic_histogram
 
-try:
-    from torch.utils.flop_counter import FlopCounterMode  # noqa: F401  (torch >= 2.1)
-    FLOP_COUNTER = True
-except ImportError:  # torch's module: the SDK's torch 2.0.1 has no FLOP counter
-    FLOP_COUNTER = False
+FLOP_COUNTER = importlib.util.find_spec("torch.utils.flop_counter") is not None
+"""torch >= 2.1 counts FLOPs (FlopCounterMode); the SDK's torch 2.0.1 does not."""
 
 
 def test_select_packs_keeps_the_plan_mix():
