@@ -1,7 +1,8 @@
 """What each contender of ``bench --peers`` (peers.py) is fed: transformers' BertForPreTraining inputs built
-from our records (``data.reference.unpack``), padded to S or grouped by length as the HF Trainer groups them,
-our layouts' micro batches, and ``Contents``, what a contender's batches hold, so that every contender can be
-held to the same sequences, tokens and labels.
+from our records (``data.reference.unpack``), padded to S or grouped by length as the HF Trainer groups them
+(``hf_batches``, which pads the classifier bench's transformers inputs too), our layouts' micro batches, and
+``Contents``, what a contender's batches hold, so that every contender can be held to the same sequences, tokens
+and labels.
 
 Shape legend: B sequences (or packs) per batch, L the batch's row length (S, or its longest sequence).
 """
