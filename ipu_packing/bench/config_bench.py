@@ -48,7 +48,8 @@ import numpy as np
 
 from .. import jsonout
 from .harness import ORDERS, Contender, measure, progress
-from .inputs import BenchError, attention_list, check_writable, read_histogram_file, refuse_other_modes_options
+from .inputs import (BenchError, attention_list, check_writable, first_epoch_packs, read_histogram_file,
+                     refuse_other_modes_options)
 from .throughput import make_sequences, plan_histogram, select_packs
 
 
@@ -104,24 +105,6 @@ def open_source(config, histogram: Optional[np.ndarray], path: str):
     histogram = np.concatenate([histogram[:S], np.zeros(max(0, S - len(histogram)))])
     plan = plan_histogram(histogram, S, config.data.max_sequences_per_pack, None)
     return plan, plan.num_sequences / float(plan.num_packs)
-
-
-def first_epoch_packs(config, data, packed_rows: int, padded_rows: int, count, what: str) -> List[Any]:
-    """The records of ``data`` (TrainingData) in the order of the run's first epoch (epoch_order, as the training
-    loop orders them), until there are ``packed_rows`` packs and ``padded_rows`` of ``what`` (``count`` of each
-    record's, summed)."""
-    records, counted = [], 0
-    for index in data.epoch_order(config.training.seed, 0):
-        if len(records) >= packed_rows and counted >= padded_rows:
-            break
-        records.append(data.dataset[int(index)])
-        counted += count(records[-1])
-    if len(records) < packed_rows or counted < padded_rows:
-        raise BenchError(
-            "dataset %s has %d packs (%d %s): fewer than the %d packs and %d %s of a warm-up call and --steps of "
-            "both layouts; lower --steps" % (data.path, data.num_packs, data.num_sequences, what, packed_rows,
-                                             padded_rows, what))
-    return records
 
 
 def dataset_groups(config, data, packed_rows: int, padded_rows: int) -> Tuple[List[List[Any]], Dict[str, Any]]:

@@ -24,8 +24,7 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from .config_bench import first_epoch_packs
-from .inputs import BenchError
+from .inputs import BenchError, first_epoch_packs
 
 
 def open_task_data(packed_config, padded_config) -> Tuple[Any, Any, Any]:

@@ -1,11 +1,11 @@
 """What the benches read and write before anything is timed: length histograms (a file, or a prepared
-dataset's manifest), the shared data directory, the options each mode takes, the attentions to time, and the
-check that an output path can take a file."""
+dataset's manifest), a prepared split's first-epoch packs, the shared data directory, the options each mode
+takes, the attentions to time, and the check that an output path can take a file."""
 
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
@@ -49,6 +49,24 @@ def attention_list(args) -> List[Optional[str]]:
     if any(not a for a in attentions) or len(set(attentions)) != len(attentions):
         raise BenchError("--attention takes distinct implementations separated by commas, got %r" % (args.attention,))
     return attentions
+
+
+def first_epoch_packs(config, data, packed_rows: int, padded_rows: int, count, what: str) -> List[Any]:
+    """The records of ``data`` (TrainingData) in the order of the run's first epoch (epoch_order, as the training
+    loop orders them), until there are ``packed_rows`` packs and ``padded_rows`` of ``what`` (``count`` of each
+    record's, summed)."""
+    records, counted = [], 0
+    for index in data.epoch_order(config.training.seed, 0):
+        if len(records) >= packed_rows and counted >= padded_rows:
+            break
+        records.append(data.dataset[int(index)])
+        counted += count(records[-1])
+    if len(records) < packed_rows or counted < padded_rows:
+        raise BenchError(
+            "dataset %s has %d packs (%d %s): fewer than the %d packs and %d %s of a warm-up call and --steps of "
+            "both layouts; lower --steps" % (data.path, data.num_packs, data.num_sequences, what, packed_rows,
+                                             padded_rows, what))
+    return records
 
 
 def shared_dir() -> str:
