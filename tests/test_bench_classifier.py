@@ -125,10 +125,12 @@ def test_the_table_times_pairs_serving_then_fine_tuning(classifier, tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--classifier", "{dir}", "--config", "demo"], "two modes of the bench"),
-    (["--classifier", "{dir}", "--histogram", "h.json"], "--histogram is an option of the synthetic mode, --peers and --config, not of --classifier"),
+    (["--classifier", "{dir}", "--histogram", "h.json"],
+     "--histogram is an option of the synthetic mode, --peers and --config, not of --classifier"),
     (["--classifier", "{dir}", "--inputs", "0"], "--inputs must be >= 1"),
     (["--classifier", "{dir}", "--table", "--train"], "--table times serving and fine-tuning steps: leave out --train"),
-    (["--classifier", "{dir}", "--plot", "x.png"], "--plot is an option of the synthetic mode and --config, not of --classifier"),
+    (["--classifier", "{dir}", "--plot", "x.png"],
+     "--plot is an option of the synthetic mode and --config, not of --classifier"),
     (["--classifier", "{missing}"], "is not a directory"),
     (["--classifier", "{dir}", "--input", "{missing}"], "is not a file"),
     (["--inputs", "5"], "--inputs is an option of --classifier, not of the synthetic mode"),

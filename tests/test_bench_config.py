@@ -188,7 +188,8 @@ def test_pipelined_config_two_stages(data_dir, tmp_path):
 def test_bad_input_is_one_line_exit_2(data_dir, tmp_path):
     for args, words in (
         (["--steps", "3"], "--steps is an option of --config, not of the synthetic mode"),
-        (["--config", "demo", "--micro-batch-size", "4"], "--micro-batch-size is an option of the synthetic mode, --peers and --classifier, not of --config: set the value in the config"),
+        (["--config", "demo", "--micro-batch-size", "4"], "--micro-batch-size is an option of the synthetic mode, "
+         "--peers and --classifier, not of --config: set the value in the config"),
         (["--config", "demo", "--steps", "0"], "--steps must be >= 1"),
         (["--config", "demo", "data.dir=%s" % tmp_path], "dataset not found"),
         (["--config", "demo", "training.nope=1"], "training.nope"),

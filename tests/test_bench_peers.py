@@ -149,7 +149,7 @@ def test_every_contender_steps_on_every_batch_interleaved(monkeypatch):
         # interleaved: the pass opens with one step of each contender, not all of one contender's steps
         first = [name for name, _ in one[:len(contenders)]]
         assert sorted(first) == sorted(NAMES)
-    assert [row.steps for row in result.rows] == [len(c.batches) for c in contenders]
+    assert [row["calls"] for row in result.rows] == [len(c.batches) for c in contenders]
 
 
 def run_main(args):
@@ -189,17 +189,20 @@ def test_an_attention_this_torch_cannot_run_is_left_out_and_said(monkeypatch):
     monkeypatch.setattr(attention, "missing_torch_support",
                         lambda name: "needs a newer torch" if name == "varlen" else None)
     result = peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=4)
-    assert [row.name for row in result.rows] == [n for n in NAMES if not n.endswith("varlen")]
+    assert [row["name"] for row in result.rows] == [n for n in NAMES if not n.endswith("varlen")]
     assert result.skipped == ["ours varlen: needs a newer torch"]
     assert "skipped ours varlen: needs a newer torch" in report.format_peers(result)
 
 
 @pytest.mark.parametrize("args,message", [
     (["--peers", "--config", "demo"], "--peers and --config"),
-    (["--peers", "--attention", "dense"], "--attention is an option of the synthetic mode and --config, not of --peers"),
+    (["--peers", "--attention", "dense"],
+     "--attention is an option of the synthetic mode and --config, not of --peers"),
     (["--peers", "--plot", "x.png"], "--plot is an option of the synthetic mode and --config, not of --peers"),
-    (["--config", "demo", "--device", "cuda"], "--device is an option of the synthetic mode and --peers, not of --config"),
-    (["--config", "demo", "--precision", "bf16"], "--precision is an option of the synthetic mode and --peers, not of --config"),
+    (["--config", "demo", "--device", "cuda"],
+     "--device is an option of the synthetic mode and --peers, not of --config"),
+    (["--config", "demo", "--precision", "bf16"],
+     "--precision is an option of the synthetic mode and --peers, not of --config"),
     (["--peers", "--precision", "fp16"], "invalid choice"),
     (["--peers", "--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
 ])
@@ -238,6 +241,6 @@ def test_keep_going_leaves_out_a_contender_whose_warm_up_fails(monkeypatch):
     with pytest.raises(RuntimeError, match="no kernel"):  # the bench itself: a failing contender is a bug
         peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=4)
     result = peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=4, keep_going=True)
-    assert [row.name for row in result.rows] == [n for n in NAMES if n != "ours packed sdpa"]
+    assert [row["name"] for row in result.rows] == [n for n in NAMES if n != "ours packed sdpa"]
     assert result.failed == ["ours packed sdpa: RuntimeError: no kernel for this"]
     assert "FAILED ours packed sdpa: RuntimeError: no kernel for this" in report.format_peers(result)
