@@ -248,3 +248,19 @@ def test_attention_lists_are_distinct_names_in_both_modes(mode, attention):
     code, out, err = run_main(mode + ["--attention", attention])
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "--attention takes distinct implementations separated by commas, got %r" % attention in err
+
+
+def test_the_harness_reports_each_contender_over_its_median_pass_and_its_baselines():
+    from ipu_packing.bench.harness import Contender, Timings, rows, table
+
+    contenders = [Contender("padded", [1, 2, 3], None, sequences=30, computed_tokens=384),
+                  Contender("packed", [1], None, sequences=30, computed_tokens=128)]
+    timings = Timings(contenders, seconds=[[3.0, 6.0, 4.0], [1.0, 2.0, 9.0]], calls=[[], []], cpu=[[], []],
+                      warmup=[0.1, 0.1], peaks=[None, 7])
+    padded, packed = rows(timings, {"ratio": "padded", "ratio_missing": "gone"})
+    assert (padded["calls"], padded["sequences"], padded["computed_tokens"]) == (3, 30, 384)
+    assert (padded["sequences_per_second"], packed["sequences_per_second"]) == (30 / 4.0, 30 / 2.0)
+    assert (padded["ratio"], packed["ratio"]) == (1.0, 2.0)
+    assert np.isnan(packed["ratio_missing"]) and (padded["step_memory_bytes"], packed["step_memory_bytes"]) == (None, 7)
+    assert table([padded, packed], [("contender", 8, lambda r: r["name"]), ("seq/s", 6, lambda r: "%.1f" % r[
+        "sequences_per_second"])]) == ["contender  seq/s", "padded      7.5", "packed     15.0"]

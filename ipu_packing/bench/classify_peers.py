@@ -63,20 +63,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .harness import ORDERS, Contender, load_line, measure, progress, restorer
+from .harness import ORDERS, Contender, load_line, measure, progress, restorer, table
+from .harness import rows as harness_rows
 from .inputs import BenchError, refuse_other_modes_options
 from .peer_batches import hf_batches
 from .peers import to_tensors
 
 BASELINE = "transformers padded"
-
-
-@dataclass
-class Entry(Contender):
-    """One contender: the harness's, and the sequences and computed tokens (rows x row length) of its pass."""
-
-    sequences: int = 0
-    computed_tokens: int = 0
 
 
 def demo_texts() -> Tuple[List[str], List[str]]:
@@ -191,7 +184,7 @@ class Inputs:
 class Mode:
     """One mode's entries, what restores their state after the warm-up, and what the result says of the mode."""
 
-    entries: List[Entry]
+    entries: List[Contender]
     reset: Optional[Callable[[], None]]
     report: Dict[str, Any]
 
@@ -210,7 +203,7 @@ def tokenize(texts: List[Any], label_names: Optional[List[str]], tokenizer, S: i
                   [list(t) for t in tokenized["token_type_ids"]] if pairs else None)
 
 
-def hf_entries(data: Inputs, B: int, S: int, grouped_order: Sequence[int], call, labels) -> List[Entry]:
+def hf_entries(data: Inputs, B: int, S: int, grouped_order: Sequence[int], call, labels) -> List[Contender]:
     """transformers padded to S, with dynamic padding (input order) and grouped (``grouped_order``), B a call."""
     import torch
 
@@ -221,7 +214,7 @@ def hf_entries(data: Inputs, B: int, S: int, grouped_order: Sequence[int], call,
                                 ("transformers dynamic", range(len(rows)), None),
                                 ("transformers grouped", grouped_order, None)):
         batches = hf_batches(rows, order, B, length)
-        entries.append(Entry(name, to_tensors(batches, torch), call, sequences=len(rows),
+        entries.append(Contender(name, to_tensors(batches, torch), call, sequences=len(rows),
                              computed_tokens=sum(int(b["input_ids"].size) for b in batches)))
     return entries
 
@@ -238,9 +231,9 @@ def serving(hf, padded, packed, tokenizer, data: Inputs, packs, B: int, S: int, 
         with torch.no_grad():
             return hf(**batch).logits
 
-    def ours(name: str, predictor) -> Entry:
+    def ours(name: str, predictor) -> Contender:
         batches, computed = pack_batches(packs[name], predictor.batch_packs)
-        return Entry(name, batches, lambda p: collect(predictor.model, p, len(p)), sequences=n,
+        return Contender(name, batches, lambda p: collect(predictor.model, p, len(p)), sequences=n,
                      computed_tokens=computed)
 
     pipe = transformers.pipeline("text-classification", model=hf, tokenizer=tokenizer, top_k=None, device="cpu",
@@ -248,9 +241,9 @@ def serving(hf, padded, packed, tokenizer, data: Inputs, packs, B: int, S: int, 
     texts = data.texts
     entries = hf_entries(data, B, S, sorted(range(n), key=lambda i: -data.lengths[i]), hf_forward, None) + [
         ours("ours padded", padded), ours("ours packed", packed),
-        Entry("transformers pipeline", [[{"text": a, "text_pair": b} for a, b in texts]
+        Contender("transformers pipeline", [[{"text": a, "text_pair": b} for a, b in texts]
                                         if data.token_types is not None else texts], lambda t: pipe(t), sequences=n),
-        Entry("ours predict", [texts], packed.predict, sequences=n)]
+        Contender("ours predict", [texts], packed.predict, sequences=n)]
     ours_logits = collect(packed.model, packs["ours packed"], B)["logits"]
     hf_logits = torch.cat([hf_forward(b) for b in entries[0].batches]).numpy()
     return Mode(entries, None, {
@@ -289,10 +282,10 @@ def training(hf, ours, data: Inputs, packs, B: int, S: int, factor: float, seed:
     def our_step(batch):
         runner_for(int(batch["input_ids"].shape[0])).train_step(batch)
 
-    def ours_entry(name: str) -> Entry:
+    def ours_entry(name: str) -> Contender:
         batches, computed = pack_batches(packs[name], steps[name], data.labels)
         tensors = [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.arrays.items()} for p in batches]
-        return Entry(name, tensors, our_step, sequences=len(data.texts), computed_tokens=computed)
+        return Contender(name, tensors, our_step, sequences=len(data.texts), computed_tokens=computed)
 
     passes = {name: runner_for(packs_a_step).config.pass_sizes for name, packs_a_step in steps.items()}
     entries = (hf_entries(data, B, S, length_grouped_order(data.lengths, B, seed), hf_step, data.labels)
@@ -333,18 +326,12 @@ def _run(transformers, torch, directory, texts, inputs, S, K, B, repeats, preset
             % (n, sum(lengths), float(np.mean(lengths)), S, n, len(packs["ours packed"]), K,
                "fine-tuning steps" if train else "inference"))
         timings = measure(mode.entries, repeats, order, mode.reset, log=log)
-        rows = []
-        for i, e in enumerate(mode.entries):
-            rows.append({"name": e.name, "calls": len(e.batches), "sequences": e.sequences,
-                         "computed_tokens": e.computed_tokens, "seconds": timings.seconds[i],
-                         "sequences_per_second": e.sequences / timings.median(i),
-                         "sequences_per_row": factor if e.name == "ours packed" else (
-                             None if not e.computed_tokens else 1.0)})
+        rows = harness_rows(timings, {"ratio": BASELINE, "ratio_dynamic": "transformers dynamic",
+                                      "ratio_grouped": "transformers grouped"})
+        for row in rows:  # the pipeline and predict end to end compute no rows of their own
+            row["sequences_per_row"] = factor if row["name"] == "ours packed" else (
+                1.0 if row["computed_tokens"] else None)
         speed = {row["name"]: row["sequences_per_second"] for row in rows}
-        for row in rows:
-            row["ratio"] = row["sequences_per_second"] / speed[BASELINE]
-            row["ratio_dynamic"] = row["sequences_per_second"] / speed["transformers dynamic"]
-            row["ratio_grouped"] = row["sequences_per_second"] / speed["transformers grouped"]
         config = hf.config
         return dict({
             "mode": "classifier-train" if train else "classifier-inference", "classifier": directory,
@@ -395,13 +382,13 @@ def format_classifier_peers(r: Dict[str, Any]) -> str:
             "fused" if r["optimizer"]["fused"][k] else "per-op loop" for k in ("transformers", "ours")))
     lines.append("ours packed / ours padded: %.2fx at packing factor %.2f (%.0f%% of it)"
                  % (r["packed_over_padded"], r["packing_factor"], 100 * r["packed_over_padded"] / r["packing_factor"]))
-    lines.append("%-22s %6s %10s %9s %9s %9s %8s %13s" % ("contender", "calls", "seq/s", "vs HF pad", "vs dyn",
-                                                          "vs group", "seq/row", "computed tok"))
-    for row in r["rows"]:
-        per_row = row.get("sequences_per_row")
-        lines.append("%-22s %6d %10.1f %8.2fx %8.2fx %8.2fx %8s %13s" % (
-            row["name"], row["calls"], row["sequences_per_second"], row["ratio"], row["ratio_dynamic"],
-            row["ratio_grouped"], "-" if per_row is None else "%.2f" % per_row, row["computed_tokens"] or "-"))
+    lines += table(r["rows"], [
+        ("contender", 22, lambda row: row["name"]), ("calls", 6, lambda row: "%d" % row["calls"]),
+        ("seq/s", 10, lambda row: "%.1f" % row["sequences_per_second"]),
+        ("vs HF pad", 9, lambda row: "%.2fx" % row["ratio"]), ("vs dyn", 9, lambda row: "%.2fx" % row["ratio_dynamic"]),
+        ("vs group", 9, lambda row: "%.2fx" % row["ratio_grouped"]),
+        ("seq/row", 8, lambda row: "-" if row["sequences_per_row"] is None else "%.2f" % row["sequences_per_row"]),
+        ("computed tok", 13, lambda row: "%d" % row["computed_tokens"] if row["computed_tokens"] else "-")])
     return "\n".join(lines)
 
 

@@ -1,7 +1,10 @@
-"""The one timing harness of every throughput bench: warm-up, the order of the calls, repeats, the record.
+"""The one timing harness of every throughput bench: warm-up, the order of the calls, repeats, the record, the
+report's rows.
 
-    timings = measure([Contender(name, batches, call), ...], repeats=3, order="calls", reset=restore_weights)
+    timings = measure([Contender(name, batches, call, sequences=n), ...], repeats=3, order="calls",
+                      reset=restore_weights)
     timings.median(i)          # contender i's seconds for one pass over its batches, the median over repeats
+    rows(timings, {"ratio": "transformers padded"})   # each contender's sequences/s, and over the baseline's
 
 1. Warm-up: each contender's first batch (or its ``warmup`` batch) once, untimed (allocations, kernel choices,
    lazy imports); then ``reset`` (the initial weights back, say). With ``keep_going`` a contender whose warm-up
@@ -19,6 +22,8 @@
    poptorch executable, an optimizer's zero_grad). On CUDA the device is synchronised around each call and the
    peak bytes a call allocated beyond what was allocated before it are kept. ``os.getloadavg()`` is recorded
    before and after.
+4. ``rows``: what a report says of each contender (its sequences/s over the median pass, ratios to baselines),
+   ``table`` its lines.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import one_line
 
@@ -48,6 +53,10 @@ class Contender:
     """Run before each call, untimed (a poptorch executable attached)."""
     warmup: Any = None
     """The warm-up call's batch, where it is not the first of ``batches``."""
+    sequences: int = 0
+    """Sequences of one pass over ``batches``: what the report's rate counts."""
+    computed_tokens: int = 0
+    """Positions one pass computes, padding included (rows x row length); 0 where the bench does not count them."""
 
 
 @dataclass
@@ -75,6 +84,32 @@ class Timings:
     def median(self, i: int) -> float:
         """Contender ``i``'s seconds for one pass, the median over repeats."""
         return statistics.median(self.seconds[i])
+
+
+def rows(timings: Timings, baselines: Dict[str, str]) -> List[Dict[str, Any]]:
+    """The report's row of each contender timed: name, calls (of one pass), sequences, computed_tokens, seconds
+    (each repeat's pass), sequences_per_second (over the median pass) and step_memory_bytes (CUDA: the most a call
+    allocated beyond what was allocated before it; else None); and for each ``baselines`` key, its sequences/s
+    over that of the contender named (NaN if that one failed)."""
+    out = [dict(name=c.name, calls=len(c.batches), sequences=c.sequences, computed_tokens=c.computed_tokens,
+                seconds=timings.seconds[i], sequences_per_second=c.sequences / timings.median(i),
+                step_memory_bytes=timings.peaks[i]) for i, c in enumerate(timings.contenders)]
+    speed = {row["name"]: row["sequences_per_second"] for row in out}
+    for row in out:
+        for key, name in baselines.items():
+            row[key] = row["sequences_per_second"] / speed.get(name, float("nan"))
+    return out
+
+
+def table(rows: Sequence[Dict[str, Any]], columns: Sequence[Tuple[str, int, Callable[[Dict[str, Any]], str]]]
+          ) -> List[str]:
+    """``rows`` as fixed-width lines under a header: each column (header, width, cell of a row), the first one
+    left-aligned (the contender's name), the others right-aligned."""
+    def line(cells):
+        return " ".join(cell.ljust(width) if j == 0 else cell.rjust(width)
+                        for j, (cell, (_, width, _)) in enumerate(zip(cells, columns)))
+
+    return [line([header for header, _, _ in columns])] + [line([cell(row) for _, _, cell in columns]) for row in rows]
 
 
 def progress(quiet: bool = False) -> Callable[[str], None]:
@@ -176,4 +211,5 @@ def measure(contenders: Sequence[Contender], repeats: int = 1, order: str = "cal
     return Timings(timed, seconds, calls, cpu, warmup, peaks, failed, load_before, list(os.getloadavg()))
 
 
-__all__ = ["Contender", "ORDERS", "Timings", "load_line", "measure", "progress", "restorer", "schedule"]
+__all__ = ["Contender", "ORDERS", "Timings", "load_line", "measure", "progress", "restorer", "rows", "schedule",
+           "table"]

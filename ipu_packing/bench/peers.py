@@ -50,7 +50,7 @@ from .inputs import BenchError
 from .peer_batches import (Contents, grouped_batches, hf_contents, layout_batches, layout_contents, layout_instances,
                            padded_batches)
 from .presets import MODEL_PRESETS
-from .report import PeerRow, PeersResult, format_peers
+from .report import PeersResult, format_peers
 from .throughput import Layout, plan_histogram, timed_layouts
 
 ATTENTIONS = ("dense", "sdpa", "varlen")
@@ -80,6 +80,9 @@ class Contender(harness.Contender):
     contents: Optional[Contents] = None
     resident_bytes: Callable[[], int] = lambda: 0
     """Its model's weights and optimizer state, in bytes (shared with the contenders of the same model)."""
+
+    def __post_init__(self) -> None:  # the harness's counts of one pass, from what its batches hold
+        self.sequences, self.computed_tokens = self.contents.sequences, self.contents.computed_tokens
 
 
 def adamw_groups(model):
@@ -243,17 +246,12 @@ def run_peers(histogram: np.ndarray, S: int, K: int, model_preset: str = "tiny",
             model.load_state_dict(initial)
 
     timings = harness.measure(contenders, repeats, order, reset, keep_going, torch, cuda, log)
-    contenders, per_repeat, peaks = timings.contenders, timings.seconds, timings.peaks
-    rows = []
-    for i, c in enumerate(contenders):
-        rate = c.contents.sequences / timings.median(i)
+    rows = harness.rows(timings, {"ratio": BASELINE})
+    for row, c in zip(rows, timings.contenders):  # on CUDA, what it would peak at alone: its weights and state too
         resident = c.resident_bytes() if cuda else None
-        rows.append(PeerRow(c.name, c.library, c.layout, c.attention, c.contents.sequences, c.contents.tokens,
-                            c.contents.computed_tokens, len(c.batches), per_repeat[i], rate, 0.0,
-                            None if peaks[i] is None else resident + peaks[i], peaks[i], resident))
-    baseline = [row.sequences_per_second for row in rows if row.name == BASELINE] or [float("nan")]
-    for row in rows:
-        row.ratio = row.sequences_per_second / baseline[0]
+        row.update(library=c.library, layout=c.layout, attention=c.attention, tokens=c.contents.tokens,
+                   resident_bytes=resident, peak_memory_bytes=None if resident is None else
+                   resident + row["step_memory_bytes"])
     return PeersResult(
         rows=rows, skipped=skipped, failed=timings.failed, load_before=timings.load_before,
         load_after=timings.load_after, device=device, order=order,

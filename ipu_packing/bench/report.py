@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ..fsutil import atomic_open
-from .harness import ORDERS, load_line
+from .harness import ORDERS, load_line, table
 
 
 @dataclass
@@ -145,37 +145,15 @@ def format_result(r: Result) -> str:
 
 
 @dataclass
-class PeerRow:
-    """One contender's result."""
-
-    name: str
-    library: str
-    layout: str
-    attention: str
-    sequences: int
-    tokens: int
-    computed_tokens: int
-    """Positions computed, padding included (rows x row length)."""
-    steps: int
-    seconds: List[float]
-    """Seconds of all its steps, per repeat."""
-    sequences_per_second: float
-    """sequences / the median of ``seconds``."""
-    ratio: float
-    """sequences_per_second / transformers padded's."""
-    peak_memory_bytes: Optional[int] = None
-    """CUDA: resident_bytes + step_memory_bytes, what it would peak at alone; None on CPU."""
-    step_memory_bytes: Optional[int] = None
-    """CUDA: the most ``torch.cuda.max_memory_allocated`` rose during one of its steps."""
-    resident_bytes: Optional[int] = None
-    """CUDA: its model's weights and AdamW state."""
-
-
-@dataclass
 class PeersResult:
     """``bench --peers``: every contender's row, and the conditions they ran under."""
 
-    rows: List[PeerRow]
+    rows: List[Dict[str, Any]]
+    """Every contender's harness row (harness.rows: calls, sequences, computed_tokens, seconds of each repeat,
+    sequences_per_second, ``ratio`` over transformers padded's, step_memory_bytes) with its library
+    ("transformers" or "ours"), layout ("padded", "grouped" or "packed"), attention, real tokens, and on CUDA
+    resident_bytes (its model's weights and AdamW state) and peak_memory_bytes (resident + step: what it would
+    peak at alone; None on CPU)."""
     skipped: List[str]
     """Contenders left out, each with why (an attention this torch cannot run)."""
     failed: List[str]
@@ -214,7 +192,7 @@ class PeersResult:
 
 def format_peers(r: PeersResult) -> str:
     m = r.model
-    memory = any(row.peak_memory_bytes is not None for row in r.rows)
+    memory = any(row["peak_memory_bytes"] is not None for row in r.rows)
     lines = [
         "model %s (hidden %d, %d layers, vocab %d), S=%d, micro batch %d (sequences, or packs for ours packed), "
         "%s on %s (%s), %d torch threads, %d repeats (medians; %s), AdamW lr %g wd %g"
@@ -225,13 +203,12 @@ def format_peers(r: PeersResult) -> str:
         "(attention %s)" % (r.timed_packs, r.max_sequences_per_pack, r.packing_algorithm, r.num_sequences,
                             r.num_tokens, r.torch_version, r.transformers_version, r.transformers_attention),
         load_line(r.load_before, r.load_after),
-        "%-26s %6s %10s %11s %12s%s" % ("contender", "steps", "seq/s", "vs HF pad", "computed tok",
-                                        "  peak memory" if memory else ""),
-    ]
-    for row in r.rows:
-        lines.append("%-26s %6d %10.2f %10.2fx %12d%s" % (
-            row.name, row.steps, row.sequences_per_second, row.ratio, row.computed_tokens,
-            "  %8.0f MiB" % (row.peak_memory_bytes / 2.0 ** 20) if row.peak_memory_bytes is not None else ""))
+    ] + table(r.rows, [("contender", 26, lambda row: row["name"]), ("steps", 6, lambda row: "%d" % row["calls"]),
+                       ("seq/s", 10, lambda row: "%.2f" % row["sequences_per_second"]),
+                       ("vs HF pad", 10, lambda row: "%.2fx" % row["ratio"]),
+                       ("computed tok", 12, lambda row: "%d" % row["computed_tokens"])]
+              + ([("peak memory", 12, lambda row: "%.0f MiB" % (row["peak_memory_bytes"] / 2.0 ** 20))]
+                 if memory else []))
     lines.extend("skipped %s" % note for note in r.skipped)
     lines.extend("FAILED %s" % note for note in r.failed)
     return "\n".join(lines)
