@@ -29,7 +29,9 @@ class Result:
     cpu_overhead: float
     """The same ratio of this process's CPU seconds (a call's time descheduled by other processes left out)."""
     flops_overhead: Optional[float]
-    """The same ratio of matmul FLOPs (torch's FlopCounterMode, one step of each; None before torch 2.1)."""
+    """The same ratio of matmul FLOPs (torch's FlopCounterMode, one step of each; None before torch 2.1). The
+    counter has no formula for some SDPA kernels (CPU's among them: they count 0), so under sdpa or varlen
+    attention on CPU it counts the linear layers and heads only; dense attention's matmuls are counted."""
     plan_sequences: int
     plan_packs: int
     plan_theoretical_speedup: float
@@ -129,9 +131,10 @@ def format_result(r: Result) -> str:
             "theoretical speed-up: %.3fx (padded rows / packs)" % r.theoretical_speedup,
             "packing overhead:     %.2f%% (time per pack / time per padded row - 1); CPU time %+.2f%%%s"
             % (100 * r.overhead, 100 * r.cpu_overhead, "" if r.flops_overhead is None else
-               "; matmul FLOPs %+.2f%% (%.4g against %.4g a row)" % (
+               "; matmul FLOPs %+.2f%% (%.4g against %.4g a row%s)" % (
                    100 * r.flops_overhead, r.attentions[1]["matmul_flops_per_row"],
-                   r.attentions[0]["matmul_flops_per_row"])),
+                   r.attentions[0]["matmul_flops_per_row"], "" if r.attention == "dense" else
+                   "; torch counts no SDPA kernel on CPU: --attention dense counts attention too")),
         ]
         + (["attention comparison: each pair's sequences/s over padded %s's, measured and by the FLOP model"
             % r.attentions[0]["attention"],
