@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ipu_packing.bench import cli as bench_cli
-from ipu_packing.bench import peer_batches, peers, report
+from ipu_packing.bench import peers
 from ipu_packing.bench import throughput as bench
 from ipu_packing.data.format import IGNORE_INDEX
 
@@ -39,12 +39,12 @@ def layouts(timed_packs=12, S=64, vocab_size=120, seed=0):
 
 def test_the_transformers_rows_hold_our_sequences_tokens_and_labels():
     padded, packed = layouts()
-    instances = peer_batches.layout_instances(padded)
+    instances = peers.layout_instances(padded)
     assert len(instances) == padded.sequences == packed.sequences
-    ours = {name: peer_batches.layout_contents(peer_batches.layout_batches(layout, 4)) for name, layout in
+    ours = {name: peers.layout_contents(peers.layout_batches(layout, 4)) for name, layout in
             (("padded", padded), ("packed", packed))}
-    theirs = {"padded": peer_batches.hf_contents(peer_batches.padded_batches(instances, 4, 64)),
-              "grouped": peer_batches.hf_contents(peer_batches.grouped_batches(instances, 4, seed=0))}
+    theirs = {"padded": peers.hf_contents(peers.padded_batches(instances, 4, 64)),
+              "grouped": peers.hf_contents(peers.grouped_batches(instances, 4, seed=0))}
     for contents in list(ours.values()) + list(theirs.values()):
         assert contents.same_sequences(ours["padded"])
         assert contents.sequences == padded.sequences and contents.tokens == padded.tokens
@@ -54,7 +54,7 @@ def test_the_transformers_rows_hold_our_sequences_tokens_and_labels():
     assert theirs["padded"].computed_tokens == padded.rows * 64 > theirs["grouped"].computed_tokens >= padded.tokens
 
     # row by row: transformers' padded batches are our padded rows, each label at its token's position
-    rows = peer_batches.padded_batches(instances, 4, 64)
+    rows = peers.padded_batches(instances, 4, 64)
     stacked = {k: np.concatenate([b[k] for b in rows]) for k in rows[0]}
     a = padded.arrays
     for i in range(padded.rows):
@@ -71,11 +71,11 @@ def test_the_transformers_rows_hold_our_sequences_tokens_and_labels():
 
 def test_grouped_batches_hold_every_sequence_once_padded_to_their_longest():
     padded, _ = layouts(timed_packs=40)
-    instances = peer_batches.layout_instances(padded)
+    instances = peers.layout_instances(padded)
     lengths = [len(s) for s in instances]
-    order = peer_batches.length_grouped_order(lengths, 4, seed=3)
+    order = peers.length_grouped_order(lengths, 4, seed=3)
     assert sorted(order) == list(range(len(instances)))  # a permutation: every sequence once
-    batches = peer_batches.grouped_batches(instances, 4, seed=3)
+    batches = peers.grouped_batches(instances, 4, seed=3)
     assert sum(len(b["next_sentence_label"]) for b in batches) == len(instances)
     assert [len(b["next_sentence_label"]) for b in batches[:-1]] == [4] * (len(batches) - 1)
     for b, start in zip(batches, range(0, len(order), 4)):
@@ -83,7 +83,7 @@ def test_grouped_batches_hold_every_sequence_once_padded_to_their_longest():
         assert b["input_ids"].shape[1] == max(chosen)  # padded to the batch's longest, not to S
         assert b["attention_mask"].sum(axis=1).tolist() == chosen
     assert max(lengths) in [lengths[j] for j in order[:4]]  # the longest batch goes first
-    again, other = (peer_batches.length_grouped_order(lengths, 4, seed=seed) for seed in (3, 4))
+    again, other = (peers.length_grouped_order(lengths, 4, seed=seed) for seed in (3, 4))
     assert again == order != other  # seeded
 
 
@@ -94,7 +94,7 @@ def test_length_grouping_is_the_trainers(n, batch_size):
     generator = torch.Generator()
     generator.manual_seed(11)
     expected = trainer_pt_utils.get_length_grouped_indices(lengths, batch_size, generator=generator)
-    assert peer_batches.length_grouped_order(lengths, batch_size, seed=11) == expected
+    assert peers.length_grouped_order(lengths, batch_size, seed=11) == expected
 
 
 def test_same_weights_give_transformers_losses():
@@ -136,7 +136,7 @@ def test_every_contender_steps_on_every_batch_interleaved(monkeypatch):
     contenders = counting.contenders
     for c in contenders:  # every sequence, or pack, in some batch: 9 packs are 4 + 4 + 1
         rows = [len(next(iter(b.values()))) for b in c.batches]
-        assert sum(rows) == (9 if c.layout == "packed" else result.num_sequences), c.name
+        assert sum(rows) == (9 if c.layout == "packed" else result["num_sequences"]), c.name
     assert [len(next(iter(b.values()))) for b in contenders[-1].batches] == [4, 4, 1]
     warm, timed = calls[:len(contenders)], calls[len(contenders):]
     assert [name for name, _ in warm] == NAMES  # one warm-up step each
@@ -149,7 +149,7 @@ def test_every_contender_steps_on_every_batch_interleaved(monkeypatch):
         # interleaved: the pass opens with one step of each contender, not all of one contender's steps
         first = [name for name, _ in one[:len(contenders)]]
         assert sorted(first) == sorted(NAMES)
-    assert [row["calls"] for row in result.rows] == [len(c.batches) for c in contenders]
+    assert [row["calls"] for row in result["rows"]] == [len(c.batches) for c in contenders]
 
 
 def run_main(args):
@@ -189,9 +189,9 @@ def test_an_attention_this_torch_cannot_run_is_left_out_and_said(monkeypatch):
     monkeypatch.setattr(attention, "missing_torch_support",
                         lambda name: "needs a newer torch" if name == "varlen" else None)
     result = peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=4)
-    assert [row["name"] for row in result.rows] == [n for n in NAMES if not n.endswith("varlen")]
-    assert result.skipped == ["ours varlen: needs a newer torch"]
-    assert "skipped ours varlen: needs a newer torch" in report.format_peers(result)
+    assert [row["name"] for row in result["rows"]] == [n for n in NAMES if not n.endswith("varlen")]
+    assert result["skipped"] == ["ours varlen: needs a newer torch"]
+    assert "skipped ours varlen: needs a newer torch" in peers.format_peers(result)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -241,6 +241,6 @@ def test_keep_going_leaves_out_a_contender_whose_warm_up_fails(monkeypatch):
     with pytest.raises(RuntimeError, match="no kernel"):  # the bench itself: a failing contender is a bug
         peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=4)
     result = peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=4, keep_going=True)
-    assert [row["name"] for row in result.rows] == [n for n in NAMES if n != "ours packed sdpa"]
-    assert result.failed == ["ours packed sdpa: RuntimeError: no kernel for this"]
-    assert "FAILED ours packed sdpa: RuntimeError: no kernel for this" in report.format_peers(result)
+    assert [row["name"] for row in result["rows"]] == [n for n in NAMES if n != "ours packed sdpa"]
+    assert result["failed"] == ["ours packed sdpa: RuntimeError: no kernel for this"]
+    assert "FAILED ours packed sdpa: RuntimeError: no kernel for this" in peers.format_peers(result)

@@ -2,12 +2,12 @@
 
 Modules, none importing another in a circle: presets (model sizes), inputs (length histograms, a split's
 first-epoch packs, the options each mode takes, BenchError), harness (the one timing harness: warm-up, order,
-repeats, the report's rows), report (the synthetic mode's result, table and plot; the peers result's table),
-throughput (the synthetic mode: plan, layouts, every attention given, FLOPs), config_bench and config_finetune
-(--config: a training config's own runner, data and batch accounting), peer_batches and peers (--peers: ours
-against transformers' BertForPreTraining on the same sequences), classify_peers (--classifier: serving and
-fine-tuning steps against BertForSequenceClassification), cli (the command, which `-m` runs); and the commands
-of their own: planner (every packing algorithm on one histogram), prepare_scale and pack_existing (the data
-commands at scale), convergence (fine-tuning packed and padded over seeds), gpu_check with run_compare
+repeats, the report's rows), report (the synthetic mode's result, table and plot), throughput (the synthetic
+mode: plan, layouts, every attention given, FLOPs), config_bench and config_finetune (--config: a training
+config's own runner, data and batch accounting), peers (--peers: ours against transformers' BertForPreTraining
+on the same sequences; the transformers batches both peer benches build), classify_peers (--classifier: serving
+and fine-tuning steps against BertForSequenceClassification), cli (the command, which `-m` runs); and the
+commands of their own: planner (every packing algorithm on one histogram), prepare_scale and pack_existing (the
+data commands at scale), convergence (fine-tuning packed and padded over seeds), gpu_check with run_compare
 (``make gpu-check``: the prepared command for a lent GPU, a kill at a known step, bitwise comparison of runs).
 """

@@ -1,56 +1,13 @@
-"""Sequence classification, ours against transformers, on the same texts: inference, or fine-tuning steps.
+"""``bench --classifier``: sequence classification, ours against transformers' ``BertForSequenceClassification``
+on the same texts from the same weights: serving calls, or fine-tuning steps (``--train``; ``--table``: both, the
+peer table of docs/results.md). docs/finetuning.md, "Benchmarks", says what each contender is.
 
     python -m ipu_packing.bench --classifier DIR [--input FILE] [--inputs 1024] [--max-seq-length 128] \\
         [--max-sequences-per-pack 32] [--micro-batch-size 32] [--repeats 3] [--model PRESET] [--train | --table]
-        [--json]
 
-``--table`` runs serving, then fine-tuning steps, one after the other in one command (a list of both results with
-``--json``): the peer table of docs/results.md.
-
-``DIR`` is a transformers BERT directory with its tokenizer: a classifier (this project's fine-tuning export,
-e.g. output/runs/finetune_demo/final) or a pretraining export (output/runs/demo/final: the classification head
-is then initialised at random, seeded). With ``--model PRESET`` the architecture is the preset's (vocabulary:
-DIR's tokenizer) and every weight random, seeded. Both sides start from the same weights: transformers'
-``BertForSequenceClassification`` is built, saved with the tokenizer to a temporary directory, and ours is
-``Predictor.from_pretrained`` of that directory (its attention: the fastest exact one for S on the device).
-
-The texts: ``--input`` (read as ``predict --input`` reads it), else the embedded demo task's (every split, in
-its shuffled order: short sentences, a GLUE-like length distribution); the first ``--inputs`` of them. Each is
-tokenized once, as ``BertTokenizerFast(text, truncation=True, max_length=S)``.
-
-Inference contenders (eval mode, no gradients, fp32; ``--micro-batch-size`` B rows a call):
-
-- ``transformers padded``: ``BertForSequenceClassification`` on B inputs a call, in input order, each row padded
-  to S (attention mask over the real tokens): run_glue.py's default (``pad_to_max_length``, max_seq_length 128);
-- ``transformers dynamic``: B inputs a call in input order, each batch padded to its longest (run_glue.py's
-  ``--pad_to_max_length False``: the data collator's dynamic padding);
-- ``transformers grouped``: the inputs sorted by length, longest first, B a call, each batch padded to its
-  longest (the best a padded model can do on a known set of inputs);
-- ``ours padded`` and ``ours packed``: the predictor's own packs of the inputs (``Predictor.packs``: K=1, and K
-  up to ``--max-sequences-per-pack``), as many packs a call as the predictor takes by default on CPU
-  (predict.packs_per_call, from the model's sizes), each call ``train/evaluate.collect``
-  (the predictor's path: forward, then each used slot's logits by example id);
-- end to end, texts in and scores out, all the inputs in one call: ``transformers pipeline``
-  (``pipeline("text-classification", top_k=None, batch_size=B)``: it pads each batch to its longest) and
-  ``ours predict`` (``Predictor.predict``: tokenize, pack, forward, unpack, scores).
-
-``--train``: fine-tuning steps instead (train mode, AdamW with peers.py's ``ADAMW`` settings: transformers' as its
-Trainer builds it at this torch, ours as the training app does, both fused from torch 2.8; the same initial
-weights restored before the timed passes), every step of B sequences: ``transformers padded``, ``transformers
-dynamic`` and ``transformers grouped`` (the Trainer's ``group_by_length`` order, peer_batches.length_grouped_order;
-each batch padded to its longest), and ``ours padded`` and ``ours packed`` (the predictor's packs with each
-example's label, stepped by ``make_runner``'s ``train_step`` with the training app's batch accounting off the IPU
-for a global batch of B sequences: one micro batch of B rows padded, of round(B / packing factor) packs packed,
-TrainingConfig.packs_per_step). The labels:
-the demo task's (its label names in sorted order, modulo the model's labels), or seeded random ones for
-``--input``. ``--input`` may hold pairs (sentence1 and sentence2), tokenized as pairs by both sides.
-
-Every contender's calls are timed by harness.py in one process, ``--repeats`` times, interleaved in proportion
-(``--order passes``: each contender's pass back to back, the order rotated each repeat); its seconds are the
-median over repeats. Reported: sequences/s per contender and its ratio to ``transformers
-padded``, sequences per row (the packing factor of ours packed), computed tokens (rows x row length), the
-largest logit difference of ours packed from transformers
-padded (inference), and ``os.getloadavg()`` before and after. Speed is reported, never asserted.
+``DIR``: a transformers BERT directory with its tokenizer (a classifier, or a pretraining export whose head is
+then seeded at random; ``--model PRESET``: the preset's architecture, random weights). Transformers' model is
+built, saved with the tokenizer to a temporary directory, and ours is ``Predictor.from_pretrained`` of it.
 """
 
 from __future__ import annotations
@@ -66,8 +23,7 @@ import numpy as np
 from .harness import ORDERS, Contender, load_line, measure, progress, restorer, table
 from .harness import rows as harness_rows
 from .inputs import BenchError, refuse_other_modes_options
-from .peer_batches import hf_batches
-from .peers import to_tensors
+from .peers import hf_batches, to_tensors
 
 BASELINE = "transformers padded"
 
@@ -151,7 +107,7 @@ def run_classifier_peers(directory: str, texts: Optional[Sequence[str]] = None, 
                          K: int = 32, micro_batch_size: int = 32, repeats: int = 3, preset: Optional[str] = None,
                          train: bool = False, seed: int = 0, order: str = "calls",
                          log=lambda message: None) -> Dict[str, Any]:
-    """The module docstring's bench; a dict (JSON-ready)."""
+    """The bench; a dict (JSON-ready)."""
     import torch
     import transformers
 
@@ -258,8 +214,7 @@ def training(hf, ours, data: Inputs, packs, B: int, S: int, factor: float, seed:
     from ipu_packing.execution import ExecutionConfig, make_runner
     from ipu_packing.train.sections import TrainingConfig
 
-    from .peer_batches import length_grouped_order
-    from .peers import ADAMW
+    from .peers import ADAMW, length_grouped_order
 
     hf.train()
     ours.train()

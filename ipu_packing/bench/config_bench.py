@@ -1,41 +1,15 @@
-"""Packed against padded through a training config's own execution runner (``bench --config``).
+"""``bench --config``: packed against padded through a training config's own runner, data and batch accounting
+(docs/app.md, "Through a training config", says what is timed and reported; a fine-tuning config's rows:
+config_finetune.py).
 
     python -m ipu_packing.bench --config demo_512 [section.key=value ...] [--steps N] [--json] [--plot PNG]
     python -m ipu_packing.bench --config demo_512 --histogram ../shared/data/wikipedia_512_histogram.json
     python -m ipu_packing.bench --config demo --attention dense,sdpa,varlen [--steps N]
-    python -m ipu_packing.bench --config finetune_demo [--steps N]       (a fine-tuning config: config_finetune.py)
     torchrun --nproc-per-node 2 -m ipu_packing.bench --config NAME ...     (DDP or pipelined configs)
 
-What it does:
-
-1. Loads the config through the one loader (train/loader.py) twice, as ``data.layout=packed`` and as
-   ``data.layout=padded``, with the overrides given; each gets the batch accounting training would give
-   it (accumulation divided by the measured packing factor, or raised betas).
-2. Takes the sequences from the config's prepared dataset: the packs of DIR/packed in the order of the
-   run's first epoch, as many as N optimizer steps of both layouts need (with ``--histogram``, packs of a
-   histogram plan with random tokens instead). It lays exactly these sequences out twice with the data
-   package's builder (format.pack_sequences): as the dataset packs them, and one per row (K = 1). A
-   fine-tuning config (task.name classification or question_answering) takes both layouts' prepared records
-   of its task's split instead: the packs of DIR/<split>/packed in first-epoch order and the same examples'
-   rows of DIR/<split>/padded, matched by example_ids (a question-answering window's by feature_ids;
-   config_finetune.py); ``--histogram`` is refused.
-3. Builds each layout's model, optimizer and schedule as training does, and its runner with the same
-   ``make_runner`` the training loop uses: torch on CPU or CUDA, DDP or pipeline stages under
-   ``torchrun``, poptorch on IPUs. ``runner.compile`` is timed apart (``compile_seconds``: the poptorch
-   compile or executable-cache load; nothing on torch), then one untimed warm-up call per layout.
-4. Times N optimizer steps of each (``runner.train_step``) through harness.py, the two layouts' calls
-   alternating, so that a busy period of a shared machine slows both alike (``--order passes``: each layout's N
-   steps back to back, padded first, as a training run steps). On IPUs a layout's executable is detached while the
-   other runs (poptorch attaches it again on its next call); attaching is not timed.
-
-Reported as in the synthetic mode: sequences/s and tokens/s of each layout, ``speedup`` (packed over padded
-sequences/s), ``theoretical_speedup`` (sequences per row of the timed packed steps: a padded row holds
-one) and ``overhead`` (theoretical / measured - 1). Speed is reported, never asserted.
-
-``--attention A,B,...`` times both layouts with each attention implementation (``model.packed_attention``),
-all calls interleaved (padded and packed of A, of B, ...; then again), so every implementation sees the same
-machine load: the measurement behind the torch configs' default attention (docs/results.md). The first
-attention's figures are the top-level ones; ``attentions`` holds each one's.
+``--attention A,B,...`` times both layouts with each implementation (``model.packed_attention``), every call
+interleaved (padded and packed of A, of B, ...; then again): the measurement behind the torch configs' default
+attention; the first attention's figures are the top-level ones.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ import signal
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import jsonout
@@ -215,7 +215,7 @@ def run_peers_spec(spec: PeersSpec, mode: Mode, histogram, source: str) -> Dict[
         result = run_peers(histogram, S, 3, model_preset=spec.model, micro_batch_size=spec.micro_batch_size,
                            repeats=spec.repeats, timed_packs=spec.timed_packs, device=mode.device,
                            precision=spec.precision, keep_going=True, log=progress)
-        out["result"] = asdict(result)
+        out["result"] = result
         out["table"] = format_peers(result)
     except Exception as exc:  # a GPU session is short: record it and go on with the rest of the check
         import traceback

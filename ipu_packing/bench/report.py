@@ -1,6 +1,5 @@
-"""What the benches report: the packed-vs-padded bench's result (throughput.py), as a table and a plot (the two
-panels and the throughput bars --config's plot draws too), and the peers bench's (peers.py: ours against
-transformers), as a table."""
+"""What the synthetic mode reports (throughput.py): its result, as a table and a plot (the two panels and the
+throughput bars --config's plot draws too)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ..fsutil import atomic_open
-from .harness import ORDERS, load_line, table
+from .harness import ORDERS
 
 
 @dataclass
@@ -145,73 +144,3 @@ def format_result(r: Result) -> str:
            if len(r.attentions) > 2 else [])
         + (["plot: %s" % r.plot] if r.plot else [])
     )
-
-
-@dataclass
-class PeersResult:
-    """``bench --peers``: every contender's row, and the conditions they ran under."""
-
-    rows: List[Dict[str, Any]]
-    """Every contender's harness row (harness.rows: calls, sequences, computed_tokens, seconds of each repeat,
-    sequences_per_second, ``ratio`` over transformers padded's, step_memory_bytes) with its library
-    ("transformers" or "ours"), layout ("padded", "grouped" or "packed"), attention, real tokens, and on CUDA
-    resident_bytes (its model's weights and AdamW state) and peak_memory_bytes (resident + step: what it would
-    peak at alone; None on CPU)."""
-    skipped: List[str]
-    """Contenders left out, each with why (an attention this torch cannot run)."""
-    failed: List[str]
-    """Contenders whose warm-up step raised, each with its error (only under run_peers' keep_going)."""
-    load_before: List[float]
-    """os.getloadavg() before the timing (1, 5, 15 minutes)."""
-    load_after: List[float]
-    device: str
-    device_name: str
-    precision: str
-    torch_threads: int
-    torch_version: str
-    transformers_version: str
-    transformers_attention: str
-    model: Dict[str, Any]
-    optimizer: Dict[str, Any]
-    micro_batch_size: int
-    repeats: int
-    seed: int
-    max_seq_length: int
-    max_sequences_per_pack: int
-    packing_algorithm: str
-    plan_sequences: int
-    plan_packs: int
-    timed_packs: int
-    num_sequences: int
-    num_tokens: int
-    seconds: float
-    """Wall time of the whole command's work (models built, warm-up, repeats)."""
-    order: str = "calls"
-    """The order of each repeat's calls (harness.ORDERS): interleaved in proportion, or each pass back to back."""
-
-
-# -- output ---------------------------------------------------------------------------------------------------
-
-
-def format_peers(r: PeersResult) -> str:
-    m = r.model
-    memory = any(row["peak_memory_bytes"] is not None for row in r.rows)
-    lines = [
-        "model %s (hidden %d, %d layers, vocab %d), S=%d, micro batch %d (sequences, or packs for ours packed), "
-        "%s on %s (%s), %d torch threads, %d repeats (medians; %s), AdamW lr %g wd %g"
-        % (m["preset"], m["hidden_size"], m["num_hidden_layers"], m["vocab_size"], r.max_seq_length,
-           r.micro_batch_size, r.precision, r.device, r.device_name, r.torch_threads, r.repeats, ORDERS[r.order],
-           r.optimizer["lr"], r.optimizer["weight_decay"]),
-        "timed: %d packs of the plan (K=%d, %s) = %d sequences, %d real tokens; torch %s, transformers %s "
-        "(attention %s)" % (r.timed_packs, r.max_sequences_per_pack, r.packing_algorithm, r.num_sequences,
-                            r.num_tokens, r.torch_version, r.transformers_version, r.transformers_attention),
-        load_line(r.load_before, r.load_after),
-    ] + table(r.rows, [("contender", 26, lambda row: row["name"]), ("steps", 6, lambda row: "%d" % row["calls"]),
-                       ("seq/s", 10, lambda row: "%.2f" % row["sequences_per_second"]),
-                       ("vs HF pad", 10, lambda row: "%.2fx" % row["ratio"]),
-                       ("computed tok", 12, lambda row: "%d" % row["computed_tokens"])]
-              + ([("peak memory", 12, lambda row: "%.0f MiB" % (row["peak_memory_bytes"] / 2.0 ** 20))]
-                 if memory else []))
-    lines.extend("skipped %s" % note for note in r.skipped)
-    lines.extend("FAILED %s" % note for note in r.failed)
-    return "\n".join(lines)

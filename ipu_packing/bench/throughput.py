@@ -1,52 +1,11 @@
 """Throughput of packed against padded training: same model, same sequences, one run.
 
+The synthetic mode of ``python -m ipu_packing.bench`` (cli.py parses and prints): a length histogram planned, a
+sample of its packs timed in both layouts through the training runner; docs/app.md, "Throughput against the
+padded baseline", says what is timed and reported.
+
     python -m ipu_packing.bench --histogram ../shared/data/wikipedia_512_histogram.json --max-seq-length 512
-    python -m ipu_packing.bench --histogram ../shared/data/squad_1_1_384_histogram.json --max-seq-length 384 \
-        --task question_answering
-    python -m ipu_packing.bench --data output/data/demo_128 [--json] [--plot output/bench/bench.png]
-    python -m ipu_packing.bench --config demo_512 [section.key=value ...] [--steps N] [--json] [--plot PNG]
-
-With --config, the timing goes through that training config's own runner, data and batch accounting
-(config_bench.py); without it, the synthetic mode below (this module; cli.py parses and prints).
-
-What it does:
-
-1. Reads a length histogram (bin i counts length i + 1): a histogram file, or the
-   `sequence_length_histogram` of a prepared dataset (`--data DIR`, the prepare output or a dataset
-   directory), and plans the packing of all of it with the packing engine (histogram packing,
-   K = `--max-sequences-per-pack`, algorithm "optimal" by default).
-2. Takes `--timed-packs` packs of the plan by systematic sampling and makes their sequences (random
-   instances of data/random_instances.py, masked as the data recipe counts), then lays exactly these
-   sequences out twice in the pack format of the data package: padded (one sequence per row, K = 1) and
-   packed.
-3. Runs full training steps (forward, backward, LAMB update) of one PackedBertForPreTraining (with `--task
-   question_answering`: of one PackedBertForQuestionAnswering with AdamW, fine-tuning's optimizer, each
-   sequence given an answer span of its own, `question_answering_layout`) through the runner training uses
-   (``make_runner(...).train_step``, torch backend), over every row of each layout,
-   `--micro-batch-size` rows per step, with the padded and packed steps interleaved in proportion so both
-   see the same machine load (the machine may be shared), and repeats that `--repeats` times; per-row
-   times are the median over repeats.
-
-It reports sequences/s and real tokens/s of both, the measured speed-up (packed / padded sequences
-per second), the theoretical speed-up (padded rows / packs) and the packing overhead: how much longer
-one packed row takes than one padded row (mask, extra MLM and NSP slots), i.e.
-theoretical / measured - 1. Speed is reported, never asserted.
-
-`--attention A,B,...` times both layouts with each attention implementation: one model per attention from the
-same initial weights, every (layout, attention) pair a contender of the same interleaved repeats, so a shared
-machine slows them alike. The first attention's figures are the top-level ones; ``attentions`` holds every
-pair's sequences/s, its ratio to the first attention's padded layout, and the FLOP model's prediction of that
-ratio (pretraining only). The FLOP model (training FLOPs are ~3x forward for every term, so forward counts give
-the ratios), per row of S tokens, with H hidden, FF intermediate, L layers, V vocabulary, M MLM slots and
-sequence lengths l_i:
-
-    linear    L * S * 2 * (4 H^2 + 2 H FF)     every token, padding included (shapes are static)
-    attention L * 4 H * S^2   (dense, sdpa)     QK^T and PV over all S x S pairs
-              L * 4 H * sum l_i^2   (varlen)    only pairs within a sequence
-    heads     M * 2 * (H^2 + H V)               MLM transform and decoder per slot
-
-It leaves out softmax, LayerNorm, GELU, embeddings, the optimizer step and varlen's gathers: a lower bound on
-overhead.
+    python -m ipu_packing.bench --data output/data/demo_128 --attention dense,sdpa [--task question_answering]
 """
 
 from __future__ import annotations
@@ -223,7 +182,17 @@ def sequence_lengths(sequence_ids: np.ndarray) -> List[List[int]]:
 
 
 def flops_per_sequence(layout: Layout, model: Dict[str, int], attention: str) -> float:
-    """Forward FLOPs of the FLOP model (module docstring), per real sequence of ``layout``."""
+    """Forward FLOPs per real sequence of ``layout`` by the FLOP model behind ``flop_model_ratio`` (training is
+    ~3x forward for every term, so forward counts give the ratios). Per row of S tokens, with H hidden, FF
+    intermediate, L layers, V vocabulary, M MLM slots and sequence lengths l_i:
+
+        linear    L * S * 2 * (4 H^2 + 2 H FF)     every token, padding included (shapes are static)
+        attention L * 4 H * S^2   (dense, sdpa)     QK^T and PV over all S x S pairs
+                  L * 4 H * sum l_i^2   (varlen)    only pairs within a sequence
+        heads     M * 2 * (H^2 + H V)               MLM transform and decoder per slot
+
+    Softmax, LayerNorm, GELU, embeddings, the optimizer step and varlen's gathers are left out: a lower bound on
+    overhead."""
     H, FF, L, V = (int(model[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
     ids = layout.arrays["sequence_ids"]
     rows, S = ids.shape
@@ -252,7 +221,8 @@ def run_bench(
     precision: str = "fp32",
     log=lambda message: None,
 ) -> Result:
-    """The module docstring's bench; ``attentions``: each one's model times both layouts (None: the default)."""
+    """The bench; ``attentions``: each one's model times both layouts (None: the default); every (attention,
+    layout) pair is a contender of the same interleaved repeats."""
     import torch
 
     model_kwargs = dict(MODEL_PRESETS[model_preset])
