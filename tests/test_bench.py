@@ -140,7 +140,7 @@ def test_the_timed_steps_are_the_training_runner_s(monkeypatch):
     result = bench.run_bench(synthetic_histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=8)
     # a FLOP-counted step (torch >= 2.1) and a warm-up step of each layout, then every full micro batch of both
     # layouts once
-    assert rows == [4] * (2 * (1 + FLOP_COUNTER) + result.padded_rows // 4 + result.num_packs // 4)
+    assert rows == [4] * (2 * (1 + FLOP_COUNTER) + result["padded_rows"] // 4 + result["num_packs"] // 4)
 
 
 def test_question_answering_rows_keep_the_tokens_and_answer_inside_each_sequence():
@@ -182,10 +182,10 @@ def test_question_answering_steps_are_the_qa_model_s(monkeypatch):
     monkeypatch.setattr(TorchRunner, "train_step", recording)
     result = bench.run_bench(synthetic_histogram(), 64, 3, micro_batch_size=4, repeats=1, timed_packs=8,
                              task="question_answering")
-    assert result.task == "question_answering"
+    assert result["task"] == "question_answering"
     assert {model for model, _ in seen} == {PackedBertForQuestionAnswering}
     assert all("start_positions" in names and "mlm_labels" not in names for _, names in seen)
-    assert len(seen) == 2 * (1 + FLOP_COUNTER) + result.padded_rows // 4 + result.num_packs // 4
+    assert len(seen) == 2 * (1 + FLOP_COUNTER) + result["padded_rows"] // 4 + result["num_packs"] // 4
 
 
 def test_task_is_an_option_of_the_synthetic_mode():

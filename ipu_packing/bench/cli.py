@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict
 from typing import List, Optional, Sequence
 
 from .. import jsonout
@@ -151,7 +150,7 @@ def _main(argv: Optional[List[str]]) -> int:
                        attentions=attentions, seed=args.seed, timed_packs=args.timed_packs or None,
                        task=args.task, order=args.order, device=args.device, precision=args.precision, log=log)
     if args.plot:
-        result.plot = draw_plot(result, histogram, args.plot)
-    print(jsonout.dumps(asdict(result), sort_keys=True) if args.json else format_result(result))
+        result["plot"] = draw_plot(result, histogram, args.plot)
+    print(jsonout.dumps(result, sort_keys=True) if args.json else format_result(result))
     return 0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,7 +22,6 @@ from ..data.reference import Instance, pack_sequences
 from .harness import Contender, measure, restorer
 from .inputs import BenchError
 from .presets import MODEL_PRESETS
-from .report import Result
 
 
 @dataclass
@@ -220,9 +219,14 @@ def run_bench(
     device: str = "cpu",
     precision: str = "fp32",
     log=lambda message: None,
-) -> Result:
+) -> Dict[str, Any]:
     """The bench; ``attentions``: each one's model times both layouts (None: the default); every (attention,
-    layout) pair is a contender of the same interleaved repeats."""
+    layout) pair is a contender of the same interleaved repeats. A dict (JSON-ready): the first attention's
+    figures at the top (``overhead``: seconds per packed row / per padded row - 1, the same shape;
+    ``cpu_overhead`` the same of this process's CPU seconds; ``flops_overhead`` of matmul FLOPs, None before torch
+    2.1), ``attentions`` every pair's sequences_per_second, ``ratio`` to the first pair's (the first attention,
+    padded), ``flop_model_ratio`` (the FLOP model's prediction of it; None for question answering),
+    ``seconds_per_row`` of each repeat, ``cpu_seconds_per_row`` and ``matmul_flops_per_row``."""
     import torch
 
     model_kwargs = dict(MODEL_PRESETS[model_preset])
@@ -271,7 +275,7 @@ def run_bench(
     padded_row, packed_row = statistics.median(per_row[0]), statistics.median(per_row[1])
     theoretical = padded.rows / float(packed.rows)
     tokens_per_sequence = padded.tokens / float(padded.sequences)
-    return Result(
+    return dict(
         padded_sequences_per_second=rates[0],
         packed_sequences_per_second=rates[1],
         padded_tokens_per_second=rates[0] * tokens_per_sequence,
@@ -305,4 +309,5 @@ def run_bench(
         attentions=pairs,
         device=device,
         precision=precision,
+        plot=None,
     )
