@@ -3,39 +3,28 @@
     python -m ipu_packing.bench.gpu_check [--cpu] [--output DIR] [--data DIR]
 
 CUDA mode (the default; refused in one line when torch sees no CUDA device), sized to finish within 8 minutes
-on one GPU (it took 322 s on an H200: docs/results.md), records:
+on one GPU (322 s on an H200: docs/results.md, which says what it records):
 
-1. Data: the prepared ``output/data/demo_512`` (`--data`), prepared first when absent with
-   ``python -m ipu_packing.data prepare --input default --output DIR --max-seq-length 512
-   --max-sequences-per-pack 3``.
-2. Training: ``run_pretraining.py --config demo_512_cuda`` for ``Mode.steps`` steps with each attention
-   (``model.packed_attention=dense|sdpa|varlen``) under bf16 autocast (``execution.precision=bf16``),
-   checkpoints every 2 steps, each into its own ``checkpoint.output_dir`` (OUTPUT/runs/ATTENTION): exit status,
-   every step's losses (all finite) and sequences/s.
-3. Kill and resume, with deterministic kernels (``execution.deterministic=true``: CUDA's atomic scatter and
-   attention backward kernels otherwise differ run to run in the last bits, so no resume could match bitwise):
-   the sdpa run (demo_512_cuda's attention) uninterrupted into OUTPUT/runs/sdpa_deterministic, then again into
-   OUTPUT/runs/sdpa_resumed with run_pretraining.py's command line through ``run_compare.run_killed``, which
-   SIGKILLs its own process as soon as step 3's metrics are logged: the step-2 checkpoint is on disk and step 3
-   is lost. Then ``run_pretraining.py`` with the same command line (``checkpoint.resume: auto`` resumes at step
-   2). Its metrics.jsonl losses and its final checkpoint's tensors (model, optimizer, scheduler, data position,
-   RNG states) are compared bitwise with the uninterrupted run's. On CUDA a mismatch is followed by a second
-   uninterrupted run (OUTPUT/runs/sdpa_again), which tells a resume fault from kernels that are still not
-   deterministic run to run.
-4. Peers: the peers bench (peers.py, as ``python -m ipu_packing.bench --peers --device cuda --precision bf16``)
-   at BERT-Base S=512, then BERT-Large when the time left allows: sequences/s and peak memory
-   (``torch.cuda.max_memory_allocated``) of transformers padded and grouped, and ours padded and packed with
-   each attention, on the same sequences (the Wikipedia 512 lengths where shared/ has them, else the data's);
-   a contender whose warm-up step fails is left out, the others timed, and the check fails naming it.
-5. OUTPUT/gpu_check.json (everything, through ``jsonout.dumps``) and OUTPUT/gpu_check.md (the tables, also
-   printed). OUTPUT (default output/gpu_check) must be absent or empty: nothing is overwritten.
+1. Data: the prepared ``output/data/demo_512`` (`--data`), prepared first when absent (the embedded default,
+   S=512, K=3).
+2. Training: ``run_pretraining.py --config demo_512_cuda`` for ``Mode.steps`` steps with each attention under
+   bf16 autocast, checkpoints every 2 steps, each run into OUTPUT/runs/ATTENTION: exit status, every step's
+   losses (all finite) and sequences/s.
+3. Kill and resume, with deterministic kernels (``execution.deterministic=true``; without them CUDA's kernels
+   differ run to run in the last bits): the sdpa run uninterrupted, then again SIGKILLed by
+   ``run_compare.run_killed`` once step 3's metrics are logged (the step-2 checkpoint on disk, step 3 lost) and
+   resumed by the same command line; its losses and final checkpoint compared bitwise with the uninterrupted
+   run's. On CUDA a mismatch is followed by a second uninterrupted run, which tells a resume fault from kernels
+   that are still not deterministic run to run.
+4. Peers: ``bench --peers --device cuda --precision bf16`` (peers.py) at BERT-Base S=512, then BERT-Large when
+   the time left allows, on the Wikipedia 512 lengths where shared/ has them, else the data's; a contender
+   whose warm-up step fails is left out, the others timed, and the check fails naming it.
+5. OUTPUT/gpu_check.json (everything) and OUTPUT/gpu_check.md (the tables, also printed). OUTPUT (default
+   output/gpu_check) must be absent or empty: nothing is overwritten.
 
-``--cpu``: the same steps on CPU with tiny sizes, about a minute on one core: demo_512_cuda with
-``execution.device=cpu`` on S=128 data (``output/data/demo_128``, prepared when absent), 4 steps, the kill after
-step 3 included, and the peers bench with the tiny preset. tests/test_gpu_check.py runs it, so it cannot rot.
-
-Exit status: 0 every check passed; 1 a check failed (the report says which, and the last line); 2 bad input
-(one line ``error: <cause>``, nothing written).
+``--cpu``: the same steps on CPU with tiny sizes (S=128 data, 4 steps, the tiny peers preset), about a minute on
+one core; tests/test_gpu_check.py runs it, so it cannot rot. Exit status: 0 every check passed; 1 a check
+failed (the report says which, and the last line); 2 bad input (one line ``error: <cause>``, nothing written).
 """
 
 from __future__ import annotations
