@@ -1,9 +1,9 @@
 """Benchmarks: ``python -m ipu_packing.bench ...`` (ipu-packing-bench) and the commands beside it.
 
-Modules, none importing another in a circle: presets (model sizes), inputs (length histograms, a split's
-first-epoch packs, the options each mode takes, BenchError), harness (the one timing harness: warm-up, order,
-repeats, the report's rows), report (the synthetic mode's result, table and plot), throughput (the synthetic
-mode: plan, layouts, every attention given, FLOPs), config_bench and config_finetune (--config: a training
+Modules, none importing another in a circle, each bench's report beside its run: inputs (model sizes, length
+histograms, a split's first-epoch packs, the options each mode takes, BenchError), harness (the one timing
+harness: warm-up, order, repeats, the report's rows), throughput (the synthetic mode: plan, layouts, every
+attention given, FLOPs, its table and plot), config_bench and config_finetune (--config: a training
 config's own runner, data and batch accounting), peers (--peers: ours against transformers' BertForPreTraining
 on the same sequences; the transformers batches both peer benches build), classify_peers (--classifier: serving
 and fine-tuning steps against BertForSequenceClassification), cli (the command, which `-m` runs); and the

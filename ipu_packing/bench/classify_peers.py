@@ -42,7 +42,7 @@ def build_models(directory: str, preset: Optional[str], S: int, seed: int, work:
     import torch
     import transformers
 
-    from .presets import MODEL_PRESETS
+    from .inputs import MODEL_PRESETS
 
     if not os.path.isfile(os.path.join(directory, "config.json")):
         raise BenchError("--classifier %s is not a transformers model directory (no config.json)" % (directory,))

@@ -12,15 +12,13 @@ from typing import List, Optional, Sequence
 
 from .. import jsonout
 from ..errors import ArgumentParser, run_command
-from .presets import MODEL_PRESETS
 from . import harness, peers, throughput
 from .classify_peers import main_classifier
 from .config_bench import main_config
 from .harness import ORDERS
-from .inputs import (BenchError, attention_list, check_writable, read_dataset_histogram, read_histogram_file,
-                     refuse_other_modes_options, shared_dir)
-from .report import draw_plot, format_result
-from .throughput import run_bench
+from .inputs import (MODEL_PRESETS, BenchError, attention_list, check_writable, read_dataset_histogram,
+                     read_histogram_file, refuse_other_modes_options, shared_dir)
+from .throughput import draw_plot, format_result, run_bench
 
 
 def build_parser() -> argparse.ArgumentParser:

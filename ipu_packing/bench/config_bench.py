@@ -334,7 +334,7 @@ def format_config_result(r: Dict[str, Any]) -> str:
 
 def draw_config_plot(r: Dict[str, Any], path: str) -> str:
     """Seconds of each timed call of both layouts, in the order they ran, and sequences/s."""
-    from .report import draw_bars, two_panels
+    from .throughput import draw_bars, two_panels
 
     with two_panels(path) as (fig, left, right):
         for name in ("padded", "packed"):

@@ -1,11 +1,12 @@
-"""What the benches read and write before anything is timed: length histograms (a file, or a prepared
-dataset's manifest), a prepared split's first-epoch packs, the shared data directory, the options each mode
-takes, the attentions to time, and the check that an output path can take a file."""
+"""What the benches read and write before anything is timed: model sizes, length histograms (a file, or a
+prepared dataset's manifest), a prepared split's first-epoch packs, the shared data directory, the options each
+mode takes, the attentions to time, and the check that an output path can take a file. It imports no torch, so
+that every bench command starts without it."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -14,6 +15,19 @@ from ..errors import UserError
 
 class BenchError(UserError):
     """Bad input: printed as one line, exit status 2."""
+
+
+MODEL_PRESETS: Dict[str, Dict[str, int]] = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, vocab_size=8192),
+    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+                  vocab_size=30522),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                 vocab_size=30522),
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                  vocab_size=30522),
+}
+"""The model sizes ``--model`` takes in every mode that builds its own model (training configs give their own):
+transformers.BertConfig overrides, ``BertConfig(**MODEL_PRESETS["small"], max_position_embeddings=512)``."""
 
 
 SOURCE = ("histogram", "data", "max_seq_length", "max_sequences_per_pack", "timed_packs", "micro_batch_size",

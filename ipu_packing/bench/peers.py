@@ -23,8 +23,7 @@ from ..data.format import IGNORE_INDEX
 from ..data.reference import Instance, unpack
 from . import harness
 from .harness import ORDERS, load_line, table
-from .inputs import BenchError
-from .presets import MODEL_PRESETS
+from .inputs import MODEL_PRESETS, BenchError
 from .throughput import Layout, plan_histogram, timed_layouts
 
 ATTENTIONS = ("dense", "sdpa", "varlen")
