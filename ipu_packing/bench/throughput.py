@@ -234,7 +234,6 @@ def run_bench(
     model_kwargs = dict(MODEL_PRESETS[model_preset])
     model_kwargs.update(max_position_embeddings=max(512, S), attention_probs_dropout_prob=0.0)
     plan = plan_histogram(histogram, S, K, algorithm)
-    plan_theoretical = plan.theoretical_speedup
     padded, packed = timed_layouts(plan, S, K, timed_packs, model_kwargs["vocab_size"], seed)
     if task not in ("pretraining", "question_answering"):
         raise BenchError("--task %s: the synthetic bench times pretraining or question_answering" % (task,))
@@ -246,7 +245,7 @@ def run_bench(
     log(
         "plan: %d sequences -> %d packs (K=%d, %s, %.1f s): theoretical speed-up %.4f; timing %d packs = %d sequences "
         "(%d real tokens) at S=%d: theoretical speed-up %.4f"
-        % (plan.num_sequences, plan.num_packs, K, plan.algorithm, plan.seconds, plan_theoretical, packed.rows,
+        % (plan.num_sequences, plan.num_packs, K, plan.algorithm, plan.seconds, plan.theoretical_speedup, packed.rows,
            padded.sequences, padded.tokens, S, padded.rows / float(packed.rows))
     )
     # one model per attention, the same seed: the same initial weights; every (layout, attention) pair a contender
@@ -259,60 +258,50 @@ def run_bench(
     # the harness: a warm-up step of each pair (allocator, kernels), the weights restored, then the repeats
     timings = measure(contenders, repeats, order, restorer([model for model, _ in built]), torch=torch,
                       cuda=device == "cuda", log=log)
-    pairs = []  # every (attention, layout), in the contenders' order: padded, packed of each attention
-    for i, (contender, seconds) in enumerate(zip(contenders, timings.seconds)):
-        attention, layout = str(built[i // 2][0].attention_implementation), layouts[i % 2]
-        per_row = [s / (len(contender.batches) * micro_batch_size) for s in seconds]
-        pairs.append(dict(attention=attention, layout=layout.name, seconds_per_row=per_row,
-                          sequences_per_second=layout.sequences / float(layout.rows) / statistics.median(per_row),
-                          cpu_seconds_per_row=statistics.median(timings.cpu[i]) / micro_batch_size,
-                          matmul_flops_per_row=None if flops[i] is None else flops[i] / micro_batch_size,
-                          flops_per_sequence=None if qa else flops_per_sequence(layout, model_kwargs, attention)))
-    for pair in pairs:  # over the first attention's padded layout
-        pair["ratio"] = pair["sequences_per_second"] / pairs[0]["sequences_per_second"]
-        pair["flop_model_ratio"] = None if qa else pairs[0]["flops_per_sequence"] / pair["flops_per_sequence"]
+    names = [str(model.attention_implementation) for model, _ in built]
+    pairs = pair_figures(timings, names, layouts, flops, micro_batch_size, None if qa else model_kwargs)
     rates = [pair["sequences_per_second"] for pair in pairs[:2]]
     per_row = [pair["seconds_per_row"] for pair in pairs[:2]]
     padded_flops, packed_flops = (pair["matmul_flops_per_row"] for pair in pairs[:2])
-    padded_row, packed_row = statistics.median(per_row[0]), statistics.median(per_row[1])
-    theoretical = padded.rows / float(packed.rows)
     tokens_per_sequence = padded.tokens / float(padded.sequences)
     return dict(
-        padded_sequences_per_second=rates[0],
-        packed_sequences_per_second=rates[1],
+        padded_sequences_per_second=rates[0], packed_sequences_per_second=rates[1],
         padded_tokens_per_second=rates[0] * tokens_per_sequence,
         packed_tokens_per_second=rates[1] * tokens_per_sequence,
-        speedup=rates[1] / rates[0],
-        theoretical_speedup=theoretical,
-        overhead=packed_row / padded_row - 1.0,
+        speedup=rates[1] / rates[0], theoretical_speedup=padded.rows / float(packed.rows),
+        overhead=statistics.median(per_row[1]) / statistics.median(per_row[0]) - 1.0,
         cpu_overhead=pairs[1]["cpu_seconds_per_row"] / pairs[0]["cpu_seconds_per_row"] - 1.0,
         flops_overhead=None if padded_flops is None else packed_flops / padded_flops - 1.0,
-        plan_sequences=int(plan.num_sequences),
-        plan_packs=int(plan.num_packs),
-        plan_theoretical_speedup=plan_theoretical,
-        num_sequences=padded.sequences,
-        padded_rows=padded.rows,
-        num_packs=packed.rows,
-        num_tokens=padded.tokens,
-        max_seq_length=S,
-        max_sequences_per_pack=K,
-        packing_algorithm=plan.algorithm,
-        packing_efficiency=packed.tokens / float(packed.rows * S),
-        packing_plan_seconds=float(plan.seconds),
-        padded_seconds_per_row=per_row[0],
-        packed_seconds_per_row=per_row[1],
-        micro_batch_size=micro_batch_size,
-        repeats=repeats,
-        order=order,
-        model=dict(model_kwargs, preset=model_preset),
-        task=task,
-        attention=pairs[0]["attention"],
-        torch_threads=torch.get_num_threads(),
-        attentions=pairs,
-        device=device,
-        precision=precision,
-        plot=None,
-    )
+        plan_sequences=int(plan.num_sequences), plan_packs=int(plan.num_packs),
+        plan_theoretical_speedup=plan.theoretical_speedup, num_sequences=padded.sequences, padded_rows=padded.rows,
+        num_packs=packed.rows, num_tokens=padded.tokens, max_seq_length=S, max_sequences_per_pack=K,
+        packing_algorithm=plan.algorithm, packing_efficiency=packed.tokens / float(packed.rows * S),
+        packing_plan_seconds=float(plan.seconds), padded_seconds_per_row=per_row[0], packed_seconds_per_row=per_row[1],
+        micro_batch_size=micro_batch_size, repeats=repeats, order=order, model=dict(model_kwargs, preset=model_preset),
+        task=task, attention=pairs[0]["attention"], torch_threads=torch.get_num_threads(), attentions=pairs,
+        device=device, precision=precision, plot=None)
+
+
+def pair_figures(timings, attentions: Sequence[str], layouts: Sequence[Layout], flops: Sequence[Optional[float]],
+                 batch_size: int, model: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Every (attention, layout) pair's figures, in the contenders' order (padded, packed of each attention): its
+    seconds a row of each repeat, sequences/s over their median, median CPU seconds and matmul FLOPs a row, and
+    its ``ratio`` to the first pair's sequences/s beside the FLOP model's (``model``: the BERT sizes; None, for
+    question answering: no FLOP model)."""
+    pairs = []
+    for i, (contender, seconds) in enumerate(zip(timings.contenders, timings.seconds)):
+        attention, layout = attentions[i // 2], layouts[i % 2]
+        per_row = [s / (len(contender.batches) * batch_size) for s in seconds]
+        pairs.append(dict(attention=attention, layout=layout.name, seconds_per_row=per_row,
+                          sequences_per_second=layout.sequences / float(layout.rows) / statistics.median(per_row),
+                          cpu_seconds_per_row=statistics.median(timings.cpu[i]) / batch_size,
+                          matmul_flops_per_row=None if flops[i] is None else flops[i] / batch_size,
+                          flops_per_sequence=None if model is None else flops_per_sequence(layout, model, attention)))
+    first = pairs[0]  # the first attention's padded layout
+    for pair in pairs:
+        pair["ratio"] = pair["sequences_per_second"] / first["sequences_per_second"]
+        pair["flop_model_ratio"] = None if model is None else first["flops_per_sequence"] / pair["flops_per_sequence"]
+    return pairs
 
 
 # -- report: the table and the plot (two_panels and draw_bars draw --config's too) ----------------------------
