@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -148,6 +149,16 @@ class Timed:
         self.seconds: List[float] = []
         self.metrics: List[Any] = []
 
+    def compile(self, log: Callable[[str], None]) -> None:
+        """``runner.compile`` on the first batch, timed apart (the poptorch compile or cache load; nothing on torch),
+        then the executable released for the other layouts."""
+        start = time.perf_counter()
+        self.runner.compile(self.batches[0])
+        self.compile_seconds = time.perf_counter() - start
+        getattr(self.runner, "release", lambda: None)()
+        log("%s: compile %.2f s; %s; %s" % (self.name, self.compile_seconds, self.accounting.describe(),
+                                            self.accounting.describe_passes()))
+
     def step(self, batch) -> None:
         self.metrics.append(self.runner.train_step(batch))
 
@@ -193,10 +204,28 @@ def load_variants(name: str, overrides: Sequence[str], attentions: Sequence[Opti
     return configs
 
 
-def timed_rows(configs, calls: int, histogram: Optional[np.ndarray], histogram_path: str) -> Dict[str, Any]:
-    """The rows both layouts time (a warm-up call and ``calls`` timed calls of each), the same sequences in both,
-    and the batch accounting each gets (the measured packing factor, as training uses): a fine-tuning config's
-    task split (config_finetune.py), else the dataset's packs or a histogram plan's."""
+@dataclass
+class TimedRows:
+    """The rows both layouts time, the same sequences in both, and the batch accounting each gets."""
+
+    packed: Any
+    """Pack records (or a fine-tuning layout's stacked fields) of the packed layout; ``padded`` one sequence a row."""
+    padded: Any
+    source: Dict[str, Any]
+    """Where the rows come from (``source``: a dataset's path or the histogram's; a fine-tuning split's matching)."""
+    task: Any
+    """The fine-tuning config's task (train/task.py), else None."""
+    factor: float
+    """The packing factor the packed layout's accounting divides by (the dataset's, or the plan's)."""
+    num_sequences: int
+    packed_accounting: Any
+    padded_accounting: Any
+
+
+def timed_rows(configs, calls: int, histogram: Optional[np.ndarray], histogram_path: str) -> TimedRows:
+    """The rows both layouts time (a warm-up call and ``calls`` timed calls of each), with the batch accounting
+    each gets (the measured packing factor, as training uses): a fine-tuning config's task split
+    (config_finetune.py), else the dataset's packs or a histogram plan's."""
     packed_config, padded_config = configs
     task = None
     if packed_config.task.fine_tuning:
@@ -225,9 +254,8 @@ def timed_rows(configs, calls: int, histogram: Optional[np.ndarray], histogram_p
                                              packed_config.data.max_sequences_per_pack, source["packed_mlm_slots"],
                                              source["recipe"])
         num_sequences = sum(len(g) for g in groups)
-    return {"packed": packed_packs, "padded": padded_packs, "source": source, "task": task, "factor": factor,
-            "num_sequences": num_sequences, "packed_accounting": packed_accounting,
-            "padded_accounting": padded_accounting}
+    return TimedRows(packed_packs, padded_packs, source, task, factor, num_sequences, packed_accounting,
+                     padded_accounting)
 
 
 def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram: Optional[np.ndarray] = None,
@@ -239,26 +267,15 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
     packed_config = configs[0][0]
     # Rows each layout needs (all processes): one warm-up call and ceil(N / steps per call) timed calls.
     calls = int(math.ceil(steps / float(packed_config.execution.optimizer_steps_per_call)))
-    packs = timed_rows(configs[0], calls, histogram, histogram_path)
-    packed_packs, padded_packs, source = packs["packed"], packs["padded"], packs["source"]
-    task, factor, num_sequences = packs["task"], packs["factor"], packs["num_sequences"]
-    packed_accounting, padded_accounting = packs["packed_accounting"], packs["padded_accounting"]
-    S, K = packed_config.data.max_seq_length, packed_config.data.max_sequences_per_pack
-    fine_tuning = task is not None
+    rows = timed_rows(configs[0], calls, histogram, histogram_path)
     if packed_config.training.num_threads:
         torch.set_num_threads(packed_config.training.num_threads)
     layouts = []  # type: List[Timed]
     for packed_variant, padded_variant in configs:  # the same sequences and accounting; another attention
-        layouts += [Timed("padded", padded_variant, padded_accounting, padded_packs, task),
-                    Timed("packed", packed_variant, packed_accounting, packed_packs, task)]
-    main = int(getattr(layouts[0].runner, "rank", 0)) == 0
+        layouts += [Timed("padded", padded_variant, rows.padded_accounting, rows.padded, rows.task),
+                    Timed("packed", packed_variant, rows.packed_accounting, rows.packed, rows.task)]
     for layout in layouts:
-        start = time.perf_counter()
-        layout.runner.compile(layout.batches[0])
-        layout.compile_seconds = time.perf_counter() - start
-        getattr(layout.runner, "release", lambda: None)()
-        log("%s: compile %.2f s; %s; %s" % (layout.name, layout.compile_seconds, layout.accounting.describe(),
-                                            layout.accounting.describe_passes()))
+        layout.compile(log)
     # padded, packed, padded, packed, ... (of each attention in turn), after one warm-up call of each
     timings = measure([layout.contender(calls) for layout in layouts], 1, order,
                       lambda: [layout.metrics.clear() for layout in layouts], log=log)
@@ -266,19 +283,21 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
         layout.warmup_seconds, layout.seconds = warmup, seconds
     summaries = [layout.summary() for layout in layouts]
     padded, packed = summaries[0], summaries[1]
-    ex = packed_accounting.execution
+    ex = rows.packed_accounting.execution
     speedup = packed["sequences_per_second"] / padded["sequences_per_second"]
     theoretical = (packed["sequences"] / float(packed["rows"])) / (padded["sequences"] / float(padded["rows"]))
     model = layouts[1].runner.model
     result = {
-        "mode": "config", "config": packed_config.name, "overrides": list(overrides), "main_process": main,
+        "mode": "config", "config": packed_config.name, "overrides": list(overrides),
+        "main_process": int(getattr(layouts[0].runner, "rank", 0)) == 0,
         "backend": ex.backend, "device": ex.device if ex.backend == "torch" else "ipu",
         "replication_factor": ex.replication_factor, "pipeline_stages": ex.num_stages, "world_size": ex.world_size,
         "precision": ex.precision, "attention": getattr(model, "attention_implementation", None),
-        "torch_threads": torch.get_num_threads(), "source": source["source"],
-        "max_seq_length": S, "max_sequences_per_pack": K, "steps": steps, "order": order,
-        "num_sequences": num_sequences, "padded_rows": row_count(padded_packs),
-        "num_packs": row_count(packed_packs), "packing_factor": float(factor),
+        "torch_threads": torch.get_num_threads(), "source": rows.source["source"],
+        "max_seq_length": packed_config.data.max_seq_length,
+        "max_sequences_per_pack": packed_config.data.max_sequences_per_pack, "steps": steps, "order": order,
+        "num_sequences": rows.num_sequences, "padded_rows": row_count(rows.padded),
+        "num_packs": row_count(rows.packed), "packing_factor": float(rows.factor),
         "batch_accounting": packed_config.training.batch_accounting,
         "padded_sequences_per_second": padded["sequences_per_second"],
         "packed_sequences_per_second": packed["sequences_per_second"],
@@ -292,9 +311,9 @@ def run_config_bench(name: str, overrides: Sequence[str], steps: int, histogram:
                         "speedup": summaries[2 * j + 1]["sequences_per_second"]
                         / summaries[2 * j]["sequences_per_second"]} for j in range(len(configs))],
     }
-    if fine_tuning:  # pretraining's result keeps exactly its keys
-        result.update(task=task.name, padded_source=source["padded_source"], example_ids=source["example_ids"],
-                      matched_by=source["matched_by"])
+    if rows.task is not None:  # pretraining's result keeps exactly its keys
+        result.update(task=rows.task.name, padded_source=rows.source["padded_source"],
+                      example_ids=rows.source["example_ids"], matched_by=rows.source["matched_by"])
     return result
 
 
