@@ -152,6 +152,28 @@ def test_every_contender_steps_on_every_batch_interleaved(monkeypatch):
     assert [row["calls"] for row in result["rows"]] == [len(c.batches) for c in contenders]
 
 
+def test_the_adamw_state_of_the_warm_up_stays_for_the_timed_steps(monkeypatch):
+    """The reset after the warm-up restores the weights only: a timed step allocates no optimizer state (on CUDA a
+    contender's peak would otherwise count its AdamW state twice, in the step and in resident_bytes)."""
+    original = peers.build_contenders
+
+    def keeping(*args, **kwargs):
+        contenders, models, skipped, attention = original(*args, **kwargs)
+        keeping.built = contenders, models
+        return contenders, models, skipped, attention
+
+    monkeypatch.setattr(peers, "build_contenders", keeping)
+    peers.run_peers(histogram(), 64, 3, micro_batch_size=4, repeats=2, timed_packs=4)
+    contenders, models = keeping.built
+    steps = {}  # model -> its optimizer steps: one warm-up call of each contender, then every batch of every repeat
+    for c in contenders:
+        model = models[0][0] if c.library == "transformers" else models[1 + peers.ATTENTIONS.index(c.attention)][0]
+        steps[id(model)] = steps.get(id(model), 0) + 1 + 2 * len(c.batches)
+    for model, optimizer in models:
+        counts = {int(state["step"]) for state in optimizer.state.values()}
+        assert counts == {steps[id(model)]}, counts
+
+
 def run_main(args):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
