@@ -352,6 +352,10 @@ def draw_bars(axes, padded: float, packed: float, theoretical: float, title: str
 
 def format_result(r: Dict[str, Any]) -> str:
     pairs, percent = r["attentions"], {k: 100 * r[k] for k in ("overhead", "cpu_overhead", "packing_efficiency")}
+    flops = "" if r["flops_overhead"] is None else "; matmul FLOPs %+.2f%% (%.4g against %.4g a row%s)" % (
+        100 * r["flops_overhead"], pairs[1]["matmul_flops_per_row"], pairs[0]["matmul_flops_per_row"],
+        "" if r["attention"] == "dense" else "; torch counts no SDPA kernel on CPU: --attention dense counts "
+        "attention too")
     lines = [
         "%(task)s model %(preset)s (hidden %(hidden_size)d, %(num_hidden_layers)d layers, vocab %(vocab_size)d), "
         % dict(r, **r["model"]) + "attention %(attention)s, %(precision)s on %(device)s, micro batch "
@@ -366,11 +370,7 @@ def format_result(r: Dict[str, Any]) -> str:
         "measured speed-up:    %(speedup).3fx" % r,
         "theoretical speed-up: %(theoretical_speedup).3fx (padded rows / packs)" % r,
         "packing overhead:     %(overhead).2f%% (time per pack / time per padded row - 1); CPU time "
-        "%(cpu_overhead)+.2f%%" % percent + ("" if r["flops_overhead"] is None else
-                                              "; matmul FLOPs %+.2f%% (%.4g against %.4g a row%s)" % (
-            100 * r["flops_overhead"], pairs[1]["matmul_flops_per_row"], pairs[0]["matmul_flops_per_row"],
-            "" if r["attention"] == "dense" else "; torch counts no SDPA kernel on CPU: --attention dense counts "
-            "attention too")),
+        "%(cpu_overhead)+.2f%%" % percent + flops,
     ]
     if len(pairs) > 2:
         lines += ["attention comparison: each pair's sequences/s over padded %s's, measured and by the FLOP model"
