@@ -101,29 +101,23 @@ def _main(argv: Optional[List[str]]) -> int:
 
 
 def _time_assignment(plan, repeats: int = 3) -> dict:
-    """Times assign_sequences on shuffled lengths with the plan's histogram against a stable argsort
-    of the same lengths, best of `repeats` each; peak memory of one more run by tracemalloc."""
-    import time
+    """Times assign_sequences on shuffled lengths with the plan's histogram against a stable argsort of the same
+    lengths through harness.py (a warm-up run of each, then ``repeats`` runs interleaved), best of the repeats
+    each; peak memory of one more run by tracemalloc."""
     import tracemalloc
 
     import numpy as np
 
     from ..packing.assign import assign_sequences
+    from .harness import Contender, measure
 
     lengths = np.repeat(np.arange(1, plan.max_seq_length + 1, dtype=np.int64), plan.histogram)  # (N,)
     np.random.default_rng(0).shuffle(lengths)
     small = lengths.astype(np.uint16 if plan.max_seq_length < 1 << 16 else np.int64)  # (N,)
-
-    def timed(run) -> float:
-        start = time.perf_counter()
-        run()
-        return time.perf_counter() - start
-
-    assign_runs, argsort_runs, argsort_int64_runs = [], [], []
-    for _ in range(repeats):  # interleaved, so that each meets the same state of the machine
-        assign_runs.append(timed(lambda: assign_sequences(plan, lengths, seed=0)))
-        argsort_runs.append(timed(lambda: np.argsort(small, kind="stable")))
-        argsort_int64_runs.append(timed(lambda: np.argsort(lengths, kind="stable")))
+    timings = measure([Contender("assign", [lengths], lambda x: assign_sequences(plan, x, seed=0)),
+                       Contender("argsort", [small], lambda x: np.argsort(x, kind="stable")),
+                       Contender("argsort_int64", [lengths], lambda x: np.argsort(x, kind="stable"))], repeats)
+    assign_runs, argsort_runs, argsort_int64_runs = timings.seconds
     seconds, argsort_seconds = min(assign_runs), min(argsort_runs)
     tracemalloc.start()
     packs = assign_sequences(plan, lengths, seed=0)
