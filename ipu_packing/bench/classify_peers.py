@@ -239,8 +239,8 @@ def training(hf, ours, data: Inputs, packs, B: int, S: int, factor: float, seed:
 
     def ours_entry(name: str) -> Contender:
         batches, computed = pack_batches(packs[name], steps[name], data.labels)
-        tensors = [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.arrays.items()} for p in batches]
-        return Contender(name, tensors, our_step, sequences=len(data.texts), computed_tokens=computed)
+        return Contender(name, to_tensors([p.arrays for p in batches], torch), our_step, sequences=len(data.texts),
+                         computed_tokens=computed)
 
     passes = {name: runner_for(packs_a_step).config.pass_sizes for name, packs_a_step in steps.items()}
     entries = (hf_entries(data, B, S, length_grouped_order(data.lengths, B, seed), hf_step, data.labels)

@@ -263,7 +263,6 @@ def build_contenders(padded: Layout, packed: Layout, model_kwargs: Dict[str, Any
     hf, hf_attention = with_sdpa(lambda **kw: cls._from_config(config, **kw) if kw else cls(config))
     hf.to(dev).train()
     hf_optimizer = adamw(hf, torch)
-    initial_state = {k: v.detach().cpu().clone() for k, v in hf.state_dict().items()}
 
     def hf_step(batch):
         hf_optimizer.zero_grad(set_to_none=True)
@@ -296,7 +295,7 @@ def build_contenders(padded: Layout, packed: Layout, model_kwargs: Dict[str, Any
             skipped.append("ours %s: %s" % (attention, missing))
             continue
         model = PackedBertForPreTraining(config, attention=attention)
-        loaded, missing_keys, unexpected = load_hf_state_dict(model, initial_state, "transformers' BertForPreTraining")
+        _, missing_keys, unexpected = load_hf_state_dict(model, hf.state_dict(), "transformers' BertForPreTraining")
         if missing_keys or unexpected:
             raise AssertionError("our model and transformers' differ: missing %s, unexpected %s"
                                  % (missing_keys, unexpected))
