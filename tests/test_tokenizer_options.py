@@ -19,6 +19,11 @@ TEXTS = ["the \u4e2d\u6587 loop", "\u4e2d\u6587", "The Loop, a MAIL.", "Caf\u00e
          "a\u4e2d\u6587b test", "THE SERVER"]
 
 
+CASED_WORDS = ["The", "Loop", "MAIL"]
+"""Tokens with capitals (after OWN_WORDS): a cased vocabulary, whose casing transformers still reads from the
+directory's files (its defaults where they are silent), never from the tokens."""
+
+
 def _vocab_dir(directory, tokenizer_config=None, json_normalizer=None):
     """The tests' own vocabulary (model_fixtures.OWN_WORDS: "\u4e2d\u6587" a token of its own, "cafe" with no accent)
     as vocab.txt, with a tokenizer_config.json and, where ``json_normalizer`` is given (BertWordPieceTokenizer's
@@ -26,7 +31,7 @@ def _vocab_dir(directory, tokenizer_config=None, json_normalizer=None):
     from tokenizers.implementations import BertWordPieceTokenizer
 
     os.makedirs(directory, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(mf.OWN_WORDS)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(mf.OWN_WORDS) + list(CASED_WORDS)
     with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
         f.write("".join(t + "\n" for t in vocab))
     if tokenizer_config is not None:
@@ -38,7 +43,8 @@ def _vocab_dir(directory, tokenizer_config=None, json_normalizer=None):
     return directory
 
 
-# (id, tokenizer_config.json's options, tokenizer.json's BertNormalizer options or None (a vocab.txt alone))
+# (id, tokenizer_config.json's options or None (no such file), tokenizer.json's BertNormalizer options or None (a
+# vocab.txt alone))
 CASES = [
     ("vocab-txt-chinese-chars-off", {"do_lower_case": True, "tokenize_chinese_chars": False}, None),
     ("vocab-txt-chinese-chars-on", {"do_lower_case": True, "tokenize_chinese_chars": True}, None),
@@ -52,6 +58,10 @@ CASES = [
      {"lowercase": True, "strip_accents": None, "handle_chinese_chars": True}),
     ("json-and-config-agree", {"do_lower_case": True, "strip_accents": True},
      {"lowercase": True, "strip_accents": True, "handle_chinese_chars": True}),
+    ("vocab-txt-alone", None, None),
+    ("vocab-txt-config-silent", {}, None),
+    ("json-cased-no-config", None, {"lowercase": False, "strip_accents": None, "handle_chinese_chars": True}),
+    ("json-cased-config-silent", {}, {"lowercase": False, "strip_accents": False, "handle_chinese_chars": True}),
 ]
 
 

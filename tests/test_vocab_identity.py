@@ -93,14 +93,17 @@ VOCAB = SPECIAL + WORDS + ALPHABET + ["##" + c for c in ALPHABET + ["a"]]
 
 
 def _tokenizer_dir(path, lowercase, strip_accents, vocab_txt=None):
-    """A Hugging Face tokenizer directory: tokenizer.json (BertNormalizer with these options over VOCAB) and
-    vocab.txt (VOCAB, or `vocab_txt`)."""
+    """A Hugging Face tokenizer directory as BertTokenizerFast.save_pretrained writes it: tokenizer.json
+    (BertNormalizer with these options over VOCAB), tokenizer_config.json (the same options) and vocab.txt (VOCAB,
+    or `vocab_txt`)."""
     from tokenizers.implementations import BertWordPieceTokenizer
 
     os.makedirs(path)
     tokenizer = BertWordPieceTokenizer({t: i for i, t in enumerate(VOCAB)}, lowercase=lowercase,
                                        strip_accents=strip_accents)
     tokenizer.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase, "strip_accents": strip_accents}, f)
     _write_lines(os.path.join(path, "vocab.txt"), VOCAB if vocab_txt is None else vocab_txt)
     return path
 

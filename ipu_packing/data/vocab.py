@@ -7,8 +7,9 @@ dataset as vocab.txt, so the application can rebuild the tokenizer from the data
 
 Lower-casing follows the tokenizer, read with every option transformers reads: a Hugging Face directory says so in
 tokenizer_config.json (`do_lower_case`, `strip_accents`, `tokenize_chinese_chars`, as transformers' BertTokenizer
-reads them beside a vocab.txt, and as BertTokenizerFast rebuilds tokenizer.json's BertNormalizer from them) or in
-tokenizer.json's normalizer where there is no tokenizer_config.json; a bare vocab.txt is treated as uncased when
+reads them beside a vocab.txt, and as BertTokenizerFast rebuilds tokenizer.json's BertNormalizer from them), each
+at transformers' default where the file is silent or absent (lower-cased, accents stripped as it lower-cases, CJK
+characters split); a bare vocab.txt (a file, not a directory) is treated as uncased when
 none of its ordinary tokens holds an upper-case letter (bert-base-uncased) and as cased otherwise
 (bert-base-cased). `--lower-case yes|no` overrides the guess for a bare vocab.txt and chooses for a
 trained vocabulary (auto: lower-cased); against a tokenizer.json that says otherwise it is refused.
@@ -16,10 +17,11 @@ Whichever it is, the manifest records it (`do_lower_case`), and the training run
 into tokenizer_config.json, so transformers tokenizes as `prepare` did.
 
 Accents follow the BertNormalizer rule for every tokenizer built from a vocabulary: stripped exactly when
-lower-casing. A tokenizer.json decides its own; what its normalizer does to "é" is what `prepare` did, and
-where that is not the rule (a cased model that strips accents, an uncased one that keeps them) the manifest
-records it (`strip_accents`; format.OPTIONAL_MANIFEST_KEYS). `tokenizer_options(manifest)` gives both, and
-`hf_tokenizer_files` writes both, so an export's tokenizer strips accents exactly where `prepare` did.
+lower-casing. A tokenizer.json decides its own (its normalizer as BertTokenizerFast rebuilds it); what it does
+to "é" is what `prepare` did, and where that is not the rule (a cased model that strips accents, an uncased one
+that keeps them) the manifest records it (`strip_accents`; format.OPTIONAL_MANIFEST_KEYS).
+`tokenizer_options(manifest)` gives both, and `hf_tokenizer_files` writes both, so an export's tokenizer strips
+accents exactly where `prepare` did.
 
 A vocabulary's identity is its content: the tokens by id. `read_vocab` reads a vocab.txt (a BOM and CRLF line
 ends are not part of a token), `vocab_content_sha256` digests the tokens as `prepare` writes them (so it
@@ -373,9 +375,9 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
             if difference:
                 raise DataError("%s: tokenizer.json and vocab.txt disagree: %s (the ids prepare writes would mean "
                                 "other tokens to one of them)" % (path, difference))
-        if os.path.lexists(config_path):
-            text = _with_config_normalizer(data, config, text)
-            tokenizer = Tokenizer.from_str(text)
+        rebuilt = _with_config_normalizer(data, config, text)  # a silent or absent config: transformers' defaults
+        if rebuilt != text:
+            text, tokenizer = rebuilt, Tokenizer.from_str(rebuilt)
         lower = _json_lowercase(jsonin.loads(text).get("normalizer"))
         if lower is None:
             lower = bool(config.get("do_lower_case", False))
@@ -387,11 +389,7 @@ def load_tokenizer(path: str, lower_case: str = "auto") -> TokenizerSpec:
                              tokenize_chinese_chars=_splits_chinese(tokenizer))
     if os.path.lexists(vocab_path):
         vocab = _read_vocab_file(vocab_path)
-        lower = config.get("do_lower_case")
-        if forced is not None:
-            lower = forced
-        if lower is None:
-            lower = _guess_lower_case(vocab)
+        lower = config.get("do_lower_case", True) if forced is None else forced  # BertTokenizer's default: true
         strip = config.get("strip_accents")  # transformers' BertTokenizer reads it (null: as it lower-cases)
         chinese = config.get("tokenize_chinese_chars", True)  # and this (default true)
         return TokenizerSpec(vocab, bool(lower), source=path, strip_accents=strip if isinstance(strip, bool) else None,
