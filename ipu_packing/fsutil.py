@@ -39,7 +39,7 @@ import hashlib
 import os
 import stat
 import tempfile
-from typing import IO, Any, Callable, Iterator, Optional, Sequence, Type
+from typing import IO, Any, Callable, Dict, Iterator, Optional, Sequence, Type
 
 from .errors import InputError
 
@@ -326,7 +326,8 @@ def take_lock(path: str, error: Type[Exception] = InputError, command: str = "")
     open_lock_file opens it, locked exclusively without waiting (flock: the kernel drops it when the process
     dies, so a killed holder's file is taken over), and the holder written into it as one JSON object
     ({command, pid, host}). Returns the descriptor (release_lock lets it go); LockBusy naming the holder while
-    another process holds it."""
+    another process holds it. A file there that holds anything but a holder's record is not a lock this package
+    made: refused as ``error``, untouched."""
     import fcntl
     import json
     import socket
@@ -339,6 +340,9 @@ def take_lock(path: str, error: Type[Exception] = InputError, command: str = "")
             if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
             raise LockBusy(lock_holder(fd)) from None
+        if _holder_record(fd) is None:
+            raise error("%s holds something other than this program's lock record: refusing to overwrite it (move "
+                        "it away, or choose another output)" % path)
         record = {"command": command, "pid": os.getpid(), "host": socket.gethostname()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode("utf-8"), 0)
@@ -349,16 +353,31 @@ def take_lock(path: str, error: Type[Exception] = InputError, command: str = "")
         raise
 
 
+def _holder_record(fd: int) -> Optional[Dict[str, Any]]:
+    """What the lock file ``fd`` holds: take_lock's record ({command, pid, host}), {} when empty (released, or just
+    made), None when anything else (not a lock file of this package's)."""
+    import json
+
+    raw = os.pread(fd, 4097, 0)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if (len(raw) > 4096 or not isinstance(data, dict) or not isinstance(data.get("pid"), int)
+            or not isinstance(data.get("host"), str) or not isinstance(data.get("command", ""), str)):
+        return None
+    return data
+
+
 def lock_holder(fd: int) -> str:
     """Who holds the lock file ``fd`` in words ("prepare, pid 12 on host"; "pid 12 on host" for a holder that
     names no command; "another process" when the file says nothing readable)."""
-    import json
-
-    try:
-        data = json.loads(os.pread(fd, 4096, 0).decode("utf-8") or "{}")
-        who = "pid %d on %s" % (int(data["pid"]), data["host"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    data = _holder_record(fd)
+    if not data:
         return "another process"
+    who = "pid %d on %s" % (data["pid"], data["host"])
     return "%s, %s" % (data["command"], who) if data.get("command") else who
 
 

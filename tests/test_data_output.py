@@ -143,10 +143,21 @@ def test_two_concurrent_prepares_into_one_directory_one_fails_at_once(tmp_path):
 def test_a_lock_released_by_a_killed_holder_is_taken(pack_inputs, tmp_path, capsys):
     """flock dies with its holder: a killed pack leaves a lock file that does not block the next one."""
     with open(str(tmp_path / ".out.lock"), "w") as f:
-        f.write("pack, pid 999999")  # stale content, nobody holds it
+        f.write('{"command": "pack", "pid": 999999, "host": "h"}')  # a killed holder's record, nobody holds it
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
     assert _pack(pack_inputs, tmp_path / "out") == 0, capsys.readouterr().err
     assert sorted(os.listdir(str(tmp_path / "out"))) == ["packed", "padded"]
+
+
+def test_a_users_file_where_the_lock_goes_is_refused_and_kept(pack_inputs, tmp_path, capsys):
+    """.<output>.lock beside the output holding anything but a holder's record is the user's: not overwritten, not
+    removed, and nothing written."""
+    lock = tmp_path / ".out.lock"
+    lock.write_text("my notes\n")
+    assert _pack(pack_inputs, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: %s holds something other than" % lock), err
+    assert lock.read_text() == "my notes\n" and not (tmp_path / "out").exists()
 
 
 def _corpus_dir(inputs):

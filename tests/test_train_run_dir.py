@@ -250,6 +250,17 @@ def test_lock_of_a_killed_run_is_taken_over(tmp_path):
         taken.unlock()
 
 
+@pytest.mark.parametrize("content", ["precious\n", '{"pid": "12", "host": "h"}', "[1, 2]"])
+def test_a_file_where_the_lock_goes_that_holds_no_holder_record_is_refused_and_kept(tmp_path, content):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RunDirectory.LOCK).write_text(content)
+    with pytest.raises(UserError, match="holds something other than this program's lock record") as info:
+        RunDirectory(str(run)).lock()
+    assert str(info.value).count("\n") == 0
+    assert (run / RunDirectory.LOCK).read_text() == content
+
+
 @pytest.mark.parametrize("target", ["a file", "a missing file", "a directory"])
 def test_the_lock_never_follows_a_symlink_planted_in_its_place(tmp_path, target):
     run = tmp_path / "run"
