@@ -246,15 +246,17 @@ class Predictor(_Served):
         return "regression" if int(config.num_labels) == 1 else "single_label_classification"
 
     def scores(self, logits: np.ndarray) -> np.ndarray:
-        """The pipeline's scores of logits (N, L): softmax, sigmoid or the raw output (see the module docstring)."""
+        """The pipeline's scores of logits (N, L): softmax, sigmoid or the raw output (see the module docstring).
+        Quietly: a sigmoid's exp overflows to its limit, and a row with an infinite logit scores NaN, which
+        check_finite_scores then refuses in one line."""
         config = self.model.config
         if config.problem_type == "regression":
             return logits
-        if config.problem_type == "multi_label_classification" or int(config.num_labels) == 1:
-            return 1.0 / (1.0 + np.exp(-logits))
-        shifted = logits - logits.max(axis=-1, keepdims=True)
-        e = np.exp(shifted)
-        return e / e.sum(axis=-1, keepdims=True)
+        with np.errstate(over="ignore", invalid="ignore"):
+            if config.problem_type == "multi_label_classification" or int(config.num_labels) == 1:
+                return 1.0 / (1.0 + np.exp(-logits))
+            e = np.exp(logits - logits.max(axis=-1, keepdims=True))  # (N, L)
+            return e / e.sum(axis=-1, keepdims=True)
 
     def logits(self, texts: Sequence[Text]) -> np.ndarray:
         """(N, L) logits of each input, in input order (float64 of the model's float32)."""

@@ -268,17 +268,20 @@ def test_a_model_whose_weights_hold_nan_is_refused_and_nothing_written(name, mod
     assert err.startswith("error: --model %s: 1 weights hold inf or NaN (first: %s)" % (directory, case.head)), err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf"])
 @pytest.mark.parametrize("name", SERVED)
-def test_scores_that_are_not_finite_are_refused_and_nothing_written(name, model_dir, tmp_path, capsys, monkeypatch):
-    """A model whose logits are NaN (finite weights that overflow, say): one error line naming the first input, the
-    last line on stderr, and no output file."""
+def test_scores_that_are_not_finite_are_refused_and_nothing_written(name, value, model_dir, tmp_path, capsys,
+                                                                    monkeypatch, recwarn):
+    """A model whose logits are NaN or infinite (finite weights that overflow, say): one error line naming the first
+    input, the last line on stderr and the only one that says anything is wrong (no numpy warning before it), and no
+    output file."""
     case = CASES[name]
     served = tasks.get(name).hook("predictor")
 
     def nan_logits(module, args, kwargs, output):
         for field in output._fields:
             if field.endswith("logits"):
-                getattr(output, field).fill_(float("nan"))
+                getattr(output, field).fill_(float(value))
 
     on_each_model(monkeypatch, served, lambda model: model.register_forward_hook(nan_logits, with_kwargs=True))
     inputs = case.inputs(np.random.default_rng(4), 3)
@@ -290,6 +293,7 @@ def test_scores_that_are_not_finite_are_refused_and_nothing_written(name, model_
     assert lines[-1] == ("error: the model's scores of 3 %ss are not finite numbers (first: %s 0): nothing was written"
                          % (case.what, case.what)), lines
     assert sum(line.startswith("error: ") for line in lines) == 1 and not os.path.exists(out)
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]  # numpy's, on stderr
 
 
 @pytest.mark.parametrize("name", SERVED)
