@@ -116,6 +116,14 @@ def bad_files(tmp_path):
     return tmp_path
 
 
+@pytest.mark.parametrize("name", ["latin.txt", "latin.json"])
+def test_a_histogram_file_that_is_not_utf8_is_refused_as_such(tmp_path, capsys, name):
+    path = tmp_path / name
+    path.write_bytes(b"1\n\xff\xfe\n")
+    assert main(["--histogram", str(path), "--max-seq-length", "16"]) == 2
+    assert capsys.readouterr() == ("", "error: %s is not UTF-8 text (byte 0xff at offset 2)\n" % path)
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -36,12 +36,12 @@ def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
                 raise InputError("%s is not a readable .npy array of counts: %s" % (path, one_line(exc)))
             max_length = None
         elif ext == ".txt":
-            with open_regular(path, "r") as f:
+            with open_regular(path, "r", encoding="utf-8") as f:
                 lines = [line.strip() for line in f]
             data = [_number(line, path, i + 1) for i, line in enumerate(lines) if line and not line.startswith("#")]
             max_length = None
         else:
-            with open_regular(path, "r") as f:
+            with open_regular(path, "r", encoding="utf-8") as f:
                 obj = jsonin.load(f)
             if isinstance(obj, dict):
                 if "histogram" not in obj:
@@ -55,7 +55,9 @@ def load_histogram(path: str) -> Tuple[np.ndarray, Optional[int]]:
                 max_length = None
     except OSError as exc:
         raise InputError("cannot read %s: %s" % (path, exc.strerror or exc))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise InputError("%s is not UTF-8 text (byte 0x%02x at offset %d)" % (path, exc.object[exc.start], exc.start))
+    except json.JSONDecodeError as exc:
         raise InputError("%s is not valid JSON: %s" % (path, exc))
     if isinstance(data, list) and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data):
         raise InputError("%s: histogram must be a list of numbers" % path)
