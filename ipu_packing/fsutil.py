@@ -438,8 +438,8 @@ def check_output(path: str, what: str, directory: bool = False, reading: Sequenc
             raise error("%s: exists and is %s, not a directory (refusing to overwrite)"
                         % (where, file_kind(info.st_mode)))
         if os.listdir(path) and not (ours is not None and ours(path)):
-            raise error("%s: directory exists and is not empty, and holds files this program did not make "
-                        "(refusing to overwrite): choose another or an empty directory" % (where,))
+            raise error("%s: directory exists and is not empty%s (refusing to overwrite): choose another or an empty "
+                        "directory" % (where, "" if ours is None else ", and holds files this program did not make"))
     elif not stat.S_ISREG(info.st_mode):
         raise error("%s: exists and is %s, not a regular file (refusing to replace it)"
                     % (where, file_kind(info.st_mode)))

@@ -85,3 +85,12 @@ def test_module_entry_point_exit_code_without_traceback(tmp_path, capsys):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
     assert "shard-00000.npy" in result.stderr and "sha256" in result.stderr
+
+
+def test_inspect_of_a_file_says_what_it_is(tmp_path, capsys):
+    from ipu_packing.data.cli import main
+
+    path = tmp_path / "a.tsv"
+    path.write_text("sentence\tlabel\n")
+    assert main(["inspect", str(path)]) == 2
+    assert capsys.readouterr().err == "error: %s: not a dataset directory (it is a regular file)\n" % path

@@ -269,3 +269,19 @@ def test_a_held_lock_names_its_holder_in_one_format(tmp_path):
     assert info.value.holder.startswith("pid %d on " % os.getpid())
     release_lock(fd, path)
     assert not os.path.exists(path)
+
+
+def test_a_non_empty_output_is_said_to_hold_others_files_only_where_the_command_can_tell(tmp_path):
+    """check_output's refusal of a non-empty directory claims "files this program did not make" only when an ``ours``
+    test said so; without one it cannot tell (a command's own earlier output is refused too)."""
+    from ipu_packing.errors import InputError
+    from ipu_packing.fsutil import check_output
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "a").write_text("x")
+    for ours, claimed in ((None, False), (lambda path: False, True)):
+        with pytest.raises(InputError, match="directory exists and is not empty") as info:
+            check_output(str(tmp_path / "out"), "--output", directory=True, ours=ours)
+        assert ("did not make" in str(info.value)) is claimed
+    check_output(str(tmp_path / "out"), "--output", directory=True, ours=lambda path: True)
+

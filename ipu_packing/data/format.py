@@ -97,7 +97,7 @@ import numpy as np
 
 from .. import jsonin
 from ..errors import InputError
-from ..fsutil import atomic_write_text, contained_path, open_regular
+from ..fsutil import atomic_write_text, contained_path, file_kind, open_regular
 from ..fsutil import sha256_file  # noqa: F401  (importers of format use it)
 from ..errors import DataError
 from .limits import MAX_NUM_LABELS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, MAX_VOCAB_SIZE  # noqa: F401
@@ -532,7 +532,8 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     data/shards.py `validate_shards`."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
-        raise DataError("%s: not a dataset directory (no such directory)" % directory)
+        what = "it is %s" % file_kind(os.stat(directory).st_mode) if os.path.exists(directory) else "no such directory"
+        raise DataError("%s: not a dataset directory (%s)" % (directory, what))
     if not os.path.lexists(path):
         if os.path.isfile(os.path.join(directory, "packed", MANIFEST)):
             raise DataError("%s: holds packed/ and padded/; name one of them" % directory)
