@@ -135,6 +135,8 @@ CONFIG_ROWS = [
     ("pad-outside-vocab", {"pad_token_id": V}, "pad_token_id"),
     ("type-vocab-bool", {"type_vocab_size": True}, "type_vocab_size"),
     ("hidden-act-number", {"hidden_act": 3}, "hidden_act"),
+    ("model-type-roberta", {"model_type": "roberta"}, "model_type is 'roberta'"),
+    ("relative-positions", {"position_embedding_type": "relative_key"}, "position_embedding_type is 'relative_key'"),
     ("weights-absurd", {"hidden_size": 1 << 18, "num_attention_heads": 2, "intermediate_size": 1 << 18,
                         "num_hidden_layers": 64}, "weights"),
 ]

@@ -194,8 +194,9 @@ _NULLABLE = ("classifier_dropout",)
 def check_config_values(path: str, config: Any) -> Dict[str, Any]:
     """A transformers BERT config.json's values (the parsed object), before a model is built from it: a JSON
     object; sizes integers in range, rates and eps finite in range, hidden_size a multiple of the heads,
-    pad_token_id inside the vocabulary, hidden_act a string, and at most MAX_PARAMETERS weights. Returns it;
-    a bad value is an InputError naming the file and the key."""
+    pad_token_id inside the vocabulary, hidden_act a string, model_type bert and position_embedding_type absolute
+    where stated, and at most MAX_PARAMETERS weights. Returns it; a bad value is an InputError naming the file and
+    the key."""
     from ..errors import InputError
 
     if not isinstance(config, dict):
@@ -219,6 +220,12 @@ def check_config_values(path: str, config: Any) -> Dict[str, Any]:
         raise InputError("%s: pad_token_id is %r, not an id below vocab_size %d" % (path, pad, vocab))
     if "hidden_act" in config and not isinstance(config["hidden_act"], str):
         raise InputError("%s: hidden_act is %r, not the name of an activation" % (path, config["hidden_act"]))
+    if config.get("model_type", "bert") != "bert":  # transformers would only warn, and build BERT around its weights
+        raise InputError("%s: model_type is %r: a BERT model (model_type 'bert') is expected"
+                         % (path, config["model_type"]))
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        raise InputError("%s: position_embedding_type is %r: the packed model has absolute positions only (each "
+                         "sequence's restart at 0)" % (path, config["position_embedding_type"]))
     weights = (hidden * (vocab + size("max_position_embeddings") + size("type_vocab_size"))
                + size("num_hidden_layers") * (4 * hidden * hidden + 2 * hidden * size("intermediate_size")))
     if weights > MAX_PARAMETERS:
