@@ -120,6 +120,48 @@ def test_init_override_keeps_the_config_value_and_a_bare_bert_model_gets_fresh_h
             "checkpoint.init_override=[model.hidden_size]"]), open_dataset=open_dataset)
 
 
+def test_dropout_and_initializer_range_come_from_config_json_unless_the_user_sets_them(data_dir, tmp_path):
+    """As transformers' from_pretrained builds the model: config.json's dropout rates and initializer range, over
+    the values a config inherits through `base:` (demo_512 inherits demo's dropout 0); a value the user sets (on
+    the command line here) wins, refused for no disagreement."""
+    source, _ = hf_phase1(str(tmp_path / "phase1"), data_dir)
+    path = os.path.join(source, "config.json")
+    with open(path) as f:
+        stated = dict(json.load(f), hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.15,
+                      classifier_dropout=0.3, initializer_range=0.05)
+    with open(path, "w") as f:
+        json.dump(stated, f)
+    common = SETTINGS + ["data.dir=%s" % data_dir, "checkpoint.init_from=%s" % source]
+    inherited = load_config("demo_512", common)
+    assert inherited.model_value("hidden_dropout_prob") == 0.0  # demo's, through base:
+    taken = with_init_architecture(inherited).model
+    assert [taken[k] for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
+                               "initializer_range")] == [0.2, 0.15, 0.3, 0.05]
+    own = with_init_architecture(load_config("demo_512", common + ["model.hidden_dropout_prob=0.05"])).model
+    assert own["hidden_dropout_prob"] == 0.05 and own["attention_probs_dropout_prob"] == 0.15
+
+
+@pytest.mark.parametrize("change, words", [({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+                                           ({"model_type": "roberta"}, "model_type")], ids=["relative", "roberta"])
+def test_a_phase1_directory_the_packed_model_cannot_be_is_refused_in_one_line(change, words, data_dir, tmp_path,
+                                                                             capsys):
+    from ipu_packing.train.cli import main
+
+    source, _ = hf_phase1(str(tmp_path / "phase1"), data_dir)
+    path = os.path.join(source, "config.json")
+    with open(path) as f:
+        stated = dict(json.load(f), **change)
+    with open(path, "w") as f:
+        json.dump(stated, f)
+    run = str(tmp_path / "run")
+    assert main(["--config", _bare_demo(tmp_path)] + SETTINGS + [
+        "data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run, "checkpoint.init_from=%s" % source,
+        "training.steps=1"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: %s: %s is " % (path, words)) and err.count("\n") == 1, err
+    assert not os.path.exists(run)
+
+
 def test_a_checkpoint_trained_on_another_vocabulary_is_refused_unless_overridden(data_dir, tmp_path):
     other = fx.write_prepared(str(tmp_path / "other"), S=32, K=3, V=64, num_sequences=96, seed=0, vocab_tag="x")
     tiny = ["model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=64", "model.num_attention_heads=2",

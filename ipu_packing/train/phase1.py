@@ -1,12 +1,12 @@
 """Phase 2 from phase 1: `checkpoint.init_from`, its architecture, its vocabulary and its weights.
 
 A Hugging Face BertForPreTraining directory states the model it holds in config.json. Its architecture
-(sections.INIT_ARCHITECTURE_KEYS: activation, LayerNorm eps, sizes, vocabulary, token types, positions) is
-taken from there when a run is planned (`with_init_architecture`: planning reads the file, the config object
-does not), so that a phase 2 started from
-bert-large-uncased keeps its `layer_norm_eps` 1e-12 and `hidden_act` instead of those a `base:` config gives. A
-`model:` value the user sets (the named config file's own, or the command line's) that disagrees is refused, naming
-the key and both values, unless `checkpoint.init_override` lists it.
+(sections.INIT_ARCHITECTURE_KEYS: activation, LayerNorm eps, sizes, vocabulary, token types, positions), and its
+dropout rates and initializer range where the user sets none (INIT_SETTING_KEYS), are taken from there when a
+run is planned (`with_init_architecture`: planning reads the file, the config object does not), so that a phase 2
+started from bert-large-uncased keeps its `layer_norm_eps` 1e-12 and `hidden_act` instead of those a `base:`
+config gives. A `model:` architecture value the user sets (the named config file's own, or the command line's)
+that disagrees is refused, naming the key and both values, unless `checkpoint.init_override` lists it.
 
 Before the weights load, the source's vocabulary must be the dataset's (`check_init_from`): the directory's
 vocab.txt, or the vocab_sha256 one of our checkpoints records; `checkpoint.init_override=[vocab]` starts
@@ -30,7 +30,7 @@ from ..errors import ConfigError, UserError
 from .fingerprint import check_init_matches
 from .model_section import MODEL_DEFAULTS
 from .run_dir import RunDirectory
-from .sections import INIT_ARCHITECTURE_KEYS, INIT_OVERRIDE_VOCAB
+from .sections import INIT_ARCHITECTURE_KEYS, INIT_OVERRIDE_VOCAB, INIT_SETTING_KEYS
 from .state import TrainingState
 
 
@@ -46,7 +46,7 @@ def _hf_config(directory: str) -> Dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError("checkpoint.init_from %s: config.json is not a JSON object" % (path,))
     check_config_values(path, raw)  # every value in range before the architecture is taken from it
-    return {key: raw.get(key, MODEL_DEFAULTS[key]) for key in INIT_ARCHITECTURE_KEYS}
+    return {key: raw.get(key, MODEL_DEFAULTS[key]) for key in INIT_ARCHITECTURE_KEYS + INIT_SETTING_KEYS}
 
 
 def _show(value: Any) -> str:
@@ -58,9 +58,10 @@ def with_init_architecture(config):
     object, checked again): config.json's values replace those a `base:` config gives (a model from scratch's),
     so no `model.*` key need be typed; a key the user sets (the config file's own or the command line's,
     ``RunConfig.explicit_model_keys``) to another value is a ConfigError unless checkpoint.init_override lists it
-    (then the config's value stays); a config.json that is no regular file is refused when it is read (a FIFO
-    would block). Anything else as it was (a step checkpoint states no architecture apart from its tensors'
-    shapes, which loading checks)."""
+    (then the config's value stays). The dropout rates and initializer range (INIT_SETTING_KEYS) come from
+    config.json too, as transformers' from_pretrained takes them, unless the user sets them. A config.json that
+    is no regular file is refused when it is read (a FIFO would block). Anything else as it was (a step checkpoint
+    states no architecture apart from its tensors' shapes, which loading checks)."""
     import dataclasses
 
     model, checkpoint = config.model, config.checkpoint
@@ -79,6 +80,9 @@ def with_init_architecture(config):
             disagree.append("model.%s is %s in the config but %s in its config.json"
                             % (key, _show(model[key]), _show(stated[key])))
         out[key] = stated[key]
+    for key in INIT_SETTING_KEYS:  # dropout and initializer range: the user's value, where set, wins
+        if key not in config.explicit_model_keys:
+            out[key] = stated[key]
     if disagree:
         raise ConfigError(
             "checkpoint.init_from %s: %s; the architecture comes from the %s model: drop the value or set it "

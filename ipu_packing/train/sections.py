@@ -25,6 +25,9 @@ DECAYS = ("linear", "poly", "constant")
 # by checkpoint.init_from (train/phase1.py).
 INIT_ARCHITECTURE_KEYS = ("hidden_act", "layer_norm_eps", "hidden_size", "num_hidden_layers", "num_attention_heads",
                           "intermediate_size", "vocab_size", "type_vocab_size", "max_position_embeddings")
+INIT_SETTING_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "initializer_range")
+"""What else a phase-1 directory's config.json states and transformers' from_pretrained takes from it: the dropout
+rates and the scale of fresh weights. Taken as the architecture is, except that a value the user sets wins."""
 INIT_OVERRIDE_VOCAB = "vocab"
 
 
@@ -196,7 +199,8 @@ class CheckpointConfig:
     checkpoints (a step_*.pt file or a run directory). Only the model weights are taken; from a
     Hugging Face directory the architecture too (INIT_ARCHITECTURE_KEYS, from its config.json, over
     the values a `base:` config gives; a `model:` value the user sets that disagrees is refused, naming
-    both). Its vocabulary (the directory's vocab.txt,
+    both), and its dropout rates and initializer range (INIT_SETTING_KEYS, where the user sets none). Its
+    vocabulary (the directory's vocab.txt,
     or the vocab_sha256 a checkpoint records) must be the dataset's. Weights the source lacks (e.g. a
     BertModel without the pretraining heads) keep their fresh initialisation; loading says which."""
     init_override: List[str] = field(default_factory=list)
