@@ -109,16 +109,22 @@ def test_a_finished_run_with_files_missing_is_refused_and_not_recreated(ws, tmp_
     assert files(run) == before  # nothing re-created, nothing touched
 
 
-# (row, what a kill during the export left out of the finished run)
+# (row, what a kill during the export left out of the finished run, the half-made directories it left in it)
 UNFINISHED_ROWS = [
-    ("killed before the summary", ["summary.json"]),
-    ("killed during the export", ["summary.json", "final"]),
+    ("killed before the summary", ["summary.json"], []),
+    ("killed during the export", ["summary.json", "final"], []),
+    ("killed while the export was written", ["summary.json", "final"], [".final.k1ll3d0"]),
+    ("killed while the export was swapped", ["summary.json", "final"], [".final.k1ll3d0", "final.old"]),
 ]
 
 
-@pytest.mark.parametrize("row, remove", UNFINISHED_ROWS, ids=[r[0] for r in UNFINISHED_ROWS])
-def test_a_run_stopped_during_its_export_is_completed_by_the_same_command(ws, tmp_path, capsys, row, remove):
+@pytest.mark.parametrize("row, remove, planted", UNFINISHED_ROWS, ids=[r[0] for r in UNFINISHED_ROWS])
+def test_a_run_stopped_during_its_export_is_completed_by_the_same_command(ws, tmp_path, capsys, row, remove,
+                                                                          planted):
     run = finished_copy(ws, tmp_path, *remove)
+    for name in planted:  # publish_directory's temporary, and the earlier export it swaps out
+        os.makedirs(os.path.join(run, name))
+        shutil.copyfile(os.path.join(ws["run"], "final", "config.json"), os.path.join(run, name, "config.json"))
     before = files(run)
     code = main(args(ws["data"], run))
     out, err = capsys.readouterr()
@@ -135,6 +141,7 @@ def test_a_run_stopped_during_its_export_is_completed_by_the_same_command(ws, tm
     assert summary["steps_this_run"] == 0 and summary["export"] == os.path.join(run, "final")
     assert open(os.path.join(run, "final", "model.safetensors"), "rb").read() == open(
         os.path.join(ws["run"], "final", "model.safetensors"), "rb").read()
+    assert not [n for n in os.listdir(run) if n.startswith(".final") or n == "final.old"]  # nothing half made left
     assert main(args(ws["data"], run)) == 0  # and now it is finished
     assert "already finished at step 4" in capsys.readouterr()[0]
 

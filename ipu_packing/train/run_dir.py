@@ -300,8 +300,15 @@ class RunDirectory:
 
     def export(self, save: Callable[[str], None]) -> str:
         """final/, written whole by ``save(directory)`` into a temporary directory (umask applied) and renamed into
-        place: a kill leaves the old export or the new one."""
+        place: a kill leaves the old export or the new one. What an export killed midway left beside it (its
+        temporary .final.*, the final.old it was swapping out) is removed first: under the lock, nobody's but
+        ours."""
+        import shutil
+
         directory = self.file(self.FINAL)
+        for name in os.listdir(self.path):
+            if name.startswith("." + self.FINAL + ".") or name == self.FINAL + ".old":
+                shutil.rmtree(self.file(name))
         publish_directory(directory, save, "." + self.FINAL + ".", replace=True)  # fsutil's one publish
         return directory
 
