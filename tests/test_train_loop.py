@@ -2,6 +2,7 @@
 metrics, checkpoints, bitwise resume after a kill, NaN stop (a real divergence too: exit 2 naming a finite
 checkpoint), phase-1 init, export to transformers."""
 
+import json
 import os
 import signal
 import subprocess
@@ -103,6 +104,10 @@ def test_resume_after_kill_gives_bitwise_the_same_losses(data_dir, tmp_path):
     assert not [f for f in os.listdir(os.path.join(killed, "checkpoints")) if f.endswith(".tmp")]
     train(tiny(data_dir, killed, *args))  # checkpoint.resume=auto picks up step 4
     assert losses(killed) == losses(reference)  # exact float equality, steps 1..8
+    summaries = [json.load(open(os.path.join(run, "summary.json"))) for run in (reference, killed)]
+    for key in ("first_steps", "last_steps"):  # the run's first and last steps, wherever it was killed
+        assert summaries[1][key] == summaries[0][key], key
+    assert (summaries[0]["steps_this_run"], summaries[1]["steps_this_run"]) == (8, 4)
     ref_state = fx.load(fx.latest(reference))
     res_state = fx.load(fx.latest(killed))
     for key, value in ref_state.model.items():

@@ -201,8 +201,10 @@ def checkpoint_due(step: int, calls: int, every: int, total: int) -> bool:
 def finish(plan: RunPlan, runner, validator: Validator, history: List[StepRecord],
            log: Callable[[str], None]) -> Dict[str, Any]:
     """The run's summary; the writer exports the final model (checkpoint.export) and writes summary.json, last. A
-    run resumed at its last step (stopped during its export) trains nothing and completes both."""
-    records = [r.to_dict() for r in history] or plan.run_dir.read_metrics()
+    run resumed at its last step (stopped during its export) trains nothing and completes both. Its first and
+    last steps' figures are the run's, every invocation's; its seconds and rates this invocation's steps'."""
+    # the writer's metrics.jsonl holds every step of the run (cut back to the checkpoint a resume started from)
+    records = plan.run_dir.read_metrics() if runner.is_writer else [r.to_dict() for r in history]
     summary = run_summary(plan, records, len(history), plan.checkpointer.last_saved)
     final = validator.final(runner, log)
     if final is not None:

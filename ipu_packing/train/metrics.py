@@ -140,8 +140,9 @@ def _mean(values) -> float:
 
 
 def run_summary(plan, history: List[Dict[str, Any]], steps_this_run: int, last_saved: Optional[str]) -> Dict[str, Any]:
-    """summary.json of a run (plan: the loop's RunPlan; history: its step records as dicts, this process's steps,
-    or the run's metrics.jsonl when a run only completes its export)."""
+    """summary.json of a run (plan: the loop's RunPlan; history: its step records as dicts, the run's metrics.jsonl
+    on the writer, else this process's steps): first_steps and last_steps from the first and last records, the
+    seconds, compile seconds and rates from the last ``steps_this_run`` (this invocation's)."""
     task = plan.task
     n = max(1, min(10, len(history) // 4 or 1))
     first, last = history[:n], history[-n:]
