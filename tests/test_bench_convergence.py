@@ -55,6 +55,14 @@ def test_each_seed_trains_both_layouts_and_the_table_reads_their_summaries(demo_
     code, again, err = run_main(argv)
     assert code == 0, err
     assert [row["metrics"] for row in json.loads(again)["rows"]] == [row["metrics"] for row in r["rows"]]
+    # asked for with other values, a finished run is refused, not mixed into the table
+    before = {name: os.listdir(os.path.join(output, name)) for name in os.listdir(output)}
+    code, out, err = run_main(argv + ["training.steps=5"])
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and out == "" and errors == [err.splitlines()[-1]], err
+    assert errors[0].startswith("error: the packed run of seed 1 (%s): " % os.path.join(output, "packed_seed1"))
+    assert "training.steps" in errors[0], errors
+    assert {name: os.listdir(os.path.join(output, name)) for name in os.listdir(output)} == before
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -62,7 +70,10 @@ def test_each_seed_trains_both_layouts_and_the_table_reads_their_summaries(demo_
     (["--seeds", "1,1"], "names a seed twice"),
     (["training.seed=3"], "training.seed is set by the command"),
     (["--config", "demo"], "is not a fine-tuning config"),
-], ids=["not integers", "a seed twice", "a seed override", "a pretraining config"])
+    (["--seeds", "1,-1"], "training.seed must be"),
+    (["--packed", "optimizer.lr=-1"], "optimizer.lr"),
+], ids=["not integers", "a seed twice", "a seed override", "a pretraining config", "a bad second seed",
+        "a bad packed override"])
 def test_a_bad_argument_is_one_line(argv, words, tmp_path):
     code, out, err = run_main(argv + ["--output", str(tmp_path / "runs")])
     assert code == 2 and out == ""

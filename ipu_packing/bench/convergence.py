@@ -8,8 +8,10 @@ head initialised by ``training.seed``), the same steps and the same sequences pe
 (``training.global_batch_sequences``; the packed run divides its accumulation by the packing factor, docs/
 finetuning.md): ``data.layout=packed`` and ``data.layout=padded`` (DIR/<split>/padded, the same examples one per
 row). Each run is evaluated per example on the config's evaluation split at its end. The runs go one after the
-other in this process, into OUTPUT/<layout>_seed<N> (a finished run there is read back, not trained again);
-OUTPUT must be absent, empty or hold only such runs (fsutil.check_output, checked before any work). The
+other in this process, into OUTPUT/<layout>_seed<N> (a finished run there asked for as it was is read back, not
+trained again; one made with other values is refused, as run_finetuning.py refuses it; every run's config is
+checked before the first trains); OUTPUT must be absent, empty or hold only such runs (fsutil.check_output,
+checked before any work). The
 overrides apply to every run (e.g. training.steps=100), ``--packed`` ones to the packed runs only. Printed: one
 row per run (final evaluation metrics and loss, mean sequences per step, the run's sequences/s and training
 seconds) and each layout's mean and standard deviation over the seeds, with the load average before and after.
@@ -28,7 +30,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from .. import jsonout
-from ..errors import ArgumentParser, run_command
+from ..errors import ArgumentParser, UserError, one_line, run_command
 from .harness import load_line, progress
 from .inputs import BenchError
 
@@ -48,24 +50,30 @@ def made_here(output: str) -> bool:
     return all(_RUN_NAME.match(name) and os.path.isdir(os.path.join(output, name)) for name in os.listdir(output))
 
 
+def run_overrides(overrides: Sequence[str], layout: str, seed: int, directory: str) -> List[str]:
+    """run_finetuning.py's overrides of one run: the command's, then what the command sets for each run."""
+    return list(overrides) + ["data.layout=%s" % layout, "training.seed=%d" % seed,
+                              "checkpoint.output_dir=%s" % directory, "logging.progress_bar=false"]
+
+
 def one_run(config: str, overrides: Sequence[str], layout: str, seed: int, directory: str,
             log=lambda message: None) -> Dict[str, Any]:
-    """Train (or read back) one run; its row."""
-    from ipu_packing.train.cli import finetune_main
+    """Train one run, or read back a finished one: the run directory decides (asked for as it was, a finished run
+    is read back; a run made with other values is refused, as run_finetuning.py refuses it); its row."""
+    from ipu_packing.train.cli import command
     from ipu_packing.train.run_dir import RunDirectory
 
     summary_path = RunDirectory(directory).file(RunDirectory.SUMMARY)
-    argv = ["--config", config] + list(overrides) + [
-        "data.layout=%s" % layout, "training.seed=%d" % seed, "checkpoint.output_dir=%s" % directory,
-        "logging.progress_bar=false"]
+    argv = ["--config", config] + run_overrides(overrides, layout, seed, directory)
     started = time.perf_counter()
-    if not os.path.isfile(summary_path):
-        log("run_finetuning.py %s" % " ".join(argv))
+    log("run_finetuning.py %s" % " ".join(argv))
+    try:
         with contextlib.redirect_stdout(sys.stderr):  # the runs' logs; stdout holds the table (or JSON) alone
-            code = finetune_main(argv)
-        if code != 0:
-            raise BenchError("the %s run of seed %d failed (exit %d): run_finetuning.py %s"
-                             % (layout, seed, code, " ".join(argv)))
+            command(argv, fine_tuning=True)
+    except UserError as exc:  # one line, naming the run
+        error = BenchError("the %s run of seed %d (%s): %s" % (layout, seed, directory, one_line(exc)))
+        error.exit_code = exc.exit_code
+        raise error from None
     wall = time.perf_counter() - started
     from ipu_packing.jsonin import load_path
 
@@ -130,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def overrides_of(args, layout: str) -> List[str]:
+    """The overrides of every run, then ``--packed``'s for a packed run."""
+    return list(args.overrides) + (list(args.packed) if layout == "packed" else [])
+
+
 def command(argv: Optional[List[str]]) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -146,6 +159,10 @@ def command(argv: Optional[List[str]]) -> int:
     config = load_config(args.config, args.overrides)
     if not config.task.fine_tuning:
         raise BenchError("--config %s is not a fine-tuning config (no task: section)" % (args.config,))
+    for seed in seeds:  # every run's config checked before the first one trains
+        for layout in LAYOUTS:
+            load_config(args.config, run_overrides(overrides_of(args, layout), layout, seed,
+                                                   run_dir(args.output, layout, seed)))
     from ..fsutil import check_output
 
     check_output(args.output, "--output", directory=True, reading=[config.data.dir, config.checkpoint.init_from],
@@ -155,8 +172,8 @@ def command(argv: Optional[List[str]]) -> int:
     rows = []
     for seed in seeds:
         for layout in LAYOUTS:
-            overrides = list(args.overrides) + (list(args.packed) if layout == "packed" else [])
-            rows.append(one_run(args.config, overrides, layout, seed, run_dir(args.output, layout, seed), log))
+            rows.append(one_run(args.config, overrides_of(args, layout), layout, seed,
+                                run_dir(args.output, layout, seed), log))
             log("%s seed %d: %s, %.1f s" % (layout, seed, rows[-1]["metrics"], rows[-1]["wall_seconds"]))
     result = {"config": args.config, "overrides": list(args.overrides), "packed_overrides": list(args.packed),
               "seeds": seeds, "rows": rows,
