@@ -7,7 +7,8 @@ Each run is a run directory of ``run_pretraining.py`` (metrics.jsonl, config.jso
 any backend. A is the candidate (say packed), B the baseline (say padded):
 
 - ``throughput_ratio``: A's sequences/s over B's in steady state, i.e. leaving out each run's first
-  ``--warmup`` steps (compilation, caches, the allocator's first passes);
+  ``--warmup`` steps (compilation, caches, the allocator's first passes; one that leaves no step of the shorter
+  run is refused);
 - ``time_to_target_ratio``: B's wall time to reach B's final smoothed MLM loss, over A's wall time to
   reach that same loss (null when A never reaches it);
 - ``loss_gap``: the largest relative difference |A - B| / B of smoothed MLM loss at equal sequences seen,
@@ -500,6 +501,10 @@ def _main(argv: Optional[List[str]]) -> int:
     if args.warmup is not None and args.warmup < 0:
         raise CompareError("--warmup must be >= 0, got %d" % args.warmup)
     a, b = read_run(args.run_a), read_run(args.run_b)
+    shorter = min(len(a.steps), len(b.steps))
+    if args.warmup is not None and args.warmup >= shorter:
+        raise CompareError("--warmup %d leaves no step of the shorter run (%d steps) to time: give at most %d"
+                           % (args.warmup, shorter, shorter - 1))
     differences = data_differences(a, b)
     if differences and not args.force:
         raise CompareError("%s: the ratios would not measure packing; compare runs of one S, K and dataset, or "

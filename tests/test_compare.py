@@ -56,6 +56,11 @@ def test_command_json_plot_and_errors(runs, tmp_path, capsys):
     assert main([runs[0], str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "nowhere" in err and err.count("\n") == 1
+    assert main([runs[0], runs[1], "--warmup", "3"]) == 0  # the last step of 4 timed
+    capsys.readouterr()
+    assert main([runs[0], runs[1], "--warmup", "4"]) == 2  # no step left: refused, not the last step's ratio
+    assert capsys.readouterr() == ("", "error: --warmup 4 leaves no step of the shorter run (4 steps) to time: give "
+                                       "at most 3\n")
 
 
 # -- compare --json is strict JSON: a NaN or an Infinity is null, named in `warnings` (ipu_packing/jsonout.py) ------
