@@ -319,3 +319,24 @@ def test_a_classifier_whose_id2label_names_no_label_by_id_is_refused(own_model_t
         plan_run(config, open_dataset=open_dataset)
     assert "%s: its id2label is not" % path in str(refused.value), str(refused.value)
     assert not os.path.exists(str(tmp_path / "run"))
+
+
+def test_a_classifier_whose_label2id_and_id2label_disagree_is_refused(own_model_task, tmp_path):
+    """run_glue.py maps the dataset's labels through label2id; the classifier's rows are id2label's. A config.json
+    whose two disagree (id2label reversed by hand here) names no one mapping: refused, naming the first label."""
+    _, task = own_model_task
+    source = _classifier(tmp_path, ["bad", "good"])
+    path = os.path.join(source, "config.json")
+    with open(path) as f:
+        raw = json.load(f)
+    raw["id2label"] = {"0": "good", "1": "bad"}
+    with open(path, "w") as f:
+        json.dump(raw, f)
+    config = load_config("finetune_demo", RUN + [
+        "data.dir=%s" % task, "checkpoint.init_from=%s" % source, "checkpoint.output_dir=%s" % str(tmp_path / "run"),
+        "data.max_seq_length=32", "data.max_sequences_per_pack=4"])
+    with pytest.raises(UserError) as refused:
+        plan_run(config, open_dataset=open_dataset)
+    assert "%s: its label2id and id2label disagree (bad: label2id 0, id2label 1)" % path in str(refused.value), str(
+        refused.value)
+    assert not os.path.exists(str(tmp_path / "run"))

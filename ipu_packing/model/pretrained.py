@@ -350,6 +350,24 @@ def id2label_fault(config: Any) -> Optional[str]:
     return None
 
 
+def label2id_mismatch(config: Any) -> Optional[str]:
+    """Where a config.json's label2id is not the inverse of its id2label: the first label on which they differ, in
+    words ("bad: label2id 0, id2label 1"); None where they agree, or either is absent or without names (run_glue.py
+    maps a dataset's labels through label2id, the classifier's rows are id2label's: a model whose two disagree
+    holds no one mapping)."""
+    names = head_labels(config)
+    label2id = config.get("label2id") if isinstance(config, dict) else None
+    if names is None or label2id is None:
+        return None
+    if not isinstance(label2id, dict):
+        return "label2id is a JSON %s" % (type(label2id).__name__,)
+    inverse = {name: i for i, name in enumerate(names)}
+    for name in sorted(set(inverse) | set(label2id), key=str):
+        if name not in label2id or name not in inverse or label2id[name] != inverse[name]:
+            return "%s: label2id %s, id2label %s" % (name, label2id.get(name, "none"), inverse.get(name, "none"))
+    return None
+
+
 def head_labels(config: Any) -> Any:
     """The label names of a config.json's classifier by id (its id2label), or None where they are transformers'
     defaults (LABEL_0, LABEL_1, ...: no names, as a model saved without labels has)."""

@@ -200,7 +200,7 @@ def classifier_rows(config, model: torch.nn.Module, source: str) -> Tuple[Dict[s
     without names: the names "0", "1", ...); a head saved without names (transformers' LABEL_i) with as many labels:
     as it is; anything else (other names, another number of labels) is refused in one line unless
     task.replace_head starts a new classifier."""
-    from ipu_packing.model.pretrained import head_labels, id2label_fault
+    from ipu_packing.model.pretrained import head_labels, id2label_fault, label2id_mismatch
 
     raw = jsonin.load_path(os.path.join(source, "config.json"), error=ConfigError)
     architectures = raw.get("architectures") if isinstance(raw, dict) else None
@@ -215,6 +215,11 @@ def classifier_rows(config, model: torch.nn.Module, source: str) -> Tuple[Dict[s
         raise UserError("checkpoint.init_from %s: its id2label is not {id: name} over the ids 0 .. N - 1 (%s): "
                         "correct it, or set task.replace_head=true to start a new classifier"
                         % (os.path.join(source, "config.json"), fault))
+    mismatch = label2id_mismatch(raw)
+    if mismatch is not None:
+        raise UserError("checkpoint.init_from %s: its label2id and id2label disagree (%s): the classifier's rows have "
+                        "no one set of names; correct one, or set task.replace_head=true to start a new classifier"
+                        % (os.path.join(source, "config.json"), mismatch))
     theirs = head_labels(raw)
     ours_count = int(model.config.num_labels)
     ours = head_labels({"id2label": model.config.id2label}) or [str(i) for i in range(ours_count)]  # class ids
