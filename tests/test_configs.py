@@ -174,6 +174,24 @@ def test_base_merges_key_by_key_and_refuses_cycles(tmp_path):
         load_config(str(tmp_path / "a.yaml"))
 
 
+def test_a_copied_config_extends_the_shipped_base_its_name_names(tmp_path):
+    """configs/finetune_demo.yaml copied elsewhere still says `base: demo`: with no demo.yaml beside it, the shipped
+    demo is its base; one beside it comes first; neither is one line naming both places."""
+    from ipu_packing.train.loader import CONFIG_DIR, resolve_config_path
+
+    copy = tmp_path / "mine.yaml"
+    copy.write_text(open(resolve_config_path("finetune_demo")).read())
+    assert load_config(str(copy)).to_dict() == dict(load_config("finetune_demo").to_dict(), name="mine")
+    (tmp_path / "demo.yaml").write_text("training:\n  steps: 7\n")  # beside the file: it wins
+    assert load_config(str(copy)).training.steps == 300  # finetune_demo's own value over the base's
+    assert load_config(str(copy)).model_value("hidden_size") == 768  # the local base has no model: section
+    (tmp_path / "orphan.yaml").write_text("base: nowhere\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(tmp_path / "orphan.yaml"))
+    assert str(info.value) == "base config 'nowhere' of %s not found (%s nor %s)" % (
+        tmp_path / "orphan.yaml", tmp_path / "nowhere.yaml", os.path.join(CONFIG_DIR, "nowhere.yaml"))
+
+
 def test_execution_keys_are_the_dataclass_fields(monkeypatch):
     """A field added to ExecutionConfig is a valid, type-checked key with no change to the loader."""
     import dataclasses

@@ -2,7 +2,8 @@
 
 YAML is a thin, strict layer over the dataclasses. A file has these top-level sections:
 
-    base:       optional name (or path) of a config this one extends; sections merge key by key
+    base:       optional name (or path) of a config this one extends; sections merge key by key (a name is
+                the config of that name beside the file, else the shipped one: a copied config still extends it)
     model:      transformers.BertConfig fields and the model's own options (model_section.py)
     execution:  ipu_packing.execution.ExecutionConfig fields only
     data, optimizer, schedule, training, checkpoint, logging: the dataclasses in sections.py
@@ -174,12 +175,13 @@ def _read_with_bases(path: str, seen: Tuple[str, ...]) -> Tuple[Dict[str, Any], 
         return raw, own_model
     if not isinstance(base, str):
         raise ConfigError("base in %s must be a config name, got %r" % (path, base))
-    if os.sep not in base and not base.endswith((".yaml", ".yml")):
-        base_path = os.path.join(os.path.dirname(path), base + ".yaml")
+    if os.sep not in base and not base.endswith((".yaml", ".yml")):  # a name: beside the file, else a shipped one
+        candidates = [os.path.join(os.path.dirname(path), base + ".yaml"), os.path.join(CONFIG_DIR, base + ".yaml")]
     else:
-        base_path = os.path.join(os.path.dirname(path), base)
-    if not os.path.lexists(base_path):
-        raise ConfigError("base config %r of %s not found (%s)" % (base, path, base_path))
+        candidates = [os.path.join(os.path.dirname(path), base)]
+    base_path = next((c for c in candidates if os.path.lexists(c)), None)
+    if base_path is None:
+        raise ConfigError("base config %r of %s not found (%s)" % (base, path, " nor ".join(candidates)))
     merged, _ = _read_with_bases(base_path, seen + (real,))
     for key, value in raw.items():
         section = dict(merged.get(key) or {})
