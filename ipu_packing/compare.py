@@ -103,6 +103,23 @@ def read_run(path: str) -> Run:
         raise CompareError("%s is not a run directory" % (path,))
     if not os.path.lexists(metrics):
         raise CompareError("%s has no metrics.jsonl (is it a run directory of run_pretraining.py?)" % (path,))
+    extra = {}
+    for name, file in (("config", run_dir.file(RunDirectory.CONFIG)), ("summary", run_dir.file(RunDirectory.SUMMARY))):
+        if os.path.lexists(file):
+            with open_regular(file, "rb", error=CompareError) as f:
+                value = _json_value(f.read(), file)
+            if not isinstance(value, dict):
+                raise CompareError("%s is %s, not a JSON object" % (file, _kind(value)))
+            extra[name] = value
+    for section in ("training", "data", "task"):
+        value = extra.get("config", {}).get(section)
+        if value is not None and not isinstance(value, dict):
+            raise CompareError("%s: %s is %s, not a JSON object" % (run_dir.file(RunDirectory.CONFIG), section,
+                                                                    _kind(value)))
+    task = (extra.get("config", {}).get("task") or {}).get("name")
+    if task is not None and not tasks.get(str(task)).compared:  # config.json names the run's task
+        raise CompareError("%s is a %s run: compare reads pretraining runs' MLM and NSP curves (python -m "
+                           "ipu_packing.bench.convergence compares fine-tuning layouts)" % (path, task))
     keys = COUNTS + CURVES
     columns: Dict[str, List[float]] = {k: [] for k in keys}
     with open_regular(metrics, "rb", error=CompareError) as f:  # a FIFO or a device: one line, never a hang
@@ -129,19 +146,6 @@ def read_run(path: str) -> Run:
     if not columns["step"]:
         raise CompareError("%s holds no steps" % (metrics,))
     column = {k: np.array(v, dtype=np.float64) for k, v in columns.items()}
-    extra = {}
-    for name, file in (("config", run_dir.file(RunDirectory.CONFIG)), ("summary", run_dir.file(RunDirectory.SUMMARY))):
-        if os.path.lexists(file):
-            with open_regular(file, "rb", error=CompareError) as f:
-                value = _json_value(f.read(), file)
-            if not isinstance(value, dict):
-                raise CompareError("%s is %s, not a JSON object" % (file, _kind(value)))
-            extra[name] = value
-    for section in ("training", "data"):
-        value = extra.get("config", {}).get(section)
-        if value is not None and not isinstance(value, dict):
-            raise CompareError("%s: %s is %s, not a JSON object" % (run_dir.file(RunDirectory.CONFIG), section,
-                                                                    _kind(value)))
     return Run(path, column["step"].astype(np.int64), column["sequences"], column["tokens"], column["seconds"],
                column["mlm_loss"], column["mlm_accuracy"], column["nsp_accuracy"], **extra)
 

@@ -63,6 +63,20 @@ def test_command_json_plot_and_errors(runs, tmp_path, capsys):
                                        "at most 3\n")
 
 
+def test_a_fine_tuning_run_is_refused_naming_its_task(runs, tmp_path, capsys):
+    tuned = os.path.join(str(tmp_path), "tuned")
+    os.makedirs(tuned)
+    with open(os.path.join(tuned, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 1, "sequences": 8, "tokens": 80, "seconds": 1.0, "loss": 0.7, "accuracy": 0.5})
+                + "\n")
+    with open(os.path.join(tuned, "config.json"), "w") as f:
+        json.dump({"task": {"name": "classification"}, "training": {}}, f)
+    assert main([tuned, runs[1]]) == 2
+    assert capsys.readouterr() == ("", "error: %s is a classification run: compare reads pretraining runs' MLM and "
+                                       "NSP curves (python -m ipu_packing.bench.convergence compares fine-tuning "
+                                       "layouts)\n" % tuned)
+
+
 # -- compare --json is strict JSON: a NaN or an Infinity is null, named in `warnings` (ipu_packing/jsonout.py) ------
 
 NAN, INF = float("nan"), float("inf")
