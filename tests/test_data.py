@@ -3,6 +3,7 @@ own sequences, NSP is balanced, and the same seed gives the same bytes."""
 
 import collections
 import itertools
+import json
 import os
 
 import numpy as np
@@ -346,10 +347,14 @@ def test_tokenizer_sources_and_lower_casing(tmp_path):
         directory.mkdir()
         tokenizer = BertWordPieceTokenizer(str(cased_vocab), lowercase=lower)
         tokenizer.save(str(directory / "tokenizer.json"))
+        (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lower}))  # as saved by HF
         spec = load_tokenizer(str(directory))
         assert spec.do_lower_case is lower
         ids = spec.build().encode("Paris", add_special_tokens=False).ids
         assert [spec.vocab[i] for i in ids] == (["p", "##a", "##r", "##i", "##s"] if lower else ["Paris"])
+    # a cased tokenizer.json alone: lower-cased, as transformers' BertTokenizerFast rebuilds it at its defaults
+    (tmp_path / "hf-False" / "tokenizer_config.json").unlink()
+    assert load_tokenizer(str(tmp_path / "hf-False")).do_lower_case is True
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(DataError, match="neither tokenizer.json nor vocab.txt"):
