@@ -176,14 +176,14 @@ def _evaluations(tmp_path):
 def _convergence_row(tmp_path):
     import os
 
-    from ipu_packing.bench.convergence import one_run
+    from ipu_packing.bench.convergence import run_row
 
     directory = str(tmp_path / "run")
     _raw_metrics(directory)
     with open(os.path.join(directory, "summary.json"), "w") as f:
         json.dump({"steps": 3, "evaluation": {"metrics": {"accuracy": 0.5}, "split": "v\u2028al"}}, f,
                   ensure_ascii=False)
-    row = one_run("finetune_demo", [], "packed", 1, directory)
+    row = run_row("packed", 1, directory, 0.0)
     return [row["split"], row["sequences_per_step"], row["metrics"]]
 
 

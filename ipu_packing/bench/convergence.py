@@ -61,9 +61,7 @@ def one_run(config: str, overrides: Sequence[str], layout: str, seed: int, direc
     """Train one run, or read back a finished one: the run directory decides (asked for as it was, a finished run
     is read back; a run made with other values is refused, as run_finetuning.py refuses it); its row."""
     from ipu_packing.train.cli import command
-    from ipu_packing.train.run_dir import RunDirectory
 
-    summary_path = RunDirectory(directory).file(RunDirectory.SUMMARY)
     argv = ["--config", config] + run_overrides(overrides, layout, seed, directory)
     started = time.perf_counter()
     log("run_finetuning.py %s" % " ".join(argv))
@@ -74,10 +72,15 @@ def one_run(config: str, overrides: Sequence[str], layout: str, seed: int, direc
         error = BenchError("the %s run of seed %d (%s): %s" % (layout, seed, directory, one_line(exc)))
         error.exit_code = exc.exit_code
         raise error from None
-    wall = time.perf_counter() - started
-    from ipu_packing.jsonin import load_path
+    return run_row(layout, seed, directory, time.perf_counter() - started)
 
-    summary = load_path(summary_path)  # a FIFO or a device: one line, never a hang
+
+def run_row(layout: str, seed: int, directory: str, wall: float) -> Dict[str, Any]:
+    """The table's row of a finished run: its summary.json and metrics.jsonl (``wall``: this command's seconds)."""
+    from ipu_packing.jsonin import load_path
+    from ipu_packing.train.run_dir import RunDirectory
+
+    summary = load_path(RunDirectory(directory).file(RunDirectory.SUMMARY))  # a FIFO or a device: one line
     evaluation = summary.get("evaluation") or {}
     per_step = [record["sequences"] for record in RunDirectory(directory).read_metrics()]
     return {"layout": layout, "seed": seed, "run": directory, "steps": summary["steps"],
