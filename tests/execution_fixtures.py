@@ -91,17 +91,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_with_sgd(model: nn.Module, config, packs, steps: int):
+def train_with_sgd(model: nn.Module, config, packs, steps: int, counts=None):
     """``steps`` optimizer steps of ``model`` on ``packs`` through the runner ``config`` asks for, with SGD and
     momentum (linear in the gradient: the distributed tests' reason) and a decaying schedule; returns (the
-    synced state dict, the per-step losses)."""
+    synced state dict, the per-step losses). ``counts``: a list that gets each step's (sequences, tokens, packs)."""
     from ipu_packing.execution import make_runner
     from synthetic_packs import PackDataset
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
     runner = make_runner(model, optimizer, config, scheduler=scheduler)
-    losses = [runner.train_step(batch).loss for batch in runner.dataloader(PackDataset(packs))]
+    losses = []
+    for batch in runner.dataloader(PackDataset(packs)):
+        metrics = runner.train_step(batch)
+        losses.append(metrics.loss)
+        if counts is not None:
+            counts.append((metrics.sequences, metrics.tokens, metrics.packs))
     assert len(losses) == steps
     runner.sync_model()
     return {k: v.detach().clone() for k, v in runner.model.state_dict().items()}, losses

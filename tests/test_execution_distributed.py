@@ -39,9 +39,12 @@ ATOL = 1e-5
 
 
 def train(config: ExecutionConfig, num_layers: int = 2):
-    """Train STEPS steps from a fixed initialisation; returns (state dict, per-step losses)."""
-    return train_with_sgd(build_model(num_layers, seed=0), config,
-                          make_packs(STEPS * config.global_batch_packs, seed=1), STEPS)
+    """Train STEPS steps from a fixed initialisation; returns (state dict, per-step losses, per-step (sequences,
+    tokens, packs) as the runner reports them)."""
+    counts = []
+    state, losses = train_with_sgd(build_model(num_layers, seed=0), config,
+                                   make_packs(STEPS * config.global_batch_packs, seed=1), STEPS, counts)
+    return state, losses, counts
 
 
 def _worker(rank, world, port, jobs, outdir):
@@ -52,8 +55,7 @@ def _worker(rank, world, port, jobs, outdir):
 
     def work():
         for name, kwargs in jobs:
-            state, losses = train(ExecutionConfig(**kwargs))
-            torch.save((state, losses), os.path.join(outdir, "%s.rank%d.pt" % (name, rank)))
+            torch.save(train(ExecutionConfig(**kwargs)), os.path.join(outdir, "%s.rank%d.pt" % (name, rank)))
         assert dist.get_backend() == "gloo"
 
     leave_after(work)
@@ -101,9 +103,11 @@ def single_process():
 def test_two_processes_match_one(distributed_runs, single_process, name):
     if name != "ddp" and PIPELINING_MISSING:
         pytest.skip(PIPELINING_MISSING)
-    ref_state, ref_losses = single_process
+    ref_state, ref_losses, ref_counts = single_process
+    assert [packs for _, _, packs in ref_counts] == [2 * MICRO * 2] * STEPS  # the global batch's rows
     for rank in range(2):
-        state, losses = distributed_runs[(name, rank)]
+        state, losses, counts = distributed_runs[(name, rank)]
+        assert counts == ref_counts  # sequences, tokens and packs of the whole step, all processes together
         diff = _max_diff(state, ref_state)
         worst = max(state, key=lambda k: float((state[k].float() - ref_state[k].float()).abs().max()))
         print("%s rank %d: max |w - w_single| = %.3g (%s)" % (name, rank, diff, worst))

@@ -252,8 +252,9 @@ class PoptorchRunner:
                     group["lr"] = lr
                 self.executor.setOptimizer(self.ipu_optimizer)
                 self._lrs = lrs
-        sequences, tokens = count_batch(batch)
-        return StepMetrics(dict(zip(self.metrics, means)), sequences=sequences, tokens=tokens, optimizer_steps=steps)
+        sequences, tokens, packs = count_batch(batch)
+        return StepMetrics(dict(zip(self.metrics, means)), sequences=sequences, tokens=tokens, packs=packs,
+                           optimizer_steps=steps)
 
     # ---- host collectives: over the PopRun instances (poprun_group.py); this instance's own on one host ----
 

@@ -45,6 +45,8 @@ class StepMetrics:
     """Real sequences in the step, all replicas together."""
     tokens: int = 0
     """Real (non-padding) tokens in the step, all replicas together."""
+    packs: int = 0
+    """Rows (packs) in the step, all replicas together."""
     optimizer_steps: int = 1
     """Optimizer steps this call ran (poptorch: device iterations)."""
 
@@ -62,13 +64,13 @@ class StepMetrics:
             object.__setattr__(self, name, value)
 
 
-def count_batch(batch: Mapping[str, torch.Tensor]) -> Tuple[int, int]:
-    """(sequences, tokens) in a batch: the sequences of each pack (its sequence ids run 1..k, so k is the largest),
-    and the non-padding tokens."""
+def count_batch(batch: Mapping[str, torch.Tensor]) -> Tuple[int, int, int]:
+    """(sequences, tokens, packs) in a batch: the sequences of each pack (its sequence ids run 1..k, so k is the
+    largest), the non-padding tokens and the rows."""
     ids = torch.as_tensor(batch["sequence_ids"])  # (B, S)
     sequences = int(ids.max(dim=-1).values.clamp(min=0).sum()) if ids.numel() else 0
     tokens = int((ids != 0).sum())
-    return sequences, tokens
+    return sequences, tokens, int(ids.shape[0])
 
 
 def ignoring_workers(num_workers: int) -> Dict[str, Any]:
@@ -295,7 +297,7 @@ def unscale(params, scale: float) -> None:
 
 
 def metrics_from(stats: torch.Tensor, names: Sequence[str]) -> StepMetrics:
-    """StepMetrics from [the metrics named ``names``..., sequences, tokens]."""
+    """StepMetrics from [the metrics named ``names``..., sequences, tokens, packs]."""
     values = stats.tolist()
-    return StepMetrics(dict(zip(names, values[: len(names)])), sequences=int(round(values[-2])),
-                       tokens=int(round(values[-1])))
+    return StepMetrics(dict(zip(names, values[: len(names)])), sequences=int(round(values[-3])),
+                       tokens=int(round(values[-2])), packs=int(round(values[-1])))

@@ -85,8 +85,7 @@ class TorchRunner(TorchProcessRunner):
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        sequences, tokens = count_batch(batch)
-        stats = torch.cat([sums / accumulation, torch.tensor([sequences, tokens], dtype=torch.float64)])
+        stats = torch.cat([sums / accumulation, torch.tensor(count_batch(batch), dtype=torch.float64)])  # summed below
         if self.world > 1:
             import torch.distributed as dist
 

@@ -199,8 +199,7 @@ class PipelineRunner(TorchProcessRunner):
             stats = torch.zeros(len(self.metrics), dtype=torch.float64)
         stats = stats.to(self.device)
         self._dist.broadcast(stats, src=self.world - 1)
-        sequences, tokens = count_batch(batch)
-        return metrics_from(torch.cat([stats.cpu(), torch.tensor([sequences, tokens], dtype=torch.float64)]),
+        return metrics_from(torch.cat([stats.cpu(), torch.tensor(count_batch(batch), dtype=torch.float64)]),
                             self.metrics)
 
     def sync_model(self) -> None:

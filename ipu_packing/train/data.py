@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
-import torch
 
 from ..errors import DataError
 from ..data.format import MANIFEST, read_manifest
@@ -250,5 +249,3 @@ def write_tokenizer_files(directory: str, data: TrainingData, positions: int, vo
     write_export_tokenizer(directory, data.manifest, positions)
 
 
-def batch_rows(batch: Any) -> int:
-    return int(torch.as_tensor(batch["input_ids"]).shape[0])

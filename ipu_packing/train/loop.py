@@ -36,7 +36,6 @@ import torch
 from ..errors import TrainingError
 from .checkpointer import Progress
 from .compile_only import compile_only
-from .data import batch_rows
 from .evaluate import Validator
 from .guard import StepGuard
 from .metrics import MetricsLogger, StepRecord, run_summary, summary_line
@@ -176,7 +175,7 @@ def train_step(plan: RunPlan, runner, batch, progress: Progress, first: bool) ->
     progress.step += calls
     progress.step_in_epoch += calls
     mine = dict(metrics.values)
-    mine.update(sequences=int(metrics.sequences), tokens=int(metrics.tokens), packs=batch_rows(batch),
+    mine.update(sequences=int(metrics.sequences), tokens=int(metrics.tokens), packs=int(metrics.packs),
                 seconds=seconds, compile_seconds=compile_seconds)
     whole = runner.reduce_metrics(mine)
     return StepRecord.from_metrics(progress.step, progress.epoch, lr, whole, plan.task.metrics)
