@@ -122,3 +122,15 @@ def test_config_asks_for_the_processes_it_needs():
     with pytest.raises(UserError, match="torchrun --nproc-per-node 2"):
         make_runner(build_model(), torch.optim.SGD(build_model().parameters(), lr=0.1),
                     ExecutionConfig(replication_factor=2))
+
+
+def test_a_one_process_config_under_several_torchrun_processes_is_refused(monkeypatch):
+    """torchrun --nproc-per-node 2 of a one-process config would run two separate trainings into one run
+    directory (one wins its lock, the other fails, or both write): refused, naming the settings that use both."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(UserError) as info:
+        make_runner(build_model(), torch.optim.SGD(build_model().parameters(), lr=0.1), ExecutionConfig())
+    assert str(info.value) == ("this config needs 1 process (replication 1 x stages 1), torchrun started 2: set "
+                               "execution.replication_factor=2 (DDP) or execution.layers_per_ipu to 2 stages, or run "
+                               "it without torchrun")

@@ -107,12 +107,20 @@ def reduce_over_instances(values: Dict[str, float], rows: Optional[List[List[flo
 
 def check_launch(config) -> None:
     """What init_distributed needs of the launch, checked before anything is built: CUDA when asked for,
-    and torchrun's environment when the config needs more than one process. Raises LaunchError."""
+    torchrun's environment when the config needs more than one process, and no more processes than it needs (a
+    one-process config under torchrun's N would run N separate trainings into one run directory). Raises
+    LaunchError."""
     if config.backend != "torch":
         return
     if config.device == "cuda" and not torch.cuda.is_available():
         raise LaunchError("execution.device is 'cuda' but torch sees no CUDA device")
     world = config.world_size
+    started = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world == 1 and started > 1:
+        raise LaunchError(
+            "this config needs 1 process (replication 1 x stages 1), torchrun started %d: set "
+            "execution.replication_factor=%d (DDP) or execution.layers_per_ipu to %d stages, or run it without "
+            "torchrun" % (started, started, started))
     if world > 1 and ("RANK" not in os.environ or "WORLD_SIZE" not in os.environ):
         import torch.distributed as dist
 
