@@ -37,7 +37,10 @@ def _worker(rank, world, port, data_dir, reference, resumed):
     def work():
         for run_dir in (reference, resumed):
             config = load_config("demo", PIPELINED + ["data.dir=%s" % data_dir, "checkpoint.output_dir=%s" % run_dir])
-            execute(plan_run(config, open_dataset=open_dataset), log=lambda m: None)
+            plan = plan_run(config, open_dataset=open_dataset)
+            execute(plan, log=lambda m: None)
+            with open(os.path.join(os.path.dirname(run_dir), "last_saved.rank%d" % rank), "w") as f:
+                f.write(str(plan.checkpointer.last_saved))  # what a stop's line names on this process
             dist.barrier()
             if run_dir == reference and rank == 0:
                 _interrupted_copy(reference, resumed)
@@ -70,6 +73,9 @@ def test_pipelined_resume_gives_bitwise_the_same_losses(data_dir, tmp_path):
     mp.spawn(_worker, args=(2, free_port(), data_dir, reference, resumed), nprocs=2, join=True)
     assert [os.path.basename(p) for p in fx.checkpoints(reference)] == [
         "step_0000002.pt", "step_0000004.pt", "step_0000006.pt", "step_0000008.pt"]
+    for rank in range(2):  # the last checkpoint, on the process that wrote it and on the one that did not
+        with open(str(tmp_path / ("last_saved.rank%d" % rank))) as f:
+            assert f.read() == os.path.join(resumed, "checkpoints", "step_0000008.pt"), rank
 
     ref_losses, res_losses = _losses(reference), _losses(resumed)
     assert [row[0] for row in res_losses] == list(range(1, 9))

@@ -154,7 +154,8 @@ class Checkpointer:
         runner.sync_model()  # pipelined: gather every stage's weights
         optimizer_state = runner.optimizer_state_dict()  # a collective under torchrun
         rng_states = runner.gather_rng_states(rng_state())
-        if not runner.is_writer:
+        if not runner.is_writer:  # the writer writes it; every process names it (a stop's line, the guard's)
+            self.last_saved = self.run_dir.checkpoint_path(progress.step)
             return self.last_saved
         state = TrainingState(
             step=progress.step,

@@ -129,6 +129,10 @@ class RunDirectory:
         found = self.checkpoints()
         return found[-1] if found else None
 
+    def checkpoint_path(self, step: int) -> str:
+        """Where the checkpoint of ``step`` is written (checkpoints/step_<step>.pt)."""
+        return os.path.join(self.file(self.CHECKPOINTS), self.checkpoint_name(step))
+
     def save(self, state, keep: int) -> str:
         """Write ``state`` (a TrainingState) as step_<step>.pt atomically, then delete all but the newest ``keep``.
         Raises NonFiniteState, writing nothing, if a model or optimizer tensor is not finite."""
@@ -141,7 +145,7 @@ class RunDirectory:
             raise NonFiniteState("step %d: %d tensors hold inf or NaN (first: %s)"
                                  % (int(state.step), len(bad), bad[0]))
         directory = self.file(self.CHECKPOINTS)
-        path = os.path.join(directory, self.checkpoint_name(state.step))
+        path = self.checkpoint_path(state.step)
         atomic_write_with(path, lambda f: torch.save(state.to_dict(), f))  # refused: one line, nothing left
         for old in self.checkpoints()[:-keep]:
             os.unlink(old)
