@@ -23,7 +23,7 @@ MISSING = [
      "--max-sequences-per-pack 8)"),
     (finetune_main, "finetune_qa_demo", "prepare it with: python -m ipu_packing.data prepare --task "
      "question_answering --train FILE --validation FILE --tokenizer output/runs/demo/final --output {} "
-     "--max-seq-length 128 --doc-stride 128 --max-sequences-per-pack 4)"),
+     "--max-seq-length 128 --doc-stride 30 --max-sequences-per-pack 4)"),
     (pretrain_main, "demo", "prepare it with: python -m ipu_packing.data prepare --input default --output DIR "
      "--max-seq-length S --max-sequences-per-pack K)"),
 ]
@@ -36,6 +36,19 @@ def test_missing_data_suggests_the_prepare_command_of_the_task(script, name, wor
                                           "checkpoint.output_dir=%s" % str(tmp_path / "run")])
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: dataset not found: "), err
     assert words.format(missing) in err, err
+
+
+@pytest.mark.parametrize("S, stride", [(384, 128), (256, 128), (196, 128), (195, 64), (128, 30), (72, 2)])
+def test_the_suggested_doc_stride_fits_the_windows_of_S(S, stride):
+    """run_qa.py's 128 where a window beside the longest question (64 tokens) leaves room for it, else half that
+    room: what prepare then accepts (at S=128 the old suggestion, 128, is refused)."""
+    from ipu_packing.data.finetune.windows import MAX_QUERY_LENGTH, check_window_settings, hint_options
+
+    assert hint_options(S) == " --doc-stride %d" % stride
+    check_window_settings(S, stride, MAX_QUERY_LENGTH)
+    if stride < 128:
+        with pytest.raises(DataError, match="--doc-stride 128 must be less than"):
+            check_window_settings(S, 128, MAX_QUERY_LENGTH)
 
 
 def _questions(path, squad):

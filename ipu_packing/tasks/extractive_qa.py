@@ -94,7 +94,6 @@ QUESTION_ANSWERING = Task(
     labelled_key="answered",
     companions=(("examples_file", "examples_sha256"),),
     max_seq_length=384,
-    hint_options=" --doc-stride 128",
     inputs="SQuAD v1.1 JSON, or run_qa.py's JSON Lines: id, question, context, answers",
     prepare_options={"doc_stride": None, "max_query_length": None},
     hooks={
@@ -106,6 +105,7 @@ QUESTION_ANSWERING = Task(
         "check_prepare": "ipu_packing.data.finetune.qa_preparation:check_options",
         "prepare": "ipu_packing.data.finetune.qa_preparation:prepare_questions",
         "prepared": "ipu_packing.data.finetune.qa_preparation:prepared_lines",
+        "hint_options": "ipu_packing.data.finetune.windows:hint_options",
         "model": "ipu_packing.model.question_answering:PackedBertForQuestionAnswering",
         "stages": "ipu_packing.model.question_answering:pipeline_stages",
         "check_eval_data": "ipu_packing.data.finetune.questions:read_examples",

@@ -36,6 +36,7 @@ HOOKS = {
     "check_prepare": "(PrepareConfig) -> None: the task's `prepare` options checked, their defaults filled",
     "prepare": "(PrepareConfig) -> a PrepareResult (pretraining) or a TaskResult (a task's splits)",
     "prepared": "(output, PrepareResult) -> the lines `prepare` prints on what it wrote",
+    "hint_options": "(max_seq_length) -> the options the `prepare` command a run suggests adds after --max-seq-length",
     "model": "the packed model class a BertConfig builds (model/)",
     "stages": "(num_layers, layers_per_ipu) -> the model's pipeline parts, without building it (model/stages.py)",
     "check_eval_data": "(path, manifest) -> None: a held-out split checked before the first step",
@@ -87,8 +88,6 @@ class Task:
     """(name key, sha256 key) of each `task` entry that names a file beside the shards, and its checksum."""
     max_seq_length: int = 128
     """S when `prepare` is not given --max-seq-length."""
-    hint_options: str = ""
-    """Options the `prepare` command a run suggests adds after --max-seq-length."""
     launcher: str = "run_finetuning.py"
     """The script a PopRun launch of this task runs (the dry run prints it)."""
     dataset_decides_model: bool = False

@@ -93,7 +93,8 @@ def prepare_hint(config) -> str:
     tokenizer = config.checkpoint.init_from or "MODEL_DIR"
     return ("python -m ipu_packing.data prepare --task %s --train FILE --validation FILE --tokenizer %s --output %s "
             "--max-seq-length %d%s --max-sequences-per-pack %d"
-            % (task.name, tokenizer, config.data.dir, config.data.max_seq_length, task.hint_options,
+            % (task.name, tokenizer, config.data.dir, config.data.max_seq_length,
+               task.hook("hint_options")(config.data.max_seq_length) if task.has_hook("hint_options") else "",
                config.data.max_sequences_per_pack))
 
 

@@ -76,6 +76,13 @@ def check_window_settings(max_seq_length: int, doc_stride: int, max_query_length
                         % (doc_stride, max_seq_length, max_query_length, room))
 
 
+def hint_options(max_seq_length: int) -> str:
+    """`prepare`'s window options for S: run_qa.py's doc stride (DOC_STRIDE) where the windows leave room for it,
+    else half the context tokens of a window beside the longest question (check_window_settings accepts it)."""
+    room = max_seq_length - MAX_QUERY_LENGTH - 3
+    return " --doc-stride %d" % (DOC_STRIDE if DOC_STRIDE < room else max(0, room // 2))
+
+
 def start_windows(spec: TokenizerSpec, max_seq_length: int, doc_stride: int, max_query_length: int) -> None:
     """A worker's state for `window_chunk` (the tokenizers are built at the first chunk)."""
     _WORKER.clear()
