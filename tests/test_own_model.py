@@ -292,20 +292,27 @@ def test_a_source_that_cannot_be_read_is_named_before_the_datasets_vocabulary(ow
     assert not os.path.exists(str(tmp_path / "run"))
 
 
-# (id, the classifier config.json's id2label, as transformers could not read it or as it names no label of an id)
+# (id, the classifier's labels when saved, the config.json's id2label then written over them, the refusal's words):
+# as transformers could not read it, as it names no label of an id, or as it is not label2id's inverse
 MALFORMED_ID2LABEL = [
-    ("a-list", ["bad", "good"]),
-    ("a-key-not-an-id", {"x": "bad", "1": "good"}),
-    ("ids-with-a-gap", {"0": "bad", "2": "good"}),
+    ("a-list", None, ["bad", "good"], "its id2label is not"),
+    ("a-key-not-an-id", None, {"x": "bad", "1": "good"}, "its id2label is not"),
+    ("ids-with-a-gap", None, {"0": "bad", "2": "good"}, "its id2label is not"),
+    ("not-label2id-s-inverse", ["bad", "good"], {"0": "good", "1": "bad"},
+     "its label2id and id2label disagree (bad: label2id 0, id2label 1)"),
 ]
 
 
-@pytest.mark.parametrize("id2label", [m[1] for m in MALFORMED_ID2LABEL], ids=[m[0] for m in MALFORMED_ID2LABEL])
-def test_a_classifier_whose_id2label_names_no_label_by_id_is_refused(own_model_task, tmp_path, id2label):
+@pytest.mark.parametrize("names, id2label, words", [m[1:] for m in MALFORMED_ID2LABEL],
+                         ids=[m[0] for m in MALFORMED_ID2LABEL])
+def test_a_classifier_whose_id2label_names_no_label_by_id_is_refused(own_model_task, tmp_path, names, id2label,
+                                                                     words):
     """An id2label that is not {id: name} over ids 0 .. N - 1 (transformers refuses the first two when it loads the
-    config) is refused naming it, not taken for a head saved without names whose rows are kept by index."""
+    config) is refused naming it, not taken for a head saved without names whose rows are kept by index; so is one
+    that is not label2id's inverse (run_glue.py maps the dataset's labels through label2id, the classifier's rows
+    are id2label's: no one mapping is the model's)."""
     _, task = own_model_task
-    source = _classifier(tmp_path, None)
+    source = _classifier(tmp_path, names)
     path = os.path.join(source, "config.json")
     with open(path) as f:
         raw = json.load(f)
@@ -317,26 +324,6 @@ def test_a_classifier_whose_id2label_names_no_label_by_id_is_refused(own_model_t
         "data.max_seq_length=32", "data.max_sequences_per_pack=4"])
     with pytest.raises(UserError) as refused:
         plan_run(config, open_dataset=open_dataset)
-    assert "%s: its id2label is not" % path in str(refused.value), str(refused.value)
+    assert "%s: %s" % (path, words) in str(refused.value), str(refused.value)
     assert not os.path.exists(str(tmp_path / "run"))
 
-
-def test_a_classifier_whose_label2id_and_id2label_disagree_is_refused(own_model_task, tmp_path):
-    """run_glue.py maps the dataset's labels through label2id; the classifier's rows are id2label's. A config.json
-    whose two disagree (id2label reversed by hand here) names no one mapping: refused, naming the first label."""
-    _, task = own_model_task
-    source = _classifier(tmp_path, ["bad", "good"])
-    path = os.path.join(source, "config.json")
-    with open(path) as f:
-        raw = json.load(f)
-    raw["id2label"] = {"0": "good", "1": "bad"}
-    with open(path, "w") as f:
-        json.dump(raw, f)
-    config = load_config("finetune_demo", RUN + [
-        "data.dir=%s" % task, "checkpoint.init_from=%s" % source, "checkpoint.output_dir=%s" % str(tmp_path / "run"),
-        "data.max_seq_length=32", "data.max_sequences_per_pack=4"])
-    with pytest.raises(UserError) as refused:
-        plan_run(config, open_dataset=open_dataset)
-    assert "%s: its label2id and id2label disagree (bad: label2id 0, id2label 1)" % path in str(refused.value), str(
-        refused.value)
-    assert not os.path.exists(str(tmp_path / "run"))

@@ -211,15 +211,12 @@ def classifier_rows(config, model: torch.nn.Module, source: str) -> Tuple[Dict[s
     if config.task.replace_head:
         return {}, ("classifier.",), "; classifier replaced (task.replace_head)"
     fault = id2label_fault(raw)  # else taken for a head without names, its rows kept by index
-    if fault is not None:
-        raise UserError("checkpoint.init_from %s: its id2label is not {id: name} over the ids 0 .. N - 1 (%s): "
-                        "correct it, or set task.replace_head=true to start a new classifier"
-                        % (os.path.join(source, "config.json"), fault))
-    mismatch = label2id_mismatch(raw)
-    if mismatch is not None:
-        raise UserError("checkpoint.init_from %s: its label2id and id2label disagree (%s): the classifier's rows have "
-                        "no one set of names; correct one, or set task.replace_head=true to start a new classifier"
-                        % (os.path.join(source, "config.json"), mismatch))
+    mismatch = label2id_mismatch(raw) if fault is None else None  # run_glue.py maps through label2id
+    if fault is not None or mismatch is not None:
+        raise UserError("checkpoint.init_from %s: %s: correct it, or set task.replace_head=true to start a new "
+                        "classifier" % (os.path.join(source, "config.json"),
+                                        "its id2label is not {id: name} over the ids 0 .. N - 1 (%s)" % fault
+                                        if fault is not None else "its label2id and id2label disagree (%s)" % mismatch))
     theirs = head_labels(raw)
     ours_count = int(model.config.num_labels)
     ours = head_labels({"id2label": model.config.id2label}) or [str(i) for i in range(ours_count)]  # class ids
