@@ -98,11 +98,12 @@ def prepare_hint(config) -> str:
                config.data.max_sequences_per_pack))
 
 
-def read_training_data(path: str, hint: str = PREPARE_HINT) -> TrainingData:
+def read_training_data(path: str, config=None) -> TrainingData:
     """Read DIR/manifest.json through the data package's one reader (format.read_manifest: every key and
-    type checked; cheap, no shard is touched). `open_shards` then opens the data. ``hint``: the command a missing
-    dataset is made with (prepare_hint)."""
+    type checked; cheap, no shard is touched). `open_shards` then opens the data. ``config``: the run's, whose
+    `prepare` command (prepare_hint) a missing dataset's refusal names (None: pretraining's)."""
     if not os.path.isfile(os.path.join(path, MANIFEST)):
+        hint = PREPARE_HINT if config is None else prepare_hint(config)
         raise UserError("dataset not found: %s has no manifest.json (prepare it with: %s)" % (path, hint))
     try:
         manifest = read_manifest(path)
@@ -133,7 +134,7 @@ def open_run_data(config, path: Optional[str] = None, open_dataset=None, opened:
     check_data_matches), the config's task on it (train/task.py task_for: a dataset of another task refused),
     and with ``opened`` its shards opened and validated (open_shards; planning opens them last, after the
     cheaper checks)."""
-    data = read_training_data(path or config.data.path, prepare_hint(config))
+    data = read_training_data(path or config.data.path, config)
     task = match_run_data(config, data)
     if opened:
         open_shards(data, open_dataset)

@@ -17,7 +17,7 @@ from ..errors import ConfigError, UserError
 from .build import Built, build
 from .checkpointer import Checkpointer
 from .run_config import BatchAccounting, RunConfig
-from .data import TrainingData, match_run_data, open_run_data, open_shards, prepare_hint, read_training_data
+from .data import TrainingData, match_run_data, open_run_data, open_shards, read_training_data
 from .fingerprint import Difference, recorded_fingerprint
 from .phase1 import check_init_exists, with_init_architecture
 from .run_dir import RunDirectory
@@ -111,7 +111,7 @@ def plan_run(config: RunConfig, open_dataset: Optional[Callable] = None) -> RunP
     run_dir.check_target([config.data.path, config.data.split_path(config.task.eval_split) if config.task.eval_split
                           else "", config.checkpoint.init_from])  # before anything is read
     config = with_init_architecture(config)  # a phase-1 Hugging Face directory's architecture
-    data = read_training_data(config.data.path, prepare_hint(config))  # its shards are opened last
+    data = read_training_data(config.data.path, config)  # its shards are opened last
     check_init_exists(config)  # before the dataset is matched against a vocabulary init_from would give
     task = match_run_data(config, data)
     check_labelled(data.manifest, data.path, "data.split")
