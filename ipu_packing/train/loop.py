@@ -202,8 +202,8 @@ def finish(plan: RunPlan, runner, validator: Validator, history: List[StepRecord
     """The run's summary; the writer exports the final model (checkpoint.export) and writes summary.json, last. A
     run resumed at its last step (stopped during its export) trains nothing and completes both. Its first and
     last steps' figures are the run's, every invocation's; its seconds and rates this invocation's steps'."""
-    # the writer's metrics.jsonl holds every step of the run (cut back to the checkpoint a resume started from)
-    records = plan.run_dir.read_metrics() if runner.is_writer else [r.to_dict() for r in history]
+    # metrics.jsonl holds every step of the run (cut back to the checkpoint a resume started from); the writer's
+    records = plan.run_dir.read_metrics() if runner.is_writer or not history else [r.to_dict() for r in history]
     summary = run_summary(plan, records, len(history), plan.checkpointer.last_saved)
     final = validator.final(runner, log)
     if final is not None:
