@@ -214,6 +214,17 @@ def test_serialized_decoder_computes_the_same_and_keeps_the_tie(poptorch):
                                   ExecutionConfig(backend="poptorch", embedding_serialization_factor=5), poptorch)
 
 
+def test_a_serialization_factor_that_does_not_divide_the_vocabulary_is_refused_with_the_config():
+    """The config refuses it when it is read, so --dry-run says what the run would (bert-large's 30,522 = 2 x
+    15,261: 2 divides it, 4 does not); a torch run serializes nothing and takes any factor."""
+    from ipu_packing.train import ConfigError, load_config
+
+    assert load_config("bert_large_512_pod16", ["execution.embedding_serialization_factor=2"])
+    with pytest.raises(ConfigError, match="embedding_serialization_factor 4 must divide the vocabulary size 30522"):
+        load_config("bert_large_512_pod16", ["execution.embedding_serialization_factor=4"])
+    assert load_config("demo", ["execution.embedding_serialization_factor=3"])  # backend torch
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

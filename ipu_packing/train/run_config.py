@@ -79,6 +79,10 @@ class RunConfig:
         if hidden is not None and heads is not None and hidden % heads:
             raise ConfigError("model.hidden_size %d is not a multiple of model.num_attention_heads %d"
                               % (hidden, heads))
+        vocab, factor = self._known("vocab_size"), self.execution_spec.embedding_serialization_factor
+        if self.execution_spec.backend == "poptorch" and vocab is not None and vocab % factor:  # as --dry-run says
+            raise ConfigError("execution.embedding_serialization_factor %d must divide the vocabulary size %d "
+                              "(model.vocab_size)" % (factor, vocab))
         self.unpacked_accumulation  # raises ConfigError when the batch does not divide
         self.execution  # raises ConfigError when a pipeline is too shallow for its accumulation
 
