@@ -146,6 +146,32 @@ def test_a_run_stopped_during_its_export_is_completed_by_the_same_command(ws, tm
     assert "already finished at step 4" in capsys.readouterr()[0]
 
 
+def test_a_run_finished_without_an_export_is_exported_when_asked_for_one(ws, tmp_path, capsys):
+    """Trained with checkpoint.export=false, the same run asked for with the export: nothing trained, final/ made
+    from its last checkpoint (the weights the run that exported at its end has), the summary written again; then it
+    is finished. Asked for again without the export, it is finished as it was."""
+    run = str(tmp_path / "run")
+    assert main(args(ws["data"], run, "checkpoint.export=false")) == 0
+    assert main(args(ws["data"], run, "checkpoint.export=false")) == 0
+    assert "already finished at step 4" in capsys.readouterr()[0]
+    before = files(run)
+    assert "final/" not in before
+    assert main(args(ws["data"], run)) == 0
+    assert "nothing to train: already at step 4" in capsys.readouterr()[0]
+    after = files(run)
+    for name in ("metrics.jsonl", "checkpoints/step_0000002.pt", "checkpoints/step_0000004.pt"):
+        assert after[name] == before[name], name  # nothing trained, nothing rewritten
+    assert open(os.path.join(run, "final", "model.safetensors"), "rb").read() == open(
+        os.path.join(ws["run"], "final", "model.safetensors"), "rb").read()
+    import json
+
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    original = json.load(open(os.path.join(ws["run"], "summary.json")))
+    assert summary["export"] == os.path.join(run, "final") and summary["first_steps"] == original["first_steps"]
+    assert main(args(ws["data"], run)) == 0
+    assert "already finished at step 4" in capsys.readouterr()[0]
+
+
 def test_a_full_disk_during_the_export_leaves_a_run_the_same_command_finishes(ws, tmp_path, capsys, monkeypatch):
     from ipu_packing.model import PackedBertForPreTraining
 

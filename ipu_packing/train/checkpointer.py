@@ -79,7 +79,7 @@ class Checkpointer:
             self.forced = resume_differences(state, config.to_dict(), fingerprint, MODEL_DEFAULTS)
             refuse_or_force(self.forced, path, config.checkpoint.resume == "force", run_dir.file(RunDirectory.FORCED))
         recorded = state.config if state is not None and path == run_dir.latest() else None
-        self.finished = run_dir.finished(recorded, path, self.forced)
+        self.finished = run_dir.finished(recorded, path, self.forced, config.checkpoint.export)
         self.resume_path, self.state, self.last_saved, self.fingerprint = path, state, path, fingerprint
 
     def check_init(self, data) -> None:

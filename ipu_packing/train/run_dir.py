@@ -174,12 +174,13 @@ class RunDirectory:
     # ---- finished runs ---------------------------------------------------------------------------------------
 
     def finished(self, recorded: Optional[Dict[str, Any]], resume_path: Optional[str],
-                 forced: List[Difference]) -> Optional[Dict[str, Any]]:
+                 forced: List[Difference], export: bool = False) -> Optional[Dict[str, Any]]:
         """The summary of the finished run this directory holds, asked for again as it was trained (then
         nothing may be written); None when it holds no finished run. Raises UserError (one line) for a finished
         run missing a trace of its end, and for a forced change or another run's checkpoint aimed at it.
         ``recorded``: the config its latest checkpoint records; ``resume_path``: the checkpoint this run would
-        resume from."""
+        resume from; ``export``: whether this run exports (a run finished without an export, asked for one, is not
+        finished: resumed at its last step, it trains nothing and exports, as a run stopped during its export)."""
         latest = self.latest()
         if recorded is None:
             recorded = self._read_json(self.CONFIG) if os.path.isfile(self.file(self.CONFIG)) else None
@@ -194,6 +195,8 @@ class RunDirectory:
         at_end = latest is not None and isinstance(steps, int) and _step_of(latest) >= steps
         if summary is None and at_end:
             return None  # killed between the export and summary.json: the export is redone, then the summary
+        if export and at_end and not final_exists and not _section(recorded, "checkpoint").get("export", True):
+            return None  # trained with checkpoint.export=false, now asked for the export: it is made, nothing else
         missing = []  # type: List[str]
         if summary is None:
             missing.append(self.SUMMARY)
