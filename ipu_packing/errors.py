@@ -103,10 +103,17 @@ def require_extra(module: str, purpose: str) -> Any:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises InputError (one line) instead of printing usage and exiting."""
+    """argparse that raises InputError (one line) instead of printing usage and exiting, and takes options and
+    positionals in any order (``--config demo training.steps=3 --dry-run logging.tensorboard=false``: argparse's
+    intermixed parsing) where it can, i.e. in a parser without sub-commands."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise InputError("%s (see %s --help)" % (message, self.prog))
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        if any(isinstance(action, argparse._SubParsersAction) for action in self._actions):
+            return super().parse_args(args, namespace)
+        return self.parse_intermixed_args(args, namespace)
 
 
 _OS_CAUSES = {

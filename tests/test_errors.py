@@ -247,3 +247,19 @@ BUGS = [
 def test_a_bug_keeps_its_traceback(name, bug, kind):
     with pytest.raises(kind):
         run_command(lambda argv: bug(), [])
+
+
+def test_options_and_overrides_go_in_any_order(capsys):
+    """The commands' parser takes options between the section.key=value overrides, as a user writes them
+    (argparse's intermixed parsing); a parser with sub-commands parses as argparse does."""
+    from ipu_packing.errors import ArgumentParser
+    from ipu_packing.train.cli import main as pretrain_main
+
+    parser = ArgumentParser(prog="x")
+    parser.add_argument("--config")
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(["a=1", "--config", "demo", "b=2", "--dry-run", "c=3"])
+    assert (args.config, args.dry_run, args.overrides) == ("demo", True, ["a=1", "b=2", "c=3"])
+    assert pretrain_main(["training.steps=3", "--config", "demo", "training.seed=7", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("config demo: model 2 layers")
